@@ -1,0 +1,61 @@
+//! Plumber: a GitOps reconciler for stream-processing topologies on Kafka and Kubernetes.
+//!
+//! Data flows through the modules in this order:
+//!
+//! 1. [`repo`] reads the files of one commit from git (never the working tree);
+//! 2. [`spec`] parses them into settings and step definitions, with every problem located;
+//! 3. [`graph`] resolves inputs into a DAG per topology and computes step identities;
+//! 4. [`plan`] diffs two commits' graphs into the ordered cutover actions the engine runs;
+//! 5. [`output`] renders diagnostics, graphs and plans for people and tools.
+
+pub mod diagnostic;
+pub mod graph;
+pub mod output;
+pub mod plan;
+pub mod repo;
+pub mod spec;
+
+use diagnostic::Diagnostic;
+use graph::Topology;
+use spec::SourceFile;
+
+/// The outcome of validating one commit's files.
+#[derive(Debug, Clone)]
+pub struct Validation {
+    /// Each topology found, with its number of step files (also when invalid).
+    pub found: Vec<(String, usize)>,
+    /// The graphs, present only when there are no errors.
+    pub topologies: Option<Vec<Topology>>,
+    /// Errors and warnings, in reading order.
+    pub diagnostics: Vec<Diagnostic>,
+}
+
+impl Validation {
+    pub fn is_valid(&self) -> bool {
+        self.topologies.is_some()
+    }
+
+    pub fn errors(&self) -> impl Iterator<Item = &Diagnostic> {
+        self.diagnostics.iter().filter(|d| d.is_error())
+    }
+
+    pub fn warnings(&self) -> impl Iterator<Item = &Diagnostic> {
+        self.diagnostics.iter().filter(|d| !d.is_error())
+    }
+}
+
+/// Validates one commit's files and, if they are valid, builds their graphs.
+pub fn validate(files: &[SourceFile]) -> Validation {
+    let (spec, mut diagnostics) = spec::load(files);
+    let topologies = graph::build(&spec, &mut diagnostics);
+    diagnostic::normalize(&mut diagnostics);
+    Validation {
+        found: spec
+            .topologies
+            .iter()
+            .map(|t| (t.name.clone(), t.steps.len()))
+            .collect(),
+        topologies,
+        diagnostics,
+    }
+}

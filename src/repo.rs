@@ -1,0 +1,214 @@
+//! Reading a topology repository at a commit with git2: trees and blobs, never the working
+//! tree. Symlinks are reported, never followed; blobs over the size cap are not read.
+
+use std::path::{Path, PathBuf};
+
+use git2::{ObjectType, Oid, TreeWalkMode, TreeWalkResult};
+
+use crate::spec::{self, FileContent, MAX_FILE_BYTES, SourceFile};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot open a git repository at {location}: {source}")]
+    Open {
+        location: String,
+        #[source]
+        source: git2::Error,
+    },
+    #[error("`{location}` is not a local path or file:// URL; clone it first (remote URLs are followed by the daemon)")]
+    UnsupportedLocation { location: String },
+    #[error("the repository at {location} has no commits yet; commit a topology first")]
+    NoCommits { location: String },
+    #[error("revision `{rev}` not found in {location}: {message}")]
+    UnknownRevision {
+        rev: String,
+        location: String,
+        message: String,
+    },
+    #[error("reading {what} of commit {commit}: {source}")]
+    Read {
+        what: String,
+        commit: Oid,
+        #[source]
+        source: git2::Error,
+    },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+pub struct Repository {
+    git: git2::Repository,
+    location: String,
+}
+
+/// One commit's topology files.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    pub commit: Oid,
+    pub files: Vec<SourceFile>,
+}
+
+impl Repository {
+    /// Opens a local repository (working tree or bare) by path or `file://` URL.
+    pub fn open(location: &str) -> Result<Self> {
+        let path = local_path(location)?;
+        let git = git2::Repository::open(&path).map_err(|source| Error::Open {
+            location: location.to_owned(),
+            source,
+        })?;
+        Ok(Repository {
+            git,
+            location: location.to_owned(),
+        })
+    }
+
+    pub fn git(&self) -> &git2::Repository {
+        &self.git
+    }
+
+    /// Resolves anything `git rev-parse` accepts (branch, tag, sha, `HEAD~2`) to a commit.
+    pub fn resolve(&self, rev: &str) -> Result<Oid> {
+        if self.git.is_empty().unwrap_or(false) {
+            return Err(Error::NoCommits {
+                location: self.location.clone(),
+            });
+        }
+        let unknown = |message: String| Error::UnknownRevision {
+            rev: rev.to_owned(),
+            location: self.location.clone(),
+            message,
+        };
+        let object = self
+            .git
+            .revparse_single(rev)
+            .map_err(|e| unknown(e.message().to_owned()))?;
+        let commit = object
+            .peel_to_commit()
+            .map_err(|_| unknown(format!("it names a {}, not a commit", kind_name(object.kind()))))?;
+        Ok(commit.id())
+    }
+
+    /// The files of `commit` that can matter to a topology repository ([`spec::is_wanted`]).
+    pub fn snapshot(&self, commit: Oid) -> Result<Snapshot> {
+        let read = |what: &str, source| Error::Read {
+            what: what.to_owned(),
+            commit,
+            source,
+        };
+        let tree = self
+            .git
+            .find_commit(commit)
+            .and_then(|c| c.tree())
+            .map_err(|e| read("the tree", e))?;
+        Ok(Snapshot {
+            commit,
+            files: self.files_of(&tree, commit)?,
+        })
+    }
+
+    /// Reads the wanted files of any tree (a commit's, or a merge preview's).
+    pub fn files_of(&self, tree: &git2::Tree, commit: Oid) -> Result<Vec<SourceFile>> {
+        let odb = self.git.odb().map_err(|source| Error::Read {
+            what: "the object database".into(),
+            commit,
+            source,
+        })?;
+        let mut files = Vec::new();
+        let mut failure = None;
+        tree.walk(TreeWalkMode::PreOrder, |dir, entry| {
+            let Some(name) = entry.name() else {
+                return TreeWalkResult::Skip;
+            };
+            let path = format!("{dir}{name}");
+            if entry.kind() == Some(ObjectType::Tree) {
+                // Only `topologies/` matters, and dot-directories are never read.
+                let descend = (dir.is_empty() && name == spec::TOPOLOGIES_DIR)
+                    || (dir.starts_with("topologies/") && !name.starts_with('.'));
+                return if descend {
+                    TreeWalkResult::Ok
+                } else {
+                    TreeWalkResult::Skip
+                };
+            }
+            let is_link = entry.filemode() == i32::from(git2::FileMode::Link);
+            let is_submodule = entry.kind() == Some(ObjectType::Commit);
+            // A symlink or submodule directly in topologies/ would be a topology directory.
+            let maybe_topology = dir == "topologies/";
+            if !(spec::is_wanted(&path) || ((is_link || is_submodule) && maybe_topology)) {
+                return TreeWalkResult::Ok;
+            }
+            let content = if is_link {
+                FileContent::Unsupported {
+                    what: "a symlink (symlinks are never followed)",
+                }
+            } else if is_submodule {
+                FileContent::Unsupported {
+                    what: "a submodule",
+                }
+            } else {
+                match odb.read_header(entry.id()) {
+                    Ok((size, _)) if size as u64 > MAX_FILE_BYTES => FileContent::TooLarge {
+                        size: size as u64,
+                    },
+                    Ok(_) => match odb.read(entry.id()) {
+                        Ok(object) => FileContent::Bytes(object.data().to_vec()),
+                        Err(e) => {
+                            failure = Some((path, e));
+                            return TreeWalkResult::Abort;
+                        }
+                    },
+                    Err(e) => {
+                        failure = Some((path, e));
+                        return TreeWalkResult::Abort;
+                    }
+                }
+            };
+            files.push(SourceFile { path, content });
+            TreeWalkResult::Ok
+        })
+        .map_err(|source| Error::Read {
+            what: "the tree".into(),
+            commit,
+            source,
+        })
+        .or_else(|e| if failure.is_some() { Ok(()) } else { Err(e) })?;
+        if let Some((path, source)) = failure {
+            return Err(Error::Read {
+                what: path,
+                commit,
+                source,
+            });
+        }
+        files.sort_by(|a, b| a.path.cmp(&b.path));
+        Ok(files)
+    }
+}
+
+fn kind_name(kind: Option<ObjectType>) -> &'static str {
+    match kind {
+        Some(ObjectType::Tree) => "tree",
+        Some(ObjectType::Blob) => "blob",
+        Some(ObjectType::Tag) => "tag",
+        _ => "non-commit object",
+    }
+}
+
+fn local_path(location: &str) -> Result<PathBuf> {
+    if let Some(path) = location.strip_prefix("file://") {
+        return Ok(PathBuf::from(path));
+    }
+    if location.contains("://") || looks_like_scp(location) {
+        return Err(Error::UnsupportedLocation {
+            location: location.to_owned(),
+        });
+    }
+    Ok(Path::new(location).to_path_buf())
+}
+
+/// `git@host:org/repo.git`: a remote, not a path.
+fn looks_like_scp(location: &str) -> bool {
+    match location.split_once(':') {
+        Some((user_host, _)) => user_host.contains('@') && !user_host.contains('/'),
+        None => false,
+    }
+}

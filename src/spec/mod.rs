@@ -1,0 +1,398 @@
+//! The topology repository as written: files of one commit become settings and step
+//! definitions, with every problem reported at its file, line and column (SPEC §2–§3).
+//!
+//! This is where data enters Plumber. The stage is pure: it reads the [`SourceFile`]s that
+//! `repo` took out of a git tree and never touches git, the network or the clock. Input names
+//! stay unresolved strings with positions here; `graph` resolves them into edges.
+
+pub mod fields;
+pub mod jq;
+pub mod names;
+mod settings;
+mod step;
+pub mod yaml;
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::diagnostic::{Code, Diagnostic};
+pub use fields::Located;
+use yaml::Pos;
+
+/// Step files and settings larger than this are refused: no step needs it, and a stray data
+/// file must not exhaust memory.
+pub const MAX_FILE_BYTES: u64 = 1024 * 1024;
+
+pub const SETTINGS_FILE: &str = "plumber.yaml";
+pub const TOPOLOGIES_DIR: &str = "topologies";
+pub const TOPOLOGY_FILE: &str = "topology.yaml";
+
+/// A file of the commit as `repo` found it.
+#[derive(Debug, Clone)]
+pub struct SourceFile {
+    /// Repo-relative, `/`-separated.
+    pub path: String,
+    pub content: FileContent,
+}
+
+#[derive(Debug, Clone)]
+pub enum FileContent {
+    Bytes(Vec<u8>),
+    /// Not read: larger than [`MAX_FILE_BYTES`].
+    TooLarge {
+        size: u64,
+    },
+    /// A symlink (never followed) or a submodule: nothing to read in this tree.
+    Unsupported {
+        what: &'static str,
+    },
+}
+
+/// Whether `path` can matter to a topology repository, so `repo` reads only those blobs.
+pub fn is_wanted(path: &str) -> bool {
+    if path == SETTINGS_FILE {
+        return true;
+    }
+    let Some(rest) = path.strip_prefix("topologies/") else {
+        return false;
+    };
+    !rest.split('/').any(|part| part.starts_with('.')) && is_yaml(rest)
+}
+
+fn is_yaml(path: &str) -> bool {
+    path.ends_with(".yaml") || path.ends_with(".yml")
+}
+
+#[derive(Debug, Clone)]
+pub struct RepoSpec {
+    pub settings: RepoSettings,
+    pub topologies: Vec<TopologySpec>,
+}
+
+#[derive(Debug, Clone)]
+pub struct RepoSettings {
+    pub clusters: BTreeMap<String, ClusterSpec>,
+    pub defaults: Defaults,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ClusterSpec {
+    pub bootstrap: String,
+}
+
+/// The cluster every endpoint uses unless it names another.
+pub const DEFAULT_CLUSTER: &str = "default";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Defaults {
+    pub partitions: u32,
+    pub scale: Scale,
+}
+
+impl Default for Defaults {
+    fn default() -> Self {
+        Defaults {
+            partitions: 6,
+            scale: Scale {
+                min: 1,
+                max: 5,
+                lag_threshold: 100,
+            },
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Scale {
+    pub min: u32,
+    pub max: u32,
+    pub lag_threshold: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CutoverMode {
+    #[default]
+    Parallel,
+    Ordered,
+}
+
+#[derive(Debug, Clone)]
+pub struct TopologySpec {
+    pub name: String,
+    /// `topologies/<name>`
+    pub dir: String,
+    pub cutover: CutoverMode,
+    pub steps: Vec<StepSpec>,
+}
+
+#[derive(Debug, Clone)]
+pub struct StepSpec {
+    /// The file stem.
+    pub name: String,
+    pub file: String,
+    pub def: StepDef,
+    pub description: Option<String>,
+    pub owner: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+pub enum StepDef {
+    Source(Endpoint),
+    Processor(ProcessorSpec),
+    Sink {
+        endpoint: Endpoint,
+        inputs: Vec<Located<String>>,
+    },
+    /// The file is too broken to know its kind; it still names a step, so references to it
+    /// are not reported as unknown.
+    Unknown,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    pub cluster: Located<String>,
+    pub topic: Located<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ProcessorSpec {
+    pub inputs: Vec<Located<String>>,
+    /// `None` only when the file has a `transform-count` error.
+    pub transform: Option<Transform>,
+    pub env: BTreeMap<String, String>,
+    /// After defaults of `topology.yaml` and `plumber.yaml` are applied.
+    pub scale: Scale,
+    pub partitions: u32,
+    pub start_from: StartFrom,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Transform {
+    Jq {
+        program: String,
+    },
+    Exec {
+        command: Vec<String>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        image: Option<String>,
+    },
+    Http {
+        image: String,
+        port: u16,
+        path: String,
+        /// How `plumber up` starts the server locally; in Kubernetes the image runs as a
+        /// sidecar instead.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        command: Option<Vec<String>>,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StartFrom {
+    #[default]
+    Latest,
+    Earliest,
+}
+
+/// Reads every topology of one commit's files. Files whose problems prevent reading them
+/// still contribute their step name; all problems are returned, sorted.
+pub fn load(files: &[SourceFile]) -> (RepoSpec, Vec<Diagnostic>) {
+    let mut diagnostics = Vec::new();
+    let settings = match files.iter().find(|f| f.path == SETTINGS_FILE) {
+        Some(file) => settings::repo_settings(file, &mut diagnostics),
+        None => RepoSettings {
+            clusters: BTreeMap::from([(
+                DEFAULT_CLUSTER.to_owned(),
+                ClusterSpec {
+                    bootstrap: "localhost:9092".into(),
+                },
+            )]),
+            defaults: Defaults::default(),
+        },
+    };
+
+    // Group files by topology directory; BTreeMap keeps topologies in name order.
+    let mut by_topology: BTreeMap<&str, Vec<&SourceFile>> = BTreeMap::new();
+    for file in files {
+        let Some(rest) = file.path.strip_prefix("topologies/") else {
+            continue;
+        };
+        match rest.split_once('/') {
+            Some((topology, _)) => by_topology.entry(topology).or_default().push(file),
+            None => diagnostics.push(Diagnostic::warning(
+                Code::StrayFile,
+                &file.path,
+                None,
+                format!(
+                    "ignored: step files live in a topology directory, e.g. topologies/<topology>/{rest}"
+                ),
+            )),
+        }
+    }
+
+    let jq = jq::JqChecker::default();
+    let mut topologies = Vec::with_capacity(by_topology.len());
+    for (name, files) in by_topology {
+        topologies.push(load_topology(name, &files, &settings, &jq, &mut diagnostics));
+    }
+    (
+        RepoSpec {
+            settings,
+            topologies,
+        },
+        diagnostics,
+    )
+}
+
+fn load_topology(
+    name: &str,
+    files: &[&SourceFile],
+    settings: &RepoSettings,
+    jq: &jq::JqChecker,
+    diagnostics: &mut Vec<Diagnostic>,
+) -> TopologySpec {
+    let dir = format!("{TOPOLOGIES_DIR}/{name}");
+    if let Some(problem) = names::dns_label_problem(name) {
+        diagnostics.push(Diagnostic::error(
+            Code::InvalidName,
+            &dir,
+            None,
+            format!("invalid topology name: {problem}; rename the directory"),
+        ));
+    }
+    let topology_file = format!("{dir}/{TOPOLOGY_FILE}");
+    let (cutover, defaults) = match files.iter().find(|f| f.path == topology_file) {
+        Some(file) => settings::topology_settings(file, settings.defaults, diagnostics),
+        None => (CutoverMode::default(), settings.defaults),
+    };
+
+    let mut steps: Vec<StepSpec> = Vec::with_capacity(files.len());
+    let mut first_file_of: BTreeMap<String, usize> = BTreeMap::new();
+    for file in files.iter().filter(|f| f.path != topology_file) {
+        let context = step::Context {
+            clusters: &settings.clusters,
+            defaults,
+            jq,
+        };
+        let step = step::load(file, &context, diagnostics);
+        if let Some(&first) = first_file_of.get(&step.name) {
+            diagnostics.push(Diagnostic::error(
+                Code::DuplicateStep,
+                &step.file,
+                Some(Pos { line: 1, column: 1 }),
+                format!(
+                    "step `{}` is already defined by {}; step names are unique within a topology, across subdirectories",
+                    step.name, steps[first].file
+                ),
+            ));
+            continue;
+        }
+        first_file_of.insert(step.name.clone(), steps.len());
+        steps.push(step);
+    }
+    if steps.is_empty() {
+        diagnostics.push(Diagnostic::warning(
+            Code::EmptyTopology,
+            &dir,
+            None,
+            "the topology has no step files",
+        ));
+    }
+    TopologySpec {
+        name: name.to_owned(),
+        dir,
+        cutover,
+        steps,
+    }
+}
+
+/// The text of a file, or an error diagnostic saying why it cannot be read.
+fn text_of<'f>(file: &'f SourceFile, diagnostics: &mut Vec<Diagnostic>) -> Option<&'f str> {
+    let problem = match &file.content {
+        FileContent::Bytes(bytes) => match std::str::from_utf8(bytes) {
+            Ok(text) => return Some(text),
+            Err(err) => {
+                let valid = bytes.get(..err.valid_up_to()).unwrap_or_default();
+                let before = String::from_utf8_lossy(valid);
+                let line = before.matches('\n').count() + 1;
+                let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+                (
+                    Code::InvalidEncoding,
+                    Some(Pos {
+                        line: u32::try_from(line).unwrap_or(u32::MAX),
+                        column: u32::try_from(column).unwrap_or(u32::MAX),
+                    }),
+                    format!(
+                        "the file is not valid UTF-8 (byte {}); save it as UTF-8",
+                        err.valid_up_to()
+                    ),
+                )
+            }
+        },
+        FileContent::TooLarge { size } => (
+            Code::FileTooLarge,
+            None,
+            format!(
+                "the file has {size} bytes; step and settings files are limited to {MAX_FILE_BYTES} bytes"
+            ),
+        ),
+        FileContent::Unsupported { what } => (
+            Code::UnsupportedEntry,
+            None,
+            format!("{what} is not read; commit the file itself"),
+        ),
+    };
+    let (code, pos, message) = problem;
+    diagnostics.push(Diagnostic::error(code, &file.path, pos, message));
+    None
+}
+
+/// Parses a file's YAML, reporting syntax problems. `Ok(None)` is an empty document.
+fn parse_yaml(
+    file: &SourceFile,
+    diagnostics: &mut Vec<Diagnostic>,
+) -> Result<Option<yaml::Node>, ()> {
+    let text = text_of(file, diagnostics).ok_or(())?;
+    yaml::parse(text).map_err(|err| {
+        diagnostics.push(Diagnostic::error(
+            Code::YamlSyntax,
+            &file.path,
+            Some(err.pos),
+            err.message,
+        ));
+    })
+}
+
+/// Everything below `topologies/<t>/` is a step file except `topology.yaml` itself.
+pub fn step_name_of(path: &str) -> &str {
+    let file = path.rsplit('/').next().unwrap_or(path);
+    file.strip_suffix(".yaml")
+        .or_else(|| file.strip_suffix(".yml"))
+        .unwrap_or(file)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wanted_paths() {
+        assert!(is_wanted("plumber.yaml"));
+        assert!(is_wanted("topologies/t/a.yaml"));
+        assert!(is_wanted("topologies/t/steps/deep/a.yml"));
+        assert!(!is_wanted("topologies/t/README.md"));
+        assert!(!is_wanted("topologies/t/.hidden/a.yaml"));
+        assert!(!is_wanted("other/a.yaml"));
+    }
+
+    #[test]
+    fn step_names_are_file_stems() {
+        assert_eq!(step_name_of("topologies/t/steps/enrich.yaml"), "enrich");
+        assert_eq!(step_name_of("topologies/t/a.yml"), "a");
+    }
+}

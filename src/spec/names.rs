@@ -1,0 +1,124 @@
+//! Name rules: topology and step names become parts of Kubernetes object names, labels and
+//! Kafka topic names, so they are checked before anything is built from them.
+
+/// Topology and step names are at most this long so that
+/// `plumber.<topology>.<step>.<id12>` and Kubernetes label values stay within limits.
+pub const MAX_NAME_LEN: usize = 40;
+
+/// Why `name` is not a DNS-1123 label of at most [`MAX_NAME_LEN`] characters, if it is not.
+pub fn dns_label_problem(name: &str) -> Option<String> {
+    if name.is_empty() {
+        return Some("the name is empty".into());
+    }
+    if name.len() > MAX_NAME_LEN {
+        return Some(format!(
+            "`{name}` is {} characters long; names are at most {MAX_NAME_LEN}",
+            name.len()
+        ));
+    }
+    if let Some(bad) = name
+        .chars()
+        .find(|c| !(c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '-'))
+    {
+        let hint = if bad.is_ascii_uppercase() || bad == '_' || bad == '.' {
+            format!(" (try `{}`)", suggest_label(name))
+        } else {
+            String::new()
+        };
+        return Some(format!(
+            "`{name}` contains `{bad}`; names use lowercase letters, digits and `-`{hint}"
+        ));
+    }
+    if name.starts_with('-') || name.ends_with('-') {
+        return Some(format!("`{name}` must start and end with a letter or digit"));
+    }
+    None
+}
+
+fn suggest_label(name: &str) -> String {
+    name.chars()
+        .map(|c| match c {
+            '_' | '.' | ' ' => '-',
+            c => c.to_ascii_lowercase(),
+        })
+        .collect::<String>()
+        .trim_matches('-')
+        .to_owned()
+}
+
+/// Why `topic` is not a legal Kafka topic name for a user topic, if it is not.
+pub fn topic_problem(topic: &str) -> Option<String> {
+    if topic.is_empty() || topic.len() > 249 {
+        return Some(format!(
+            "topic names have 1 to 249 characters, `{topic}` has {}",
+            topic.len()
+        ));
+    }
+    if topic == "." || topic == ".." {
+        return Some(format!("`{topic}` is not a legal Kafka topic name"));
+    }
+    if let Some(bad) = topic
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+    {
+        return Some(format!(
+            "topic `{topic}` contains `{bad}`; Kafka topic names use letters, digits, `.`, `_` and `-`"
+        ));
+    }
+    if topic.starts_with("plumber.") {
+        return Some(format!(
+            "topic `{topic}` is in the `plumber.` namespace, which holds Plumber's internal topics"
+        ));
+    }
+    None
+}
+
+/// Environment variable names as Kubernetes and POSIX shells accept them.
+pub fn env_name_problem(name: &str) -> Option<String> {
+    let mut chars = name.chars();
+    let first_ok = chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
+    if first_ok && chars.all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        None
+    } else {
+        Some(format!(
+            "`{name}` is not an environment variable name (letters, digits and `_`, not starting with a digit)"
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dns_labels() {
+        for ok in ["a", "clicks", "fast-only", "a1", &"x".repeat(40)] {
+            assert_eq!(dns_label_problem(ok), None, "{ok}");
+        }
+        for bad in ["", "-a", "a-", "Fast", "a_b", "a.b", "ä", &"x".repeat(41)] {
+            assert!(dns_label_problem(bad).is_some(), "{bad}");
+        }
+        let msg = dns_label_problem("Fast_Only").unwrap();
+        assert!(msg.contains("try `fast-only`"), "{msg}");
+    }
+
+    #[test]
+    fn topics() {
+        for ok in ["clicks.raw", "a_b-c", "X"] {
+            assert_eq!(topic_problem(ok), None, "{ok}");
+        }
+        for bad in ["", ".", "..", "a b", "a/b", "plumber.x", &"t".repeat(250)] {
+            assert!(topic_problem(bad).is_some(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn env_names() {
+        assert_eq!(env_name_problem("MODEL_V2"), None);
+        assert!(env_name_problem("2X").is_some());
+        assert!(env_name_problem("A-B").is_some());
+        assert!(env_name_problem("").is_some());
+    }
+}

@@ -1,0 +1,436 @@
+//! One step file → [`StepSpec`], every problem of the file reported.
+
+use std::collections::BTreeMap;
+
+use super::fields::{self, Fields, Located, Report};
+use super::settings;
+use super::yaml::{Node, Pos, Value};
+use super::{
+    ClusterSpec, DEFAULT_CLUSTER, Defaults, Endpoint, ProcessorSpec, SourceFile, StartFrom,
+    StepDef, StepSpec, Transform, names,
+};
+use crate::diagnostic::{Code, Diagnostic};
+
+pub(super) struct Context<'a> {
+    pub clusters: &'a BTreeMap<String, ClusterSpec>,
+    pub defaults: Defaults,
+    pub jq: &'a super::jq::JqChecker,
+}
+
+const COMMON: [&str; 3] = ["kind", "description", "owner"];
+const SOURCE_FIELDS: [&str; 2] = ["topic", "cluster"];
+const SINK_FIELDS: [&str; 3] = ["topic", "cluster", "input"];
+const PROCESSOR_FIELDS: [&str; 8] = [
+    "input",
+    "jq",
+    "exec",
+    "http",
+    "env",
+    "scale",
+    "partitions",
+    "startFrom",
+];
+const TRANSFORMS: [&str; 3] = ["jq", "exec", "http"];
+
+pub(super) fn load(
+    file: &SourceFile,
+    context: &Context,
+    diagnostics: &mut Vec<Diagnostic>,
+) -> StepSpec {
+    let name = super::step_name_of(&file.path).to_owned();
+    let start = Pos { line: 1, column: 1 };
+    if let Some(problem) = names::dns_label_problem(&name) {
+        diagnostics.push(Diagnostic::error(
+            Code::InvalidName,
+            &file.path,
+            Some(start),
+            format!("invalid step name: {problem}; the step name is the file name, rename the file"),
+        ));
+    }
+    let mut step = StepSpec {
+        name,
+        file: file.path.clone(),
+        def: StepDef::Unknown,
+        description: None,
+        owner: None,
+    };
+    let node = match super::parse_yaml(file, diagnostics) {
+        Ok(Some(node)) => node,
+        Ok(None) => {
+            diagnostics.push(Diagnostic::error(
+                Code::MissingField,
+                &file.path,
+                Some(start),
+                "the step file is empty; it needs `kind: source`, `kind: processor` or `kind: sink`",
+            ));
+            return step;
+        }
+        Err(()) => return step,
+    };
+    let report = &mut Report {
+        file: &file.path,
+        diagnostics,
+    };
+    let Some(fields) = Fields::of(&node, "a step file", node.pos, report) else {
+        return step;
+    };
+    step.description = optional_string(&fields, "description", report);
+    step.owner = optional_string(&fields, "owner", report);
+
+    let Some(kind) = kind(&fields, node.pos, report) else {
+        return step;
+    };
+    step.def = match kind {
+        Kind::Source => {
+            fields.reject_unknown(&allowed(&SOURCE_FIELDS, &["input"]), "a source", report);
+            if let Some(input) = fields.get("input") {
+                report.error(
+                    Code::InvalidEdge,
+                    input.key_pos,
+                    "a source reads an external topic and takes no `input`; \
+                     make this step a processor to read other steps",
+                );
+            }
+            StepDef::Source(endpoint(&fields, node.pos, context, report))
+        }
+        Kind::Sink => {
+            fields.reject_unknown(&allowed(&SINK_FIELDS, &[]), "a sink", report);
+            StepDef::Sink {
+                endpoint: endpoint(&fields, node.pos, context, report),
+                inputs: inputs(&fields, node.pos, report),
+            }
+        }
+        Kind::Processor => {
+            fields.reject_unknown(&allowed(&PROCESSOR_FIELDS, &[]), "a processor", report);
+            StepDef::Processor(processor(&fields, node.pos, context, report))
+        }
+    };
+    step
+}
+
+fn allowed<'a>(specific: &[&'a str], extra: &[&'a str]) -> Vec<&'a str> {
+    COMMON
+        .iter()
+        .chain(specific)
+        .chain(extra)
+        .copied()
+        .collect()
+}
+
+enum Kind {
+    Source,
+    Processor,
+    Sink,
+}
+
+fn kind(fields: &Fields, at: Pos, report: &mut Report) -> Option<Kind> {
+    let Some(entry) = fields.get("kind") else {
+        report.error(
+            Code::MissingField,
+            at,
+            "missing `kind`: source, processor or sink",
+        );
+        return None;
+    };
+    let text = match &entry.value.value {
+        Value::Scalar(s) => s.text.as_str(),
+        _ => "",
+    };
+    match text {
+        "source" => Some(Kind::Source),
+        "processor" => Some(Kind::Processor),
+        "sink" => Some(Kind::Sink),
+        _ => {
+            report.error(
+                Code::InvalidKind,
+                entry.key_pos,
+                format!(
+                    "`kind` is {}; it must be source, processor or sink",
+                    if text.is_empty() {
+                        entry.value.type_name().to_owned()
+                    } else {
+                        format!("`{text}`")
+                    }
+                ),
+            );
+            None
+        }
+    }
+}
+
+fn optional_string(fields: &Fields, key: &str, report: &mut Report) -> Option<String> {
+    fields
+        .get(key)
+        .and_then(|e| fields::string(e, report))
+        .map(|l| l.value)
+}
+
+fn required<'n>(
+    fields: &Fields<'n>,
+    key: &str,
+    what: &str,
+    at: Pos,
+    report: &mut Report,
+) -> Option<&'n super::yaml::Entry> {
+    let entry = fields.get(key);
+    if entry.is_none() {
+        report.error(Code::MissingField, at, format!("missing `{key}`: {what}"));
+    }
+    entry
+}
+
+fn endpoint(fields: &Fields, at: Pos, context: &Context, report: &mut Report) -> Endpoint {
+    let topic = required(fields, "topic", "the Kafka topic of this step", at, report)
+        .and_then(|e| {
+            let topic = fields::string(e, report)?;
+            if let Some(problem) = names::topic_problem(&topic.value) {
+                report.error(Code::InvalidValue, e.key_pos, problem);
+            }
+            Some(topic)
+        })
+        .unwrap_or(Located {
+            value: String::new(),
+            pos: at,
+        });
+    let cluster = match fields.get("cluster") {
+        Some(e) => fields::string(e, report)
+            .inspect(|cluster| {
+                if !context.clusters.contains_key(&cluster.value) {
+                    let known: Vec<&str> = context.clusters.keys().map(String::as_str).collect();
+                    report.error(
+                        Code::InvalidValue,
+                        e.key_pos,
+                        format!(
+                            "unknown cluster `{}`; plumber.yaml defines: {}",
+                            cluster.value,
+                            if known.is_empty() {
+                                "none".to_owned()
+                            } else {
+                                known.join(", ")
+                            }
+                        ),
+                    );
+                }
+            })
+            .unwrap_or(Located {
+                value: DEFAULT_CLUSTER.into(),
+                pos: e.key_pos,
+            }),
+        None => {
+            if !context.clusters.contains_key(DEFAULT_CLUSTER) {
+                report.error(
+                    Code::MissingField,
+                    at,
+                    "missing `cluster`: plumber.yaml defines no `default` cluster",
+                );
+            }
+            Located {
+                value: DEFAULT_CLUSTER.into(),
+                pos: at,
+            }
+        }
+    };
+    Endpoint { cluster, topic }
+}
+
+fn inputs(fields: &Fields, at: Pos, report: &mut Report) -> Vec<Located<String>> {
+    required(
+        fields,
+        "input",
+        "the step (or list of steps) this one reads",
+        at,
+        report,
+    )
+    .map(|e| fields::one_or_many(e, report))
+    .unwrap_or_default()
+}
+
+fn processor(fields: &Fields, at: Pos, context: &Context, report: &mut Report) -> ProcessorSpec {
+    let defaults = context.defaults;
+    ProcessorSpec {
+        inputs: inputs(fields, at, report),
+        transform: transform(fields, at, context, report),
+        env: fields
+            .get("env")
+            .map(|e| env(e, report))
+            .unwrap_or_default(),
+        scale: fields
+            .get("scale")
+            .map_or(defaults.scale, |e| settings::scale(e, defaults.scale, report)),
+        partitions: fields
+            .get("partitions")
+            .and_then(|e| settings::partitions(e, report))
+            .unwrap_or(defaults.partitions),
+        start_from: match fields
+            .get("startFrom")
+            .and_then(|e| fields::choice(e, &["latest", "earliest"], report))
+        {
+            Some("earliest") => StartFrom::Earliest,
+            _ => StartFrom::Latest,
+        },
+    }
+}
+
+fn transform(
+    fields: &Fields,
+    at: Pos,
+    context: &Context,
+    report: &mut Report,
+) -> Option<Transform> {
+    let present: Vec<&super::yaml::Entry> = fields
+        .entries
+        .iter()
+        .filter(|e| TRANSFORMS.contains(&e.key.as_str()))
+        .collect();
+    let entry = match present.as_slice() {
+        [] => {
+            report.error(
+                Code::TransformCount,
+                at,
+                "a processor needs one transform: `jq`, `exec` or `http`",
+            );
+            return None;
+        }
+        [one] => *one,
+        [first, second, ..] => {
+            report.error(
+                Code::TransformCount,
+                second.key_pos,
+                format!(
+                    "a processor has exactly one transform, found `{}` and `{}`; split it into two steps",
+                    first.key, second.key
+                ),
+            );
+            return None;
+        }
+    };
+    match entry.key.as_str() {
+        "jq" => {
+            let program = fields::string(entry, report)?;
+            if let Err(problem) = context.jq.check(&program.value) {
+                report.error(
+                    Code::InvalidJq,
+                    entry.key_pos,
+                    format!("the jq program does not compile: {problem}"),
+                );
+                return None;
+            }
+            Some(Transform::Jq {
+                program: program.value,
+            })
+        }
+        "exec" => {
+            let spec = Fields::of(&entry.value, "`exec`", entry.key_pos, report)?;
+            spec.reject_unknown(&["command", "image"], "`exec`", report);
+            let command = command(&spec, entry.key_pos, true, report);
+            let image = optional_string(&spec, "image", report);
+            Some(Transform::Exec {
+                command: command?,
+                image,
+            })
+        }
+        _ => {
+            let spec = Fields::of(&entry.value, "`http`", entry.key_pos, report)?;
+            spec.reject_unknown(&["image", "port", "path", "command"], "`http`", report);
+            let image = required(
+                &spec,
+                "image",
+                "the container image serving the transform",
+                entry.key_pos,
+                report,
+            )
+            .and_then(|e| fields::string(e, report));
+            let port = required(
+                &spec,
+                "port",
+                "the port the container listens on",
+                entry.key_pos,
+                report,
+            )
+            .and_then(|e| fields::integer(e, 1..=65_535, report))
+            .and_then(|p| u16::try_from(p).ok());
+            let path = match spec.get("path") {
+                Some(e) => fields::string(e, report).map(|p| {
+                    if !p.value.starts_with('/') {
+                        report.error(
+                            Code::InvalidValue,
+                            e.key_pos,
+                            format!("`path` must start with `/`, found `{}`", p.value),
+                        );
+                    }
+                    p.value
+                }),
+                None => Some("/".to_owned()),
+            };
+            let command = match spec.get("command") {
+                Some(_) => Some(command(&spec, entry.key_pos, false, report)?),
+                None => None,
+            };
+            Some(Transform::Http {
+                image: image?.value,
+                port: port?,
+                path: path?,
+                command,
+            })
+        }
+    }
+}
+
+fn command(fields: &Fields, at: Pos, required_here: bool, report: &mut Report) -> Option<Vec<String>> {
+    let entry = if required_here {
+        required(
+            fields,
+            "command",
+            "the program and its arguments, e.g. [python3, enrich.py]",
+            at,
+            report,
+        )?
+    } else {
+        fields.get("command")?
+    };
+    let command = fields::string_list(entry, report)?;
+    if command.is_empty() {
+        report.error(
+            Code::InvalidValue,
+            entry.key_pos,
+            "`command` must name a program to run",
+        );
+        return None;
+    }
+    Some(command)
+}
+
+fn env(entry: &super::yaml::Entry, report: &mut Report) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    let Some(vars) = Fields::of(&entry.value, "`env`", entry.key_pos, report) else {
+        return out;
+    };
+    for var in vars.entries {
+        if let Some(problem) = names::env_name_problem(&var.key) {
+            report.error(Code::InvalidValue, var.key_pos, problem);
+            continue;
+        }
+        if let Some(value) = env_value(&var.value) {
+            out.insert(var.key.clone(), value);
+        } else {
+            report.error(
+                Code::InvalidValue,
+                var.key_pos,
+                format!(
+                    "environment variable `{}` must be a string, found {}",
+                    var.key,
+                    var.value.type_name()
+                ),
+            );
+        }
+    }
+    out
+}
+
+/// Scalars as written (`N: 5` is "5"); null, lists and mappings are not values.
+fn env_value(node: &Node) -> Option<String> {
+    match &node.value {
+        Value::Scalar(s) if !s.is_null() => Some(s.text.clone()),
+        _ => None,
+    }
+}
