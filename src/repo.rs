@@ -25,6 +25,8 @@ pub enum Error {
         location: String,
         message: String,
     },
+    #[error("directory `{dir}` does not exist at commit {commit}")]
+    MissingDirectory { dir: String, commit: Oid },
     #[error("reading {what} of commit {commit}: {source}")]
     Read {
         what: String,
@@ -39,6 +41,18 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub struct Repository {
     git: git2::Repository,
     location: String,
+    /// Where the topology repository starts inside the git repository (`""` at its root, or
+    /// e.g. `"example-repo/"` for a subdirectory of a monorepo).
+    prefix: String,
+}
+
+/// The outcome of merging a pull request's head into its base, in memory.
+#[derive(Debug, Clone)]
+pub enum MergePreview {
+    /// The wanted files of the merged tree.
+    Merged(Vec<SourceFile>),
+    /// Paths with conflicts, sorted.
+    Conflicts(Vec<String>),
 }
 
 /// One commit's topology files.
@@ -49,16 +63,40 @@ pub struct Snapshot {
 }
 
 impl Repository {
-    /// Opens a local repository (working tree or bare) by path or `file://` URL.
+    /// Opens a local repository (working tree or bare) by path or `file://` URL. A path inside
+    /// a working tree opens the enclosing repository, and the topology repository is that
+    /// subdirectory (as Argo CD's `path:`), read from each commit's tree.
     pub fn open(location: &str) -> Result<Self> {
         let path = local_path(location)?;
-        let git = git2::Repository::open(&path).map_err(|source| Error::Open {
+        let open_error = |source| Error::Open {
             location: location.to_owned(),
             source,
-        })?;
+        };
+        let git = git2::Repository::discover(&path).map_err(open_error)?;
+        let prefix = match git.workdir() {
+            Some(workdir) => {
+                let canonical = |p: &Path| p.canonicalize().unwrap_or_else(|_| p.to_path_buf());
+                let inside = canonical(&path);
+                let relative = inside
+                    .strip_prefix(canonical(workdir))
+                    .map(Path::to_path_buf)
+                    .unwrap_or_default();
+                let mut prefix: String = relative
+                    .components()
+                    .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                    .collect::<Vec<_>>()
+                    .join("/");
+                if !prefix.is_empty() {
+                    prefix.push('/');
+                }
+                prefix
+            }
+            None => String::new(),
+        };
         Ok(Repository {
             git,
             location: location.to_owned(),
+            prefix,
         })
     }
 
@@ -100,10 +138,63 @@ impl Repository {
             .find_commit(commit)
             .and_then(|c| c.tree())
             .map_err(|e| read("the tree", e))?;
+        let tree = self.topology_root(&tree, commit)?;
         Ok(Snapshot {
             commit,
             files: self.files_of(&tree, commit)?,
         })
+    }
+
+    /// The tree that merging `head` into `base` would produce. Objects the merge writes go to
+    /// an in-memory object store, so the repository on disk is never changed.
+    pub fn merge_preview(&self, base: Oid, head: Oid) -> Result<MergePreview> {
+        let fail = |what: &str, source| Error::Read {
+            what: what.to_owned(),
+            commit: head,
+            source,
+        };
+        let odb = self.git.odb().map_err(|e| fail("the object database", e))?;
+        odb.add_new_mempack_backend(1000)
+            .map_err(|e| fail("an in-memory object store", e))?;
+        let base_commit = self.git.find_commit(base).map_err(|e| fail("the base commit", e))?;
+        let head_commit = self.git.find_commit(head).map_err(|e| fail("the head commit", e))?;
+        let mut index = self
+            .git
+            .merge_commits(&base_commit, &head_commit, None)
+            .map_err(|e| fail("the merge", e))?;
+        if index.has_conflicts() {
+            let mut paths: Vec<String> = index
+                .conflicts()
+                .map_err(|e| fail("the merge conflicts", e))?
+                .filter_map(|c| c.ok())
+                .filter_map(|c| c.our.or(c.their).or(c.ancestor))
+                .map(|entry| String::from_utf8_lossy(&entry.path).into_owned())
+                .collect();
+            paths.sort();
+            paths.dedup();
+            return Ok(MergePreview::Conflicts(paths));
+        }
+        let tree = index
+            .write_tree_to(&self.git)
+            .and_then(|oid| self.git.find_tree(oid))
+            .map_err(|e| fail("the merged tree", e))?;
+        let tree = self.topology_root(&tree, head)?;
+        Ok(MergePreview::Merged(self.files_of(&tree, head)?))
+    }
+
+    /// The subtree the topology repository lives in.
+    fn topology_root<'r>(&'r self, tree: &git2::Tree<'r>, commit: Oid) -> Result<git2::Tree<'r>> {
+        if self.prefix.is_empty() {
+            return Ok(tree.clone());
+        }
+        let dir = self.prefix.trim_end_matches('/');
+        tree.get_path(Path::new(dir))
+            .and_then(|entry| entry.to_object(&self.git))
+            .and_then(|object| object.peel_to_tree())
+            .map_err(|_| Error::MissingDirectory {
+                dir: dir.to_owned(),
+                commit,
+            })
     }
 
     /// Reads the wanted files of any tree (a commit's, or a merge preview's).
