@@ -12,7 +12,11 @@ use plumber::repo::{MergePreview, Repository};
 use plumber::{Validation, output, plan, validate};
 
 #[derive(Parser)]
-#[command(name = "plumber", version, about = "GitOps for stream-processing topologies on Kafka")]
+#[command(
+    name = "plumber",
+    version,
+    about = "GitOps for stream-processing topologies on Kafka"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -130,7 +134,11 @@ fn run(command: Command) -> Result<ExitCode> {
                 let known: Vec<&str> = topologies.iter().map(|t| t.name.as_str()).collect();
                 anyhow::bail!(
                     "no topology `{name}` at {rev}; topologies: {}",
-                    if known.is_empty() { "none".into() } else { known.join(", ") }
+                    if known.is_empty() {
+                        "none".into()
+                    } else {
+                        known.join(", ")
+                    }
                 );
             }
             let text = match format {
@@ -191,7 +199,11 @@ fn plan_command(
     if let Some((commit, v)) = &from {
         errors.extend(v.errors().map(|d| {
             let mut d = d.clone();
-            d.message = format!("{} (in the --from revision {})", d.message, &commit[..12.min(commit.len())]);
+            d.message = format!(
+                "{} (in the --from revision {})",
+                d.message,
+                &commit[..12.min(commit.len())]
+            );
             d
         }));
     }
@@ -200,7 +212,9 @@ fn plan_command(
     let to_graphs = to.1.topologies.as_deref();
     let planned = match (from.as_ref(), from_graphs, to_graphs) {
         (None, _, Some(new)) => Some(plan::plan(None, (&to.0, new))),
-        (Some((commit, _)), Some(old), Some(new)) => Some(plan::plan(Some((commit, old)), (&to.0, new))),
+        (Some((commit, _)), Some(old), Some(new)) => {
+            Some(plan::plan(Some((commit, old)), (&to.0, new)))
+        }
         _ => None,
     };
     let from_commit = from.as_ref().map(|(c, _)| c.as_str());
@@ -212,9 +226,11 @@ fn plan_command(
             &errors,
         ))?,
         (PlanFormat::Text, Some(p)) => output::plan::text(p),
-        (PlanFormat::Markdown, Some(p)) => {
-            output::plan::markdown(p, to_graphs.unwrap_or_default(), from_graphs.unwrap_or_default())
-        }
+        (PlanFormat::Markdown, Some(p)) => output::plan::markdown(
+            p,
+            to_graphs.unwrap_or_default(),
+            from_graphs.unwrap_or_default(),
+        ),
         (_, None) => {
             let mut out = String::new();
             for error in &errors {
@@ -260,7 +276,10 @@ fn json_line(value: &serde_json::Value) -> Result<String> {
 /// Writes to stdout; a closed pipe (`plumber plan | head`) is not an error worth a message.
 fn print(text: &str) -> Result<()> {
     let mut stdout = std::io::stdout().lock();
-    match stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()) {
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
         other => other.context("writing to stdout"),
     }

@@ -15,7 +15,9 @@ pub enum Error {
         #[source]
         source: git2::Error,
     },
-    #[error("`{location}` is not a local path or file:// URL; clone it first (remote URLs are followed by the daemon)")]
+    #[error(
+        "`{location}` is not a local path or file:// URL; clone it first (remote URLs are followed by the daemon)"
+    )]
     UnsupportedLocation { location: String },
     #[error("the repository at {location} has no commits yet; commit a topology first")]
     NoCommits { location: String },
@@ -106,7 +108,13 @@ impl Repository {
 
     /// Resolves anything `git rev-parse` accepts (branch, tag, sha, `HEAD~2`) to a commit.
     pub fn resolve(&self, rev: &str) -> Result<Oid> {
-        if self.git.is_empty().unwrap_or(false) {
+        let unborn = matches!(self.git.head(), Err(e) if e.code() == git2::ErrorCode::UnbornBranch);
+        let no_refs = self
+            .git
+            .references()
+            .map(|mut refs| refs.next().is_none())
+            .unwrap_or(false);
+        if unborn && no_refs {
             return Err(Error::NoCommits {
                 location: self.location.clone(),
             });
@@ -120,9 +128,12 @@ impl Repository {
             .git
             .revparse_single(rev)
             .map_err(|e| unknown(e.message().to_owned()))?;
-        let commit = object
-            .peel_to_commit()
-            .map_err(|_| unknown(format!("it names a {}, not a commit", kind_name(object.kind()))))?;
+        let commit = object.peel_to_commit().map_err(|_| {
+            unknown(format!(
+                "it names a {}, not a commit",
+                kind_name(object.kind())
+            ))
+        })?;
         Ok(commit.id())
     }
 
@@ -156,8 +167,14 @@ impl Repository {
         let odb = self.git.odb().map_err(|e| fail("the object database", e))?;
         odb.add_new_mempack_backend(1000)
             .map_err(|e| fail("an in-memory object store", e))?;
-        let base_commit = self.git.find_commit(base).map_err(|e| fail("the base commit", e))?;
-        let head_commit = self.git.find_commit(head).map_err(|e| fail("the head commit", e))?;
+        let base_commit = self
+            .git
+            .find_commit(base)
+            .map_err(|e| fail("the base commit", e))?;
+        let head_commit = self
+            .git
+            .find_commit(head)
+            .map_err(|e| fail("the head commit", e))?;
         let mut index = self
             .git
             .merge_commits(&base_commit, &head_commit, None)
@@ -238,9 +255,9 @@ impl Repository {
                 }
             } else {
                 match odb.read_header(entry.id()) {
-                    Ok((size, _)) if size as u64 > MAX_FILE_BYTES => FileContent::TooLarge {
-                        size: size as u64,
-                    },
+                    Ok((size, _)) if size as u64 > MAX_FILE_BYTES => {
+                        FileContent::TooLarge { size: size as u64 }
+                    }
                     Ok(_) => match odb.read(entry.id()) {
                         Ok(object) => FileContent::Bytes(object.data().to_vec()),
                         Err(e) => {

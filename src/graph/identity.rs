@@ -231,7 +231,12 @@ mod tests {
             name: "b",
             identity: source("default", "b"),
         };
-        let one = processor(&parts(&t, &env, &[a.clone(), b.clone()], &[("d", "x"), ("d", "y")]));
+        let one = processor(&parts(
+            &t,
+            &env,
+            &[a.clone(), b.clone()],
+            &[("d", "x"), ("d", "y")],
+        ));
         let two = processor(&parts(&t, &env, &[b, a], &[("d", "y"), ("d", "x")]));
         assert_eq!(one, two);
     }

@@ -205,7 +205,7 @@ pub fn build(spec: &RepoSpec, diagnostics: &mut Vec<Diagnostic>) -> Option<Vec<T
     let checked: Vec<Checked> = spec
         .topologies
         .iter()
-        .map(|t| check(t, diagnostics))
+        .map(|t| check(t, spec, diagnostics))
         .collect();
     if diagnostics.iter().any(Diagnostic::is_error) {
         return None;
@@ -222,7 +222,7 @@ struct Checked {
     graph: DiGraph<usize, ()>,
 }
 
-fn check(topology: &TopologySpec, diagnostics: &mut Vec<Diagnostic>) -> Checked {
+fn check(topology: &TopologySpec, spec: &RepoSpec, diagnostics: &mut Vec<Diagnostic>) -> Checked {
     let mut graph = DiGraph::<usize, ()>::with_capacity(topology.steps.len(), topology.steps.len());
     let nodes: BTreeMap<&str, NodeIndex> = topology
         .steps
@@ -283,7 +283,7 @@ fn check(topology: &TopologySpec, diagnostics: &mut Vec<Diagnostic>) -> Checked 
     }
 
     report_cycles(topology, &graph, diagnostics);
-    check_topics(topology, diagnostics);
+    check_topics(topology, spec, diagnostics);
     warn_dead_ends(topology, &graph, diagnostics);
     Checked { graph }
 }
@@ -360,18 +360,18 @@ fn report_cycles(
     }
 }
 
-/// Source topics must not be written by the same topology, and a topology runs on one cluster.
-fn check_topics(topology: &TopologySpec, diagnostics: &mut Vec<Diagnostic>) {
+/// Source topics must not be written by the same topology, and a topology runs on one cluster
+/// (unknown clusters are already reported where they are named).
+fn check_topics(topology: &TopologySpec, spec: &RepoSpec, diagnostics: &mut Vec<Diagnostic>) {
     let mut read: BTreeMap<(&str, &str), &str> = BTreeMap::new();
     let mut clusters: BTreeMap<&str, (&str, &Endpoint)> = BTreeMap::new();
     for step in &topology.steps {
         if let StepDef::Source(endpoint) = &step.def {
-            read.insert(
-                (&endpoint.cluster.value, &endpoint.topic.value),
-                &step.name,
-            );
+            read.insert((&endpoint.cluster.value, &endpoint.topic.value), &step.name);
         }
-        if let StepDef::Source(endpoint) | StepDef::Sink { endpoint, .. } = &step.def {
+        if let StepDef::Source(endpoint) | StepDef::Sink { endpoint, .. } = &step.def
+            && spec.settings.clusters.contains_key(&endpoint.cluster.value)
+        {
             clusters
                 .entry(&endpoint.cluster.value)
                 .or_insert((&step.file, endpoint));
@@ -507,9 +507,10 @@ fn finish(topology: &TopologySpec, checked: Checked) -> Option<Topology> {
                 let sinks: Vec<(&str, &str)> = consumers
                     .iter()
                     .filter_map(|def| match def {
-                        StepDef::Sink { endpoint, .. } => {
-                            Some((endpoint.cluster.value.as_str(), endpoint.topic.value.as_str()))
-                        }
+                        StepDef::Sink { endpoint, .. } => Some((
+                            endpoint.cluster.value.as_str(),
+                            endpoint.topic.value.as_str(),
+                        )),
                         _ => None,
                     })
                     .collect();
@@ -563,10 +564,7 @@ fn finish(topology: &TopologySpec, checked: Checked) -> Option<Topology> {
     if graph.node_count() != order.len() {
         return None;
     }
-    let by_name = order
-        .iter()
-        .map(|&n| (graph[n].name.clone(), n))
-        .collect();
+    let by_name = order.iter().map(|&n| (graph[n].name.clone(), n)).collect();
     Some(Topology {
         name: topology.name.clone(),
         cutover: topology.cutover,

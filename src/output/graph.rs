@@ -20,7 +20,8 @@ pub fn step_detail(topology: &Topology, id: StepId) -> String {
 }
 
 pub fn dot(topologies: &[&Topology]) -> String {
-    let mut out = String::from("digraph plumber {\n  rankdir=LR;\n  node [fontname=\"Helvetica\"];\n");
+    let mut out =
+        String::from("digraph plumber {\n  rankdir=LR;\n  node [fontname=\"Helvetica\"];\n");
     for topology in topologies {
         let _ = writeln!(
             out,
@@ -63,16 +64,21 @@ fn escape_dot(s: &str) -> String {
     s.replace('\\', "\\\\").replace('"', "\\\"")
 }
 
-/// A Mermaid node id: `<topology>__<step>` (both are DNS labels, so always safe).
+/// A Mermaid node id: `<topology>__<step>` with `-` as `_`. Names are DNS labels (no `_`, no
+/// leading or trailing `-`), so ids cannot collide.
 pub fn mermaid_id(topology: &str, step: &str) -> String {
-    format!("{topology}__{step}")
+    format!("{topology}__{step}").replace('-', "_")
 }
 
 /// A Mermaid node: sources and sinks are rounded, processors rectangles.
 pub fn mermaid_node(topology: &Topology, id: StepId) -> String {
     let step = topology.step(id);
     let node = mermaid_id(&topology.name, &step.name);
-    let label = format!("{}<br/><small>{}</small>", step.name, step_detail(topology, id));
+    let label = format!(
+        "{}<br/><small>{}</small>",
+        step.name,
+        step_detail(topology, id)
+    );
     match step.kind() {
         Kind::Source => format!("{node}([\"{label}\"])"),
         Kind::Processor => format!("{node}[\"{label}\"]"),
@@ -83,7 +89,12 @@ pub fn mermaid_node(topology: &Topology, id: StepId) -> String {
 pub fn mermaid(topologies: &[&Topology]) -> String {
     let mut out = String::from("flowchart LR\n");
     for topology in topologies {
-        let _ = writeln!(out, "  subgraph {}", topology.name);
+        let _ = writeln!(
+            out,
+            "  subgraph {}[\"{}\"]",
+            topology.name.replace('-', "_"),
+            topology.name
+        );
         for (id, _) in topology.steps() {
             let _ = writeln!(out, "    {}", mermaid_node(topology, id));
         }

@@ -39,7 +39,11 @@ pub fn validation_text(commit: &str, validation: &Validation) -> String {
         out.push_str(&format!(
             "valid: {} topolog{}, {steps} step{} at {short}{}\n",
             validation.found.len(),
-            if validation.found.len() == 1 { "y" } else { "ies" },
+            if validation.found.len() == 1 {
+                "y"
+            } else {
+                "ies"
+            },
             plural(steps),
             if warnings > 0 {
                 format!(" ({warnings} warning{})", plural(warnings))

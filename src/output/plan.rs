@@ -50,7 +50,8 @@ fn sign(change: Change) -> char {
 pub fn describe(action: &Action) -> String {
     match action {
         Action::CreateTopic { topic, partitions } => {
-            format!("create topic `{topic}` ({partitions} partitions)")
+            let s = if *partitions == 1 { "" } else { "s" };
+            format!("create topic `{topic}` ({partitions} partition{s})")
         }
         Action::StartProcessor(start) => {
             let inputs: Vec<String> = start
@@ -134,7 +135,11 @@ pub fn text(plan: &Plan) -> String {
         out.push_str("no changes\n");
         return out;
     }
-    for topology in plan.topologies.iter().filter(|t| t.change != Change::Unchanged) {
+    for topology in plan
+        .topologies
+        .iter()
+        .filter(|t| t.change != Change::Unchanged)
+    {
         let _ = writeln!(
             out,
             "\n{} topology {} ({}, {} cutover)",
@@ -211,7 +216,11 @@ pub fn markdown(plan: &Plan, new_graphs: &[Topology], old_graphs: &[Topology]) -
         new_graphs.iter().map(|t| (t.name.as_str(), t)).collect();
     let old_by_name: BTreeMap<&str, &Topology> =
         old_graphs.iter().map(|t| (t.name.as_str(), t)).collect();
-    for topology in plan.topologies.iter().filter(|t| t.change != Change::Unchanged) {
+    for topology in plan
+        .topologies
+        .iter()
+        .filter(|t| t.change != Change::Unchanged)
+    {
         let _ = writeln!(
             out,
             "\n#### `{}`: {}\n",
@@ -236,8 +245,11 @@ pub fn markdown(plan: &Plan, new_graphs: &[Topology], old_graphs: &[Topology]) -
 /// The new graph, with removed steps drawn as dashed ghosts attached to their old inputs.
 fn topology_mermaid(plan: &TopologyPlan, new: Option<&Topology>, old: Option<&Topology>) -> String {
     let mut out = String::from("```mermaid\nflowchart LR\n");
-    let change_of: BTreeMap<&str, Change> =
-        plan.steps.iter().map(|s| (s.name.as_str(), s.change)).collect();
+    let change_of: BTreeMap<&str, Change> = plan
+        .steps
+        .iter()
+        .map(|s| (s.name.as_str(), s.change))
+        .collect();
     let mut classes: BTreeMap<&'static str, Vec<String>> = BTreeMap::new();
     let class_of = |c: Change| match c {
         Change::Added => Some("added"),

@@ -168,10 +168,7 @@ pub enum StartPosition {
 }
 
 /// Plans the move from `from` (nothing, for a first deploy) to `to`.
-pub fn plan(
-    from: Option<(&str, &[Topology])>,
-    to: (&str, &[Topology]),
-) -> Plan {
+pub fn plan(from: Option<(&str, &[Topology])>, to: (&str, &[Topology])) -> Plan {
     let old: BTreeMap<&str, &Topology> = from
         .map(|(_, ts)| ts.iter().map(|t| (t.name.as_str(), t)).collect())
         .unwrap_or_default();
@@ -197,7 +194,11 @@ pub fn plan_topology(old: Option<&Topology>, new: Option<&Topology>) -> Topology
             let same = steps.iter().all(|s| s.change == Change::Unchanged)
                 && o.cutover == n.cutover
                 && o.cluster == n.cluster;
-            if same { Change::Unchanged } else { Change::Changed }
+            if same {
+                Change::Unchanged
+            } else {
+                Change::Changed
+            }
         }
     };
     let shown = new.or(old);
@@ -222,7 +223,11 @@ fn step_changes(old: Option<&Topology>, new: Option<&Topology>) -> Vec<StepPlan>
                 Some(b) if b.identity != step.identity || b.kind() != step.kind() => {
                     Change::Replaced
                 }
-                Some(b) if b.kind != step.kind || b.description != step.description || b.owner != step.owner => {
+                Some(b)
+                    if b.kind != step.kind
+                        || b.description != step.description
+                        || b.owner != step.owner =>
+                {
                     Change::Updated
                 }
                 Some(_) => Change::Unchanged,
@@ -274,12 +279,10 @@ struct Cutover<'a> {
 impl<'a> Cutover<'a> {
     fn new(old: Option<&'a Topology>, new: Option<&'a Topology>) -> Self {
         let runs_in = |t: Option<&Topology>, name: &str, identity: Identity| {
-            t.and_then(|t| t.find(name))
-                .zip(t)
-                .is_some_and(|(id, t)| {
-                    let s = t.step(id);
-                    s.kind() == Kind::Processor && s.identity == identity
-                })
+            t.and_then(|t| t.find(name)).zip(t).is_some_and(|(id, t)| {
+                let s = t.step(id);
+                s.kind() == Kind::Processor && s.identity == identity
+            })
         };
         let processors = |t: Option<&'a Topology>| {
             t.into_iter()
@@ -380,10 +383,15 @@ impl<'a> Cutover<'a> {
             self.start_ready(&stopped, &mut started, &new_topics, &mut actions);
             // Old internal topics whose writer and readers have all stopped.
             for &t in &self.retiring {
-                let readers_done = old.consumers(t).iter().all(|c| {
-                    old.step(*c).kind() != Kind::Processor || stopped.contains(c)
-                });
-                if stopped.contains(&t) && readers_done && old.feeds_processor(t) && deleted.insert(t) {
+                let readers_done = old
+                    .consumers(t)
+                    .iter()
+                    .all(|c| old.step(*c).kind() != Kind::Processor || stopped.contains(c));
+                if stopped.contains(&t)
+                    && readers_done
+                    && old.feeds_processor(t)
+                    && deleted.insert(t)
+                {
                     actions.push(Action::DeleteTopic {
                         topic: old.internal_name(t),
                     });
@@ -405,7 +413,9 @@ impl<'a> Cutover<'a> {
                 continue;
             };
             let before = old.step(o);
-            if let StepKind::Processor { scale: old_scale, .. } = &before.kind
+            if let StepKind::Processor {
+                scale: old_scale, ..
+            } = &before.kind
                 && before.identity == step.identity
                 && old_scale != scale
             {
@@ -436,9 +446,10 @@ impl<'a> Cutover<'a> {
                     partitions: *partitions,
                 });
             }
-            let name_is_new = self
-                .old
-                .is_none_or(|o| o.find(&new.step(n).name).is_none_or(|p| o.step(p).kind() != Kind::Processor));
+            let name_is_new = self.old.is_none_or(|o| {
+                o.find(&new.step(n).name)
+                    .is_none_or(|p| o.step(p).kind() != Kind::Processor)
+            });
             if name_is_new {
                 actions.push(Action::CreateTopic {
                     topic: new.dlq_topic(n),
@@ -459,16 +470,15 @@ impl<'a> Cutover<'a> {
     ) {
         let Some(new) = self.new else { return };
         for &n in self.starting.iter().rev() {
-            let ready = self
-                .gate
-                .get(&n)
-                .is_none_or(|gate| gate.is_subset(stopped));
+            let ready = self.gate.get(&n).is_none_or(|gate| gate.is_subset(stopped));
             if !ready || started.contains(&n) {
                 continue;
             }
             started.insert(n);
             let shared = self.shared_inputs(n);
-            if let (Some(old), Some(&p), false) = (self.old, self.predecessor.get(&n), shared.is_empty()) {
+            if let (Some(old), Some(&p), false) =
+                (self.old, self.predecessor.get(&n), shared.is_empty())
+            {
                 actions.push(Action::HandOverOffsets {
                     step: new.step(n).name.clone(),
                     from_group: old.internal_name(p),

@@ -30,7 +30,13 @@ impl JqChecker {
     pub fn check(&self, program: &str) -> Result<(), String> {
         let arena = Arena::default();
         let modules = Loader::new(self.prelude.iter().cloned())
-            .load(&arena, File { code: program, path: () })
+            .load(
+                &arena,
+                File {
+                    code: program,
+                    path: (),
+                },
+            )
             .map_err(|errors| {
                 let mut messages = Vec::new();
                 for (_, error) in &errors {

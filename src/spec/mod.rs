@@ -224,6 +224,10 @@ pub fn load(files: &[SourceFile]) -> (RepoSpec, Vec<Diagnostic>) {
         };
         match rest.split_once('/') {
             Some((topology, _)) => by_topology.entry(topology).or_default().push(file),
+            // A symlink or submodule where a topology directory would be.
+            None if !matches!(file.content, FileContent::Bytes(_)) => {
+                text_of(file, &mut diagnostics);
+            }
             None => diagnostics.push(Diagnostic::warning(
                 Code::StrayFile,
                 &file.path,
@@ -238,7 +242,13 @@ pub fn load(files: &[SourceFile]) -> (RepoSpec, Vec<Diagnostic>) {
     let jq = jq::JqChecker::default();
     let mut topologies = Vec::with_capacity(by_topology.len());
     for (name, files) in by_topology {
-        topologies.push(load_topology(name, &files, &settings, &jq, &mut diagnostics));
+        topologies.push(load_topology(
+            name,
+            &files,
+            &settings,
+            &jq,
+            &mut diagnostics,
+        ));
     }
     (
         RepoSpec {

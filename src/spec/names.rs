@@ -30,7 +30,9 @@ pub fn dns_label_problem(name: &str) -> Option<String> {
         ));
     }
     if name.starts_with('-') || name.ends_with('-') {
-        return Some(format!("`{name}` must start and end with a letter or digit"));
+        return Some(format!(
+            "`{name}` must start and end with a letter or digit"
+        ));
     }
     None
 }

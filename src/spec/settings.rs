@@ -4,9 +4,7 @@ use std::collections::BTreeMap;
 
 use super::fields::{self, Fields, Report};
 use super::yaml::Node;
-use super::{
-    ClusterSpec, CutoverMode, DEFAULT_CLUSTER, Defaults, RepoSettings, Scale, SourceFile,
-};
+use super::{ClusterSpec, CutoverMode, DEFAULT_CLUSTER, Defaults, RepoSettings, Scale, SourceFile};
 use crate::diagnostic::{Code, Diagnostic};
 
 pub(super) fn repo_settings(file: &SourceFile, diagnostics: &mut Vec<Diagnostic>) -> RepoSettings {

@@ -44,7 +44,9 @@ pub(super) fn load(
             Code::InvalidName,
             &file.path,
             Some(start),
-            format!("invalid step name: {problem}; the step name is the file name, rename the file"),
+            format!(
+                "invalid step name: {problem}; the step name is the file name, rename the file"
+            ),
         ));
     }
     let mut step = StepSpec {
@@ -254,9 +256,9 @@ fn processor(fields: &Fields, at: Pos, context: &Context, report: &mut Report) -
             .get("env")
             .map(|e| env(e, report))
             .unwrap_or_default(),
-        scale: fields
-            .get("scale")
-            .map_or(defaults.scale, |e| settings::scale(e, defaults.scale, report)),
+        scale: fields.get("scale").map_or(defaults.scale, |e| {
+            settings::scale(e, defaults.scale, report)
+        }),
         partitions: fields
             .get("partitions")
             .and_then(|e| settings::partitions(e, report))
@@ -376,7 +378,12 @@ fn transform(
     }
 }
 
-fn command(fields: &Fields, at: Pos, required_here: bool, report: &mut Report) -> Option<Vec<String>> {
+fn command(
+    fields: &Fields,
+    at: Pos,
+    required_here: bool,
+    report: &mut Report,
+) -> Option<Vec<String>> {
     let entry = if required_here {
         required(
             fields,

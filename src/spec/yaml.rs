@@ -136,7 +136,10 @@ pub fn parse(text: &str) -> Result<Option<Node>, SyntaxError> {
                 None
             }
             Event::Alias(_) => {
-                return Err(SyntaxError::at(&span, "aliases (`*name`) are not supported"));
+                return Err(SyntaxError::at(
+                    &span,
+                    "aliases (`*name`) are not supported",
+                ));
             }
             Event::Scalar(text, style, anchor, tag) => {
                 reject_anchor_and_tag(anchor, tag.is_some(), &span)?;
@@ -150,12 +153,20 @@ pub fn parse(text: &str) -> Result<Option<Node>, SyntaxError> {
             }
             Event::SequenceStart(anchor, tag) => {
                 reject_anchor_and_tag(anchor, tag.is_some(), &span)?;
-                open(&mut stack, Open::Sequence(Pos::of(&span), Vec::new()), &span)?;
+                open(
+                    &mut stack,
+                    Open::Sequence(Pos::of(&span), Vec::new()),
+                    &span,
+                )?;
                 None
             }
             Event::MappingStart(anchor, tag) => {
                 reject_anchor_and_tag(anchor, tag.is_some(), &span)?;
-                open(&mut stack, Open::Mapping(Pos::of(&span), Vec::new(), None), &span)?;
+                open(
+                    &mut stack,
+                    Open::Mapping(Pos::of(&span), Vec::new(), None),
+                    &span,
+                )?;
                 None
             }
             Event::SequenceEnd | Event::MappingEnd => match stack.pop() {
@@ -248,7 +259,9 @@ mod tests {
 
     #[test]
     fn keys_and_values_carry_their_positions() {
-        let doc = parse("kind: processor\ninput:\n  - a\n  - b\n").unwrap().unwrap();
+        let doc = parse("kind: processor\ninput:\n  - a\n  - b\n")
+            .unwrap()
+            .unwrap();
         let entries = map(&doc);
         assert_eq!(entries[0].key, "kind");
         assert_eq!(entries[0].key_pos, Pos { line: 1, column: 1 });
@@ -279,7 +292,11 @@ mod tests {
     fn duplicate_keys_are_errors_at_the_second_key() {
         let err = parse("kind: source\ntopic: a\nkind: sink\n").unwrap_err();
         assert_eq!(err.pos, Pos { line: 3, column: 1 });
-        assert!(err.message.contains("duplicate key `kind`"), "{}", err.message);
+        assert!(
+            err.message.contains("duplicate key `kind`"),
+            "{}",
+            err.message
+        );
         assert!(err.message.contains("line 1"), "{}", err.message);
     }
 
