@@ -1,6 +1,8 @@
 //! Validation of real commits: every error code of SPEC §3 at its exact place, all at once,
 //! and bad input of every kind answered with a precise error instead of a panic.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly
+
 mod common;
 
 use common::{TestRepo, link, remove, run, validate_commit, write};

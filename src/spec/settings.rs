@@ -96,9 +96,8 @@ pub(super) fn topology_settings(
         report,
     );
     if let Some(entry) = fields.get("cutover") {
-        match fields::choice(entry, &["parallel", "ordered"], report) {
-            Some("ordered") => result.0 = CutoverMode::Ordered,
-            Some(_) | None => {}
+        if let Some("ordered") = fields::choice(entry, &["parallel", "ordered"], report) {
+            result.0 = CutoverMode::Ordered;
         }
     }
     if let Some(entry) = fields.get("defaults") {
