@@ -344,9 +344,7 @@ impl<'a> Cutover<'a> {
     fn actions(&self) -> Vec<Action> {
         let mut actions = Vec::new();
         self.scale_in_place(&mut actions);
-        let Some(new_topics) = self.create_topics(&mut actions) else {
-            return actions;
-        };
+        let new_topics = self.create_topics(&mut actions);
 
         let mut started: BTreeSet<StepId> = BTreeSet::new();
         let mut stopped: BTreeSet<StepId> = BTreeSet::new();
@@ -431,9 +429,11 @@ impl<'a> Cutover<'a> {
 
     /// Creates starting processors' internal topics and new step names' dead-letter topics;
     /// returns the internal topics created.
-    fn create_topics(&self, actions: &mut Vec<Action>) -> Option<BTreeSet<String>> {
-        let new = self.new?;
+    fn create_topics(&self, actions: &mut Vec<Action>) -> BTreeSet<String> {
         let mut created = BTreeSet::new();
+        let Some(new) = self.new else {
+            return created;
+        };
         for &n in &self.starting {
             let StepKind::Processor { partitions, .. } = &new.step(n).kind else {
                 continue;
@@ -457,7 +457,7 @@ impl<'a> Cutover<'a> {
                 });
             }
         }
-        Some(created)
+        created
     }
 
     /// Starts, downstream first, every starting processor whose gate has stopped.

@@ -1,0 +1,433 @@
+//! Plans between real commits: change classes, identities, and the exact order of the cutover
+//! actions for the cases SPEC §4 describes.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly
+
+mod common;
+
+use common::{TestRepo, remove, run, validate_commit, write};
+use plumber::plan::{Action, Change, Plan, StartPosition, plan};
+
+const SOURCE: &str = "kind: source\ntopic: in\n";
+const SINK: &str = "kind: sink\ntopic: out\ninput: b\n";
+
+fn processor(input: &str, jq: &str, extra: &str) -> String {
+    format!("kind: processor\ninput: {input}\njq: '{jq}'\n{extra}")
+}
+
+/// `in → a → b → out`, committed on `main`.
+fn linear(repo: &TestRepo, topology_yaml: &str) -> git2::Oid {
+    repo.commit(
+        "main",
+        "linear",
+        &[
+            write("topologies/t/topology.yaml", topology_yaml),
+            write("topologies/t/sources/in.yaml", SOURCE),
+            write("topologies/t/steps/a.yaml", processor("in", ".", "")),
+            write("topologies/t/steps/b.yaml", processor("a", ".", "")),
+            write("topologies/t/sinks/out.yaml", SINK),
+        ],
+    )
+}
+
+fn plan_between(repo: &TestRepo, from: Option<git2::Oid>, to: git2::Oid) -> Plan {
+    let old = from.map(|c| validate_commit(repo, c));
+    let new = validate_commit(repo, to);
+    let new_graphs = new.topologies.expect("valid `to`");
+    let old_graphs = old.map(|v| v.topologies.expect("valid `from`"));
+    let from_sha = from.map(|c| c.to_string());
+    let to_sha = to.to_string();
+    plan(
+        from_sha.as_deref().zip(old_graphs.as_deref()),
+        (&to_sha, &new_graphs),
+    )
+}
+
+/// Actions as short strings: `verb step-or-topic`, with groups abbreviated by step name.
+fn script(plan: &Plan) -> Vec<String> {
+    plan.topologies
+        .iter()
+        .flat_map(|t| &t.actions)
+        .map(|action| match action {
+            Action::CreateTopic { topic, .. } => format!("create {}", abbreviate(topic)),
+            Action::StartProcessor(s) => {
+                let inputs: Vec<String> = s
+                    .inputs
+                    .iter()
+                    .map(|i| {
+                        let from = match i.from {
+                            StartPosition::Earliest => "earliest",
+                            StartPosition::Latest => "latest",
+                            StartPosition::Cutover => "cutover",
+                        };
+                        format!("{}@{from}", abbreviate(&i.topic))
+                    })
+                    .collect();
+                format!("start {} [{}]", s.step, inputs.join(" "))
+            }
+            Action::ScaleProcessor { step, scale, .. } => {
+                format!("scale {step} {}..{}", scale.min, scale.max)
+            }
+            Action::DrainProcessor { step, topics, .. } => format!(
+                "drain {step} [{}]",
+                topics
+                    .iter()
+                    .map(|t| abbreviate(t))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            ),
+            Action::StopProcessor { step, .. } => format!("stop {step}"),
+            Action::HandOverOffsets {
+                step,
+                topics,
+                from_group,
+                to_group,
+            } => {
+                assert_ne!(from_group, to_group);
+                format!(
+                    "hand-over {step} [{}]",
+                    topics
+                        .iter()
+                        .map(|t| abbreviate(t))
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                )
+            }
+            Action::DeleteTopic { topic } => format!("delete {}", abbreviate(topic)),
+        })
+        .collect()
+}
+
+/// `plumber.t.a.0123456789ab` → `a.0123`; user topics stay as they are.
+fn abbreviate(topic: &str) -> String {
+    match topic.strip_prefix("plumber.t.") {
+        Some(rest) => match rest.split_once('.') {
+            Some((step, id)) => format!("{step}.{}", &id[..4.min(id.len())]),
+            None => rest.to_owned(),
+        },
+        None => topic.to_owned(),
+    }
+}
+
+fn changes(plan: &Plan) -> Vec<(String, Change)> {
+    plan.topologies
+        .iter()
+        .flat_map(|t| &t.steps)
+        .map(|s| (s.name.clone(), s.change))
+        .collect()
+}
+
+fn group_id(plan: &Plan, step: &str, new: bool) -> String {
+    let s = plan.topologies[0]
+        .steps
+        .iter()
+        .find(|s| s.name == step)
+        .unwrap();
+    let id = if new { s.identity.to } else { s.identity.from };
+    format!("{step}.{}", &id.unwrap().short()[..4])
+}
+
+#[test]
+fn the_plan_from_a_commit_to_itself_is_empty() {
+    let repo = TestRepo::new();
+    let c = linear(&repo, "cutover: parallel\n");
+    let p = plan_between(&repo, Some(c), c);
+    assert!(p.is_empty());
+    assert!(script(&p).is_empty());
+    assert!(changes(&p).iter().all(|(_, c)| *c == Change::Unchanged));
+}
+
+#[test]
+fn first_deploy_creates_topics_and_starts_downstream_first() {
+    let repo = TestRepo::new();
+    let c = linear(&repo, "cutover: parallel\n");
+    let p = plan_between(&repo, None, c);
+    let a = group_id(&p, "a", true);
+    assert_eq!(
+        script(&p),
+        vec![
+            format!("create {a}"),
+            "create a.dlq".to_string(),
+            "create b.dlq".to_string(),
+            format!("start b [{a}@earliest]"),
+            "start a [in@latest]".to_string(),
+        ]
+    );
+    assert!(changes(&p).iter().all(|(_, c)| *c == Change::Added));
+}
+
+#[test]
+fn replacing_a_source_connected_step_hands_over_offsets_and_drains_the_old_subtree() {
+    let repo = TestRepo::new();
+    let c1 = linear(&repo, "cutover: parallel\n");
+    let c2 = repo.commit(
+        "main",
+        "change a",
+        &[write(
+            "topologies/t/steps/a.yaml",
+            processor("in", "select(.x)", ""),
+        )],
+    );
+    let p = plan_between(&repo, Some(c1), c2);
+    assert_eq!(
+        changes(&p),
+        vec![
+            ("in".to_string(), Change::Unchanged),
+            ("a".to_string(), Change::Replaced),
+            ("b".to_string(), Change::Replaced),
+            ("out".to_string(), Change::Replaced),
+        ]
+    );
+    let (old_a, new_a) = (group_id(&p, "a", false), group_id(&p, "a", true));
+    assert_eq!(
+        script(&p),
+        vec![
+            format!("create {new_a}"),
+            format!("start b [{new_a}@earliest]"),
+            "stop a".to_string(),
+            "hand-over a [in]".to_string(),
+            "start a [in@cutover]".to_string(),
+            format!("drain b [{old_a}]"),
+            "stop b".to_string(),
+            format!("delete {old_a}"),
+        ]
+    );
+}
+
+#[test]
+fn ordered_cutover_holds_new_steps_until_the_old_subtree_drained() {
+    let repo = TestRepo::new();
+    let c1 = linear(&repo, "cutover: ordered\n");
+    let c2 = repo.commit(
+        "main",
+        "change a",
+        &[write(
+            "topologies/t/steps/a.yaml",
+            processor("in", "select(.x)", ""),
+        )],
+    );
+    let p = plan_between(&repo, Some(c1), c2);
+    let (old_a, new_a) = (group_id(&p, "a", false), group_id(&p, "a", true));
+    assert_eq!(
+        script(&p),
+        vec![
+            format!("create {new_a}"),
+            "stop a".to_string(),
+            format!("drain b [{old_a}]"),
+            "stop b".to_string(),
+            format!("start b [{new_a}@earliest]"),
+            "hand-over a [in]".to_string(),
+            "start a [in@cutover]".to_string(),
+            format!("delete {old_a}"),
+        ]
+    );
+}
+
+#[test]
+fn replacing_a_leaf_touches_nothing_upstream() {
+    let repo = TestRepo::new();
+    let c1 = linear(&repo, "cutover: parallel\n");
+    let c2 = repo.commit(
+        "main",
+        "change b",
+        &[write(
+            "topologies/t/steps/b.yaml",
+            processor("a", "select(.y)", ""),
+        )],
+    );
+    let p = plan_between(&repo, Some(c1), c2);
+    let a = group_id(&p, "a", true);
+    assert_eq!(
+        script(&p),
+        vec![
+            "stop b".to_string(),
+            format!("hand-over b [{a}]"),
+            format!("start b [{a}@cutover]"),
+        ]
+    );
+    assert_eq!(changes(&p)[1], ("a".to_string(), Change::Unchanged));
+}
+
+#[test]
+fn scale_changes_apply_in_place() {
+    let repo = TestRepo::new();
+    let c1 = linear(&repo, "cutover: parallel\n");
+    let c2 = repo.commit(
+        "main",
+        "scale a",
+        &[write(
+            "topologies/t/steps/a.yaml",
+            processor("in", ".", "scale: { min: 2, max: 8 }\n"),
+        )],
+    );
+    let p = plan_between(&repo, Some(c1), c2);
+    assert_eq!(script(&p), vec!["scale a 2..8".to_string()]);
+    assert_eq!(changes(&p)[1], ("a".to_string(), Change::Updated));
+    assert_eq!(p.topologies[0].change, Change::Changed);
+}
+
+#[test]
+fn moving_a_file_or_reordering_keys_changes_nothing() {
+    let repo = TestRepo::new();
+    let c1 = linear(&repo, "cutover: parallel\n");
+    let c2 = repo.commit(
+        "main",
+        "reorganise",
+        &[
+            remove("topologies/t/steps/a.yaml"),
+            write(
+                "topologies/t/steps/deeper/a.yml",
+                "jq: '.'\n# same step, moved and reordered\ninput: [in]\nkind: processor\n",
+            ),
+        ],
+    );
+    let p = plan_between(&repo, Some(c1), c2);
+    assert!(p.is_empty(), "{:#?}", p);
+}
+
+#[test]
+fn added_steps_start_at_start_from_and_removed_topologies_drain_and_delete() {
+    let repo = TestRepo::new();
+    let c1 = linear(&repo, "cutover: parallel\n");
+    let c2 = repo.commit(
+        "main",
+        "add c",
+        &[
+            write(
+                "topologies/t/steps/c.yaml",
+                processor("a", ".", "startFrom: earliest\n"),
+            ),
+            write(
+                "topologies/t/sinks/c-out.yaml",
+                "kind: sink\ntopic: c-out\ninput: c\n",
+            ),
+        ],
+    );
+    let p = plan_between(&repo, Some(c1), c2);
+    let a = group_id(&p, "a", true);
+    assert_eq!(
+        script(&p),
+        vec![
+            "create c.dlq".to_string(),
+            format!("start c [{a}@earliest]")
+        ]
+    );
+
+    let c3 = repo.commit_snapshot("main", "remove everything", &[]);
+    let p = plan_between(&repo, Some(c2), c3);
+    assert_eq!(p.topologies[0].change, Change::Removed);
+    let a_old = group_id(&p, "a", false);
+    assert_eq!(
+        script(&p),
+        vec![
+            "stop a".to_string(),
+            format!("drain b [{a_old}]"),
+            "stop b".to_string(),
+            format!("drain c [{a_old}]"),
+            "stop c".to_string(),
+            format!("delete {a_old}"),
+        ]
+    );
+}
+
+#[test]
+fn plan_cli_merge_preview_and_conflicts() {
+    let repo = TestRepo::new();
+    let base = linear(&repo, "cutover: parallel\n");
+    repo.git
+        .branch("feature", &repo.git.find_commit(base).unwrap(), false)
+        .unwrap();
+    repo.commit(
+        "feature",
+        "change b",
+        &[write(
+            "topologies/t/steps/b.yaml",
+            processor("a", "select(.y)", ""),
+        )],
+    );
+    let objects_before = count_files(&repo.path().join(".git/objects"));
+    let (code, stdout, stderr) = run(&[
+        "plan",
+        &repo.location(),
+        "--base",
+        "main",
+        "--head",
+        "feature",
+        "--format",
+        "json",
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    let json: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(json["valid"], true);
+    assert_eq!(json["topologies"][0]["steps"][2]["name"], "b");
+    assert_eq!(json["topologies"][0]["steps"][2]["change"], "replaced");
+    assert_eq!(
+        count_files(&repo.path().join(".git/objects")),
+        objects_before,
+        "a merge preview writes nothing to the repository"
+    );
+
+    // Both branches change b differently: a conflict, exit 1, the file named.
+    repo.commit(
+        "main",
+        "change b on main",
+        &[write(
+            "topologies/t/steps/b.yaml",
+            processor("a", "select(.z)", ""),
+        )],
+    );
+    let (code, _, stderr) = run(&[
+        "plan",
+        &repo.location(),
+        "--base",
+        "main",
+        "--head",
+        "feature",
+    ]);
+    assert_eq!(code, 1);
+    assert!(stderr.contains("topologies/t/steps/b.yaml"), "{stderr}");
+}
+
+#[test]
+fn plan_cli_refuses_invalid_commits_with_their_errors() {
+    let repo = TestRepo::new();
+    let c1 = linear(&repo, "cutover: parallel\n");
+    repo.commit(
+        "main",
+        "break b",
+        &[write(
+            "topologies/t/steps/b.yaml",
+            processor("nope", ".", ""),
+        )],
+    );
+    let (code, stdout, _) = run(&[
+        "plan",
+        &repo.location(),
+        "--from",
+        &c1.to_string(),
+        "--to",
+        "HEAD",
+        "--format",
+        "json",
+    ]);
+    assert_eq!(code, 1);
+    let json: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(json["valid"], false);
+    assert_eq!(json["errors"][0]["code"], "unknown-input");
+    assert_eq!(json["topologies"], serde_json::json!([]));
+}
+
+fn count_files(dir: &std::path::Path) -> usize {
+    let mut count = 0;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+            } else {
+                count += 1;
+            }
+        }
+    }
+    count
+}
