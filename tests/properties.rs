@@ -1,0 +1,406 @@
+//! Property tests over random DAGs: identities depend on exactly what SPEC §4 says, and every
+//! plan orders its actions so that nothing is read before it exists or lost before it drained.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use plumber::graph::{Identity, Kind, Topology};
+use plumber::plan::{Action, Plan, StartPosition, plan};
+use plumber::spec::{FileContent, SourceFile};
+use proptest::prelude::*;
+
+/// A generated topology: sources, then processors that read earlier steps.
+#[derive(Debug, Clone)]
+struct Dag {
+    sources: usize,
+    processors: Vec<Proc>,
+}
+
+#[derive(Debug, Clone)]
+struct Proc {
+    /// Indices into sources (0..sources) then processors.
+    inputs: Vec<usize>,
+    program: usize,
+    partitions: u32,
+    sink: bool,
+    min: u32,
+}
+
+const PROGRAMS: [&str; 4] = [".", "select(.x > 1)", "{id, v: .value}", ".items[]"];
+
+fn dag() -> impl Strategy<Value = Dag> {
+    (1usize..=3, 1usize..=7).prop_flat_map(|(sources, n)| {
+        let procs: Vec<_> = (0..n)
+            .map(|i| {
+                (
+                    prop::collection::btree_set(0..sources + i, 1..=3),
+                    0..PROGRAMS.len(),
+                    1u32..=3,
+                    any::<bool>(),
+                    0u32..=2,
+                )
+                    .prop_map(|(inputs, program, partitions, sink, min)| Proc {
+                        inputs: inputs.into_iter().collect(),
+                        program,
+                        partitions,
+                        sink,
+                        min,
+                    })
+            })
+            .collect();
+        procs.prop_map(move |processors| Dag {
+            sources,
+            processors,
+        })
+    })
+}
+
+fn name(dag: &Dag, index: usize) -> String {
+    if index < dag.sources {
+        format!("src-{index}")
+    } else {
+        format!("p-{}", index - dag.sources)
+    }
+}
+
+/// How files are laid out: which directory each goes in, key order, input order.
+#[derive(Debug, Clone, Copy)]
+struct Layout {
+    seed: u64,
+}
+
+impl Layout {
+    fn pick(&self, salt: usize, n: usize) -> usize {
+        let x = self
+            .seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add((salt as u64).wrapping_mul(1442695040888963407));
+        ((x >> 33) as usize) % n
+    }
+}
+
+fn render(dag: &Dag, layout: Layout) -> Vec<SourceFile> {
+    let dirs = ["", "steps/", "steps/deep/", "a/b/c/"];
+    let mut files = Vec::new();
+    let mut push = |i: usize, step: &str, mut lines: Vec<String>| {
+        // Rotate keys: order of keys must not matter.
+        let rotate = layout.pick(i * 7 + 1, lines.len());
+        lines.rotate_left(rotate);
+        let ext = if layout.pick(i * 7 + 2, 2) == 0 {
+            "yaml"
+        } else {
+            "yml"
+        };
+        let dir = dirs[layout.pick(i * 7 + 3, dirs.len())];
+        files.push(SourceFile {
+            path: format!("topologies/t/{dir}{step}.{ext}"),
+            content: FileContent::Bytes((lines.join("\n") + "\n").into_bytes()),
+        });
+    };
+    for s in 0..dag.sources {
+        push(
+            s,
+            &name(dag, s),
+            vec!["kind: source".into(), format!("topic: in-{s}")],
+        );
+    }
+    for (p, proc) in dag.processors.iter().enumerate() {
+        let index = dag.sources + p;
+        let mut inputs: Vec<String> = proc.inputs.iter().map(|&i| name(dag, i)).collect();
+        let turn = layout.pick(index * 7 + 4, inputs.len());
+        inputs.rotate_left(turn);
+        push(
+            index,
+            &name(dag, index),
+            vec![
+                "kind: processor".into(),
+                format!("input: [{}]", inputs.join(", ")),
+                format!("jq: '{}'", PROGRAMS[proc.program]),
+                format!("partitions: {}", proc.partitions),
+                format!("scale: {{ min: {}, max: 5 }}", proc.min),
+            ],
+        );
+        if proc.sink {
+            push(
+                1000 + p,
+                &format!("out-{p}"),
+                vec![
+                    "kind: sink".into(),
+                    format!("topic: out-{p}"),
+                    format!("input: {}", name(dag, index)),
+                ],
+            );
+        }
+    }
+    files
+}
+
+fn build(dag: &Dag, layout: Layout) -> Vec<Topology> {
+    let validation = plumber::validate(&render(dag, layout));
+    validation
+        .topologies
+        .unwrap_or_else(|| panic!("generated DAG is valid: {:#?}", validation.diagnostics))
+}
+
+fn identities(topologies: &[Topology]) -> BTreeMap<String, Identity> {
+    topologies
+        .iter()
+        .flat_map(|t| t.steps().map(|(_, s)| (s.name.clone(), s.identity)))
+        .collect()
+}
+
+fn plan_of(old: &[Topology], new: &[Topology]) -> Plan {
+    plan(Some(("old", old)), ("new", new))
+}
+
+/// Steps downstream of processor `p` (by index), including `p`.
+fn downstream(dag: &Dag, p: usize) -> BTreeSet<String> {
+    let mut names = BTreeSet::from([name(dag, dag.sources + p)]);
+    for (q, proc) in dag.processors.iter().enumerate().skip(p + 1) {
+        if proc.inputs.iter().any(|&i| names.contains(&name(dag, i))) {
+            names.insert(name(dag, dag.sources + q));
+        }
+    }
+    let sinks: Vec<String> = dag
+        .processors
+        .iter()
+        .enumerate()
+        .filter(|(q, proc)| proc.sink && names.contains(&name(dag, dag.sources + q)))
+        .map(|(q, _)| format!("out-{q}"))
+        .collect();
+    names.extend(sinks);
+    names
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(96))]
+
+    #[test]
+    fn identities_ignore_layout_key_order_and_input_order(dag in dag(), a in any::<u64>(), b in any::<u64>()) {
+        let one = build(&dag, Layout { seed: a });
+        let two = build(&dag, Layout { seed: b });
+        prop_assert_eq!(identities(&one), identities(&two));
+        let p = plan_of(&one, &two);
+        prop_assert!(p.is_empty(), "{:#?}", p);
+    }
+
+    #[test]
+    fn changing_a_transform_changes_exactly_that_step_and_everything_downstream(
+        dag in dag(), which in any::<prop::sample::Index>(), seed in any::<u64>()
+    ) {
+        let p = which.index(dag.processors.len());
+        let mut changed = dag.clone();
+        changed.processors[p].program = (dag.processors[p].program + 1) % PROGRAMS.len();
+        let before = identities(&build(&dag, Layout { seed }));
+        let after = identities(&build(&changed, Layout { seed }));
+        let expected = downstream(&dag, p);
+        let differing: BTreeSet<String> = before
+            .iter()
+            .filter(|(name, id)| after.get(*name) != Some(id))
+            .map(|(name, _)| name.clone())
+            .collect();
+        prop_assert_eq!(differing, expected);
+    }
+
+    #[test]
+    fn scale_never_changes_an_identity(dag in dag(), which in any::<prop::sample::Index>(), seed in any::<u64>()) {
+        let p = which.index(dag.processors.len());
+        let mut changed = dag.clone();
+        changed.processors[p].min = (dag.processors[p].min + 1) % 3;
+        let before = build(&dag, Layout { seed });
+        let after = build(&changed, Layout { seed });
+        prop_assert_eq!(identities(&before), identities(&after));
+        let plan = plan_of(&before, &after);
+        let actions: Vec<&Action> = plan.topologies.iter().flat_map(|t| &t.actions).collect();
+        prop_assert_eq!(actions.len(), 1);
+        let is_scale = matches!(actions[0], Action::ScaleProcessor { .. });
+        prop_assert!(is_scale);
+    }
+
+    #[test]
+    fn every_plan_orders_its_actions_safely(old in dag(), new in dag(), seed in any::<u64>()) {
+        let before = build(&old, Layout { seed });
+        let after = build(&new, Layout { seed });
+        check_plan(&before, &after);
+        check_plan(&after, &before);
+        check_plan(&[], &after);
+    }
+}
+
+/// Replays a plan's actions and checks the ordering rules of SPEC §4.
+fn check_plan(old: &[Topology], new: &[Topology]) {
+    let plan = if old.is_empty() {
+        plan(None, ("new", new))
+    } else {
+        plan_of(old, new)
+    };
+    let old_t = old.first();
+    let new_t = new.first();
+    let groups = |t: Option<&Topology>| -> BTreeMap<String, String> {
+        t.into_iter()
+            .flat_map(|t| {
+                t.steps()
+                    .filter(|(_, s)| s.kind() == Kind::Processor)
+                    .map(|(id, _)| (t.internal_name(id), t.step(id).name.clone()))
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    };
+    let old_groups = groups(old_t);
+    let new_groups = groups(new_t);
+    let retiring: BTreeSet<&String> = old_groups
+        .keys()
+        .filter(|g| !new_groups.contains_key(*g))
+        .collect();
+    let starting: BTreeSet<&String> = new_groups
+        .keys()
+        .filter(|g| !old_groups.contains_key(*g))
+        .collect();
+
+    let mut existing_topics: BTreeSet<String> = old_t
+        .map(|t| {
+            t.steps()
+                .filter(|(id, s)| s.kind() == Kind::Processor && t.feeds_processor(*id))
+                .map(|(id, _)| t.internal_name(id))
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut stopped: BTreeSet<String> = BTreeSet::new();
+    let mut started: BTreeSet<String> = BTreeSet::new();
+    let mut handed_over: BTreeSet<String> = BTreeSet::new();
+    let actions: Vec<&Action> = plan.topologies.iter().flat_map(|t| &t.actions).collect();
+    for action in &actions {
+        match action {
+            Action::CreateTopic { topic, .. } => {
+                existing_topics.insert(topic.clone());
+            }
+            Action::StartProcessor(s) => {
+                assert!(
+                    starting.contains(&s.group),
+                    "only new identities start: {}",
+                    s.group
+                );
+                assert!(
+                    started.insert(s.group.clone()),
+                    "started twice: {}",
+                    s.group
+                );
+                for input in &s.inputs {
+                    if input.topic.starts_with("plumber.") {
+                        assert!(
+                            existing_topics.contains(&input.topic),
+                            "{} read before created",
+                            input.topic
+                        );
+                    }
+                    if input.from == StartPosition::Cutover {
+                        assert!(
+                            handed_over.contains(&s.group),
+                            "{} starts at cutover offsets never handed over",
+                            s.group
+                        );
+                    }
+                }
+            }
+            Action::StopProcessor { group, .. } => {
+                assert!(
+                    retiring.contains(group),
+                    "only old identities stop: {group}"
+                );
+                assert!(stopped.insert(group.clone()), "stopped twice: {group}");
+            }
+            Action::DrainProcessor { group, topics, .. } => {
+                assert!(!stopped.contains(group));
+                for topic in topics {
+                    // A drained topic's writer (the group of the same name) has stopped.
+                    assert!(
+                        stopped.contains(topic),
+                        "{group} drains {topic} while its writer runs"
+                    );
+                }
+            }
+            Action::HandOverOffsets {
+                from_group,
+                to_group,
+                ..
+            } => {
+                assert!(
+                    stopped.contains(from_group),
+                    "offsets of running {from_group} handed over"
+                );
+                assert!(!started.contains(to_group));
+                handed_over.insert(to_group.clone());
+            }
+            Action::DeleteTopic { topic } => {
+                assert!(
+                    stopped.contains(topic),
+                    "{topic} deleted while its writer runs"
+                );
+                let t = old_t.expect("only old topics are deleted");
+                for (id, _) in t.steps().filter(|(_, s)| s.kind() == Kind::Processor) {
+                    if t.input_topics(id).contains(topic) {
+                        assert!(
+                            stopped.contains(&t.internal_name(id)),
+                            "{topic} deleted before its reader stopped"
+                        );
+                    }
+                }
+                existing_topics.remove(topic);
+            }
+            Action::ScaleProcessor { group, .. } => {
+                assert!(old_groups.contains_key(group) && new_groups.contains_key(group));
+            }
+        }
+    }
+    assert_eq!(
+        stopped.iter().collect::<BTreeSet<_>>(),
+        retiring,
+        "every old identity stops"
+    );
+    assert_eq!(
+        started.iter().collect::<BTreeSet<_>>(),
+        starting,
+        "every new identity starts"
+    );
+    // After the cutover, every topic a new processor reads exists.
+    if let Some(t) = new_t {
+        for (id, _) in t.steps().filter(|(_, s)| s.kind() == Kind::Processor) {
+            for topic in t
+                .input_topics(id)
+                .iter()
+                .filter(|t| t.starts_with("plumber."))
+            {
+                assert!(
+                    existing_topics.contains(topic),
+                    "{topic} missing after the cutover"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn arbitrary_bytes_never_panic_the_validator() {
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig::with_cases(512));
+    runner
+        .run(&prop::collection::vec(any::<u8>(), 0..400), |bytes| {
+            let files = vec![SourceFile {
+                path: "topologies/t/x.yaml".into(),
+                content: FileContent::Bytes(bytes),
+            }];
+            let _ = plumber::validate(&files);
+            Ok(())
+        })
+        .unwrap();
+    let yamlish = "(kind|input|jq|topic|exec|http|scale|\\[|\\]|\\{|\\}|:|,|-| |\\n|'|\"|&|\\*|!|#|---|source|processor|sink|[a-z]){0,60}";
+    runner
+        .run(&yamlish, |text| {
+            let files = vec![SourceFile {
+                path: "topologies/t/x.yaml".into(),
+                content: FileContent::Bytes(text.into_bytes()),
+            }];
+            let _ = plumber::validate(&files);
+            Ok(())
+        })
+        .unwrap();
+}
