@@ -88,7 +88,13 @@ impl TestRepo {
         }
         let tree_id = update.create_updated(&self.git, &base_tree).expect("tree");
         let tree = self.git.find_tree(tree_id).expect("tree");
-        let signature = Signature::now("Test", "test@example.com").expect("signature");
+        // A fixed time keeps commit ids reproducible, so golden files can name them.
+        let signature = Signature::new(
+            "Test",
+            "test@example.com",
+            &git2::Time::new(1_700_000_000, 0),
+        )
+        .expect("signature");
         let parents: Vec<&git2::Commit> = parent.iter().collect();
         self.git
             .commit(
