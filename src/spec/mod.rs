@@ -239,17 +239,18 @@ pub fn load(files: &[SourceFile]) -> (RepoSpec, Vec<Diagnostic>) {
         }
     }
 
-    let jq = jq::JqChecker::default();
+    let mut jq_programs = Vec::new();
     let mut topologies = Vec::with_capacity(by_topology.len());
     for (name, files) in by_topology {
         topologies.push(load_topology(
             name,
             &files,
             &settings,
-            &jq,
+            &mut jq_programs,
             &mut diagnostics,
         ));
     }
+    check_jq(&jq_programs, &mut diagnostics);
     (
         RepoSpec {
             settings,
@@ -263,7 +264,7 @@ fn load_topology(
     name: &str,
     files: &[&SourceFile],
     settings: &RepoSettings,
-    jq: &jq::JqChecker,
+    jq_programs: &mut Vec<step::JqProgram>,
     diagnostics: &mut Vec<Diagnostic>,
 ) -> TopologySpec {
     let dir = format!("{TOPOLOGIES_DIR}/{name}");
@@ -287,9 +288,8 @@ fn load_topology(
         let context = step::Context {
             clusters: &settings.clusters,
             defaults,
-            jq,
         };
-        let step = step::load(file, &context, diagnostics);
+        let step = step::load(file, &context, jq_programs, diagnostics);
         if let Some(&first) = first_file_of.get(&step.name) {
             diagnostics.push(Diagnostic::error(
                 Code::DuplicateStep,
@@ -318,6 +318,22 @@ fn load_topology(
         dir,
         cutover,
         steps,
+    }
+}
+
+/// Compiles every jq program of the commit at once and reports those that do not compile.
+fn check_jq(programs: &[step::JqProgram], diagnostics: &mut Vec<Diagnostic>) {
+    let texts: Vec<&str> = programs.iter().map(|p| p.program.as_str()).collect();
+    let results = jq::JqChecker::default().check_all(&texts);
+    for (program, result) in programs.iter().zip(results) {
+        if let Err(problem) = result {
+            diagnostics.push(Diagnostic::error(
+                Code::InvalidJq,
+                &program.file,
+                Some(program.key_pos),
+                format!("the jq program does not compile: {problem}"),
+            ));
+        }
     }
 }
 

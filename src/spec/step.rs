@@ -14,7 +14,13 @@ use crate::diagnostic::{Code, Diagnostic};
 pub(super) struct Context<'a> {
     pub clusters: &'a BTreeMap<String, ClusterSpec>,
     pub defaults: Defaults,
-    pub jq: &'a super::jq::JqChecker,
+}
+
+/// A jq program to compile once all files are read (see [`super::jq::JqChecker::check_all`]).
+pub(super) struct JqProgram {
+    pub file: String,
+    pub key_pos: Pos,
+    pub program: String,
 }
 
 const COMMON: [&str; 3] = ["kind", "description", "owner"];
@@ -35,6 +41,7 @@ const TRANSFORMS: [&str; 3] = ["jq", "exec", "http"];
 pub(super) fn load(
     file: &SourceFile,
     context: &Context,
+    jq_programs: &mut Vec<JqProgram>,
     diagnostics: &mut Vec<Diagnostic>,
 ) -> StepSpec {
     let name = super::step_name_of(&file.path).to_owned();
@@ -104,7 +111,7 @@ pub(super) fn load(
         }
         Kind::Processor => {
             fields.reject_unknown(&allowed(&PROCESSOR_FIELDS, &[]), "a processor", report);
-            StepDef::Processor(processor(&fields, node.pos, context, report))
+            StepDef::Processor(processor(&fields, node.pos, context, jq_programs, report))
         }
     };
     step
@@ -247,11 +254,17 @@ fn inputs(fields: &Fields, at: Pos, report: &mut Report) -> Vec<Located<String>>
     .unwrap_or_default()
 }
 
-fn processor(fields: &Fields, at: Pos, context: &Context, report: &mut Report) -> ProcessorSpec {
+fn processor(
+    fields: &Fields,
+    at: Pos,
+    context: &Context,
+    jq_programs: &mut Vec<JqProgram>,
+    report: &mut Report,
+) -> ProcessorSpec {
     let defaults = context.defaults;
     ProcessorSpec {
         inputs: inputs(fields, at, report),
-        transform: transform(fields, at, context, report),
+        transform: transform(fields, at, jq_programs, report),
         env: fields
             .get("env")
             .map(|e| env(e, report))
@@ -276,7 +289,7 @@ fn processor(fields: &Fields, at: Pos, context: &Context, report: &mut Report) -
 fn transform(
     fields: &Fields,
     at: Pos,
-    context: &Context,
+    jq_programs: &mut Vec<JqProgram>,
     report: &mut Report,
 ) -> Option<Transform> {
     let present: Vec<&super::yaml::Entry> = fields
@@ -309,14 +322,11 @@ fn transform(
     match entry.key.as_str() {
         "jq" => {
             let program = fields::string(entry, report)?;
-            if let Err(problem) = context.jq.check(&program.value) {
-                report.error(
-                    Code::InvalidJq,
-                    entry.key_pos,
-                    format!("the jq program does not compile: {problem}"),
-                );
-                return None;
-            }
+            jq_programs.push(JqProgram {
+                file: report.file.to_owned(),
+                key_pos: entry.key_pos,
+                program: program.value.clone(),
+            });
             Some(Transform::Jq {
                 program: program.value,
             })
