@@ -99,15 +99,22 @@ pub fn mermaid(topologies: &[&Topology]) -> String {
             let _ = writeln!(out, "    {}", mermaid_node(topology, id));
         }
         out.push_str("  end\n");
-        for (id, step) in topology.steps() {
-            for input in topology.inputs(id) {
-                let _ = writeln!(
-                    out,
-                    "  {} --> {}",
-                    mermaid_id(&topology.name, &topology.step(input).name),
-                    mermaid_id(&topology.name, &step.name)
-                );
-            }
+        out.push_str(&mermaid_edges(topology));
+    }
+    out
+}
+
+/// One `a --> b` line per edge.
+pub fn mermaid_edges(topology: &Topology) -> String {
+    let mut out = String::new();
+    for (id, step) in topology.steps() {
+        for input in topology.inputs(id) {
+            let _ = writeln!(
+                out,
+                "  {} --> {}",
+                mermaid_id(&topology.name, &topology.step(input).name),
+                mermaid_id(&topology.name, &step.name)
+            );
         }
     }
     out

@@ -5,7 +5,7 @@ use std::fmt::Write;
 
 use serde_json::{Value, json};
 
-use super::graph::{mermaid_id, mermaid_node};
+use super::graph::{mermaid_edges, mermaid_id, mermaid_node};
 use crate::diagnostic::Diagnostic;
 use crate::graph::Topology;
 use crate::plan::{Action, Change, Plan, StartPosition, TopologyPlan};
@@ -269,16 +269,7 @@ fn topology_mermaid(plan: &TopologyPlan, new: Option<&Topology>, old: Option<&To
                     .push(mermaid_id(&graph.name, &step.name));
             }
         }
-        for (id, step) in graph.steps() {
-            for input in graph.inputs(id) {
-                let _ = writeln!(
-                    out,
-                    "  {} --> {}",
-                    mermaid_id(&graph.name, &graph.step(input).name),
-                    mermaid_id(&graph.name, &step.name)
-                );
-            }
-        }
+        out.push_str(&mermaid_edges(graph));
     }
     if let Some(old) = old {
         let removed = |name: &str| change_of.get(name) == Some(&Change::Removed);
