@@ -202,7 +202,7 @@ fn plan_command(
             d.message = format!(
                 "{} (in the --from revision {})",
                 d.message,
-                &commit[..12.min(commit.len())]
+                output::short_commit(commit)
             );
             d
         }));

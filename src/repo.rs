@@ -223,7 +223,7 @@ impl Repository {
         })?;
         let mut files = Vec::new();
         let mut failure = None;
-        tree.walk(TreeWalkMode::PreOrder, |dir, entry| {
+        let walked = tree.walk(TreeWalkMode::PreOrder, |dir, entry| {
             let Some(name) = entry.name() else {
                 return TreeWalkResult::Skip;
             };
@@ -254,17 +254,8 @@ impl Repository {
                     what: "a submodule",
                 }
             } else {
-                match odb.read_header(entry.id()) {
-                    Ok((size, _)) if size as u64 > MAX_FILE_BYTES => {
-                        FileContent::TooLarge { size: size as u64 }
-                    }
-                    Ok(_) => match odb.read(entry.id()) {
-                        Ok(object) => FileContent::Bytes(object.data().to_vec()),
-                        Err(e) => {
-                            failure = Some((path, e));
-                            return TreeWalkResult::Abort;
-                        }
-                    },
+                match read_blob(&odb, entry.id()) {
+                    Ok(content) => content,
                     Err(e) => {
                         failure = Some((path, e));
                         return TreeWalkResult::Abort;
@@ -273,13 +264,8 @@ impl Repository {
             };
             files.push(SourceFile { path, content });
             TreeWalkResult::Ok
-        })
-        .map_err(|source| Error::Read {
-            what: "the tree".into(),
-            commit,
-            source,
-        })
-        .or_else(|e| if failure.is_some() { Ok(()) } else { Err(e) })?;
+        });
+        // An aborted walk reports the blob that failed; otherwise the walk's own error.
         if let Some((path, source)) = failure {
             return Err(Error::Read {
                 what: path,
@@ -287,9 +273,24 @@ impl Repository {
                 source,
             });
         }
+        walked.map_err(|source| Error::Read {
+            what: "the tree".into(),
+            commit,
+            source,
+        })?;
         files.sort_by(|a, b| a.path.cmp(&b.path));
         Ok(files)
     }
+}
+
+/// A blob's bytes, or `TooLarge` without reading it (the header gives the size).
+fn read_blob(odb: &git2::Odb, id: Oid) -> std::result::Result<FileContent, git2::Error> {
+    let (size, _) = odb.read_header(id)?;
+    let size = size as u64;
+    if size > MAX_FILE_BYTES {
+        return Ok(FileContent::TooLarge { size });
+    }
+    Ok(FileContent::Bytes(odb.read(id)?.data().to_vec()))
 }
 
 fn kind_name(kind: Option<ObjectType>) -> &'static str {

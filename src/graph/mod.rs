@@ -289,13 +289,9 @@ fn check(topology: &TopologySpec, spec: &RepoSpec, diagnostics: &mut Vec<Diagnos
 }
 
 fn unknown_input(topology: &TopologySpec, file: &str, input: &Located<String>) -> Diagnostic {
-    let suggestion = topology
-        .steps
-        .iter()
-        .map(|s| (strsim::jaro_winkler(&input.value, &s.name), &s.name))
-        .filter(|(score, _)| *score > 0.8)
-        .max_by(|a, b| a.0.total_cmp(&b.0))
-        .map(|(_, name)| format!("; did you mean `{name}`?"))
+    let names = topology.steps.iter().map(|s| s.name.as_str());
+    let suggestion = crate::spec::fields::closest(&input.value, names)
+        .map(|name| format!("; did you mean `{name}`?"))
         .unwrap_or_else(|| {
             format!(
                 "; topology `{}` has no step named so (step names are file names)",

@@ -32,7 +32,7 @@ pub fn validation_text(commit: &str, validation: &Validation) -> String {
         out.push('\n');
     }
     let steps: usize = validation.found.iter().map(|(_, n)| n).sum();
-    let short = commit.get(..12).unwrap_or(commit);
+    let short = short_commit(commit);
     let errors = validation.errors().count();
     let warnings = validation.warnings().count();
     if validation.is_valid() {
@@ -59,6 +59,11 @@ pub fn validation_text(commit: &str, validation: &Validation) -> String {
         ));
     }
     out
+}
+
+/// The first 12 hex digits of a commit id, as people quote them.
+pub fn short_commit(commit: &str) -> &str {
+    commit.get(..12).unwrap_or(commit)
 }
 
 fn plural(n: usize) -> &'static str {

@@ -6,6 +6,7 @@ use std::fmt::Write;
 use serde_json::{Value, json};
 
 use super::graph::{mermaid_edges, mermaid_id, mermaid_node};
+use super::short_commit as short;
 use crate::diagnostic::Diagnostic;
 use crate::graph::Topology;
 use crate::plan::{Action, Change, Plan, StartPosition, TopologyPlan};
@@ -19,10 +20,6 @@ pub fn json(from: Option<&str>, to: &str, plan: Option<&Plan>, errors: &[Diagnos
         "errors": errors,
         "topologies": plan.map(|p| json!(p.topologies)).unwrap_or_else(|| json!([])),
     })
-}
-
-fn short(commit: &str) -> &str {
-    commit.get(..12).unwrap_or(commit)
 }
 
 fn change_word(change: Change) -> &'static str {

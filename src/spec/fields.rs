@@ -75,7 +75,7 @@ impl<'n> Fields<'n> {
             if allowed.contains(&entry.key.as_str()) {
                 continue;
             }
-            let hint = closest(&entry.key, allowed)
+            let hint = closest(&entry.key, allowed.iter().copied())
                 .map(|k| format!("did you mean `{k}`?"))
                 .unwrap_or_else(|| format!("expected one of: {}", allowed.join(", ")));
             report.error(
@@ -87,10 +87,11 @@ impl<'n> Fields<'n> {
     }
 }
 
-fn closest<'a>(key: &str, allowed: &[&'a str]) -> Option<&'a str> {
-    allowed
-        .iter()
-        .map(|candidate| (strsim::jaro_winkler(key, candidate), *candidate))
+/// The candidate most like `word`, if any is close enough to be a likely typo.
+pub fn closest<'a>(word: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+    candidates
+        .into_iter()
+        .map(|candidate| (strsim::jaro_winkler(word, candidate), candidate))
         .filter(|(score, _)| *score > 0.8)
         .max_by(|a, b| a.0.total_cmp(&b.0))
         .map(|(_, candidate)| candidate)

@@ -76,6 +76,21 @@ pub struct RepoSettings {
     pub defaults: Defaults,
 }
 
+/// Without `plumber.yaml` (or without its `clusters`): one `default` cluster on localhost.
+impl Default for RepoSettings {
+    fn default() -> Self {
+        RepoSettings {
+            clusters: BTreeMap::from([(
+                DEFAULT_CLUSTER.to_owned(),
+                ClusterSpec {
+                    bootstrap: "localhost:9092".into(),
+                },
+            )]),
+            defaults: Defaults::default(),
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ClusterSpec {
     pub bootstrap: String,
@@ -205,15 +220,7 @@ pub fn load(files: &[SourceFile]) -> (RepoSpec, Vec<Diagnostic>) {
     let mut diagnostics = Vec::new();
     let settings = match files.iter().find(|f| f.path == SETTINGS_FILE) {
         Some(file) => settings::repo_settings(file, &mut diagnostics),
-        None => RepoSettings {
-            clusters: BTreeMap::from([(
-                DEFAULT_CLUSTER.to_owned(),
-                ClusterSpec {
-                    bootstrap: "localhost:9092".into(),
-                },
-            )]),
-            defaults: Defaults::default(),
-        },
+        None => RepoSettings::default(),
     };
 
     // Group files by topology directory; BTreeMap keeps topologies in name order.

@@ -4,21 +4,12 @@ use std::collections::BTreeMap;
 
 use super::fields::{self, Fields, Report};
 use super::yaml::Node;
-use super::{ClusterSpec, CutoverMode, DEFAULT_CLUSTER, Defaults, RepoSettings, Scale, SourceFile};
+use super::{ClusterSpec, CutoverMode, Defaults, RepoSettings, Scale, SourceFile};
 use crate::diagnostic::{Code, Diagnostic};
 
 pub(super) fn repo_settings(file: &SourceFile, diagnostics: &mut Vec<Diagnostic>) -> RepoSettings {
-    let mut settings = RepoSettings {
-        clusters: BTreeMap::new(),
-        defaults: Defaults::default(),
-    };
+    let mut settings = RepoSettings::default();
     let Some(node) = root_mapping(file, diagnostics) else {
-        settings.clusters.insert(
-            DEFAULT_CLUSTER.into(),
-            ClusterSpec {
-                bootstrap: "localhost:9092".into(),
-            },
-        );
         return settings;
     };
     let report = &mut Report {
@@ -32,43 +23,32 @@ pub(super) fn repo_settings(file: &SourceFile, diagnostics: &mut Vec<Diagnostic>
     if let Some(entry) = fields.get("defaults") {
         settings.defaults = defaults(&entry.value, entry, settings.defaults, report);
     }
-    match fields.get("clusters") {
-        Some(entry) => {
-            if let Some(clusters) = Fields::of(&entry.value, "`clusters`", entry.key_pos, report) {
-                for cluster in clusters.entries {
-                    let Some(spec) =
-                        Fields::of(&cluster.value, "a cluster", cluster.key_pos, report)
-                    else {
-                        continue;
-                    };
-                    spec.reject_unknown(&["bootstrap"], "a cluster", report);
-                    match spec.get("bootstrap") {
-                        Some(b) => {
-                            if let Some(bootstrap) = fields::string(b, report) {
-                                settings.clusters.insert(
-                                    cluster.key.clone(),
-                                    ClusterSpec {
-                                        bootstrap: bootstrap.value,
-                                    },
-                                );
-                            }
-                        }
-                        None => report.error(
-                            Code::MissingField,
-                            cluster.key_pos,
-                            format!("cluster `{}` needs `bootstrap: host:port`", cluster.key),
-                        ),
-                    }
-                }
+    if let Some(entry) = fields.get("clusters") {
+        // Declared clusters replace the implicit `default` one.
+        settings.clusters = BTreeMap::new();
+        let Some(clusters) = Fields::of(&entry.value, "`clusters`", entry.key_pos, report) else {
+            return settings;
+        };
+        for cluster in clusters.entries {
+            let Some(spec) = Fields::of(&cluster.value, "a cluster", cluster.key_pos, report)
+            else {
+                continue;
+            };
+            spec.reject_unknown(&["bootstrap"], "a cluster", report);
+            let Some(entry) = spec.get("bootstrap") else {
+                report.error(
+                    Code::MissingField,
+                    cluster.key_pos,
+                    format!("cluster `{}` needs `bootstrap: host:port`", cluster.key),
+                );
+                continue;
+            };
+            if let Some(bootstrap) = fields::string(entry, report) {
+                let spec = ClusterSpec {
+                    bootstrap: bootstrap.value,
+                };
+                settings.clusters.insert(cluster.key.clone(), spec);
             }
-        }
-        None => {
-            settings.clusters.insert(
-                DEFAULT_CLUSTER.into(),
-                ClusterSpec {
-                    bootstrap: "localhost:9092".into(),
-                },
-            );
         }
     }
     settings
