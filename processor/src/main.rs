@@ -1,9 +1,70 @@
-//! `plumber-processor`: the unit that runs one processing step (SPEC §5, §8).
-//!
-//! The Kafka consume → transform → produce loop lands with the processor issue; until then the
-//! binary states that plainly instead of pretending to run.
+use std::io::IsTerminal;
+use std::process::ExitCode;
 
-fn main() -> std::process::ExitCode {
-    eprintln!("plumber-processor: not implemented yet (see the processor issue)");
-    std::process::ExitCode::from(2)
+use clap::Parser;
+use plumber_processor::config::{Args, LogFormat};
+use plumber_processor::metrics::Metrics;
+use plumber_processor::stop::Stop;
+use plumber_processor::{Config, run};
+use tracing_subscriber::EnvFilter;
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    init_logging(args.log_format);
+    let config = match Config::try_from(args) {
+        Ok(config) => config,
+        Err(message) => {
+            eprintln!("error: {message}");
+            return ExitCode::from(2);
+        }
+    };
+    let stop = match Stop::on_signals() {
+        Ok(stop) => stop,
+        Err(error) => {
+            tracing::error!(%error, "cannot install signal handlers");
+            return ExitCode::from(2);
+        }
+    };
+    match run(&config, &stop, &Metrics::new()) {
+        Ok(summary) => {
+            tracing::info!(
+                mode = ?summary.mode,
+                consumed = summary.consumed,
+                produced = summary.produced,
+                filtered = summary.filtered,
+                dead_lettered = summary.dead_lettered,
+                abandoned = summary.abandoned,
+                "stopped"
+            );
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            let mut chain = error.to_string();
+            let mut source = std::error::Error::source(&error);
+            while let Some(cause) = source {
+                chain.push_str(": ");
+                chain.push_str(&cause.to_string());
+                source = cause.source();
+            }
+            tracing::error!(error = %chain, "processor failed");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let json = match format {
+        LogFormat::Json => true,
+        LogFormat::Text => false,
+        LogFormat::Auto => !std::io::stderr().is_terminal(),
+    };
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if json {
+        builder.json().flatten_event(true).init();
+    } else {
+        builder.init();
+    }
 }

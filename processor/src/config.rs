@@ -1,0 +1,267 @@
+//! The command line of SPEC §5, also read from `PLUMBER_*` environment variables (pods).
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::{ArgGroup, Parser, ValueEnum};
+
+/// Runs one Plumber step: consumes its input topics, transforms every record, produces the
+/// results to its output topics and commits.
+#[derive(Debug, Parser)]
+#[command(name = "plumber-processor", version)]
+#[command(group(ArgGroup::new("transform").required(true).args(["jq", "exec", "exec_json", "http"])))]
+#[command(after_help = "Examples:\n  \
+    plumber-processor --bootstrap localhost:9092 --group g --input in --output out --jq 'select(.ok)'\n  \
+    plumber-processor --bootstrap localhost:9092 --group g --input in --output out --exec -- python3 step.py\n  \
+    plumber-processor --bootstrap localhost:9092 --group g --input in --output out --http http://localhost:8080/score")]
+pub struct Args {
+    /// Kafka bootstrap servers (HOST:PORT[,HOST:PORT…]).
+    #[arg(long, env = "PLUMBER_BOOTSTRAP", value_name = "HOST:PORT")]
+    pub bootstrap: String,
+    /// Consumer group; also the prefix of the transactional id.
+    #[arg(long, env = "PLUMBER_GROUP")]
+    pub group: String,
+    /// Topic to consume (repeat, or comma-separated in PLUMBER_INPUTS).
+    #[arg(
+        long = "input",
+        env = "PLUMBER_INPUTS",
+        value_delimiter = ',',
+        required = true
+    )]
+    pub inputs: Vec<String>,
+    /// Topic every output record is produced to (repeat, or comma-separated in PLUMBER_OUTPUTS).
+    #[arg(long = "output", env = "PLUMBER_OUTPUTS", value_delimiter = ',')]
+    pub outputs: Vec<String>,
+    /// jq program applied to each record's JSON value; each result is one output record.
+    #[arg(long, env = "PLUMBER_JQ", value_name = "PROGRAM")]
+    pub jq: Option<String>,
+    /// Run the command after `--` as a long-lived child speaking the exec line protocol.
+    #[arg(long, requires = "command")]
+    pub exec: bool,
+    /// The exec command as a JSON array (for pods): '["python3","step.py"]'.
+    #[arg(
+        long = "exec-json",
+        env = "PLUMBER_EXEC",
+        value_name = "JSON",
+        hide_short_help = true
+    )]
+    pub exec_json: Option<String>,
+    /// POST each record to this URL (the sidecar protocol).
+    #[arg(long, env = "PLUMBER_HTTP", value_name = "URL")]
+    pub http: Option<String>,
+    /// The exec command and its arguments.
+    #[arg(last = true, value_name = "CMD")]
+    pub command: Vec<String>,
+    /// Dead-letter topic for records the transform cannot handle. Without it such a record
+    /// stops the processor (uncommitted) instead of being dropped.
+    #[arg(long, env = "PLUMBER_DLQ", value_name = "TOPIC")]
+    pub dlq: Option<String>,
+    /// Serve Prometheus metrics on /metrics and liveness on /healthz at this address.
+    #[arg(long, env = "PLUMBER_METRICS", value_name = "ADDR")]
+    pub metrics: Option<SocketAddr>,
+    /// Delivery guarantee. `auto` runs exactly-once when the brokers support transactions.
+    #[arg(long, env = "PLUMBER_DELIVERY", value_enum, default_value_t = DeliveryChoice::Auto)]
+    pub delivery: DeliveryChoice,
+    /// How often consumed offsets are committed (at-least-once) or transactions are committed
+    /// (exactly-once), in milliseconds. Default: 1000 at-least-once, 100 exactly-once.
+    #[arg(long, env = "PLUMBER_COMMIT_INTERVAL_MS", value_name = "MS")]
+    pub commit_interval_ms: Option<u64>,
+    /// Seconds one exec or http call may take before it counts as failed.
+    #[arg(
+        long,
+        env = "PLUMBER_TRANSFORM_TIMEOUT",
+        default_value_t = 30,
+        value_name = "SECS"
+    )]
+    pub transform_timeout: u64,
+    /// Attempts per record for exec crashes and http 5xx or timeouts before dead-lettering.
+    #[arg(long, env = "PLUMBER_ATTEMPTS", default_value_t = 4, value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub attempts: u32,
+    /// Identifies this instance in the transactional id (default: $HOSTNAME, else the pid).
+    /// A restarted instance with the same id fences its predecessor.
+    #[arg(long, env = "PLUMBER_INSTANCE")]
+    pub instance: Option<String>,
+    /// Extra librdkafka property for every client, e.g. -X security.protocol=SSL.
+    #[arg(short = 'X', long = "kafka", value_name = "KEY=VALUE", value_parser = parse_property)]
+    pub kafka: Vec<(String, String)>,
+    /// Log format on stderr; `auto` is JSON unless stderr is a terminal.
+    #[arg(long, env = "PLUMBER_LOG_FORMAT", value_enum, default_value_t = LogFormat::Auto)]
+    pub log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DeliveryChoice {
+    Auto,
+    ExactlyOnce,
+    AtLeastOnce,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Auto,
+    Json,
+    Text,
+}
+
+/// The guarantee the pipeline runs with, once `auto` is resolved against the brokers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeliveryMode {
+    /// Outputs produced idempotently, offsets committed after the outputs are acknowledged.
+    /// A crash may reprocess records since the last commit; a graceful stop does not.
+    AtLeastOnce,
+    /// Outputs and offsets committed in one Kafka transaction.
+    ExactlyOnce,
+}
+
+/// Which transform a step runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TransformSpec {
+    Jq(String),
+    Exec(Vec<String>),
+    Http(String),
+}
+
+/// A validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub bootstrap: String,
+    pub group: String,
+    pub inputs: Vec<String>,
+    pub outputs: Vec<String>,
+    pub transform: TransformSpec,
+    pub dlq: Option<String>,
+    pub metrics: Option<SocketAddr>,
+    pub delivery: DeliveryChoice,
+    pub commit_interval: Option<Duration>,
+    pub transform_timeout: Duration,
+    pub attempts: u32,
+    pub instance: String,
+    pub kafka: Vec<(String, String)>,
+}
+
+impl Config {
+    /// The commit interval for `mode`: short for transactions, because read_committed readers
+    /// downstream only see records once their transaction commits.
+    pub fn commit_interval(&self, mode: DeliveryMode) -> Duration {
+        self.commit_interval.unwrap_or(match mode {
+            DeliveryMode::AtLeastOnce => Duration::from_millis(1000),
+            DeliveryMode::ExactlyOnce => Duration::from_millis(100),
+        })
+    }
+
+    pub fn transactional_id(&self) -> String {
+        format!("{}.{}", self.group, self.instance)
+    }
+}
+
+impl TryFrom<Args> for Config {
+    type Error = String;
+
+    fn try_from(args: Args) -> Result<Self, String> {
+        let transform = if let Some(program) = args.jq {
+            TransformSpec::Jq(program)
+        } else if let Some(url) = args.http {
+            TransformSpec::Http(url)
+        } else if args.exec {
+            TransformSpec::Exec(args.command)
+        } else if let Some(json) = args.exec_json {
+            let command: Vec<String> = serde_json::from_str(&json).map_err(|e| {
+                format!("PLUMBER_EXEC must be a JSON array of strings like [\"python3\",\"step.py\"]: {e}")
+            })?;
+            TransformSpec::Exec(command)
+        } else {
+            return Err("one of --jq, --exec or --http is required".into());
+        };
+        if let TransformSpec::Exec(command) = &transform
+            && command.first().is_none_or(|program| program.is_empty())
+        {
+            return Err("--exec needs a command after `--`, e.g. --exec -- python3 step.py".into());
+        }
+        let nonempty = |what: &str, names: &[String]| {
+            if names.iter().any(|name| name.trim().is_empty()) {
+                Err(format!("{what} topic names must not be empty"))
+            } else {
+                Ok(())
+            }
+        };
+        nonempty("input", &args.inputs)?;
+        nonempty("output", &args.outputs)?;
+        let instance = args
+            .instance
+            .or_else(|| std::env::var("HOSTNAME").ok())
+            .filter(|name| !name.is_empty())
+            .unwrap_or_else(|| format!("pid{}", std::process::id()));
+        Ok(Config {
+            bootstrap: args.bootstrap,
+            group: args.group,
+            inputs: args.inputs,
+            outputs: args.outputs,
+            transform,
+            dlq: args.dlq,
+            metrics: args.metrics,
+            delivery: args.delivery,
+            commit_interval: args.commit_interval_ms.map(Duration::from_millis),
+            transform_timeout: Duration::from_secs(args.transform_timeout),
+            attempts: args.attempts,
+            instance,
+            kafka: args.kafka,
+        })
+    }
+}
+
+fn parse_property(raw: &str) -> Result<(String, String), String> {
+    match raw.split_once('=') {
+        Some((key, value)) if !key.is_empty() => Ok((key.to_owned(), value.to_owned())),
+        _ => Err(format!("expected KEY=VALUE, got `{raw}`")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Config, String> {
+        let args = Args::try_parse_from(
+            [
+                "plumber-processor",
+                "--bootstrap",
+                "b:9092",
+                "--group",
+                "g",
+                "--input",
+                "in",
+            ]
+            .iter()
+            .chain(args),
+        )
+        .map_err(|e| e.to_string())?;
+        Config::try_from(args)
+    }
+
+    #[test]
+    fn exec_command_follows_the_double_dash() {
+        let config = parse(&["--exec", "--", "python3", "step.py", "--flag"]).unwrap();
+        assert_eq!(
+            config.transform,
+            TransformSpec::Exec(vec!["python3".into(), "step.py".into(), "--flag".into()])
+        );
+    }
+
+    #[test]
+    fn exactly_one_transform_is_required() {
+        assert!(parse(&[]).unwrap_err().contains("required"));
+        assert!(parse(&["--jq", ".", "--http", "http://x"]).is_err());
+    }
+
+    #[test]
+    fn kafka_properties_need_a_key() {
+        let config = parse(&["--jq", ".", "-X", "linger.ms=5"]).unwrap();
+        assert_eq!(config.kafka, vec![("linger.ms".into(), "5".into())]);
+        assert!(
+            parse(&["--jq", ".", "-X", "=5"])
+                .unwrap_err()
+                .contains("KEY=VALUE")
+        );
+    }
+}

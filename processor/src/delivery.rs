@@ -1,0 +1,469 @@
+//! When an input counts as done, and committing it.
+//!
+//! **At-least-once.** An input is done once every record sent for it (its outputs, or its
+//! dead-letter copy) is acknowledged by the brokers. Acknowledgements arrive out of input
+//! order (outputs land on different partitions), so the [`Tracker`] keeps, per input
+//! partition, the inputs still in flight; the committable offset is the first one not done.
+//! Offsets are committed every commit interval, before a partition is revoked, and on stop
+//! after a flush. A crash loses no record: at worst the inputs since the last commit are
+//! processed again.
+//!
+//! **Exactly-once.** Outputs and input offsets go into one Kafka transaction (KIP-98/447),
+//! committed every commit interval, before a revocation and on stop. A crash aborts the open
+//! transaction (the next instance with the same transactional id fences and aborts it, or the
+//! broker times it out), and read_committed readers never see its records.
+//!
+//! Either way a graceful stop leaves the group's committed offsets exactly after the last
+//! input whose outputs are durable, which is what the cutover hands to a successor.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer as _};
+use rdkafka::error::KafkaError;
+use rdkafka::producer::Producer;
+use rdkafka::{Offset, TopicPartitionList};
+
+use crate::config::DeliveryMode;
+use crate::kafka::{ConsumerContext, OutputProducer};
+use crate::metrics::Metrics;
+
+/// How long a flush, a commit or a transaction call may take.
+pub const KAFKA_CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The inputs in flight per input partition, and the first failure seen by a callback.
+#[derive(Debug, Default)]
+pub struct Tracker {
+    slots: HashMap<(String, i32), usize>,
+    partitions: Vec<PartitionTrack>,
+    failure: Option<String>,
+}
+
+#[derive(Debug)]
+struct PartitionTrack {
+    topic: String,
+    partition: i32,
+    /// (offset, sends not yet acknowledged), in offset order.
+    pending: VecDeque<(i64, u32)>,
+    /// The offset to commit: one past the last input done with all before it done.
+    done_until: Option<i64>,
+    committed: Option<i64>,
+}
+
+impl Tracker {
+    /// A small number standing for an input partition, carried in delivery callbacks.
+    pub fn slot(&mut self, topic: &str, partition: i32) -> usize {
+        if let Some(slot) = self.slots.get(&(topic.to_owned(), partition)) {
+            return *slot;
+        }
+        let slot = self.partitions.len();
+        self.partitions.push(PartitionTrack {
+            topic: topic.to_owned(),
+            partition,
+            pending: VecDeque::new(),
+            done_until: None,
+            committed: None,
+        });
+        self.slots.insert((topic.to_owned(), partition), slot);
+        slot
+    }
+
+    /// An input was handled and `sends` records were sent for it.
+    pub fn handled(&mut self, slot: usize, offset: i64, sends: u32) {
+        if let Some(track) = self.partitions.get_mut(slot) {
+            track.pending.push_back((offset, sends));
+            track.advance();
+        }
+    }
+
+    /// One record sent for the input at `offset` was acknowledged.
+    pub fn acknowledged(&mut self, slot: usize, offset: i64) {
+        let Some(track) = self.partitions.get_mut(slot) else {
+            return;
+        };
+        if let Ok(at) = track.pending.binary_search_by_key(&offset, |(o, _)| *o)
+            && let Some((_, left)) = track.pending.get_mut(at)
+        {
+            *left = left.saturating_sub(1);
+            track.advance();
+        }
+    }
+
+    pub fn fail(&mut self, why: String) {
+        self.failure.get_or_insert(why);
+    }
+
+    pub fn failure(&self) -> Option<&str> {
+        self.failure.as_deref()
+    }
+
+    /// Records sent and not yet acknowledged.
+    pub fn in_flight(&self) -> u64 {
+        self.partitions
+            .iter()
+            .flat_map(|t| t.pending.iter())
+            .map(|(_, left)| u64::from(*left))
+            .sum()
+    }
+
+    /// Offsets that moved since the last commit: (topic, partition, offset to commit).
+    pub fn committable(&self) -> Vec<(String, i32, i64)> {
+        self.partitions
+            .iter()
+            .filter_map(|t| match t.done_until {
+                Some(offset) if t.committed.is_none_or(|c| c < offset) => {
+                    Some((t.topic.clone(), t.partition, offset))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    pub fn committed(&mut self, offsets: &[(String, i32, i64)]) {
+        for (topic, partition, offset) in offsets {
+            if let Some(slot) = self.slots.get(&(topic.clone(), *partition)) {
+                self.partitions[*slot].committed = Some(*offset);
+            }
+        }
+    }
+
+    /// The partition was revoked: its remaining state belongs to its next owner.
+    pub fn forget(&mut self, topic: &str, partition: i32) {
+        if let Some(slot) = self.slots.get(&(topic.to_owned(), partition)) {
+            let track = &mut self.partitions[*slot];
+            track.pending.clear();
+            track.done_until = None;
+            track.committed = None;
+        }
+    }
+}
+
+impl PartitionTrack {
+    fn advance(&mut self) {
+        while let Some((offset, 0)) = self.pending.front() {
+            self.done_until = Some(offset + 1);
+            self.pending.pop_front();
+        }
+    }
+}
+
+/// The records and offsets of the open transaction.
+#[derive(Debug, Default)]
+struct Transaction {
+    open: bool,
+    offsets: BTreeMap<(String, i32), i64>,
+    opened_at: Option<Instant>,
+}
+
+/// State shared with the Kafka callbacks.
+pub struct Books {
+    pub tracker: Mutex<Tracker>,
+    pub metrics: Metrics,
+}
+
+impl Books {
+    pub fn new(metrics: Metrics) -> Self {
+        Books {
+            tracker: Mutex::new(Tracker::default()),
+            metrics,
+        }
+    }
+
+    pub fn tracker(&self) -> MutexGuard<'_, Tracker> {
+        self.tracker.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("committing offsets failed: {0}")]
+    Commit(#[source] KafkaError),
+    #[error("the transaction could not {step}: {source}")]
+    Transaction {
+        step: &'static str,
+        #[source]
+        source: KafkaError,
+    },
+    #[error("an output record could not be delivered: {0}")]
+    Delivery(String),
+    #[error("the consumer has no group metadata for the transaction")]
+    NoGroupMetadata,
+}
+
+/// Commits inputs as done, in the chosen mode. Called from the processing loop and from the
+/// consumer's rebalance callback, never both at once (callbacks run inside `poll`).
+pub struct Committer {
+    mode: DeliveryMode,
+    producer: Arc<OutputProducer>,
+    books: Arc<Books>,
+    interval: Duration,
+    transaction: Mutex<Transaction>,
+    last_commit: Mutex<Instant>,
+}
+
+pub type Consumer = BaseConsumer<ConsumerContext>;
+
+impl Committer {
+    pub fn new(
+        mode: DeliveryMode,
+        producer: Arc<OutputProducer>,
+        books: Arc<Books>,
+        interval: Duration,
+    ) -> Self {
+        Committer {
+            mode,
+            producer,
+            books,
+            interval,
+            transaction: Mutex::new(Transaction::default()),
+            last_commit: Mutex::new(Instant::now()),
+        }
+    }
+
+    pub fn mode(&self) -> DeliveryMode {
+        self.mode
+    }
+
+    fn transaction(&self) -> MutexGuard<'_, Transaction> {
+        self.transaction
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Before sending anything for an input: exactly-once opens a transaction if none is open.
+    pub fn begin(&self) -> Result<(), Error> {
+        if self.mode == DeliveryMode::ExactlyOnce {
+            let mut transaction = self.transaction();
+            if !transaction.open {
+                self.producer
+                    .begin_transaction()
+                    .map_err(|source| Error::Transaction {
+                        step: "begin",
+                        source,
+                    })?;
+                transaction.open = true;
+                transaction.opened_at = Some(Instant::now());
+            }
+        }
+        Ok(())
+    }
+
+    /// After sending `sends` records for the input at `offset` of `slot`.
+    pub fn handled(&self, topic: &str, partition: i32, slot: usize, offset: i64, sends: u32) {
+        match self.mode {
+            DeliveryMode::AtLeastOnce => self.books.tracker().handled(slot, offset, sends),
+            DeliveryMode::ExactlyOnce => {
+                self.transaction()
+                    .offsets
+                    .insert((topic.to_owned(), partition), offset + 1);
+            }
+        }
+    }
+
+    /// Commits when the interval has passed.
+    pub fn maybe_commit(&self, consumer: &Consumer) -> Result<(), Error> {
+        let due = {
+            let last = self
+                .last_commit
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            last.elapsed() >= self.interval
+        };
+        if due {
+            self.commit(consumer)?;
+        }
+        Ok(())
+    }
+
+    /// Commits what is done now. At-least-once commits what is acknowledged (without waiting
+    /// for the rest); exactly-once commits the open transaction.
+    pub fn commit(&self, consumer: &Consumer) -> Result<(), Error> {
+        *self
+            .last_commit
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Instant::now();
+        if let Some(why) = self.books.tracker().failure() {
+            return Err(Error::Delivery(why.to_owned()));
+        }
+        match self.mode {
+            DeliveryMode::AtLeastOnce => self.commit_offsets(consumer),
+            DeliveryMode::ExactlyOnce => self.commit_transaction(consumer),
+        }
+    }
+
+    fn commit_offsets(&self, consumer: &Consumer) -> Result<(), Error> {
+        let due = self.books.tracker().committable();
+        if due.is_empty() {
+            return Ok(());
+        }
+        let mut offsets = TopicPartitionList::with_capacity(due.len());
+        for (topic, partition, offset) in &due {
+            offsets
+                .add_partition_offset(topic, *partition, Offset::Offset(*offset))
+                .map_err(Error::Commit)?;
+        }
+        let started = Instant::now();
+        consumer
+            .commit(&offsets, CommitMode::Sync)
+            .map_err(Error::Commit)?;
+        self.books
+            .metrics
+            .commit_seconds
+            .observe(started.elapsed().as_secs_f64());
+        self.books.metrics.commits.inc();
+        self.books.tracker().committed(&due);
+        tracing::debug!(partitions = due.len(), "offsets committed");
+        Ok(())
+    }
+
+    fn commit_transaction(&self, consumer: &Consumer) -> Result<(), Error> {
+        let mut transaction = self.transaction();
+        if !transaction.open {
+            return Ok(());
+        }
+        let started = Instant::now();
+        if !transaction.offsets.is_empty() {
+            let mut offsets = TopicPartitionList::with_capacity(transaction.offsets.len());
+            for ((topic, partition), offset) in &transaction.offsets {
+                offsets
+                    .add_partition_offset(topic, *partition, Offset::Offset(*offset))
+                    .map_err(|source| Error::Transaction {
+                        step: "add offsets",
+                        source,
+                    })?;
+            }
+            let metadata = consumer.group_metadata().ok_or(Error::NoGroupMetadata)?;
+            self.producer
+                .send_offsets_to_transaction(&offsets, &metadata, KAFKA_CALL_TIMEOUT)
+                .map_err(|source| Error::Transaction {
+                    step: "send offsets",
+                    source,
+                })?;
+        }
+        self.producer
+            .commit_transaction(KAFKA_CALL_TIMEOUT)
+            .map_err(|source| Error::Transaction {
+                step: "commit",
+                source,
+            })?;
+        *transaction = Transaction::default();
+        self.books
+            .metrics
+            .commit_seconds
+            .observe(started.elapsed().as_secs_f64());
+        self.books.metrics.commits.inc();
+        Ok(())
+    }
+
+    /// Graceful end: wait for what is in flight, then commit it.
+    pub fn finish(&self, consumer: &Consumer) -> Result<(), Error> {
+        if self.mode == DeliveryMode::AtLeastOnce
+            && let Err(error) = self.producer.flush(KAFKA_CALL_TIMEOUT)
+        {
+            // What is unacknowledged stays uncommitted: processed again by the next owner.
+            tracing::warn!(%error, in_flight = self.books.tracker().in_flight(), "flush incomplete on stop");
+        }
+        self.commit(consumer)
+    }
+
+    /// After a fatal error: commit what is certainly done (at-least-once) or abort the open
+    /// transaction so downstream read_committed readers are not held up.
+    pub fn fail(&self, consumer: &Consumer) {
+        match self.mode {
+            DeliveryMode::AtLeastOnce => {
+                let _ = self.producer.flush(KAFKA_CALL_TIMEOUT);
+                if let Err(error) = self.commit_offsets(consumer) {
+                    tracing::warn!(%error, "commit after failure failed");
+                }
+            }
+            DeliveryMode::ExactlyOnce => {
+                let mut transaction = self.transaction();
+                if transaction.open {
+                    if let Err(error) = self.producer.abort_transaction(KAFKA_CALL_TIMEOUT) {
+                        tracing::warn!(%error, "abort after failure failed");
+                    }
+                    *transaction = Transaction::default();
+                }
+            }
+        }
+    }
+
+    /// Partitions are being taken away: everything done on them is committed first, so their
+    /// next owner starts right after it.
+    pub fn revoke(&self, consumer: &Consumer, partitions: &TopicPartitionList) {
+        let result = match self.mode {
+            DeliveryMode::AtLeastOnce => self.finish(consumer),
+            DeliveryMode::ExactlyOnce => self.commit(consumer),
+        };
+        if let Err(error) = result {
+            tracing::error!(%error, "commit before revocation failed");
+            self.books
+                .tracker()
+                .fail(format!("commit before revocation failed: {error}"));
+        }
+        let mut tracker = self.books.tracker();
+        for element in partitions.elements() {
+            tracker.forget(element.topic(), element.partition());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commit_waits_for_the_oldest_input_in_flight() {
+        let mut tracker = Tracker::default();
+        let p0 = tracker.slot("in", 0);
+        tracker.handled(p0, 10, 2);
+        tracker.handled(p0, 11, 0); // filtered: done at once, but behind offset 10
+        tracker.handled(p0, 12, 1);
+        assert!(tracker.committable().is_empty());
+        tracker.acknowledged(p0, 12);
+        tracker.acknowledged(p0, 10);
+        assert!(
+            tracker.committable().is_empty(),
+            "offset 10 still has one send in flight"
+        );
+        tracker.acknowledged(p0, 10);
+        assert_eq!(tracker.committable(), vec![("in".to_owned(), 0, 13)]);
+        assert_eq!(tracker.in_flight(), 0);
+    }
+
+    #[test]
+    fn partitions_are_independent_and_commits_are_not_repeated() {
+        let mut tracker = Tracker::default();
+        let p0 = tracker.slot("in", 0);
+        let p1 = tracker.slot("in", 1);
+        assert_eq!(tracker.slot("in", 0), p0);
+        tracker.handled(p0, 0, 1);
+        tracker.handled(p1, 5, 1);
+        tracker.acknowledged(p1, 5);
+        let due = tracker.committable();
+        assert_eq!(due, vec![("in".to_owned(), 1, 6)]);
+        tracker.committed(&due);
+        assert!(tracker.committable().is_empty());
+    }
+
+    #[test]
+    fn revoked_partitions_ignore_late_acknowledgements() {
+        let mut tracker = Tracker::default();
+        let p0 = tracker.slot("in", 0);
+        tracker.handled(p0, 3, 1);
+        tracker.forget("in", 0);
+        tracker.acknowledged(p0, 3);
+        assert!(tracker.committable().is_empty());
+        tracker.handled(p0, 8, 0);
+        assert_eq!(tracker.committable(), vec![("in".to_owned(), 0, 9)]);
+    }
+
+    #[test]
+    fn the_first_failure_is_kept() {
+        let mut tracker = Tracker::default();
+        tracker.fail("first".into());
+        tracker.fail("second".into());
+        assert_eq!(tracker.failure(), Some("first"));
+    }
+}

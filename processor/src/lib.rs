@@ -1,0 +1,25 @@
+//! `plumber-processor`: runs one step of a Plumber topology.
+//!
+//! Data enters in [`pipeline`]: a Kafka consumer group reads the step's input topics, each
+//! record goes through the step's [`transform`] (jq, exec or http), its outputs are produced to
+//! the output topics, and the input offset is committed only once those outputs are
+//! acknowledged (at-least-once, [`delivery::Tracker`]) or inside the same transaction
+//! (exactly-once). A record the transform cannot handle goes to the dead-letter topic
+//! ([`record::dead_letter_headers`]), never nowhere.
+//!
+//! A stop request ([`stop::Stop`], SIGTERM or SIGINT) stops fetching, lets the record in hand
+//! finish, flushes, commits and leaves the group, so that the next owner of the group (a
+//! restarted instance or the successor of a cutover) starts exactly after the last record this
+//! one produced.
+
+pub mod config;
+pub mod delivery;
+pub mod kafka;
+pub mod metrics;
+pub mod pipeline;
+pub mod record;
+pub mod stop;
+pub mod transform;
+
+pub use config::{Config, DeliveryMode};
+pub use pipeline::{Error, Summary, run};

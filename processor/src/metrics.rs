@@ -1,0 +1,267 @@
+//! Counters for every outcome of a record, latency histograms and consumer lag, served as
+//! Prometheus text on `/metrics`, with liveness on `/healthz`.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+type Labels = Vec<(&'static str, String)>;
+
+/// Cheap to clone: every metric is shared.
+#[derive(Clone)]
+pub struct Metrics {
+    pub consumed: Counter,
+    /// Output records acknowledged by the brokers (per output topic).
+    pub produced: Counter,
+    /// Inputs whose transform gave no output.
+    pub filtered: Counter,
+    /// Inputs sent to the dead-letter topic, by `kind`.
+    pub dead_lettered: Family<Labels, Counter>,
+    /// The sum over kinds, for the run summary (not exported).
+    pub dead_lettered_total: Counter,
+    /// Exec or http attempts repeated after a crash, a 5xx or a timeout.
+    pub transform_retries: Counter,
+    /// Exec children started after the first.
+    pub exec_restarts: Counter,
+    /// Inputs left uncommitted because a stop cut them short (the next owner processes them).
+    pub abandoned: Counter,
+    pub transform_seconds: Histogram,
+    pub commit_seconds: Histogram,
+    /// Commits of offsets (at-least-once) or transactions (exactly-once).
+    pub commits: Counter,
+    pub consumer_lag: Family<Labels, Gauge>,
+    heartbeat: Arc<AtomicU64>,
+    registry: Arc<Registry>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("plumber_processor");
+        let metrics = Metrics {
+            consumed: Counter::default(),
+            produced: Counter::default(),
+            filtered: Counter::default(),
+            dead_lettered: Family::default(),
+            dead_lettered_total: Counter::default(),
+            transform_retries: Counter::default(),
+            exec_restarts: Counter::default(),
+            abandoned: Counter::default(),
+            // 10 µs … 2.6 s
+            transform_seconds: Histogram::new(exponential_buckets(0.000_01, 4.0, 10)),
+            // 0.5 ms … 4 s
+            commit_seconds: Histogram::new(exponential_buckets(0.000_5, 2.0, 14)),
+            commits: Counter::default(),
+            consumer_lag: Family::default(),
+            heartbeat: Arc::new(AtomicU64::new(now_millis())),
+            registry: Arc::new(Registry::default()),
+        };
+        registry.register(
+            "records_consumed",
+            "Input records consumed",
+            metrics.consumed.clone(),
+        );
+        registry.register(
+            "records_produced",
+            "Output records acknowledged by the brokers",
+            metrics.produced.clone(),
+        );
+        registry.register(
+            "records_filtered",
+            "Input records with no output",
+            metrics.filtered.clone(),
+        );
+        registry.register(
+            "records_dead_lettered",
+            "Input records sent to the dead-letter topic",
+            metrics.dead_lettered.clone(),
+        );
+        registry.register(
+            "records_abandoned",
+            "Input records left uncommitted by a stop",
+            metrics.abandoned.clone(),
+        );
+        registry.register(
+            "transform_retries",
+            "Transform attempts repeated after a failure",
+            metrics.transform_retries.clone(),
+        );
+        registry.register(
+            "exec_restarts",
+            "Exec child processes restarted",
+            metrics.exec_restarts.clone(),
+        );
+        registry.register(
+            "transform_duration_seconds",
+            "Time to transform one input record",
+            metrics.transform_seconds.clone(),
+        );
+        registry.register(
+            "commit_duration_seconds",
+            "Time to commit offsets or a transaction",
+            metrics.commit_seconds.clone(),
+        );
+        registry.register(
+            "commits",
+            "Offset or transaction commits",
+            metrics.commits.clone(),
+        );
+        registry.register(
+            "consumer_lag",
+            "Records behind the end of each input partition",
+            metrics.consumer_lag.clone(),
+        );
+        Metrics {
+            registry: Arc::new(registry),
+            ..metrics
+        }
+    }
+
+    pub fn dead_lettered(&self, kind: &'static str) {
+        self.dead_lettered
+            .get_or_create(&vec![("kind", kind.to_owned())])
+            .inc();
+        self.dead_lettered_total.inc();
+    }
+
+    pub fn set_lag(&self, topic: &str, partition: i32, lag: i64) {
+        self.consumer_lag
+            .get_or_create(&vec![
+                ("topic", topic.to_owned()),
+                ("partition", partition.to_string()),
+            ])
+            .set(lag);
+    }
+
+    /// The pipeline calls this every loop turn; `/healthz` fails when it stops doing so.
+    pub fn beat(&self) {
+        self.heartbeat.store(now_millis(), Ordering::Relaxed);
+    }
+
+    fn alive_within(&self, window: Duration) -> bool {
+        let last = self.heartbeat.load(Ordering::Relaxed);
+        now_millis().saturating_sub(last) <= window.as_millis() as u64
+    }
+
+    pub fn encode(&self) -> String {
+        let mut text = String::new();
+        // Writing into a String cannot fail.
+        let _ = encode(&mut text, &self.registry);
+        text
+    }
+
+    /// Serves `/metrics` and `/healthz` on `addr` from a thread of its own. Binding happens
+    /// before returning, so a taken port is an error here, not a silent log line.
+    pub fn serve(&self, addr: SocketAddr) -> std::io::Result<SocketAddr> {
+        let listener = std::net::TcpListener::bind(addr)?;
+        listener.set_nonblocking(true)?;
+        let bound = listener.local_addr()?;
+        let metrics = self.clone();
+        std::thread::Builder::new()
+            .name("metrics".into())
+            .spawn(move || {
+                let runtime = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(runtime) => runtime,
+                    Err(error) => {
+                        tracing::error!(%error, "metrics server could not start");
+                        return;
+                    }
+                };
+                runtime.block_on(async move {
+                    let app = axum::Router::new()
+                        .route(
+                            "/metrics",
+                            axum::routing::get({
+                                let metrics = metrics.clone();
+                                move || async move {
+                                    (
+                                        [(
+                                            axum::http::header::CONTENT_TYPE,
+                                            "text/plain; version=0.0.4; charset=utf-8",
+                                        )],
+                                        metrics.encode(),
+                                    )
+                                }
+                            }),
+                        )
+                        .route(
+                            "/healthz",
+                            axum::routing::get(move || async move {
+                                // A transform may legitimately take its whole timeout plus retries.
+                                if metrics.alive_within(Duration::from_secs(120)) {
+                                    (axum::http::StatusCode::OK, "ok\n")
+                                } else {
+                                    (
+                                        axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                                        "the processing loop is stuck\n",
+                                    )
+                                }
+                            }),
+                        );
+                    let served = match tokio::net::TcpListener::from_std(listener) {
+                        Ok(listener) => axum::serve(listener, app).await,
+                        Err(error) => Err(error),
+                    };
+                    if let Err(error) = served {
+                        tracing::error!(%error, "metrics server stopped");
+                    }
+                });
+            })?;
+        Ok(bound)
+    }
+}
+
+fn now_millis() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_outcome_is_exported() {
+        let metrics = Metrics::new();
+        metrics.consumed.inc();
+        metrics.dead_lettered("invalid-json");
+        metrics.set_lag("in", 2, 40);
+        let text = metrics.encode();
+        assert!(
+            text.contains("plumber_processor_records_consumed_total 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                r#"plumber_processor_records_dead_lettered_total{kind="invalid-json"} 1"#
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"plumber_processor_consumer_lag{topic="in",partition="2"} 40"#),
+            "{text}"
+        );
+        assert!(
+            text.contains("plumber_processor_transform_duration_seconds_bucket"),
+            "{text}"
+        );
+    }
+}

@@ -1,0 +1,268 @@
+//! Records as transforms see them, the JSON envelope of the exec and http protocols, and the
+//! headers of dead-lettered records (SPEC §8).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Deserializer, Serialize};
+use serde_json::value::RawValue;
+
+/// One consumed record, borrowed from the consumer's buffer.
+#[derive(Debug, Clone)]
+pub struct Input<'a> {
+    pub topic: &'a str,
+    pub partition: i32,
+    pub offset: i64,
+    pub timestamp: Option<i64>,
+    pub key: Option<&'a [u8]>,
+    pub value: Option<&'a [u8]>,
+    pub headers: Vec<(&'a str, Option<&'a [u8]>)>,
+}
+
+/// One record a transform produced for an input.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Output {
+    /// `None`: keep the input's key.
+    pub key: Option<Option<Vec<u8>>>,
+    pub value: Vec<u8>,
+    /// `None`: keep the input's headers.
+    pub headers: Option<Vec<(String, Vec<u8>)>>,
+}
+
+impl Output {
+    /// An output with the input's key and headers.
+    pub fn value(value: Vec<u8>) -> Self {
+        Output {
+            key: None,
+            value,
+            headers: None,
+        }
+    }
+}
+
+/// Why a record could not be handled; it goes to the dead-letter topic with this.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejection {
+    /// A short stable label (`invalid-json`, `jq-error`, `exec-error`, `http-status`, …), used
+    /// as the `plumber.error.kind` header and the metric label.
+    pub kind: &'static str,
+    pub message: String,
+}
+
+impl Rejection {
+    pub fn new(kind: &'static str, message: impl Into<String>) -> Self {
+        Rejection {
+            kind,
+            message: message.into(),
+        }
+    }
+}
+
+/// The JSON object the exec and http protocols send for each input record.
+#[derive(Serialize)]
+pub struct Envelope<'a> {
+    pub topic: &'a str,
+    pub partition: i32,
+    pub offset: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timestamp: Option<i64>,
+    pub key: Option<&'a str>,
+    pub headers: BTreeMap<&'a str, &'a str>,
+    pub value: &'a RawValue,
+}
+
+const NULL: &str = "null";
+
+impl<'a> Envelope<'a> {
+    /// The envelope of `input`, or why it cannot be expressed: a value that is not JSON, a key
+    /// or header that is not UTF-8. A missing value (a tombstone) is `null`.
+    pub fn of(input: &Input<'a>) -> Result<Self, Rejection> {
+        let value = json_value(input.value)?;
+        let key = input
+            .key
+            .map(|key| {
+                std::str::from_utf8(key)
+                    .map_err(|_| Rejection::new("invalid-key", "the record key is not UTF-8"))
+            })
+            .transpose()?;
+        let mut headers = BTreeMap::new();
+        for (name, value) in &input.headers {
+            let value = std::str::from_utf8(value.unwrap_or_default()).map_err(|_| {
+                Rejection::new(
+                    "invalid-header",
+                    format!("the value of header `{name}` is not UTF-8"),
+                )
+            })?;
+            headers.insert(*name, value);
+        }
+        Ok(Envelope {
+            topic: input.topic,
+            partition: input.partition,
+            offset: input.offset,
+            timestamp: input.timestamp,
+            key,
+            headers,
+            value,
+        })
+    }
+
+    pub fn to_json(&self) -> Vec<u8> {
+        // Serialising borrowed strings and a pre-validated raw value cannot fail.
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+}
+
+/// The record value as validated JSON; a tombstone is `null`.
+pub fn json_value(value: Option<&[u8]>) -> Result<&RawValue, Rejection> {
+    let Some(bytes) = value else {
+        return raw_null();
+    };
+    serde_json::from_slice::<&RawValue>(bytes)
+        .map_err(|e| Rejection::new("invalid-json", format!("the record value is not JSON: {e}")))
+}
+
+fn raw_null() -> Result<&'static RawValue, Rejection> {
+    serde_json::from_str::<&RawValue>(NULL).map_err(|e| Rejection::new("internal", e.to_string()))
+}
+
+/// One output object of the exec and http protocols:
+/// `{"value": …}` with optional `"key"` (string or null) and `"headers"` (object of strings);
+/// or `{"error": "why"}` to dead-letter the input.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WireOutput {
+    #[serde(default)]
+    value: Option<Box<RawValue>>,
+    #[serde(default, deserialize_with = "present")]
+    key: Option<Option<String>>,
+    #[serde(default)]
+    headers: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    error: Option<String>,
+}
+
+/// Distinguishes a missing field (outer `None`) from an explicit `null` (inner `None`).
+fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
+    deserializer: D,
+) -> Result<Option<T>, D::Error> {
+    T::deserialize(deserializer).map(Some)
+}
+
+impl WireOutput {
+    /// The output record, or the rejection the transform asked for.
+    pub fn into_output(self, kind: &'static str) -> Result<Output, Rejection> {
+        if let Some(message) = self.error {
+            return Err(Rejection::new(kind, message));
+        }
+        let Some(value) = self.value else {
+            return Err(Rejection::new(
+                "protocol",
+                "an output object needs a \"value\" (or an \"error\")",
+            ));
+        };
+        Ok(Output {
+            key: self.key.map(|key| key.map(String::into_bytes)),
+            value: value.get().as_bytes().to_vec(),
+            headers: self.headers.map(|headers| {
+                headers
+                    .into_iter()
+                    .map(|(name, value)| (name, value.into_bytes()))
+                    .collect()
+            }),
+        })
+    }
+}
+
+/// Parses one output object of the wire protocols.
+pub fn parse_wire_output(json: &[u8], kind: &'static str) -> Result<Output, Rejection> {
+    serde_json::from_slice::<WireOutput>(json)
+        .map_err(|e| Rejection::new("protocol", format!("invalid output object: {e}")))?
+        .into_output(kind)
+}
+
+/// Header names of a dead-lettered record, added to the record's own headers.
+pub mod dlq_header {
+    pub const ERROR: &str = "plumber.error";
+    pub const ERROR_KIND: &str = "plumber.error.kind";
+    pub const SOURCE_TOPIC: &str = "plumber.source.topic";
+    pub const SOURCE_PARTITION: &str = "plumber.source.partition";
+    pub const SOURCE_OFFSET: &str = "plumber.source.offset";
+    pub const GROUP: &str = "plumber.group";
+}
+
+/// The headers a dead-lettered copy of `input` carries after the input's own.
+pub fn dead_letter_headers(
+    input: &Input<'_>,
+    rejection: &Rejection,
+    group: &str,
+) -> Vec<(&'static str, String)> {
+    vec![
+        (dlq_header::ERROR, rejection.message.clone()),
+        (dlq_header::ERROR_KIND, rejection.kind.to_owned()),
+        (dlq_header::SOURCE_TOPIC, input.topic.to_owned()),
+        (dlq_header::SOURCE_PARTITION, input.partition.to_string()),
+        (dlq_header::SOURCE_OFFSET, input.offset.to_string()),
+        (dlq_header::GROUP, group.to_owned()),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn input<'a>(value: Option<&'a [u8]>, key: Option<&'a [u8]>) -> Input<'a> {
+        Input {
+            topic: "t",
+            partition: 2,
+            offset: 7,
+            timestamp: Some(5),
+            key,
+            value,
+            headers: vec![("h", Some(b"v"))],
+        }
+    }
+
+    #[test]
+    fn envelope_carries_the_value_verbatim() {
+        let input = input(Some(br#"{"a": [1, 2.50]}"#), Some(b"k"));
+        let json = Envelope::of(&input).unwrap().to_json();
+        assert_eq!(
+            String::from_utf8(json).unwrap(),
+            r#"{"topic":"t","partition":2,"offset":7,"timestamp":5,"key":"k","headers":{"h":"v"},"value":{"a": [1, 2.50]}}"#
+        );
+    }
+
+    #[test]
+    fn tombstones_are_null_and_bad_values_are_rejected() {
+        let envelope = Envelope::of(&input(None, None)).unwrap();
+        assert_eq!(envelope.value.get(), "null");
+        assert_eq!(envelope.key, None);
+        let bad = Envelope::of(&input(Some(b"{nope"), None)).err().unwrap();
+        assert_eq!(bad.kind, "invalid-json");
+        let bad_key = Envelope::of(&input(Some(b"1"), Some(&[0xff])))
+            .err()
+            .unwrap();
+        assert_eq!(bad_key.kind, "invalid-key");
+    }
+
+    #[test]
+    fn wire_outputs_keep_or_replace_key_and_headers() {
+        let kept = parse_wire_output(br#"{"value": {"x": 1}}"#, "exec-error").unwrap();
+        assert_eq!(kept, Output::value(br#"{"x": 1}"#.to_vec()));
+        let cleared =
+            parse_wire_output(br#"{"value": 1, "key": null, "headers": {}}"#, "e").unwrap();
+        assert_eq!(cleared.key, Some(None));
+        assert_eq!(cleared.headers, Some(vec![]));
+        let keyed = parse_wire_output(br#"{"value": 1, "key": "k2"}"#, "e").unwrap();
+        assert_eq!(keyed.key, Some(Some(b"k2".to_vec())));
+    }
+
+    #[test]
+    fn wire_errors_and_mistakes_are_rejections() {
+        let asked = parse_wire_output(br#"{"error": "no speed"}"#, "exec-error").unwrap_err();
+        assert_eq!(asked, Rejection::new("exec-error", "no speed"));
+        let typo = parse_wire_output(br#"{"valeu": 1}"#, "e").unwrap_err();
+        assert_eq!(typo.kind, "protocol");
+        assert!(typo.message.contains("valeu"), "{}", typo.message);
+        assert_eq!(parse_wire_output(b"{}", "e").unwrap_err().kind, "protocol");
+    }
+}

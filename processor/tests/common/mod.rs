@@ -1,0 +1,113 @@
+//! Starting `plumber-processor` against a test broker.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use plumber_testkit::{Broker, Process, TestRecord};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_plumber-processor");
+
+/// SPEC §5: a processor exits within 10 s of SIGTERM.
+pub const STOP_PROMISE: Duration = Duration::from_secs(10);
+
+/// One processor invocation: the step's topics plus extra arguments.
+pub struct Step {
+    pub group: String,
+    pub inputs: Vec<String>,
+    pub outputs: Vec<String>,
+    pub dlq: Option<String>,
+    pub args: Vec<String>,
+}
+
+impl Step {
+    pub fn new(group: &str, input: &str, output: &str) -> Self {
+        Step {
+            group: group.to_owned(),
+            inputs: vec![input.to_owned()],
+            outputs: vec![output.to_owned()],
+            dlq: None,
+            args: Vec::new(),
+        }
+    }
+
+    pub fn dlq(mut self, topic: &str) -> Self {
+        self.dlq = Some(topic.to_owned());
+        self
+    }
+
+    pub fn args<S: AsRef<str>>(mut self, args: &[S]) -> Self {
+        self.args.extend(args.iter().map(|a| a.as_ref().to_owned()));
+        self
+    }
+
+    /// Starts the processor; its log goes to a file named in panics.
+    pub fn start(&self, broker: &Broker) -> Process {
+        let log = self.log_path();
+        let mut command = Command::new(BIN);
+        command.args(["--bootstrap", broker.bootstrap(), "--group", &self.group]);
+        for input in &self.inputs {
+            command.args(["--input", input]);
+        }
+        for output in &self.outputs {
+            command.args(["--output", output]);
+        }
+        if let Some(dlq) = &self.dlq {
+            command.args(["--dlq", dlq]);
+        }
+        command
+            .args(&self.args)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&log)
+                    .expect("processor log"),
+            );
+        eprintln!("processor log: {}", log.display());
+        Process::spawn("plumber-processor", &mut command)
+    }
+
+    pub fn log_path(&self) -> PathBuf {
+        std::env::temp_dir().join(format!("{}.log", self.group))
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+}
+
+/// `n` JSON records `{"id": i}` keyed `k<i>`, spread over partitions by key.
+pub fn numbered(range: std::ops::Range<u32>) -> Vec<TestRecord> {
+    range
+        .map(|i| TestRecord::new(&format!("k{i}"), &format!(r#"{{"id":{i}}}"#)))
+        .collect()
+}
+
+/// The `id` field of each record's JSON value.
+pub fn ids(records: &[TestRecord]) -> Vec<u32> {
+    records
+        .iter()
+        .map(|r| {
+            let value: serde_json::Value =
+                serde_json::from_slice(r.value.as_deref().unwrap_or_default())
+                    .unwrap_or_else(|e| panic!("output is not JSON ({e}): {:?}", r.value_str()));
+            value["id"]
+                .as_u64()
+                .unwrap_or_else(|| panic!("no id in {value}")) as u32
+        })
+        .collect()
+}
+
+/// How often each id occurs.
+pub fn counts(ids: &[u32]) -> std::collections::BTreeMap<u32, usize> {
+    let mut counts = std::collections::BTreeMap::new();
+    for id in ids {
+        *counts.entry(*id).or_default() += 1;
+    }
+    counts
+}

@@ -1,0 +1,270 @@
+//! The foundation of the cutover: a processor stopped with SIGTERM mid-stream commits exactly
+//! what it produced, so whoever takes the group over next continues without loss or
+//! duplicate. Killed outright, it may duplicate but never lose.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::thread::JoinHandle;
+
+use common::{STOP_PROMISE, Step, counts, ids, numbered};
+use nix::sys::signal::Signal;
+use std::collections::BTreeSet;
+
+use plumber_testkit::{Broker, PATIENCE, Process, TestRecord, unique, wait_until};
+
+/// Writes numbered records to `topic` in acknowledged batches until told to stop.
+struct Load {
+    running: Arc<AtomicBool>,
+    written: Arc<AtomicU32>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Load {
+    fn start(bootstrap: &str, topic: &str) -> Load {
+        let running = Arc::new(AtomicBool::new(true));
+        let written = Arc::new(AtomicU32::new(0));
+        let (flag, count) = (running.clone(), written.clone());
+        let (bootstrap, topic) = (bootstrap.to_owned(), topic.to_owned());
+        let thread = std::thread::spawn(move || {
+            let broker = Broker::external(bootstrap);
+            while flag.load(Ordering::SeqCst) {
+                let from = count.load(Ordering::SeqCst);
+                broker.produce(&topic, &numbered(from..from + 200));
+                count.store(from + 200, Ordering::SeqCst);
+            }
+        });
+        Load {
+            running,
+            written,
+            thread: Some(thread),
+        }
+    }
+
+    /// Stops writing; returns how many records were written.
+    fn finish(mut self) -> u32 {
+        self.running.store(false, Ordering::SeqCst);
+        if let Some(thread) = self.thread.take() {
+            thread.join().expect("load thread");
+        }
+        self.written.load(Ordering::SeqCst)
+    }
+}
+
+/// Starts a processor and waits until the group gave it partitions.
+///
+/// tansu 0.6 sometimes completes a rebalance with a member that was killed (-9) and, once that
+/// member's session expires, never gives its partitions to the live one. A fresh member
+/// joining after the expiry gets them, so a member left with none is stopped and replaced.
+/// Real clusters (PLUMBER_TEST_BOOTSTRAP) pass on the first attempt.
+fn start_assigned(broker: &Broker, step: &Step) -> Process {
+    let assigned = || {
+        step.log()
+            .lines()
+            .filter(|line| line.contains("partitions assigned"))
+            .map(|line| !line.contains(r#""partitions":0"#))
+            .collect::<Vec<_>>()
+    };
+    for _ in 0..5 {
+        let before = assigned().len();
+        let mut process = step.start(broker);
+        wait_until("the new member is assigned partitions", PATIENCE, || {
+            assigned().len() > before
+        });
+        if assigned()[before] {
+            return process;
+        }
+        process.signal(Signal::SIGTERM);
+        assert!(process.wait_exit(STOP_PROMISE).expect("exits").success());
+    }
+    panic!(
+        "no member of {} was ever assigned partitions; log:\n{}",
+        step.group,
+        step.log()
+    );
+}
+
+/// Runs a processor until the output grows by `at_least` records, then ends it with `signal`.
+fn run_a_while(broker: &Broker, step: &Step, output: &str, at_least: i64, signal: Signal) {
+    let mut process = start_assigned(broker, step);
+    let before = broker.end_offsets(output);
+    wait_until(
+        &format!(
+            "{at_least} more outputs (log: {})",
+            step.log_path().display()
+        ),
+        PATIENCE,
+        || broker.end_offsets(output) >= before + at_least,
+    );
+    process.signal(signal);
+    let status = process
+        .wait_exit(STOP_PROMISE)
+        .expect("the processor exits within 10 s");
+    if signal == Signal::SIGTERM {
+        assert!(
+            status.success(),
+            "a graceful stop exits 0, got {status}; log:\n{}",
+            step.log()
+        );
+    }
+}
+
+/// Runs a last processor until every written record reached the output, stops it, and
+/// returns the output.
+fn drain(broker: &Broker, step: &Step, output: &str, written: u32) -> Vec<TestRecord> {
+    let mut process = start_assigned(broker, step);
+    broker.wait_for_records(output, "every record at the output", |r| {
+        ids(r).into_iter().collect::<BTreeSet<u32>>().len() == written as usize
+    });
+    process.signal(Signal::SIGTERM);
+    assert!(process.wait_exit(STOP_PROMISE).expect("exits").success());
+    broker.read_all(output)
+}
+
+#[test]
+fn sigterm_mid_stream_then_restart_gives_every_record_exactly_once() {
+    let broker = Broker::start();
+    let (input, output) = (unique("in"), unique("out"));
+    broker.create_topic(&input, 3);
+    broker.create_topic(&output, 3);
+    let step = Step::new(&unique("sigterm"), &input, &output).args(&["--jq", "."]);
+    let load = Load::start(broker.bootstrap(), &input);
+    for _ in 0..4 {
+        run_a_while(&broker, &step, &output, 500, Signal::SIGTERM);
+    }
+    let written = load.finish();
+    let all = drain(&broker, &step, &output, written);
+
+    let duplicates: Vec<_> = counts(&ids(&all))
+        .into_iter()
+        .filter(|(_, n)| *n != 1)
+        .collect();
+    assert!(
+        duplicates.is_empty(),
+        "ids not seen exactly once: {duplicates:?}"
+    );
+    assert_eq!(all.len(), written as usize);
+}
+
+#[test]
+fn kill_9_mid_stream_then_restart_loses_nothing() {
+    let broker = Broker::start();
+    let (input, output) = (unique("in"), unique("out"));
+    broker.create_topic(&input, 3);
+    broker.create_topic(&output, 3);
+    let step = Step::new(&unique("kill9"), &input, &output).args(&["--jq", "."]);
+    let load = Load::start(broker.bootstrap(), &input);
+    for _ in 0..3 {
+        run_a_while(&broker, &step, &output, 500, Signal::SIGKILL);
+    }
+    let written = load.finish();
+    let all = drain(&broker, &step, &output, written);
+
+    let by_id = counts(&ids(&all));
+    let missing: Vec<u32> = (0..written).filter(|id| !by_id.contains_key(id)).collect();
+    assert!(missing.is_empty(), "lost records: {missing:?}");
+    let duplicated = all.len() - written as usize;
+    // At-least-once on a broker without transactions: a crash may repeat what was not yet
+    // committed (up to one commit interval). Reported, not failed.
+    eprintln!("kill -9 × 3: {written} records, {duplicated} duplicates at the output");
+}
+
+#[test]
+fn a_rebalance_hands_partitions_over_without_loss_or_duplicates() {
+    let broker = Broker::start();
+    let (input, output) = (unique("in"), unique("out"));
+    broker.create_topic(&input, 4);
+    broker.create_topic(&output, 2);
+    let step = Step::new(&unique("rebalance"), &input, &output).args(&["--jq", "."]);
+    let load = Load::start(broker.bootstrap(), &input);
+    let mut first = step.start(&broker);
+    let grown = |by: i64| {
+        let before = broker.end_offsets(&output);
+        wait_until("the output grows", PATIENCE, || {
+            broker.end_offsets(&output) >= before + by
+        });
+    };
+    grown(300);
+    // A second member joins: the first must commit what it did before giving partitions up.
+    let mut second = step.start(&broker);
+    grown(1000);
+    first.signal(Signal::SIGTERM);
+    assert!(
+        first
+            .wait_exit(STOP_PROMISE)
+            .expect("first exits")
+            .success()
+    );
+    let written = load.finish();
+    broker.wait_for_records(&output, "every record at the output", |r| {
+        ids(r).into_iter().collect::<BTreeSet<u32>>().len() == written as usize
+    });
+    second.signal(Signal::SIGTERM);
+    assert!(
+        second
+            .wait_exit(STOP_PROMISE)
+            .expect("second exits")
+            .success(),
+        "log:\n{}",
+        step.log()
+    );
+
+    let all = broker.read_all(&output);
+    let duplicates: Vec<_> = counts(&ids(&all))
+        .into_iter()
+        .filter(|(_, n)| *n != 1)
+        .collect();
+    assert!(
+        duplicates.is_empty(),
+        "ids not seen exactly once: {duplicates:?}"
+    );
+    assert_eq!(all.len(), written as usize);
+}
+
+const STUCK_ON_THREE: &str = r#"
+import json, sys, time
+for line in sys.stdin:
+    n = json.loads(line)["value"]["id"]
+    if n == 3:
+        time.sleep(3600)
+    print(json.dumps({"value": {"id": n}}))
+    print(flush=True)
+"#;
+
+#[test]
+fn a_stuck_record_is_abandoned_uncommitted_and_the_stop_still_takes_under_ten_seconds() {
+    let broker = Broker::start();
+    let (input, output) = (unique("in"), unique("out"));
+    broker.create_topic(&input, 1);
+    broker.create_topic(&output, 1);
+    broker.produce(&input, &numbered(1..6));
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("stuck.py");
+    std::fs::write(&script, STUCK_ON_THREE).unwrap();
+    let step = Step::new(&unique("stuck"), &input, &output).args(&[
+        "--exec",
+        "--",
+        "python3",
+        script.to_str().unwrap(),
+    ]);
+    let mut process = step.start(&broker);
+    broker.wait_for_records(&output, "the two records before the stuck one", |r| {
+        r.len() >= 2
+    });
+    // Ids 1 and 2 are out, so id 3 is the record in hand.
+    process.signal(Signal::SIGTERM);
+    let status = process
+        .wait_exit(STOP_PROMISE)
+        .expect("exits within 10 s despite the stuck record");
+    assert!(status.success(), "log:\n{}", step.log());
+    assert_eq!(ids(&broker.read_all(&output)), [1, 2]);
+    let committed = broker.committed(&step.group, &input, 1);
+    assert_eq!(
+        committed.get(&0),
+        Some(&2),
+        "offset 2 (id 3) is where the next owner starts"
+    );
+    assert!(step.log().contains("abandoned"), "log:\n{}", step.log());
+}
