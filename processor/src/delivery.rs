@@ -17,6 +17,7 @@
 //! input whose outputs are durable, which is what the cutover hands to a successor.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -200,6 +201,8 @@ pub struct Committer {
     interval: Duration,
     transaction: Mutex<Transaction>,
     last_commit: Mutex<Instant>,
+    /// Set once a commit failed for good: later revocations must not try again.
+    failed: AtomicBool,
 }
 
 pub type Consumer = BaseConsumer<ConsumerContext>;
@@ -218,6 +221,7 @@ impl Committer {
             interval,
             transaction: Mutex::new(Transaction::default()),
             last_commit: Mutex::new(Instant::now()),
+            failed: AtomicBool::new(false),
         }
     }
 
@@ -370,6 +374,7 @@ impl Committer {
     /// After a fatal error: commit what is certainly done (at-least-once) or abort the open
     /// transaction so downstream read_committed readers are not held up.
     pub fn fail(&self, consumer: &Consumer) {
+        self.failed.store(true, Ordering::SeqCst);
         match self.mode {
             DeliveryMode::AtLeastOnce => {
                 let _ = self.producer.flush(KAFKA_CALL_TIMEOUT);

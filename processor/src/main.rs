@@ -39,14 +39,8 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(error) => {
-            let mut chain = error.to_string();
-            let mut source = std::error::Error::source(&error);
-            while let Some(cause) = source {
-                chain.push_str(": ");
-                chain.push_str(&cause.to_string());
-                source = cause.source();
-            }
-            tracing::error!(error = %chain, "processor failed");
+            // Every error's message already names its cause.
+            tracing::error!(%error, "processor failed");
             ExitCode::from(1)
         }
     }

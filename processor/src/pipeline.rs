@@ -38,7 +38,9 @@ pub enum Error {
         #[source]
         source: KafkaError,
     },
-    #[error("exactly-once was asked for, but the brokers do not support transactions")]
+    #[error(
+        "--delivery exactly-once was asked for, but the brokers do not support transactions; use --delivery auto or at-least-once"
+    )]
     NoTransactions,
     #[error("the transactional producer could not start: {0}")]
     InitTransactions(#[source] KafkaError),

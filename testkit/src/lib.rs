@@ -188,7 +188,14 @@ impl Broker {
 
     /// Everything committed on `topic`, partition by partition up to its end, read_committed.
     pub fn read_all(&self, topic: &str) -> Vec<TestRecord> {
-        let mut reader = self.reader(topic);
+        let mut reader = self.reader(topic, "read_committed");
+        reader.read_to_end();
+        reader.records
+    }
+
+    /// Everything on `topic`, including records of open and aborted transactions.
+    pub fn read_all_uncommitted(&self, topic: &str) -> Vec<TestRecord> {
+        let mut reader = self.reader(topic, "read_uncommitted");
         reader.read_to_end();
         reader.records
     }
@@ -251,12 +258,12 @@ impl Broker {
             .collect()
     }
 
-    fn reader(&self, topic: &str) -> Reader {
+    fn reader(&self, topic: &str, isolation: &str) -> Reader {
         let consumer: BaseConsumer = self
             .client()
             .set("group.id", "plumber-testkit-reader")
             .set("enable.auto.commit", "false")
-            .set("isolation.level", "read_committed")
+            .set("isolation.level", isolation)
             .set("enable.partition.eof", "true")
             .create()
             .expect("test consumer");

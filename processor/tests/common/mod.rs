@@ -19,6 +19,8 @@ pub struct Step {
     pub outputs: Vec<String>,
     pub dlq: Option<String>,
     pub args: Vec<String>,
+    /// Names the log file; instances of one group that run together need their own.
+    pub log_name: String,
 }
 
 impl Step {
@@ -29,7 +31,13 @@ impl Step {
             outputs: vec![output.to_owned()],
             dlq: None,
             args: Vec::new(),
+            log_name: group.to_owned(),
         }
+    }
+
+    pub fn log_as(mut self, name: &str) -> Self {
+        self.log_name = name.to_owned();
+        self
     }
 
     pub fn dlq(mut self, topic: &str) -> Self {
@@ -73,7 +81,7 @@ impl Step {
     }
 
     pub fn log_path(&self) -> PathBuf {
-        std::env::temp_dir().join(format!("{}.log", self.group))
+        std::env::temp_dir().join(format!("{}.log", self.log_name))
     }
 
     pub fn log(&self) -> String {

@@ -1,0 +1,294 @@
+//! Exactly-once paths on rdkafka's MockCluster (tansu 0.6 has no transactions): outputs and
+//! offsets commit together, a crashed instance's open transaction is never visible to
+//! read_committed readers, and a fenced zombie cannot commit.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::BTreeSet;
+
+use clap::Parser;
+use common::{STOP_PROMISE, Step, counts, ids, numbered};
+use nix::sys::signal::Signal;
+use plumber_processor::config::Args;
+use plumber_processor::{Config, DeliveryMode};
+use plumber_testkit::{Broker, PATIENCE, unique, wait_until};
+use rdkafka::mocking::MockCluster;
+use rdkafka::producer::DefaultProducerContext;
+use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+
+/// A broker with transactions: the cluster in PLUMBER_TEST_BOOTSTRAP, else rdkafka's
+/// MockCluster. The mock speaks the transaction protocol and fences stale producer epochs,
+/// but keeps no transaction state on the log: it stores no offsets committed in a
+/// transaction, writes no abort markers and serves read_committed readers up to the high
+/// watermark. What depends on that is asserted only on a real cluster (`real`).
+struct Transactional {
+    cluster: Option<MockCluster<'static, DefaultProducerContext>>,
+    broker: Broker,
+    real: bool,
+}
+
+fn transactional() -> Transactional {
+    if std::env::var("PLUMBER_TEST_BOOTSTRAP").is_ok_and(|b| !b.is_empty()) {
+        return Transactional {
+            cluster: None,
+            broker: Broker::start(),
+            real: true,
+        };
+    }
+    let cluster = MockCluster::new(1).expect("mock cluster");
+    let broker = Broker::external(cluster.bootstrap_servers());
+    Transactional {
+        cluster: Some(cluster),
+        broker,
+        real: false,
+    }
+}
+
+impl Transactional {
+    fn topic(&self, prefix: &str, partitions: i32) -> String {
+        let name = unique(prefix);
+        match &self.cluster {
+            Some(cluster) => cluster
+                .create_topic(&name, partitions, 1)
+                .expect("mock topic"),
+            None => self.broker.create_topic(&name, partitions),
+        }
+        name
+    }
+}
+
+/// Never commits on its own: the transaction stays open until stop or revocation.
+const LONG_TRANSACTIONS: [&str; 2] = ["--commit-interval-ms", "3600000"];
+
+fn config(bootstrap: &str, delivery: &str) -> Config {
+    let args = Args::try_parse_from([
+        "plumber-processor",
+        "--bootstrap",
+        bootstrap,
+        "--group",
+        "g",
+        "--input",
+        "in",
+        "--jq",
+        ".",
+        "--delivery",
+        delivery,
+    ])
+    .unwrap();
+    Config::try_from(args).unwrap()
+}
+
+#[test]
+fn delivery_auto_picks_exactly_once_only_where_the_brokers_have_transactions() {
+    let tx = transactional();
+    let mode = plumber_processor::pipeline::delivery_mode(&config(tx.broker.bootstrap(), "auto"));
+    assert_eq!(mode.unwrap(), DeliveryMode::ExactlyOnce);
+
+    let tansu = Broker::start();
+    if tansu.is_tansu() {
+        let auto = plumber_processor::pipeline::delivery_mode(&config(tansu.bootstrap(), "auto"));
+        assert_eq!(
+            auto.unwrap(),
+            DeliveryMode::AtLeastOnce,
+            "tansu 0.6 has no EndTxn"
+        );
+        let forced =
+            plumber_processor::pipeline::delivery_mode(&config(tansu.bootstrap(), "exactly-once"));
+        assert!(
+            forced.is_err(),
+            "exactly-once is refused, not silently downgraded"
+        );
+    }
+}
+
+#[test]
+fn outputs_dead_letters_and_offsets_commit_in_transactions() {
+    let tx = transactional();
+    let (input, output, dlq) = (tx.topic("in", 3), tx.topic("out", 2), tx.topic("dlq", 1));
+    let mut records = numbered(0..300);
+    records.push(plumber_testkit::TestRecord::new("bad", "not json"));
+    tx.broker.produce(&input, &records);
+    let step = Step::new(&unique("eos"), &input, &output).dlq(&dlq).args(&[
+        "--jq",
+        ".",
+        "--metrics",
+        "127.0.0.1:0",
+    ]);
+    let mut process = step.start(&tx.broker);
+    tx.broker
+        .wait_for_records(&output, "300 outputs", |r| r.len() >= 300);
+    tx.broker
+        .wait_for_records(&dlq, "the dead letter", |r| !r.is_empty());
+    process.signal(Signal::SIGTERM);
+    assert!(
+        process.wait_exit(STOP_PROMISE).expect("exits").success(),
+        "log:\n{}",
+        step.log()
+    );
+
+    let log = step.log();
+    assert!(log.contains(r#""mode":"ExactlyOnce""#), "log:\n{log}");
+    assert!(!log.contains("ERROR"), "no transaction call failed:\n{log}");
+    let by_id = counts(&ids(&tx.broker.read_all(&output)));
+    assert_eq!(by_id.len(), 300);
+    assert!(by_id.values().all(|n| *n == 1));
+    if tx.real {
+        let committed: i64 = tx.broker.committed(&step.group, &input, 3).values().sum();
+        assert_eq!(
+            committed, 301,
+            "every input offset committed with its outputs"
+        );
+    }
+}
+
+#[test]
+fn a_crashed_instance_s_transaction_is_aborted_by_its_restart() {
+    let tx = transactional();
+    let (input, output) = (tx.topic("in", 2), tx.topic("out", 2));
+    tx.broker.produce(&input, &numbered(0..200));
+    let step = Step::new(&unique("crash"), &input, &output)
+        .args(&["--jq", ".", "--instance", "replica-0"])
+        .args(&LONG_TRANSACTIONS);
+    let mut first = step.start(&tx.broker);
+    wait_until(
+        "the first instance produced all 200 outputs in its open transaction",
+        PATIENCE,
+        || tx.broker.read_all_uncommitted(&output).len() >= 200,
+    );
+    if tx.real {
+        assert!(
+            tx.broker.read_all(&output).is_empty(),
+            "nothing is visible before the commit"
+        );
+    }
+    first.signal(Signal::SIGKILL);
+    first.wait_exit(STOP_PROMISE).expect("killed");
+
+    // Same transactional id: the restart fences the dead instance and aborts its transaction.
+    let restarted = Step {
+        args: ["--jq", ".", "--instance", "replica-0"]
+            .map(String::from)
+            .to_vec(),
+        ..step
+    }
+    .log_as(&unique("crash-restart"));
+    let mut second = restarted.start(&tx.broker);
+    wait_until(
+        "the restart committed its own transaction",
+        PATIENCE,
+        || {
+            restarted.log().contains("partitions assigned")
+                && tx.broker.read_all_uncommitted(&output).len() >= 400
+        },
+    );
+    second.signal(Signal::SIGTERM);
+    let status = second.wait_exit(STOP_PROMISE).expect("exits");
+    assert!(status.success(), "log:\n{}", restarted.log());
+
+    if tx.real {
+        let by_id = counts(&ids(&tx.broker.read_all(&output)));
+        assert_eq!(by_id.len(), 200);
+        assert!(
+            by_id.values().all(|n| *n == 1),
+            "no duplicate through the crash: {by_id:?}"
+        );
+    }
+    // On the log: the aborted attempt and the committed one.
+    assert_eq!(tx.broker.read_all_uncommitted(&output).len(), 400);
+}
+
+/// On a real cluster a successor with the same transactional id fences the frozen instance.
+/// The mock hands every new producer a fresh producer id instead of bumping the epoch of the
+/// transactional id, so there the broker's answer to the zombie is injected: the
+/// PRODUCER_FENCED a real broker sends.
+#[test]
+fn a_fenced_zombie_cannot_commit() {
+    let tx = transactional();
+    let (input, output) = (tx.topic("in", 2), tx.topic("out", 2));
+    tx.broker.produce(&input, &numbered(0..100));
+    let session = [
+        "-X",
+        "session.timeout.ms=6000",
+        "-X",
+        "heartbeat.interval.ms=500",
+    ];
+    let zombie_step = Step::new(&unique("zombie"), &input, &output)
+        .args(&["--jq", ".", "--instance", "replica-0"])
+        .args(&session)
+        .args(&LONG_TRANSACTIONS);
+    let mut zombie = zombie_step.start(&tx.broker);
+    wait_until(
+        "the zombie-to-be produced all 100 outputs in its open transaction",
+        PATIENCE,
+        || tx.broker.read_all_uncommitted(&output).len() >= 100,
+    );
+
+    let successor_step = Step::new(&zombie_step.group, &input, &output)
+        .log_as(&format!("{}-successor", zombie_step.group))
+        .args(&["--jq", ".", "--instance", "replica-0"])
+        .args(&session);
+    let mut successor = None;
+    match &tx.cluster {
+        None => {
+            // Frozen, it keeps its open transaction and its group membership.
+            zombie.signal(Signal::SIGSTOP);
+            let process = successor_step.start(&tx.broker);
+            // "processing" is logged after init_transactions: the old epoch is fenced.
+            wait_until(
+                "the successor initialised its transactions",
+                PATIENCE,
+                || successor_step.log().contains(r#""message":"processing""#),
+            );
+            successor = Some(process);
+            zombie.signal(Signal::SIGCONT);
+        }
+        Some(cluster) => cluster.request_errors(
+            RDKafkaApiKey::EndTxn,
+            &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_PRODUCER_FENCED; 5],
+        ),
+    }
+    zombie.signal(Signal::SIGTERM);
+    let status = zombie.wait_exit(STOP_PROMISE).expect("the zombie exits");
+    let log = zombie_step.log();
+    assert_eq!(
+        status.code(),
+        Some(1),
+        "a fenced instance fails, never reports success:\n{log}"
+    );
+    assert!(
+        log.to_lowercase().contains("fenced"),
+        "the error names the fencing:\n{log}"
+    );
+    assert!(
+        !log.contains(r#""message":"stopped""#),
+        "no clean-stop summary:\n{log}"
+    );
+
+    if let Some(cluster) = &tx.cluster {
+        cluster.clear_request_errors(RDKafkaApiKey::EndTxn);
+    }
+    let mut successor = successor.unwrap_or_else(|| successor_step.start(&tx.broker));
+    wait_until("the successor took both partitions", PATIENCE, || {
+        successor_step
+            .log()
+            .contains(r#""partitions assigned","partitions":2"#)
+    });
+    successor.signal(Signal::SIGTERM);
+    assert!(
+        successor.wait_exit(STOP_PROMISE).expect("exits").success(),
+        "log:\n{}",
+        successor_step.log()
+    );
+    if tx.real {
+        let by_id = counts(&ids(&tx.broker.read_all(&output)));
+        assert_eq!(
+            by_id.keys().copied().collect::<BTreeSet<_>>(),
+            (0..100).collect()
+        );
+        assert!(
+            by_id.values().all(|n| *n == 1),
+            "the zombie's work never became visible: {by_id:?}"
+        );
+    }
+}
