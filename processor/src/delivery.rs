@@ -16,7 +16,7 @@
 //! Either way a graceful stop leaves the group's committed offsets exactly after the last
 //! input whose outputs are durable, which is what the cutover hands to a successor.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
@@ -36,7 +36,6 @@ pub const KAFKA_CALL_TIMEOUT: Duration = Duration::from_secs(5);
 /// The inputs in flight per input partition, and the first failure seen by a callback.
 #[derive(Debug, Default)]
 pub struct Tracker {
-    slots: HashMap<(String, i32), usize>,
     partitions: Vec<PartitionTrack>,
     failure: Option<String>,
 }
@@ -55,8 +54,13 @@ struct PartitionTrack {
 impl Tracker {
     /// A small number standing for an input partition, carried in delivery callbacks.
     pub fn slot(&mut self, topic: &str, partition: i32) -> usize {
-        if let Some(slot) = self.slots.get(&(topic.to_owned(), partition)) {
-            return *slot;
+        // A linear scan: a step has few input partitions, and it allocates nothing per record.
+        if let Some(slot) = self
+            .partitions
+            .iter()
+            .position(|t| t.partition == partition && t.topic == topic)
+        {
+            return slot;
         }
         let slot = self.partitions.len();
         self.partitions.push(PartitionTrack {
@@ -66,7 +70,6 @@ impl Tracker {
             done_until: None,
             committed: None,
         });
-        self.slots.insert((topic.to_owned(), partition), slot);
         slot
     }
 
@@ -123,20 +126,27 @@ impl Tracker {
 
     pub fn committed(&mut self, offsets: &[(String, i32, i64)]) {
         for (topic, partition, offset) in offsets {
-            if let Some(slot) = self.slots.get(&(topic.clone(), *partition)) {
-                self.partitions[*slot].committed = Some(*offset);
+            if let Some(track) = self.find(topic, *partition) {
+                track.committed = Some(*offset);
             }
         }
     }
 
     /// The partition was revoked: its remaining state belongs to its next owner.
     pub fn forget(&mut self, topic: &str, partition: i32) {
-        if let Some(slot) = self.slots.get(&(topic.to_owned(), partition)) {
-            let track = &mut self.partitions[*slot];
+        if let Some(track) = self.find(topic, partition) {
             track.pending.clear();
             track.done_until = None;
             track.committed = None;
         }
+    }
+}
+
+impl Tracker {
+    fn find(&mut self, topic: &str, partition: i32) -> Option<&mut PartitionTrack> {
+        self.partitions
+            .iter_mut()
+            .find(|t| t.partition == partition && t.topic == topic)
     }
 }
 
@@ -327,6 +337,10 @@ impl Committer {
             return Ok(());
         }
         let started = Instant::now();
+        tracing::debug!(
+            partitions = transaction.offsets.len(),
+            "committing transaction"
+        );
         if !transaction.offsets.is_empty() {
             let mut offsets = TopicPartitionList::with_capacity(transaction.offsets.len());
             for ((topic, partition), offset) in &transaction.offsets {
@@ -345,6 +359,7 @@ impl Committer {
                     source,
                 })?;
         }
+        self.await_deliveries(KAFKA_CALL_TIMEOUT);
         self.producer
             .commit_transaction(KAFKA_CALL_TIMEOUT)
             .map_err(|source| Error::Transaction {
@@ -360,13 +375,25 @@ impl Committer {
         Ok(())
     }
 
+    /// Serves delivery reports until nothing is in flight or `timeout` passes. rdkafka's own
+    /// flush (also inside `commit_transaction`) polls in 100 ms slices whatever arrives, which
+    /// would put a floor of 100 ms under every transaction.
+    fn await_deliveries(&self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        while self.producer.in_flight_count() > 0 && Instant::now() < deadline {
+            self.producer.poll(Duration::from_millis(1));
+        }
+    }
+
     /// Graceful end: wait for what is in flight, then commit it.
     pub fn finish(&self, consumer: &Consumer) -> Result<(), Error> {
-        if self.mode == DeliveryMode::AtLeastOnce
-            && let Err(error) = self.producer.flush(KAFKA_CALL_TIMEOUT)
-        {
-            // What is unacknowledged stays uncommitted: processed again by the next owner.
-            tracing::warn!(%error, in_flight = self.books.tracker().in_flight(), "flush incomplete on stop");
+        if self.mode == DeliveryMode::AtLeastOnce {
+            self.await_deliveries(KAFKA_CALL_TIMEOUT);
+            let in_flight = self.books.tracker().in_flight();
+            if in_flight > 0 {
+                // Unacknowledged inputs stay uncommitted: processed again by the next owner.
+                tracing::warn!(in_flight, "deliveries still pending on stop");
+            }
         }
         self.commit(consumer)
     }

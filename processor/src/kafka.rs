@@ -149,7 +149,7 @@ pub fn producer(
         .set("partitioner", "murmur2_random")
         .set("linger.ms", "5")
         // Bounds memory: librdkafka's default allows a gigabyte of queued records.
-        .set("queue.buffering.max.kbytes", "32768");
+        .set("queue.buffering.max.kbytes", "16384");
     if transactional {
         client
             .set("transactional.id", config.transactional_id())
@@ -174,7 +174,14 @@ pub fn consumer(
         .set("auto.offset.reset", "earliest")
         .set("isolation.level", "read_committed")
         .set("enable.partition.eof", "false")
+        // Brokers answer a fetch as soon as data arrives; some (tansu) wait the whole
+        // fetch.wait.max.ms (librdkafka: 500 ms) first, which would be each step's latency.
+        .set("fetch.wait.max.ms", "100")
+        // Bounds the prefetch to 16 MB (librdkafka: 64 MB), and fetches again as soon as it
+        // drains (librdkafka waits up to a second). A smaller prefetch halves throughput on a
+        // slow broker (bench/results/processor.md).
         .set("queued.max.messages.kbytes", "16384")
+        .set("fetch.queue.backoff.ms", "10")
         // A crashed instance's partitions move to the others (or its restart) after 10 s,
         // not librdkafka's default 45 s. A graceful stop leaves the group at once anyway.
         .set("session.timeout.ms", "10000")

@@ -394,10 +394,101 @@ fn metrics_count_every_outcome_and_healthz_answers() {
         text.contains("plumber_processor_transform_duration_seconds_count 11"),
         "{text}"
     );
+    // librdkafka's statistics (every 5 s) carry the lag of each assigned partition.
+    plumber_testkit::wait_until(
+        "the consumer lag is exported",
+        plumber_testkit::PATIENCE,
+        || {
+            scrape().contains(&format!(
+                r#"plumber_processor_consumer_lag{{topic="{input}",partition="0"}} 0"#
+            ))
+        },
+    );
     let health = ureq::get(&format!("http://{address}/healthz"))
         .call()
         .unwrap();
     assert_eq!(health.status(), 200);
     process.signal(Signal::SIGTERM);
     assert!(process.wait_exit(STOP_PROMISE).unwrap().success());
+}
+
+/// The README's protocol examples, run as written.
+fn example(name: &str) -> String {
+    format!("{}/examples/protocols/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+#[test]
+fn the_readme_exec_example_works_as_documented() {
+    let broker = Broker::start();
+    let (input, output, dlq) = (unique("in"), unique("out"), unique("dlq"));
+    for topic in [&input, &output, &dlq] {
+        broker.create_topic(topic, 1);
+    }
+    broker.produce(
+        &input,
+        &[
+            TestRecord::new("a", r#"{"platform":"web","page":"/news/today"}"#),
+            TestRecord::new("b", r#"{"platform":"ios","page":"/news"}"#),
+            TestRecord::new("c", r#"{"platform":"web"}"#),
+        ],
+    );
+    let step = Step::new(&unique("readme-exec"), &input, &output)
+        .dlq(&dlq)
+        .args(&["--exec", "--", "python3", &example("exec_step.py")]);
+    let (out, dead) = run_until(&broker, &step, &output, 1, Some((&dlq, 1)));
+    assert_eq!(out.len(), 1);
+    let value: serde_json::Value =
+        serde_json::from_slice(out[0].value.as_deref().unwrap()).unwrap();
+    assert_eq!(value["section"], "news");
+    assert_eq!(out[0].key.as_deref(), Some(&b"a"[..]));
+    assert_eq!(dead[0].header_str("plumber.error"), Some("no page"));
+}
+
+#[test]
+fn the_readme_http_example_works_as_documented() {
+    let broker = Broker::start();
+    let (input, output, dlq) = (unique("in"), unique("out"), unique("dlq"));
+    for topic in [&input, &output, &dlq] {
+        broker.create_topic(topic, 1);
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut sidecar = plumber_testkit::Process::spawn(
+        "http_step.py",
+        std::process::Command::new("python3")
+            .arg(example("http_step.py"))
+            .env("PORT", port.to_string()),
+    );
+    plumber_testkit::wait_until("the sidecar listens", plumber_testkit::PATIENCE, || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
+    broker.produce(
+        &input,
+        &[
+            TestRecord::new("v1", r#"{"speed":100}"#),
+            TestRecord::new("v2", r#"{"parked":true}"#),
+        ],
+    );
+    let url = format!("http://127.0.0.1:{port}/score");
+    let step = Step::new(&unique("readme-http"), &input, &output)
+        .dlq(&dlq)
+        .args(&["--http", &url]);
+    let (out, dead) = run_until(&broker, &step, &output, 1, Some((&dlq, 1)));
+    sidecar.kill();
+    let value: serde_json::Value =
+        serde_json::from_slice(out[0].value.as_deref().unwrap()).unwrap();
+    assert_eq!(value["risk"], 0.5);
+    assert_eq!(
+        dead[0].header_str("plumber.error.kind"),
+        Some("http-status")
+    );
+    assert!(
+        dead[0]
+            .header_str("plumber.error")
+            .unwrap()
+            .contains("no speed")
+    );
 }

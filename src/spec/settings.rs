@@ -75,10 +75,10 @@ pub(super) fn topology_settings(
         "topology.yaml",
         report,
     );
-    if let Some(entry) = fields.get("cutover") {
-        if let Some("ordered") = fields::choice(entry, &["parallel", "ordered"], report) {
-            result.0 = CutoverMode::Ordered;
-        }
+    if let Some(entry) = fields.get("cutover")
+        && let Some("ordered") = fields::choice(entry, &["parallel", "ordered"], report)
+    {
+        result.0 = CutoverMode::Ordered;
     }
     if let Some(entry) = fields.get("defaults") {
         result.1 = defaults(&entry.value, entry, inherited, report);
@@ -107,10 +107,10 @@ fn defaults(
         return out;
     };
     fields.reject_unknown(&["partitions", "scale"], "`defaults`", report);
-    if let Some(p) = fields.get("partitions") {
-        if let Some(n) = partitions(p, report) {
-            out.partitions = n;
-        }
+    if let Some(p) = fields.get("partitions")
+        && let Some(n) = partitions(p, report)
+    {
+        out.partitions = n;
     }
     if let Some(s) = fields.get("scale") {
         out.scale = scale(s, base.scale, report);

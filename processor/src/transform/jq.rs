@@ -88,7 +88,10 @@ impl Jq {
                     ),
                 ));
             }
-            outputs.push(output.to_string().into_bytes());
+            let mut bytes = Vec::with_capacity(value.len());
+            // Writing into a Vec cannot fail.
+            let _ = jaq_json::write::write(&mut bytes, &jaq_json::write::Pp::default(), 0, &output);
+            outputs.push(bytes);
         }
         Ok(outputs)
     }

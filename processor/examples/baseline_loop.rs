@@ -1,0 +1,87 @@
+//! The benchmark baseline: a minimal hand-written rdkafka consume → produce loop with the
+//! same guarantee as the processor at-least-once (offsets committed after a flush), the same
+//! producer settings, and no transform, metrics or dead letters.
+//!
+//! `baseline_loop BOOTSTRAP GROUP INPUT OUTPUT` — stops on SIGTERM.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use rdkafka::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::message::Message;
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let [bootstrap, group, input, output] = args.as_slice() else {
+        return Err("usage: baseline_loop BOOTSTRAP GROUP INPUT OUTPUT".into());
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    signal_hook::flag::register(signal_hook::consts::SIGTERM, stop.clone())?;
+
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .set("auto.offset.reset", "earliest")
+        // As the processor, so that latency compares the loops, not the fetch settings.
+        .set("fetch.wait.max.ms", "100")
+        .create()?;
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("enable.idempotence", "true")
+        .set("linger.ms", "5")
+        .create()?;
+    consumer.subscribe(&[input.as_str()])?;
+
+    let mut last_commit = Instant::now();
+    while !stop.load(Ordering::Relaxed) {
+        if let Some(message) = consumer.poll(Duration::from_millis(100)) {
+            let message = message?;
+            let mut record: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(output);
+            if let Some(key) = message.key() {
+                record = record.key(key);
+            }
+            if let Some(value) = message.payload() {
+                record = record.payload(value);
+            }
+            if let Some(headers) = message.headers() {
+                record = record.headers(headers.detach());
+            }
+            while let Err((error, back)) = producer.send(record) {
+                if !matches!(
+                    error.rdkafka_error_code(),
+                    Some(rdkafka::types::RDKafkaErrorCode::QueueFull)
+                ) {
+                    return Err(error.into());
+                }
+                record = back;
+                producer.poll(Duration::from_millis(10));
+            }
+        }
+        producer.poll(Duration::ZERO);
+        if last_commit.elapsed() >= Duration::from_secs(1) {
+            producer.flush(Duration::from_secs(10))?;
+            consumer
+                .commit_consumer_state(CommitMode::Sync)
+                .or_else(ignore_nothing_to_commit)?;
+            last_commit = Instant::now();
+        }
+    }
+    producer.flush(Duration::from_secs(10))?;
+    consumer
+        .commit_consumer_state(CommitMode::Sync)
+        .or_else(ignore_nothing_to_commit)?;
+    Ok(())
+}
+
+fn ignore_nothing_to_commit(
+    error: rdkafka::error::KafkaError,
+) -> Result<(), rdkafka::error::KafkaError> {
+    match error.rdkafka_error_code() {
+        Some(rdkafka::types::RDKafkaErrorCode::NoOffset) => Ok(()),
+        _ => Err(error),
+    }
+}

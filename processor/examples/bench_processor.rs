@@ -1,0 +1,469 @@
+//! Throughput, CPU, memory and latency of `plumber-processor` against the hand-written
+//! baseline (`baseline_loop`), on the same broker in the same run. Run through
+//! `bench/processor.sh`, which builds both in release mode first.
+//!
+//! Environment: `BENCH_RECORDS` (default 100000), `BENCH_ROUNDS` (default 3),
+//! `BENCH_LATENCY_SECS` (default 20), `PLUMBER_TEST_BOOTSTRAP` (a real cluster instead of
+//! tansu), `BENCH_OUT` (default bench/results/processor.md).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use nix::sys::signal::Signal;
+use plumber_testkit::{Broker, Process, TestRecord, unique};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::mocking::MockCluster;
+use rdkafka::producer::{BaseProducer, BaseRecord, DefaultProducerContext, Producer};
+use rdkafka::{Message, Offset, TopicPartitionList};
+
+const PARTITIONS: i32 = 3;
+
+fn env_or(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn binaries() -> (PathBuf, PathBuf) {
+    let examples = std::env::current_exe()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let release = examples.parent().unwrap().to_path_buf();
+    (
+        release.join("plumber-processor"),
+        examples.join("baseline_loop"),
+    )
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Variant {
+    Baseline,
+    Processor,
+    ProcessorExactlyOnce,
+}
+
+impl Variant {
+    fn label(self) -> &'static str {
+        match self {
+            Variant::Baseline => "baseline (hand-written loop)",
+            Variant::Processor => "plumber-processor --jq . (at-least-once)",
+            Variant::ProcessorExactlyOnce => "plumber-processor --jq . (exactly-once)",
+        }
+    }
+
+    fn start(self, bootstrap: &str, input: &str, output: &str) -> Process {
+        let (processor, baseline) = binaries();
+        let group = unique("bench");
+        let mut command = match self {
+            Variant::Baseline => {
+                let mut c = Command::new(baseline);
+                c.args([bootstrap, &group, input, output]);
+                c
+            }
+            Variant::Processor | Variant::ProcessorExactlyOnce => {
+                let mut c = Command::new(processor);
+                c.args([
+                    "--bootstrap",
+                    bootstrap,
+                    "--group",
+                    &group,
+                    "--input",
+                    input,
+                    "--output",
+                    output,
+                    "--jq",
+                    ".",
+                ]);
+                c.args([
+                    "--delivery",
+                    if self == Variant::Processor {
+                        "at-least-once"
+                    } else {
+                        "exactly-once"
+                    },
+                ]);
+                c
+            }
+        };
+        let log = std::env::temp_dir().join(format!("{group}.log"));
+        eprintln!("{}: log {}", self.label(), log.display());
+        command
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(log).unwrap());
+        Process::spawn(self.label(), &mut command)
+    }
+}
+
+/// The high watermarks of a topic, read by one long-lived client.
+struct Watermarks {
+    consumer: BaseConsumer,
+    topic: String,
+}
+
+impl Watermarks {
+    fn new(broker: &Broker, topic: &str) -> Self {
+        Watermarks {
+            consumer: broker.client().create().unwrap(),
+            topic: topic.to_owned(),
+        }
+    }
+
+    fn total(&self) -> i64 {
+        (0..PARTITIONS)
+            .map(|p| {
+                self.consumer
+                    .fetch_watermarks(&self.topic, p, Duration::from_secs(10))
+                    .map(|w| w.1)
+                    .unwrap_or(0)
+            })
+            .sum()
+    }
+}
+
+struct Usage {
+    cpu_seconds: f64,
+    peak_rss_kb: u64,
+}
+
+fn usage(pid: u32) -> Usage {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
+    let after = &stat[stat.rfind(')').unwrap() + 2..];
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .unwrap()
+        .unwrap() as f64;
+    let cpu = (fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap()) / ticks;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let peak = status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    Usage {
+        cpu_seconds: cpu,
+        peak_rss_kb: peak,
+    }
+}
+
+struct Throughput {
+    records_per_second: f64,
+    cpu_microseconds_per_record: f64,
+    peak_rss_mb: f64,
+}
+
+/// Copies `records` already on `input` to a new topic and measures the steady state: from the
+/// first output to the last (start-up and group join excluded).
+fn throughput(
+    variant: Variant,
+    broker: &Broker,
+    make_topic: &dyn Fn(&str) -> String,
+    input: &str,
+    records: i64,
+) -> Throughput {
+    let output = make_topic("bench-out");
+    let marks = Watermarks::new(broker, &output);
+    let mut process = variant.start(broker.bootstrap(), input, &output);
+    let deadline = Instant::now() + Duration::from_secs(600);
+    let (mut first_at, mut first_count) = (None, 0);
+    loop {
+        let done = marks.total();
+        if first_at.is_none() && done > 0 {
+            first_at = Some(Instant::now());
+            first_count = done;
+        }
+        if done >= records {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{variant:?} did not finish");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let elapsed = first_at.unwrap().elapsed().as_secs_f64();
+    let used = usage(process.pid());
+    process.signal(Signal::SIGTERM);
+    process.wait_exit(Duration::from_secs(15)).expect("stops");
+    Throughput {
+        records_per_second: (records - first_count) as f64 / elapsed,
+        cpu_microseconds_per_record: used.cpu_seconds * 1e6 / records as f64,
+        peak_rss_mb: used.peak_rss_kb as f64 / 1024.0,
+    }
+}
+
+fn now_micros() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as u64
+}
+
+/// Sends `rate` records per second for `seconds` and measures send → arrival at the output.
+/// Without a variant the reader reads the input itself: the broker's own share.
+fn latency(
+    variant: Option<Variant>,
+    broker: &Broker,
+    make_topic: &dyn Fn(&str) -> String,
+    rate: u64,
+    seconds: u64,
+) -> (f64, f64) {
+    let input = make_topic("lat-in");
+    let output = if variant.is_some() {
+        make_topic("lat-out")
+    } else {
+        input.clone()
+    };
+    let mut process = variant.map(|v| v.start(broker.bootstrap(), &input, &output));
+    let reader: BaseConsumer = broker
+        .client()
+        .set("group.id", unique("lat-reader"))
+        .set("fetch.wait.max.ms", "10")
+        .create()
+        .unwrap();
+    let mut assignment = TopicPartitionList::new();
+    for p in 0..PARTITIONS {
+        assignment
+            .add_partition_offset(&output, p, Offset::Beginning)
+            .unwrap();
+    }
+    reader.assign(&assignment).unwrap();
+    let running = Arc::new(AtomicBool::new(true));
+    let total = rate * seconds;
+    let writer = {
+        let (client, input, running) = (broker.client(), input.clone(), running.clone());
+        std::thread::spawn(move || {
+            let producer: BaseProducer = client.clone().set("linger.ms", "0").create().unwrap();
+            let start = Instant::now();
+            for i in 0..total {
+                let due = start + Duration::from_micros(i * 1_000_000 / rate);
+                while Instant::now() < due {
+                    producer.poll(due.saturating_duration_since(Instant::now()));
+                }
+                let value = format!(r#"{{"id":{i},"sent_us":{}}}"#, now_micros());
+                let key = format!("k{i}");
+                let _ = producer.send(BaseRecord::to(&input).key(&key).payload(&value));
+            }
+            producer.flush(Duration::from_secs(30)).unwrap();
+            running.store(false, Ordering::SeqCst);
+        })
+    };
+    let mut latencies = Vec::new();
+    let warmup = rate * 2;
+    let deadline = Instant::now() + Duration::from_secs(seconds + 60);
+    while (latencies.len() as u64) < total - warmup && Instant::now() < deadline {
+        if let Some(Ok(message)) = reader.poll(Duration::from_millis(50)) {
+            let arrived = now_micros();
+            let value: serde_json::Value =
+                serde_json::from_slice(message.payload().unwrap()).unwrap();
+            if value["id"].as_u64().unwrap() >= warmup {
+                latencies.push(arrived.saturating_sub(value["sent_us"].as_u64().unwrap()));
+            }
+        }
+    }
+    writer.join().unwrap();
+    if let Some(process) = &mut process {
+        process.signal(Signal::SIGTERM);
+        process.wait_exit(Duration::from_secs(15)).expect("stops");
+    }
+    latencies.sort_unstable();
+    let pick = |q: f64| latencies[((latencies.len() - 1) as f64 * q) as usize] as f64 / 1000.0;
+    (pick(0.5), pick(0.99))
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+fn preload(broker: &Broker, topic: &str, records: i64) {
+    let batch: Vec<TestRecord> = (0..records)
+        .map(|i| {
+            TestRecord::new(
+                &format!("k{i}"),
+                &format!(
+                    r#"{{"id":{i},"user":"u{}","page":"/a/b/c","ms":{}}}"#,
+                    i % 97,
+                    i * 7
+                ),
+            )
+        })
+        .collect();
+    broker.produce(topic, &batch);
+}
+
+/// Alternating runs of the baseline and the processor on one broker, as a Markdown section.
+fn compare(
+    report: &mut String,
+    label: &str,
+    broker: &Broker,
+    make: &dyn Fn(&str) -> String,
+    input: &str,
+    records: i64,
+    rounds: u64,
+) {
+    let mut runs: Vec<(Variant, Throughput)> = Vec::new();
+    for round in 0..rounds {
+        for variant in [Variant::Baseline, Variant::Processor] {
+            let t = throughput(variant, broker, make, input, records);
+            eprintln!(
+                "{label} round {round} {variant:?}: {:.0} rec/s, {:.1} µs CPU/rec, {:.1} MB peak",
+                t.records_per_second, t.cpu_microseconds_per_record, t.peak_rss_mb
+            );
+            runs.push((variant, t));
+        }
+    }
+    let med = |variant: Variant, f: &dyn Fn(&Throughput) -> f64| {
+        median(
+            runs.iter()
+                .filter(|(v, _)| *v == variant)
+                .map(|(_, t)| f(t))
+                .collect(),
+        )
+    };
+    writeln!(report, "### {label}\n").unwrap();
+    writeln!(
+        report,
+        "| | records/s | CPU µs/record | peak RSS MB |\n|---|---:|---:|---:|"
+    )
+    .unwrap();
+    for variant in [Variant::Baseline, Variant::Processor] {
+        writeln!(
+            report,
+            "| {} | {:.0} | {:.1} | {:.1} |",
+            variant.label(),
+            med(variant, &|t| t.records_per_second),
+            med(variant, &|t| t.cpu_microseconds_per_record),
+            med(variant, &|t| t.peak_rss_mb)
+        )
+        .unwrap();
+    }
+    let ratio = med(Variant::Processor, &|t| t.records_per_second)
+        / med(Variant::Baseline, &|t| t.records_per_second);
+    let cpu_ratio = med(Variant::Processor, &|t| t.cpu_microseconds_per_record)
+        / med(Variant::Baseline, &|t| t.cpu_microseconds_per_record);
+    writeln!(report, "\nThroughput ratio processor / baseline: **{ratio:.2}** (target ≥ 0.9). CPU per record ratio: **{cpu_ratio:.2}** (target ≤ 1.3). Peak RSS of the processor: **{:.1} MB** (target ≤ 40).\n", med(Variant::Processor, &|t| t.peak_rss_mb)).unwrap();
+}
+
+fn main() {
+    let records = env_or("BENCH_RECORDS", 100_000) as i64;
+    let rounds = env_or("BENCH_ROUNDS", 3);
+    let latency_secs = env_or("BENCH_LATENCY_SECS", 20);
+    let out = PathBuf::from(
+        std::env::var("BENCH_OUT").unwrap_or_else(|_| "bench/results/processor.md".into()),
+    );
+    let mut report = String::new();
+    let machine = format!(
+        "{} cores",
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(0)
+    );
+
+    // 1. At-least-once throughput against the baseline on tansu (or a real cluster).
+    let broker = Broker::start();
+    let kind = if broker.is_tansu() {
+        "tansu 0.6 (SQLite storage)"
+    } else {
+        "PLUMBER_TEST_BOOTSTRAP cluster"
+    };
+    let make = |prefix: &str| {
+        let name = unique(prefix);
+        broker.create_topic(&name, PARTITIONS);
+        name
+    };
+    let input = make("bench-in");
+    eprintln!("preloading {records} records…");
+    preload(&broker, &input, records);
+    writeln!(report, "# plumber-processor benchmark\n").unwrap();
+    writeln!(report, "{PARTITIONS} partitions; {records} JSON records of ~70 bytes; {machine}; medians of {rounds} alternating runs. Rerun: `bash bench/processor.sh`.\n").unwrap();
+    writeln!(
+        report,
+        "## Throughput, at-least-once (steady state: first output to last)\n"
+    )
+    .unwrap();
+    compare(&mut report, kind, &broker, &make, &input, records, rounds);
+    // 2. Latency at a fixed rate.
+    writeln!(report, "## Latency on {kind} at 1,000 records/s (send → arrival at the output, through the broker twice)\n").unwrap();
+    writeln!(report, "| | p50 ms | p99 ms |\n|---|---:|---:|").unwrap();
+    let mut p50s = Vec::new();
+    for variant in [None, Some(Variant::Baseline), Some(Variant::Processor)] {
+        let (p50, p99) = latency(variant, &broker, &make, 1000, latency_secs);
+        let label = variant.map_or("broker only (one hop, no loop)", Variant::label);
+        eprintln!("latency {label}: p50 {p50:.2} ms, p99 {p99:.2} ms");
+        writeln!(report, "| {label} | {p50:.2} | {p99:.2} |").unwrap();
+        p50s.push((p50, p99));
+    }
+    writeln!(
+        report,
+        "\nAdded by the processor over the baseline: p50 **{:+.2} ms**, p99 **{:+.2} ms**.\n",
+        p50s[2].0 - p50s[1].0,
+        p50s[2].1 - p50s[1].1
+    )
+    .unwrap();
+    drop(broker);
+
+    // 3. Exactly-once against at-least-once, on a broker with transactions.
+    let cluster: MockCluster<'static, DefaultProducerContext> = MockCluster::new(1).unwrap();
+    let mock = Broker::external(cluster.bootstrap_servers());
+    let make_mock = |prefix: &str| {
+        let name = unique(prefix);
+        cluster.create_topic(&name, PARTITIONS, 1).unwrap();
+        name
+    };
+    let mock_input = make_mock("bench-in");
+    preload(&mock, &mock_input, records);
+    writeln!(report, "## The same on librdkafka's MockCluster\n").unwrap();
+    writeln!(report, "In memory, in the benchmark process: the broker is not the bottleneck, so this shows the processor's own cost. tansu 0.6 has no transactions, so exactly-once is measured here too; the mock speaks the transaction protocol but writes no transaction markers, so that ratio is the client-side cost of transactions (100 ms transactions), not a real broker's.\n").unwrap();
+    compare(
+        &mut report,
+        "Throughput, at-least-once",
+        &mock,
+        &make_mock,
+        &mock_input,
+        records,
+        rounds,
+    );
+    let mut eos_runs: Vec<(Variant, f64)> = Vec::new();
+    for _ in 0..rounds {
+        for variant in [Variant::Processor, Variant::ProcessorExactlyOnce] {
+            let t = throughput(variant, &mock, &make_mock, &mock_input, records);
+            eprintln!("mock {variant:?}: {:.0} rec/s", t.records_per_second);
+            eos_runs.push((variant, t.records_per_second));
+        }
+    }
+    let eos_med = |variant: Variant| {
+        median(
+            eos_runs
+                .iter()
+                .filter(|(v, _)| *v == variant)
+                .map(|(_, r)| *r)
+                .collect(),
+        )
+    };
+    writeln!(report, "### Exactly-once against at-least-once\n").unwrap();
+    writeln!(report, "| | records/s |\n|---|---:|").unwrap();
+    for variant in [Variant::Processor, Variant::ProcessorExactlyOnce] {
+        writeln!(report, "| {} | {:.0} |", variant.label(), eos_med(variant)).unwrap();
+    }
+    writeln!(
+        report,
+        "\nRatio exactly-once / at-least-once: **{:.2}**.",
+        eos_med(Variant::ProcessorExactlyOnce) / eos_med(Variant::Processor)
+    )
+    .unwrap();
+
+    if let Some(dir) = out.parent() {
+        std::fs::create_dir_all(dir).unwrap();
+    }
+    std::fs::write(&out, &report).unwrap();
+    println!("{report}");
+    eprintln!("written to {}", Path::new(&out).display());
+}
