@@ -123,21 +123,25 @@ fn drain(broker: &Broker, step: &Step, output: &str, written: u32) -> Vec<TestRe
     broker.read_all(output)
 }
 
-#[test]
-fn sigterm_mid_stream_then_restart_gives_every_record_exactly_once() {
+/// Under continuous load, runs the step `cycles` times until it made progress and ends it with
+/// `signal`, then lets a last instance catch up. Returns how many records were written and the
+/// whole output.
+fn interrupt_under_load(name: &str, cycles: usize, signal: Signal) -> (u32, Vec<TestRecord>) {
     let broker = Broker::start();
     let (input, output) = (unique("in"), unique("out"));
     broker.create_topic(&input, 3);
     broker.create_topic(&output, 3);
-    let step = Step::new(&unique("sigterm"), &input, &output).args(&["--jq", "."]);
+    let step = Step::new(&unique(name), &input, &output).args(&["--jq", "."]);
     let load = Load::start(broker.bootstrap(), &input);
-    for _ in 0..4 {
-        run_a_while(&broker, &step, &output, 500, Signal::SIGTERM);
+    for _ in 0..cycles {
+        run_a_while(&broker, &step, &output, 500, signal);
     }
     let written = load.finish();
-    let all = drain(&broker, &step, &output, written);
+    (written, drain(&broker, &step, &output, written))
+}
 
-    let duplicates: Vec<_> = counts(&ids(&all))
+fn assert_exactly_once(all: &[TestRecord], written: u32) {
+    let duplicates: Vec<_> = counts(&ids(all))
         .into_iter()
         .filter(|(_, n)| *n != 1)
         .collect();
@@ -149,19 +153,14 @@ fn sigterm_mid_stream_then_restart_gives_every_record_exactly_once() {
 }
 
 #[test]
-fn kill_9_mid_stream_then_restart_loses_nothing() {
-    let broker = Broker::start();
-    let (input, output) = (unique("in"), unique("out"));
-    broker.create_topic(&input, 3);
-    broker.create_topic(&output, 3);
-    let step = Step::new(&unique("kill9"), &input, &output).args(&["--jq", "."]);
-    let load = Load::start(broker.bootstrap(), &input);
-    for _ in 0..3 {
-        run_a_while(&broker, &step, &output, 500, Signal::SIGKILL);
-    }
-    let written = load.finish();
-    let all = drain(&broker, &step, &output, written);
+fn sigterm_mid_stream_then_restart_gives_every_record_exactly_once() {
+    let (written, all) = interrupt_under_load("sigterm", 4, Signal::SIGTERM);
+    assert_exactly_once(&all, written);
+}
 
+#[test]
+fn kill_9_mid_stream_then_restart_loses_nothing() {
+    let (written, all) = interrupt_under_load("kill9", 3, Signal::SIGKILL);
     let by_id = counts(&ids(&all));
     let missing: Vec<u32> = (0..written).filter(|id| !by_id.contains_key(id)).collect();
     assert!(missing.is_empty(), "lost records: {missing:?}");
@@ -211,16 +210,7 @@ fn a_rebalance_hands_partitions_over_without_loss_or_duplicates() {
         step.log()
     );
 
-    let all = broker.read_all(&output);
-    let duplicates: Vec<_> = counts(&ids(&all))
-        .into_iter()
-        .filter(|(_, n)| *n != 1)
-        .collect();
-    assert!(
-        duplicates.is_empty(),
-        "ids not seen exactly once: {duplicates:?}"
-    );
-    assert_eq!(all.len(), written as usize);
+    assert_exactly_once(&broker.read_all(&output), written);
 }
 
 const STUCK_ON_THREE: &str = r#"
