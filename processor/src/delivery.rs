@@ -235,10 +235,6 @@ impl Committer {
         }
     }
 
-    pub fn mode(&self) -> DeliveryMode {
-        self.mode
-    }
-
     fn transaction(&self) -> MutexGuard<'_, Transaction> {
         self.transaction
             .lock()
@@ -404,7 +400,7 @@ impl Committer {
         self.failed.store(true, Ordering::SeqCst);
         match self.mode {
             DeliveryMode::AtLeastOnce => {
-                let _ = self.producer.flush(KAFKA_CALL_TIMEOUT);
+                self.await_deliveries(KAFKA_CALL_TIMEOUT);
                 if let Err(error) = self.commit_offsets(consumer) {
                     tracing::warn!(%error, "commit after failure failed");
                 }

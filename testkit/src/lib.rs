@@ -16,7 +16,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Header, Headers, OwnedHeaders};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
@@ -305,24 +305,6 @@ impl Broker {
             })
             .collect()
     }
-
-    /// Commits `offsets` for `group` without joining it (how the engine hands offsets over).
-    pub fn set_offsets(&self, group: &str, topic: &str, offsets: &BTreeMap<i32, i64>) {
-        let consumer: BaseConsumer = self
-            .client()
-            .set("group.id", group)
-            .set("enable.auto.commit", "false")
-            .create()
-            .expect("offset writer");
-        let mut list = TopicPartitionList::new();
-        for (partition, offset) in offsets {
-            list.add_partition_offset(topic, *partition, Offset::Offset(*offset))
-                .expect("offset list");
-        }
-        consumer
-            .commit(&list, CommitMode::Sync)
-            .unwrap_or_else(|e| panic!("committing offsets of {group}: {e}"));
-    }
 }
 
 impl Drop for Broker {
@@ -502,10 +484,6 @@ impl Process {
             }
             std::thread::sleep(Duration::from_millis(10));
         }
-    }
-
-    pub fn is_running(&mut self) -> bool {
-        matches!(self.child.try_wait(), Ok(None))
     }
 
     pub fn kill(&mut self) {
