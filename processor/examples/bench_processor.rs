@@ -3,8 +3,10 @@
 //! `bench/processor.sh`, which builds both in release mode first.
 //!
 //! Environment: `BENCH_RECORDS` (default 100000), `BENCH_ROUNDS` (default 3),
-//! `BENCH_LATENCY_SECS` (default 20), `PLUMBER_TEST_BOOTSTRAP` (a real cluster instead of
-//! tansu), `BENCH_OUT` (default bench/results/processor.md).
+//! `BENCH_LATENCY_SECS` (default 20; 0 skips it), `BENCH_BROKERS` (default `tansu,mock`),
+//! `BENCH_PROCESSOR_ARGS` (extra processor arguments, e.g. `-X queued.min.messages=1000`, to
+//! try settings), `PLUMBER_TEST_BOOTSTRAP` (a real cluster instead of tansu), `BENCH_OUT`
+//! (default bench/results/processor.md).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::fmt::Write as _;
@@ -82,6 +84,8 @@ impl Variant {
                     "--jq",
                     ".",
                 ]);
+                let extra = std::env::var("BENCH_PROCESSOR_ARGS").unwrap_or_default();
+                c.args(extra.split_whitespace());
                 c.args([
                     "--delivery",
                     if self == Variant::Processor {
@@ -175,12 +179,13 @@ fn throughput(
     let marks = Watermarks::new(broker, &output);
     let mut process = variant.start(broker.bootstrap(), input, &output);
     let deadline = Instant::now() + Duration::from_secs(600);
-    let (mut first_at, mut first_count) = (None, 0);
+    let (mut first_at, mut first_count, mut cpu_at_first) = (None, 0, 0.0);
     loop {
         let done = marks.total();
         if first_at.is_none() && done > 0 {
             first_at = Some(Instant::now());
             first_count = done;
+            cpu_at_first = usage(process.pid()).cpu_seconds;
         }
         if done >= records {
             break;
@@ -194,7 +199,9 @@ fn throughput(
     process.wait_exit(Duration::from_secs(15)).expect("stops");
     Throughput {
         records_per_second: (records - first_count) as f64 / elapsed,
-        cpu_microseconds_per_record: used.cpu_seconds * 1e6 / records as f64,
+        // Steady state too: start-up and the group join cost both loops the same.
+        cpu_microseconds_per_record: (used.cpu_seconds - cpu_at_first) * 1e6
+            / (records - first_count) as f64,
         peak_rss_mb: used.peak_rss_kb as f64 / 1024.0,
     }
 }
@@ -352,22 +359,8 @@ fn compare(
     writeln!(report, "\nThroughput ratio processor / baseline: **{ratio:.2}** (target ≥ 0.9). CPU per record ratio: **{cpu_ratio:.2}** (target ≤ 1.3). Peak RSS of the processor: **{:.1} MB** (target ≤ 40).\n", med(Variant::Processor, &|t| t.peak_rss_mb)).unwrap();
 }
 
-fn main() {
-    let records = env_or("BENCH_RECORDS", 100_000) as i64;
-    let rounds = env_or("BENCH_ROUNDS", 3);
-    let latency_secs = env_or("BENCH_LATENCY_SECS", 20);
-    let out = PathBuf::from(
-        std::env::var("BENCH_OUT").unwrap_or_else(|_| "bench/results/processor.md".into()),
-    );
-    let mut report = String::new();
-    let machine = format!(
-        "{} cores",
-        std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(0)
-    );
-
-    // 1. At-least-once throughput against the baseline on tansu (or a real cluster).
+/// At-least-once throughput against the baseline on tansu (or a real cluster), then latency.
+fn on_tansu(report: &mut String, records: i64, rounds: u64, latency_secs: u64) {
     let broker = Broker::start();
     let kind = if broker.is_tansu() {
         "tansu 0.6 (SQLite storage)"
@@ -382,15 +375,16 @@ fn main() {
     let input = make("bench-in");
     eprintln!("preloading {records} records…");
     preload(&broker, &input, records);
-    writeln!(report, "# plumber-processor benchmark\n").unwrap();
-    writeln!(report, "{PARTITIONS} partitions; {records} JSON records of ~70 bytes; {machine}; medians of {rounds} alternating runs. Rerun: `bash bench/processor.sh`.\n").unwrap();
     writeln!(
         report,
         "## Throughput, at-least-once (steady state: first output to last)\n"
     )
     .unwrap();
-    compare(&mut report, kind, &broker, &make, &input, records, rounds);
-    // 2. Latency at a fixed rate.
+    compare(report, kind, &broker, &make, &input, records, rounds);
+    if latency_secs == 0 {
+        return;
+    }
+    // Latency at a fixed rate.
     writeln!(report, "## Latency on {kind} at 1,000 records/s (send → arrival at the output, through the broker twice)\n").unwrap();
     writeln!(report, "| | p50 ms | p99 ms |\n|---|---:|---:|").unwrap();
     let mut p50s = Vec::new();
@@ -408,9 +402,10 @@ fn main() {
         p50s[2].1 - p50s[1].1
     )
     .unwrap();
-    drop(broker);
+}
 
-    // 3. Exactly-once against at-least-once, on a broker with transactions.
+/// The same on librdkafka's MockCluster, and exactly-once against at-least-once.
+fn on_mock(report: &mut String, records: i64, rounds: u64) {
     let cluster: MockCluster<'static, DefaultProducerContext> = MockCluster::new(1).unwrap();
     let mock = Broker::external(cluster.bootstrap_servers());
     let make_mock = |prefix: &str| {
@@ -423,7 +418,7 @@ fn main() {
     writeln!(report, "## The same on librdkafka's MockCluster\n").unwrap();
     writeln!(report, "In memory, in the benchmark process: the broker is not the bottleneck, so this shows the processor's own cost. tansu 0.6 has no transactions, so exactly-once is measured here too; the mock speaks the transaction protocol but writes no transaction markers, so that ratio is the client-side cost of transactions (100 ms transactions), not a real broker's.\n").unwrap();
     compare(
-        &mut report,
+        report,
         "Throughput, at-least-once",
         &mock,
         &make_mock,
@@ -459,6 +454,32 @@ fn main() {
         eos_med(Variant::ProcessorExactlyOnce) / eos_med(Variant::Processor)
     )
     .unwrap();
+}
+
+fn main() {
+    let records = env_or("BENCH_RECORDS", 100_000) as i64;
+    let rounds = env_or("BENCH_ROUNDS", 3);
+    let latency_secs = env_or("BENCH_LATENCY_SECS", 20);
+    let out = PathBuf::from(
+        std::env::var("BENCH_OUT").unwrap_or_else(|_| "bench/results/processor.md".into()),
+    );
+    let mut report = String::new();
+    let machine = format!(
+        "{} cores",
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(0)
+    );
+
+    writeln!(&mut report, "# plumber-processor benchmark\n").unwrap();
+    writeln!(&mut report, "{PARTITIONS} partitions; {records} JSON records of ~70 bytes; {machine}; medians of {rounds} alternating runs. Rerun: `bash bench/processor.sh`.\n").unwrap();
+    let brokers = std::env::var("BENCH_BROKERS").unwrap_or_else(|_| "tansu,mock".into());
+    if brokers.contains("tansu") {
+        on_tansu(&mut report, records, rounds, latency_secs);
+    }
+    if brokers.contains("mock") {
+        on_mock(&mut report, records, rounds);
+    }
 
     if let Some(dir) = out.parent() {
         std::fs::create_dir_all(dir).unwrap();

@@ -6,7 +6,7 @@ use jaq_core::load::{Arena, File, Loader};
 use jaq_core::{Compiler, Ctx, Vars, data, unwrap_valr};
 use jaq_json::Val;
 
-use super::{Error, Outcome, Transform};
+use super::{Error, Outcome, Transform, json_out};
 use crate::record::{Input, Output, Rejection};
 use crate::stop::Stop;
 
@@ -89,8 +89,15 @@ impl Jq {
                 ));
             }
             let mut bytes = Vec::with_capacity(value.len());
-            // Writing into a Vec cannot fail.
-            let _ = jaq_json::write::write(&mut bytes, &jaq_json::write::Pp::default(), 0, &output);
+            json_out::write(&mut bytes, &output).map_err(|not_json| {
+                Rejection::new(
+                    "jq-error",
+                    format!(
+                        "the program gave an output that is not JSON: {}",
+                        not_json.0
+                    ),
+                )
+            })?;
             outputs.push(bytes);
         }
         Ok(outputs)
