@@ -7,13 +7,24 @@
 //! 3. [`graph`] resolves inputs into a DAG per topology and computes step identities;
 //! 4. [`plan`] diffs two commits' graphs into the ordered cutover actions the engine runs;
 //! 5. [`output`] renders diagnostics, graphs and plans for people and tools.
+//!
+//! The daemon (`plumber up`) runs them continuously:
+//!
+//! 6. [`daemon`] follows a branch, validates each new commit and plans per topology;
+//! 7. [`cutover`] executes a topology's plan against a [`runtime`] (where processors run) and
+//!    Kafka ([`kafka`]), persisting progress in the [`state`] directory.
 
+pub mod cutover;
+pub mod daemon;
 pub mod diagnostic;
 pub mod graph;
+pub mod kafka;
 pub mod output;
 pub mod plan;
 pub mod repo;
+pub mod runtime;
 pub mod spec;
+pub mod state;
 
 use diagnostic::Diagnostic;
 use graph::Topology;
@@ -28,6 +39,8 @@ pub struct Validation {
     pub topologies: Option<Vec<Topology>>,
     /// Errors and warnings, in reading order.
     pub diagnostics: Vec<Diagnostic>,
+    /// The clusters of `plumber.yaml`, by name.
+    pub clusters: std::collections::BTreeMap<String, spec::ClusterSpec>,
 }
 
 impl Validation {
@@ -57,5 +70,6 @@ pub fn validate(files: &[SourceFile]) -> Validation {
             .collect(),
         topologies,
         diagnostics,
+        clusters: spec.settings.clusters,
     }
 }

@@ -7,9 +7,13 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 
+use plumber::daemon::DaemonConfig;
 use plumber::graph::Topology;
 use plumber::repo::{MergePreview, Repository};
 use plumber::{Validation, output, plan, validate};
+
+mod dev;
+mod up;
 
 #[derive(Parser)]
 #[command(
@@ -65,6 +69,55 @@ enum Command {
         head: Option<String>,
         #[arg(long, value_enum, default_value_t = PlanFormat::Text)]
         format: PlanFormat,
+    },
+    /// Run the daemon with the local runtime: follow a branch and apply every valid commit,
+    /// running processors as local processes.
+    Up {
+        /// Path of a local repository, or a remote URL (https, ssh) to mirror.
+        #[arg(default_value = ".")]
+        repo: String,
+        /// The branch to follow (default: the local repository's current branch, else main).
+        #[arg(long)]
+        branch: Option<String>,
+        /// Kafka bootstrap servers for every cluster (overrides plumber.yaml).
+        #[arg(long, env = "PLUMBER_BOOTSTRAP", value_name = "HOST:PORT")]
+        bootstrap: Option<String>,
+        /// Where the daemon keeps its state, processor logs and checkouts.
+        #[arg(long, default_value = ".plumber", value_name = "DIR")]
+        state_dir: std::path::PathBuf,
+        /// Address of the HTTP API (status, history, metrics, webhook).
+        #[arg(long, default_value = "127.0.0.1:7878", value_name = "ADDR")]
+        listen: std::net::SocketAddr,
+        /// How often a remote repository is fetched, in seconds.
+        #[arg(long, default_value_t = 30, value_name = "SECS")]
+        poll_interval: u64,
+        /// Restart a processor whose lag has not shrunk for this many seconds.
+        #[arg(long, default_value_t = 60, value_name = "SECS")]
+        stall_timeout: u64,
+        /// Keep retired internal topics instead of deleting them (needed on tansu 0.6, whose
+        /// topic deletion breaks idempotent producers).
+        #[arg(long)]
+        keep_topics: bool,
+        /// File holding the webhook secret; POST /hooks/git must then be signed.
+        #[arg(long, env = "PLUMBER_WEBHOOK_SECRET_FILE", value_name = "FILE")]
+        webhook_secret_file: Option<std::path::PathBuf>,
+    },
+    /// Show what a running daemon is doing: per topology, commit, phase, steps and lag.
+    Status {
+        #[arg(long, default_value = "http://127.0.0.1:7878", value_name = "URL")]
+        server: String,
+        #[arg(long, value_enum, default_value_t = TextOrJson::Text)]
+        format: TextOrJson,
+    },
+    /// Helpers for trying Plumber locally: create source and sink topics, write sample records.
+    #[command(subcommand)]
+    Dev(dev::Dev),
+    /// Show the cutovers a running daemon applied, with their cutover offsets.
+    History {
+        #[arg(long, default_value = "http://127.0.0.1:7878", value_name = "URL")]
+        server: String,
+        #[arg(long, value_enum, default_value_t = TextOrJson::Text)]
+        format: TextOrJson,
     },
 }
 
@@ -187,7 +240,83 @@ fn run(command: Command) -> Result<ExitCode> {
             };
             plan_command(from, to, format)
         }
+        Command::Up {
+            repo,
+            branch,
+            bootstrap,
+            state_dir,
+            listen,
+            poll_interval,
+            keep_topics,
+            stall_timeout,
+            webhook_secret_file,
+        } => {
+            let branch = match branch {
+                Some(branch) => branch,
+                None => current_branch(&repo).unwrap_or_else(|| "main".into()),
+            };
+            let mut config = DaemonConfig::new(&repo, state_dir);
+            config.branch = branch;
+            config.bootstrap = bootstrap;
+            config.listen = listen;
+            config.cutover.keep_topics = keep_topics;
+            config.stalled_after = std::time::Duration::from_secs(stall_timeout.max(1));
+            config.poll_interval = std::time::Duration::from_secs(poll_interval.max(1));
+            config.webhook_secret = webhook_secret_file
+                .map(|file| {
+                    std::fs::read_to_string(&file)
+                        .map(|s| s.trim_end().to_owned())
+                        .with_context(|| {
+                            format!("reading the webhook secret from {}", file.display())
+                        })
+                })
+                .transpose()?;
+            up::run(config)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Dev(command) => {
+            dev::run(command)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Status { server, format } => {
+            let status = get_json(&server, "/api/status")?;
+            let text = match format {
+                TextOrJson::Json => json_line(&status)?,
+                TextOrJson::Text => output::status::text(&status),
+            };
+            print(&text)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::History { server, format } => {
+            let history = get_json(&server, "/api/history")?;
+            let text = match format {
+                TextOrJson::Json => json_line(&history)?,
+                TextOrJson::Text => output::status::history_text(&history),
+            };
+            print(&text)?;
+            Ok(ExitCode::SUCCESS)
+        }
     }
+}
+
+/// The branch a local repository has checked out.
+fn current_branch(repo: &str) -> Option<String> {
+    let repository = Repository::open(repo).ok()?;
+    let head = repository.git().head().ok()?;
+    head.shorthand()
+        .filter(|_| head.is_branch())
+        .map(str::to_owned)
+}
+
+fn get_json(server: &str, path: &str) -> Result<serde_json::Value> {
+    let url = format!("{}{path}", server.trim_end_matches('/'));
+    let mut response = ureq::get(&url)
+        .call()
+        .with_context(|| format!("asking the daemon at {server} (is `plumber up` running?)"))?;
+    response
+        .body_mut()
+        .read_json()
+        .with_context(|| format!("reading the answer of {url}"))
 }
 
 fn plan_command(

@@ -29,6 +29,12 @@ pub enum Error {
     },
     #[error("directory `{dir}` does not exist at commit {commit}")]
     MissingDirectory { dir: String, commit: Oid },
+    #[error("cannot write the checkout file {path}: {source}")]
+    Checkout {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("reading {what} of commit {commit}: {source}")]
     Read {
         what: String,
@@ -212,6 +218,59 @@ impl Repository {
                 dir: dir.to_owned(),
                 commit,
             })
+    }
+
+    /// Writes every file of `commit`'s topology repository under `dest` (regular files only:
+    /// symlinks and submodules are skipped), so `exec` and `http` commands run next to their
+    /// step files. Does nothing when `dest` exists: a commit's files never change.
+    pub fn checkout(&self, commit: Oid, dest: &Path) -> Result<()> {
+        if dest.is_dir() {
+            return Ok(());
+        }
+        let read = |what: &str, source| Error::Read {
+            what: what.to_owned(),
+            commit,
+            source,
+        };
+        let write = |path: &Path, e: std::io::Error| Error::Checkout {
+            path: path.to_path_buf(),
+            source: e,
+        };
+        let tree = self
+            .git
+            .find_commit(commit)
+            .and_then(|c| c.tree())
+            .map_err(|e| read("the tree", e))?;
+        let tree = self.topology_root(&tree, commit)?;
+        // Written aside, then renamed: a crash never leaves a half checkout that looks done.
+        let partial = dest.with_extension("partial");
+        let _ = std::fs::remove_dir_all(&partial);
+        let mut blobs = Vec::new();
+        tree.walk(TreeWalkMode::PreOrder, |dir, entry| {
+            if entry.kind() == Some(ObjectType::Blob)
+                && entry.filemode() != 0o120000
+                && let Some(name) = entry.name()
+            {
+                blobs.push((format!("{dir}{name}"), entry.id(), entry.filemode()));
+            }
+            TreeWalkResult::Ok
+        })
+        .map_err(|e| read("the tree", e))?;
+        for (path, id, mode) in blobs {
+            let blob = self.git.find_blob(id).map_err(|e| read(&path, e))?;
+            let target = partial.join(&path);
+            if let Some(parent) = target.parent() {
+                std::fs::create_dir_all(parent).map_err(|e| write(parent, e))?;
+            }
+            std::fs::write(&target, blob.content()).map_err(|e| write(&target, e))?;
+            if mode == 0o100755 {
+                use std::os::unix::fs::PermissionsExt as _;
+                std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o755))
+                    .map_err(|e| write(&target, e))?;
+            }
+        }
+        std::fs::create_dir_all(&partial).map_err(|e| write(&partial, e))?;
+        std::fs::rename(&partial, dest).map_err(|e| write(dest, e))
     }
 
     /// Reads the wanted files of any tree (a commit's, or a merge preview's).

@@ -15,7 +15,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use serde::{Serialize, Serializer};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use sha2::{Digest, Sha256};
 
 use crate::spec::Transform;
@@ -55,6 +55,30 @@ impl fmt::Debug for Identity {
 impl Serialize for Identity {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         serializer.collect_str(self)
+    }
+}
+
+impl std::str::FromStr for Identity {
+    type Err = String;
+
+    /// Parses the 64 hex digits [`Display`](fmt::Display) writes.
+    fn from_str(hex: &str) -> Result<Self, Self::Err> {
+        let invalid = || format!("`{hex}` is not an identity (64 hex digits)");
+        if hex.len() != 64 || !hex.is_ascii() {
+            return Err(invalid());
+        }
+        let mut bytes = [0u8; 32];
+        for (i, byte) in bytes.iter_mut().enumerate() {
+            *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).map_err(|_| invalid())?;
+        }
+        Ok(Identity(bytes))
+    }
+}
+
+impl<'de> Deserialize<'de> for Identity {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let hex = String::deserialize(deserializer)?;
+        hex.parse().map_err(serde::de::Error::custom)
     }
 }
 

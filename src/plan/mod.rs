@@ -31,7 +31,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::graph::{Identity, Kind, StepId, StepKind, Topology};
 use crate::spec::{CutoverMode, Scale, StartFrom, Transform};
@@ -92,7 +92,7 @@ pub struct IdentityChange {
 }
 
 /// One step of a cutover. Each is idempotent, so an engine that crashed mid-action can redo it.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "action", rename_all = "kebab-case")]
 pub enum Action {
     /// Create the topic if it does not exist.
@@ -134,7 +134,7 @@ pub enum Action {
     DeleteTopic { topic: String },
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct StartProcessor {
     pub step: String,
@@ -148,7 +148,7 @@ pub struct StartProcessor {
     pub scale: Scale,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StartInput {
     pub topic: String,
     pub from: StartPosition,
@@ -156,7 +156,7 @@ pub struct StartInput {
 
 /// Where a starting group begins on an input. The engine always sets it explicitly: offsets a
 /// group kept from an earlier life are never trusted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum StartPosition {
     /// A topic created in this cutover: all of it.

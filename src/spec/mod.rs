@@ -14,7 +14,7 @@ pub mod yaml;
 
 use std::collections::BTreeMap;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::diagnostic::{Code, Diagnostic};
 pub use fields::Located;
@@ -118,7 +118,7 @@ impl Default for Defaults {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Scale {
     pub min: u32,
@@ -184,7 +184,7 @@ pub struct ProcessorSpec {
     pub start_from: StartFrom,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Transform {
     Jq {

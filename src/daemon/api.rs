@@ -1,0 +1,206 @@
+//! The daemon's HTTP API (SPEC §6): `GET /healthz`, `GET /metrics`, `GET /api/status`,
+//! `GET /api/history` and `POST /hooks/git`. Handlers only read the status store and the
+//! state directory; the webhook only sends a trigger.
+//!
+//! `POST /hooks/git` accepts GitHub (`X-Hub-Signature-256: sha256=HMAC`), GitLab
+//! (`X-Gitlab-Token: SECRET`) and generic (`X-Plumber-Signature: sha256=HMAC`) pushes. With a
+//! secret configured, a request without a valid signature or token gets 401; without one, any
+//! request triggers a fetch (the fetch itself is harmless).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::mpsc::Sender;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+
+use super::{Context, Error, Trigger};
+
+#[derive(Clone)]
+struct Api {
+    context: Arc<Context>,
+    triggers: Sender<Trigger>,
+}
+
+/// The API server, on its own thread with a small tokio runtime.
+pub struct Server {
+    pub addr: SocketAddr,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Server {
+    pub fn start(context: Arc<Context>, triggers: Sender<Trigger>) -> Result<Server, Error> {
+        let addr = context.config.listen;
+        let listen_error = |source| Error::Listen { addr, source };
+        let listener = std::net::TcpListener::bind(addr).map_err(listen_error)?;
+        listener.set_nonblocking(true).map_err(listen_error)?;
+        let bound = listener.local_addr().map_err(listen_error)?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(listen_error)?;
+        let app = Router::new()
+            .route("/healthz", get(|| async { "ok\n" }))
+            .route("/metrics", get(metrics))
+            .route("/api/status", get(status))
+            .route("/api/history", get(history))
+            .route("/hooks/git", post(hook))
+            .with_state(Api { context, triggers });
+        let (shutdown, stopped) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("api".into())
+            .spawn(move || {
+                runtime.block_on(async move {
+                    let listener = match tokio::net::TcpListener::from_std(listener) {
+                        Ok(listener) => listener,
+                        Err(error) => {
+                            tracing::error!(%error, "cannot serve the API");
+                            return;
+                        }
+                    };
+                    let served = axum::serve(listener, app)
+                        .with_graceful_shutdown(async {
+                            let _ = stopped.await;
+                        })
+                        .await;
+                    if let Err(error) = served {
+                        tracing::error!(%error, "the API server failed");
+                    }
+                });
+            })
+            .map_err(listen_error)?;
+        Ok(Server {
+            addr: bound,
+            shutdown: Some(shutdown),
+            thread: Some(thread),
+        })
+    }
+
+    pub fn stop(mut self) {
+        if let Some(shutdown) = self.shutdown.take() {
+            let _ = shutdown.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+async fn metrics(State(api): State<Api>) -> Response {
+    let mut text = String::new();
+    match prometheus_client::encoding::text::encode(&mut text, &api.context.store.metrics.registry)
+    {
+        Ok(()) => (
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            text,
+        )
+            .into_response(),
+        Err(error) => (StatusCode::INTERNAL_SERVER_ERROR, error.to_string()).into_response(),
+    }
+}
+
+async fn status(State(api): State<Api>) -> Response {
+    let status = api.context.store.read().clone();
+    axum::Json(status).into_response()
+}
+
+async fn history(State(api): State<Api>) -> Response {
+    match api.context.state.history() {
+        Ok(entries) => axum::Json(entries).into_response(),
+        Err(error) => (StatusCode::INTERNAL_SERVER_ERROR, error.to_string()).into_response(),
+    }
+}
+
+async fn hook(State(api): State<Api>, headers: HeaderMap, body: Bytes) -> Response {
+    if let Some(secret) = &api.context.config.webhook_secret
+        && !authentic(secret.as_bytes(), &headers, &body)
+    {
+        tracing::warn!("webhook refused: missing or wrong signature");
+        return (StatusCode::UNAUTHORIZED, "missing or wrong signature\n").into_response();
+    }
+    let _ = api.triggers.send(Trigger::Webhook);
+    (StatusCode::ACCEPTED, "fetching\n").into_response()
+}
+
+type HmacSha256 = Hmac<Sha256>;
+
+/// Whether the request carries a valid GitHub or generic signature, or GitLab token.
+fn authentic(secret: &[u8], headers: &HeaderMap, body: &[u8]) -> bool {
+    let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let Ok(mac) = HmacSha256::new_from_slice(secret) else {
+        return false;
+    };
+    for name in ["x-hub-signature-256", "x-plumber-signature"] {
+        if let Some(signature) = text(name).and_then(|v| v.strip_prefix("sha256="))
+            && let Ok(expected) = hex::decode(signature)
+        {
+            let mut mac = mac.clone();
+            mac.update(body);
+            return mac.verify_slice(&expected).is_ok();
+        }
+    }
+    if let Some(token) = text("x-gitlab-token") {
+        // Compared through HMACs, so the comparison takes the same time wherever it differs.
+        let digest = |value: &[u8]| {
+            let mut mac = mac.clone();
+            mac.update(value);
+            mac
+        };
+        let expected = digest(secret).finalize().into_bytes();
+        return digest(token.as_bytes()).verify_slice(&expected).is_ok();
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+
+    fn signed(secret: &[u8], body: &[u8]) -> String {
+        let mut mac = HmacSha256::new_from_slice(secret).unwrap();
+        mac.update(body);
+        format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
+    }
+
+    #[test]
+    fn github_and_generic_signatures_are_checked() {
+        let body = br#"{"ref":"refs/heads/main"}"#;
+        for header in ["x-hub-signature-256", "x-plumber-signature"] {
+            let mut headers = HeaderMap::new();
+            headers.insert(
+                header,
+                HeaderValue::from_str(&signed(b"s3cret", body)).unwrap(),
+            );
+            assert!(authentic(b"s3cret", &headers, body), "{header}");
+            assert!(
+                !authentic(b"other", &headers, body),
+                "{header} with another secret"
+            );
+            assert!(
+                !authentic(b"s3cret", &headers, b"tampered"),
+                "{header} on another body"
+            );
+        }
+    }
+
+    #[test]
+    fn gitlab_tokens_and_missing_headers() {
+        let mut headers = HeaderMap::new();
+        assert!(!authentic(b"s3cret", &headers, b""));
+        headers.insert("x-gitlab-token", HeaderValue::from_static("s3cret"));
+        assert!(authentic(b"s3cret", &headers, b""));
+        headers.insert("x-gitlab-token", HeaderValue::from_static("s3cre"));
+        assert!(!authentic(b"s3cret", &headers, b""));
+    }
+}

@@ -1,0 +1,241 @@
+//! What the daemon shows: the status document of `GET /api/status` (SPEC §6) and the
+//! Prometheus metrics. The reconcile loop and the topology workers write it; HTTP handlers
+//! only read snapshots.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use serde::Serialize;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Phase {
+    #[default]
+    Idle,
+    Cutover,
+    Error,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Status {
+    pub branch: String,
+    /// The newest valid commit of the branch (what the topologies move to).
+    pub commit: Option<String>,
+    pub phase: Phase,
+    pub topologies: Vec<TopologyStatus>,
+    pub last_error: Option<LastError>,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TopologyStatus {
+    pub name: String,
+    /// The commit fully applied.
+    pub commit: Option<String>,
+    pub phase: Phase,
+    /// During a cutover: the commit it moves to and how far it is.
+    pub cutover: Option<CutoverStatus>,
+    pub steps: Vec<StepStatus>,
+    pub last_error: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CutoverStatus {
+    pub to: String,
+    pub done: usize,
+    pub actions: usize,
+    pub current: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StepStatus {
+    pub name: String,
+    pub kind: String,
+    pub identity: Option<String>,
+    /// `external` for sources and sinks; for processors `running`, `starting` (fewer
+    /// instances up than asked) or `stopped`.
+    pub state: String,
+    /// Records the processor's group has not consumed yet; `null` when unknown.
+    pub lag: Option<i64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LastError {
+    /// The commit concerned, if any.
+    pub commit: Option<String>,
+    pub topology: Option<String>,
+    pub message: String,
+    /// Seconds since the Unix epoch.
+    pub at: u64,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TopologyLabel {
+    pub topology: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StepLabels {
+    pub topology: String,
+    pub step: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    pub topology: String,
+    pub outcome: String,
+}
+
+/// The daemon's Prometheus metrics, prefixed `plumber_`.
+#[derive(Clone)]
+pub struct Metrics {
+    pub registry: Arc<Registry>,
+    pub commits_seen: Counter,
+    pub invalid_commits: Counter,
+    pub cutovers: Family<OutcomeLabels, Counter>,
+    pub cutover_actions: Family<TopologyLabel, Counter>,
+    pub cutover_seconds: Family<TopologyLabel, Histogram>,
+    pub in_cutover: Family<TopologyLabel, Gauge>,
+    pub lag: Family<StepLabels, Gauge>,
+    pub instances: Family<StepLabels, Gauge>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("plumber");
+        let commits_seen = Counter::default();
+        let invalid_commits = Counter::default();
+        let cutovers = Family::<OutcomeLabels, Counter>::default();
+        let cutover_actions = Family::<TopologyLabel, Counter>::default();
+        let cutover_seconds = Family::<TopologyLabel, Histogram>::new_with_constructor(|| {
+            Histogram::new([0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0])
+        });
+        let in_cutover = Family::<TopologyLabel, Gauge>::default();
+        let lag = Family::<StepLabels, Gauge>::default();
+        let instances = Family::<StepLabels, Gauge>::default();
+        registry.register(
+            "commits_seen",
+            "New branch heads seen",
+            commits_seen.clone(),
+        );
+        registry.register(
+            "invalid_commits",
+            "Commits refused by validation (never applied)",
+            invalid_commits.clone(),
+        );
+        registry.register("cutovers", "Cutovers by outcome", cutovers.clone());
+        registry.register(
+            "cutover_actions",
+            "Cutover actions executed",
+            cutover_actions.clone(),
+        );
+        registry.register(
+            "cutover_duration_seconds",
+            "Time from a cutover's start to its end",
+            cutover_seconds.clone(),
+        );
+        registry.register(
+            "in_cutover",
+            "1 while the topology is in a cutover",
+            in_cutover.clone(),
+        );
+        registry.register(
+            "processor_lag",
+            "Records a processor has not consumed",
+            lag.clone(),
+        );
+        registry.register(
+            "processor_instances",
+            "Running instances of a processor",
+            instances.clone(),
+        );
+        Metrics {
+            registry: Arc::new(registry),
+            commits_seen,
+            invalid_commits,
+            cutovers,
+            cutover_actions,
+            cutover_seconds,
+            in_cutover,
+            lag,
+            instances,
+        }
+    }
+}
+
+/// The shared status; cheap to clone.
+#[derive(Clone, Default)]
+pub struct Store {
+    status: Arc<RwLock<Status>>,
+    pub metrics: Metrics,
+}
+
+impl Store {
+    pub fn read(&self) -> RwLockReadGuard<'_, Status> {
+        self.status.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub fn write(&self) -> RwLockWriteGuard<'_, Status> {
+        self.status.write().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Changes one topology's entry, creating it if needed, and recomputes the overall phase.
+    pub fn topology(&self, name: &str, change: impl FnOnce(&mut TopologyStatus)) {
+        let mut status = self.write();
+        let at = match status.topologies.iter().position(|t| t.name == name) {
+            Some(at) => at,
+            None => {
+                status.topologies.push(TopologyStatus {
+                    name: name.to_owned(),
+                    ..TopologyStatus::default()
+                });
+                status.topologies.sort_by(|a, b| a.name.cmp(&b.name));
+                status
+                    .topologies
+                    .iter()
+                    .position(|t| t.name == name)
+                    .unwrap_or_default()
+            }
+        };
+        if let Some(topology) = status.topologies.get_mut(at) {
+            change(topology);
+        }
+        status.phase = overall(&status);
+    }
+
+    pub fn remove_topology(&self, name: &str) {
+        let mut status = self.write();
+        status.topologies.retain(|t| t.name != name);
+        status.phase = overall(&status);
+    }
+
+    pub fn set_error(&self, error: Option<LastError>) {
+        let mut status = self.write();
+        status.last_error = error;
+        status.phase = overall(&status);
+    }
+}
+
+fn overall(status: &Status) -> Phase {
+    let phases: Vec<Phase> = status.topologies.iter().map(|t| t.phase).collect();
+    if phases.contains(&Phase::Cutover) {
+        Phase::Cutover
+    } else if phases.contains(&Phase::Error) || status.last_error.is_some() {
+        Phase::Error
+    } else {
+        Phase::Idle
+    }
+}
+
+/// Lag per group, refreshed by the observer.
+pub type LagByGroup = BTreeMap<String, i64>;

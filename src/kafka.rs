@@ -1,0 +1,304 @@
+//! What the cutover engine asks of Kafka: topics, a group's committed offsets, setting a
+//! group's offsets, and end offsets (for lag and drains). [`Admin`] is the trait the engine
+//! uses; [`KafkaAdmin`] implements it with rdkafka, blocking (the engine runs on its own
+//! threads).
+//!
+//! Setting a group's offsets commits them from a client that joins no group: that works only
+//! while the group has no live member, which the engine guarantees by starting a processor
+//! only after its offsets are set and by setting offsets only on groups it has not started.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::{Offset, TopicPartitionList};
+
+use crate::state::PartitionOffset;
+
+/// How long one admin or offset call may take.
+const CALL_TIMEOUT: Duration = Duration::from_secs(15);
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot create a Kafka client for {bootstrap}: {source}")]
+    Client {
+        bootstrap: String,
+        #[source]
+        source: KafkaError,
+    },
+    #[error("cannot {operation} topic {topic}: {message}")]
+    Topic {
+        operation: &'static str,
+        topic: String,
+        message: String,
+    },
+    #[error("cannot read the partitions of {topic}: {message}")]
+    Metadata { topic: String, message: String },
+    #[error("cannot read the end offsets of {topic}/{partition}: {source}")]
+    Watermarks {
+        topic: String,
+        partition: i32,
+        #[source]
+        source: KafkaError,
+    },
+    #[error("cannot read the committed offsets of group {group}: {source}")]
+    Committed {
+        group: String,
+        #[source]
+        source: KafkaError,
+    },
+    #[error("cannot set the offsets of group {group}: {source}")]
+    Commit {
+        group: String,
+        #[source]
+        source: KafkaError,
+    },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The Kafka operations of a cutover. Each is idempotent.
+pub trait Admin: Send + Sync {
+    /// Creates the topic unless it exists.
+    fn create_topic(&self, topic: &str, partitions: u32) -> Result<()>;
+    /// Deletes the topic if it exists.
+    fn delete_topic(&self, topic: &str) -> Result<()>;
+    /// The topic's partition count; an error if it does not exist.
+    fn partitions(&self, topic: &str) -> Result<i32>;
+    /// `(low, high)` watermarks per partition.
+    fn watermarks(&self, topic: &str) -> Result<Vec<(i64, i64)>>;
+    /// The group's committed offsets on `topics`; partitions without one are left out.
+    fn committed(&self, group: &str, topics: &[String]) -> Result<Vec<PartitionOffset>>;
+    /// Sets the group's offsets. The group must have no live member.
+    fn commit(&self, group: &str, offsets: &[PartitionOffset]) -> Result<()>;
+
+    /// Records the group has not consumed on `topics` (end offset − committed, or the whole
+    /// partition when nothing is committed).
+    fn lag(&self, group: &str, topics: &[String]) -> Result<i64> {
+        let committed: BTreeMap<(String, i32), i64> = self
+            .committed(group, topics)?
+            .into_iter()
+            .map(|p| ((p.topic, p.partition), p.offset))
+            .collect();
+        let mut lag = 0;
+        for topic in topics {
+            for (partition, (low, high)) in self.watermarks(topic)?.into_iter().enumerate() {
+                let at = committed
+                    .get(&(topic.clone(), partition as i32))
+                    .copied()
+                    .unwrap_or(low)
+                    .max(low);
+                lag += (high - at).max(0);
+            }
+        }
+        Ok(lag)
+    }
+}
+
+/// [`Admin`] over rdkafka.
+pub struct KafkaAdmin {
+    bootstrap: String,
+    admin: AdminClient<DefaultClientContext>,
+    /// For metadata and watermarks; joins no group.
+    metadata: BaseConsumer,
+    runtime: tokio::runtime::Runtime,
+}
+
+impl KafkaAdmin {
+    pub fn connect(bootstrap: &str) -> Result<Self> {
+        let client_error = |source| Error::Client {
+            bootstrap: bootstrap.to_owned(),
+            source,
+        };
+        let admin = base(bootstrap).create().map_err(client_error)?;
+        let metadata = base(bootstrap).create().map_err(client_error)?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| client_error(KafkaError::ClientCreation(e.to_string())))?;
+        Ok(KafkaAdmin {
+            bootstrap: bootstrap.to_owned(),
+            admin,
+            metadata,
+            runtime,
+        })
+    }
+
+    /// A client of `group` that never joins it: reads and commits its offsets.
+    fn group_client(&self, group: &str) -> Result<BaseConsumer> {
+        base(&self.bootstrap)
+            .set("group.id", group)
+            .set("enable.auto.commit", "false")
+            .create()
+            .map_err(|source| Error::Client {
+                bootstrap: self.bootstrap.clone(),
+                source,
+            })
+    }
+
+    fn topic_exists(&self, topic: &str) -> Result<bool> {
+        match self.partitions(topic) {
+            Ok(_) => Ok(true),
+            Err(Error::Metadata { message, .. }) if message.contains("nknown topic") => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+fn base(bootstrap: &str) -> ClientConfig {
+    let mut config = ClientConfig::new();
+    config
+        .set("bootstrap.servers", bootstrap)
+        .set("client.id", "plumber")
+        // Metadata for a topic that does not exist must not create it.
+        .set("allow.auto.create.topics", "false");
+    config
+}
+
+impl Admin for KafkaAdmin {
+    fn create_topic(&self, topic: &str, partitions: u32) -> Result<()> {
+        let topic_error = |message: String| Error::Topic {
+            operation: "create",
+            topic: topic.to_owned(),
+            message,
+        };
+        let count = i32::try_from(partitions).map_err(|e| topic_error(e.to_string()))?;
+        let new = NewTopic::new(topic, count, TopicReplication::Fixed(1));
+        let options = AdminOptions::new().operation_timeout(Some(CALL_TIMEOUT));
+        let results = self
+            .runtime
+            .block_on(self.admin.create_topics([&new], &options))
+            .map_err(|e| topic_error(e.to_string()))?;
+        for result in results {
+            match result {
+                Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+                Err((_, code)) => return Err(topic_error(code.to_string())),
+            }
+        }
+        // Metadata reaches clients eventually: wait until the partitions are visible, so the
+        // processors started next find them.
+        let deadline = std::time::Instant::now() + CALL_TIMEOUT;
+        loop {
+            match self.partitions(topic) {
+                Ok(n) if n == count => return Ok(()),
+                _ if std::time::Instant::now() > deadline => {
+                    return Err(topic_error("created, but not visible in metadata".into()));
+                }
+                _ => std::thread::sleep(Duration::from_millis(100)),
+            }
+        }
+    }
+
+    fn delete_topic(&self, topic: &str) -> Result<()> {
+        if !self.topic_exists(topic)? {
+            return Ok(());
+        }
+        let options = AdminOptions::new().operation_timeout(Some(CALL_TIMEOUT));
+        let results = self
+            .runtime
+            .block_on(self.admin.delete_topics(&[topic], &options))
+            .map_err(|e| Error::Topic {
+                operation: "delete",
+                topic: topic.to_owned(),
+                message: e.to_string(),
+            })?;
+        for result in results {
+            match result {
+                Ok(_) | Err((_, RDKafkaErrorCode::UnknownTopicOrPartition)) => {}
+                Err((_, code)) => {
+                    return Err(Error::Topic {
+                        operation: "delete",
+                        topic: topic.to_owned(),
+                        message: code.to_string(),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn partitions(&self, topic: &str) -> Result<i32> {
+        let metadata_error = |message: String| Error::Metadata {
+            topic: topic.to_owned(),
+            message,
+        };
+        let metadata = self
+            .metadata
+            .fetch_metadata(Some(topic), CALL_TIMEOUT)
+            .map_err(|e| metadata_error(e.to_string()))?;
+        let Some(found) = metadata.topics().iter().find(|t| t.name() == topic) else {
+            return Err(metadata_error("Unknown topic".into()));
+        };
+        if let Some(error) = found.error() {
+            return Err(metadata_error(format!("{}", RDKafkaErrorCode::from(error))));
+        }
+        match found.partitions().len() {
+            0 => Err(metadata_error("Unknown topic (no partitions)".into())),
+            n => Ok(n as i32),
+        }
+    }
+
+    fn watermarks(&self, topic: &str) -> Result<Vec<(i64, i64)>> {
+        (0..self.partitions(topic)?)
+            .map(|partition| {
+                self.metadata
+                    .fetch_watermarks(topic, partition, CALL_TIMEOUT)
+                    .map_err(|source| Error::Watermarks {
+                        topic: topic.to_owned(),
+                        partition,
+                        source,
+                    })
+            })
+            .collect()
+    }
+
+    fn committed(&self, group: &str, topics: &[String]) -> Result<Vec<PartitionOffset>> {
+        let mut wanted = TopicPartitionList::new();
+        for topic in topics {
+            for partition in 0..self.partitions(topic)? {
+                wanted.add_partition(topic, partition);
+            }
+        }
+        let client = self.group_client(group)?;
+        let committed = client
+            .committed_offsets(wanted, CALL_TIMEOUT)
+            .map_err(|source| Error::Committed {
+                group: group.to_owned(),
+                source,
+            })?;
+        Ok(committed
+            .elements()
+            .iter()
+            .filter_map(|e| match e.offset() {
+                Offset::Offset(offset) => Some(PartitionOffset {
+                    topic: e.topic().to_owned(),
+                    partition: e.partition(),
+                    offset,
+                }),
+                _ => None,
+            })
+            .collect())
+    }
+
+    fn commit(&self, group: &str, offsets: &[PartitionOffset]) -> Result<()> {
+        if offsets.is_empty() {
+            return Ok(());
+        }
+        let commit_error = |source| Error::Commit {
+            group: group.to_owned(),
+            source,
+        };
+        let mut list = TopicPartitionList::new();
+        for p in offsets {
+            list.add_partition_offset(&p.topic, p.partition, Offset::Offset(p.offset))
+                .map_err(commit_error)?;
+        }
+        let client = self.group_client(group)?;
+        client.commit(&list, CommitMode::Sync).map_err(commit_error)
+    }
+}

@@ -1,0 +1,137 @@
+//! `plumber status` and `plumber history` for a terminal, from the daemon's JSON answers.
+
+use serde_json::Value;
+
+use super::short_commit;
+
+fn commit(value: &Value) -> &str {
+    value.as_str().map_or("-", short_commit)
+}
+
+/// The status document (`GET /api/status`) as a table per topology.
+pub fn text(status: &Value) -> String {
+    let mut out = format!(
+        "branch {} at {}  phase {}\n",
+        status["branch"].as_str().unwrap_or("?"),
+        commit(&status["commit"]),
+        status["phase"].as_str().unwrap_or("?")
+    );
+    if let Some(error) = status["lastError"].as_object() {
+        out.push_str(&format!(
+            "last error: {}\n",
+            error.get("message").and_then(Value::as_str).unwrap_or("?")
+        ));
+    }
+    for topology in status["topologies"].as_array().into_iter().flatten() {
+        out.push_str(&format!(
+            "\n{}  at {}  {}",
+            topology["name"].as_str().unwrap_or("?"),
+            commit(&topology["commit"]),
+            topology["phase"].as_str().unwrap_or("?")
+        ));
+        if let Some(cutover) = topology["cutover"].as_object() {
+            out.push_str(&format!(
+                " to {} ({}/{} actions{})",
+                commit(&cutover["to"]),
+                cutover["done"],
+                cutover["actions"],
+                cutover
+                    .get("current")
+                    .and_then(Value::as_str)
+                    .map(|c| format!(": {c}"))
+                    .unwrap_or_default()
+            ));
+        }
+        out.push('\n');
+        if let Some(error) = topology["lastError"].as_str() {
+            out.push_str(&format!("  error: {error}\n"));
+        }
+        let steps: Vec<[String; 5]> = topology["steps"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|s| {
+                [
+                    s["name"].as_str().unwrap_or("?").to_owned(),
+                    s["kind"].as_str().unwrap_or("?").to_owned(),
+                    s["state"].as_str().unwrap_or("?").to_owned(),
+                    s["lag"].as_i64().map(|l| l.to_string()).unwrap_or_default(),
+                    s["identity"]
+                        .as_str()
+                        .map(|i| i.chars().take(12).collect())
+                        .unwrap_or_default(),
+                ]
+            })
+            .collect();
+        out.push_str(&table(["STEP", "KIND", "STATE", "LAG", "IDENTITY"], &steps));
+    }
+    out
+}
+
+/// The history (`GET /api/history`), newest first, with cutover offsets.
+pub fn history_text(history: &Value) -> String {
+    let mut out = String::new();
+    let entries: Vec<&Value> = history.as_array().into_iter().flatten().rev().collect();
+    if entries.is_empty() {
+        return "no cutover applied yet\n".into();
+    }
+    for entry in entries {
+        out.push_str(&format!(
+            "{}  {} → {}  {} actions  finished at {}\n",
+            entry["topology"].as_str().unwrap_or("?"),
+            commit(&entry["from"]),
+            commit(&entry["to"]),
+            entry["actions"],
+            entry["finishedAt"]
+        ));
+        for handover in entry["handovers"].as_array().into_iter().flatten() {
+            let offsets: Vec<String> = handover["offsets"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|o| {
+                    format!(
+                        "{}/{}@{}",
+                        o["topic"].as_str().unwrap_or("?"),
+                        o["partition"],
+                        o["offset"]
+                    )
+                })
+                .collect();
+            out.push_str(&format!(
+                "  {}: {} → {} at {}\n",
+                handover["step"].as_str().unwrap_or("?"),
+                handover["fromGroup"].as_str().unwrap_or("?"),
+                handover["toGroup"].as_str().unwrap_or("?"),
+                if offsets.is_empty() {
+                    "-".into()
+                } else {
+                    offsets.join(" ")
+                }
+            ));
+        }
+    }
+    out
+}
+
+fn table<const N: usize>(header: [&str; N], rows: &[[String; N]]) -> String {
+    let mut widths = header.map(str::len);
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let padded: Vec<String> = cells
+            .iter()
+            .zip(widths)
+            .map(|(c, w)| format!("{c:w$}"))
+            .collect();
+        format!("  {}\n", padded.join("  ").trim_end())
+    };
+    let mut out = line(header.to_vec());
+    for row in rows {
+        out.push_str(&line(row.iter().map(String::as_str).collect()));
+    }
+    out
+}

@@ -1,0 +1,657 @@
+//! The local runtime: each processor instance is a `plumber-processor` process on this
+//! machine (plus its sidecar for an `http` step with a `command`), supervised by a thread that
+//! restarts crashed instances with exponential backoff.
+//!
+//! What should run is recorded in `STATE_DIR/processes/`: `<group>.json` (the spec) and
+//! `<group>.<n>.pid` (the running instance's pid and start time). Instances run in their own
+//! process groups, so a daemon killed outright leaves them running; the next daemon on the
+//! same state directory adopts the live ones (same pid and start time) and restarts the others,
+//! so one instance never runs twice. Logs go to `STATE_DIR/logs/<group>.<n>.log`.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::os::unix::process::CommandExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+use super::{Error, ProcessorSpec, ProcessorStatus, Result, Runtime};
+use crate::spec::Transform;
+use crate::state::write_atomically;
+
+/// Settings of the local runtime.
+#[derive(Debug, Clone)]
+pub struct LocalConfig {
+    /// The `plumber-processor` executable.
+    pub processor: PathBuf,
+    /// How long a graceful stop may take before the instance is killed. The processor exits
+    /// within 10 s of SIGTERM; the rest is slack for a loaded machine.
+    pub stop_timeout: Duration,
+    /// The longest wait before restarting an instance that keeps crashing.
+    pub max_backoff: Duration,
+}
+
+impl LocalConfig {
+    /// `plumber-processor` next to the running executable (as cargo and the release archive
+    /// lay them out), else `$PLUMBER_PROCESSOR`, else from `PATH`.
+    pub fn find_processor() -> PathBuf {
+        if let Some(explicit) = std::env::var_os("PLUMBER_PROCESSOR") {
+            return PathBuf::from(explicit);
+        }
+        std::env::current_exe()
+            .ok()
+            .and_then(|exe| exe.parent().map(|dir| dir.join("plumber-processor")))
+            .filter(|candidate| candidate.is_file())
+            .unwrap_or_else(|| PathBuf::from("plumber-processor"))
+    }
+}
+
+impl Default for LocalConfig {
+    fn default() -> Self {
+        LocalConfig {
+            processor: Self::find_processor(),
+            stop_timeout: Duration::from_secs(30),
+            max_backoff: Duration::from_secs(30),
+        }
+    }
+}
+
+pub struct LocalRuntime {
+    shared: Arc<Shared>,
+    supervisor: Option<JoinHandle<()>>,
+}
+
+struct Shared {
+    config: LocalConfig,
+    processes: PathBuf,
+    logs: PathBuf,
+    managed: Mutex<BTreeMap<String, Managed>>,
+    shutdown: AtomicBool,
+}
+
+struct Managed {
+    spec: ProcessorSpec,
+    instances: Vec<Instance>,
+    restarts: u32,
+}
+
+struct Instance {
+    index: u32,
+    running: Option<Running>,
+    /// Consecutive failed runs, for the backoff.
+    failures: u32,
+    next_start: Instant,
+    /// Asked to restart: its exit is not a failure.
+    planned_restart: bool,
+}
+
+struct Running {
+    processor: Proc,
+    sidecar: Option<Proc>,
+    since: Instant,
+}
+
+/// A process we started (and reap), or one a previous daemon started (adopted by pid).
+enum Proc {
+    Child(Child),
+    Adopted { pid: i32, start_time: u64 },
+}
+
+impl Proc {
+    fn pid(&self) -> i32 {
+        match self {
+            Proc::Child(child) => child.id() as i32,
+            Proc::Adopted { pid, .. } => *pid,
+        }
+    }
+
+    fn start_time(&self) -> u64 {
+        match self {
+            Proc::Child(child) => process_start_time(child.id() as i32).unwrap_or(0),
+            Proc::Adopted { start_time, .. } => *start_time,
+        }
+    }
+
+    /// `None` while running; the exit description once it has exited.
+    fn exited(&mut self) -> Option<String> {
+        match self {
+            Proc::Child(child) => match child.try_wait() {
+                Ok(None) => None,
+                Ok(Some(status)) => Some(status.to_string()),
+                Err(error) => Some(format!("cannot wait for it: {error}")),
+            },
+            Proc::Adopted { pid, start_time } => {
+                if process_start_time(*pid) == Some(*start_time) {
+                    None
+                } else {
+                    Some("exited (adopted, status unknown)".into())
+                }
+            }
+        }
+    }
+
+    fn signal(&self, signal: Signal) {
+        // An instance that exited meanwhile is fine: that is what a stop wants.
+        let _ = kill(Pid::from_raw(self.pid()), signal);
+    }
+}
+
+/// The start time of a live (not zombie) process, in clock ticks since boot: with the pid,
+/// it identifies a process across pid reuse.
+fn process_start_time(pid: i32) -> Option<u64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = stat.get(stat.rfind(')')? + 2..)?;
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    // Field 3 is the state, field 22 the start time (both 1-based, counted from the pid).
+    if fields.first() == Some(&"Z") {
+        return None;
+    }
+    fields.get(19)?.parse().ok()
+}
+
+impl LocalRuntime {
+    /// Opens the runtime on `state_dir`, adopting the instances a previous daemon left running
+    /// and restarting the others.
+    pub fn open(state_dir: &Path, config: LocalConfig) -> Result<Self> {
+        let processes = state_dir.join("processes");
+        let logs = state_dir.join("logs");
+        for dir in [&processes, &logs] {
+            fs::create_dir_all(dir).map_err(|source| Error::Record {
+                group: "-".into(),
+                path: dir.clone(),
+                source,
+            })?;
+        }
+        let mut managed = BTreeMap::new();
+        for spec in recorded_specs(&processes) {
+            let instances = (0..spec.replicas.max(1))
+                .map(|index| {
+                    let running = adopt(&processes, &spec.group, index);
+                    if let Some(r) = &running {
+                        tracing::info!(group = %spec.group, index, pid = r.processor.pid(), "adopted a running instance");
+                    }
+                    Instance {
+                        index,
+                        running,
+                        failures: 0,
+                        next_start: Instant::now(),
+                        planned_restart: false,
+                    }
+                })
+                .collect();
+            managed.insert(
+                spec.group.clone(),
+                Managed {
+                    spec,
+                    instances,
+                    restarts: 0,
+                },
+            );
+        }
+        let shared = Arc::new(Shared {
+            config,
+            processes,
+            logs,
+            managed: Mutex::new(managed),
+            shutdown: AtomicBool::new(false),
+        });
+        let supervisor = {
+            let shared = shared.clone();
+            std::thread::Builder::new()
+                .name("local-runtime".into())
+                .spawn(move || shared.supervise())
+                .map_err(|e| Error::Start {
+                    group: "-".into(),
+                    message: format!("cannot start the supervisor thread: {e}"),
+                })?
+        };
+        Ok(LocalRuntime {
+            shared,
+            supervisor: Some(supervisor),
+        })
+    }
+
+    /// Stops every processor gracefully (the daemon is stopping). Their records stay, so the
+    /// next daemon starts them again.
+    pub fn stop_all(&self) {
+        let groups: Vec<String> = self.shared.managed().keys().cloned().collect();
+        let mut taken = Vec::new();
+        {
+            let mut managed = self.shared.managed();
+            for group in &groups {
+                if let Some(m) = managed.remove(group) {
+                    taken.push(m);
+                }
+            }
+        }
+        for mut m in taken {
+            if let Err(error) = self.shared.terminate(&mut m) {
+                tracing::warn!(%error, "stopping on shutdown");
+            }
+        }
+    }
+}
+
+impl Drop for LocalRuntime {
+    fn drop(&mut self) {
+        self.shared.shutdown.store(true, Ordering::SeqCst);
+        if let Some(supervisor) = self.supervisor.take() {
+            let _ = supervisor.join();
+        }
+    }
+}
+
+fn recorded_specs(processes: &Path) -> Vec<ProcessorSpec> {
+    let Ok(entries) = fs::read_dir(processes) else {
+        return Vec::new();
+    };
+    let mut specs = Vec::new();
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.extension().is_some_and(|e| e == "json") {
+            match fs::read(&path).map(|b| serde_json::from_slice::<ProcessorSpec>(&b)) {
+                Ok(Ok(spec)) => specs.push(spec),
+                Ok(Err(error)) => {
+                    tracing::error!(path = %path.display(), %error, "damaged process record; move it away")
+                }
+                Err(error) => {
+                    tracing::error!(path = %path.display(), %error, "cannot read process record")
+                }
+            }
+        }
+    }
+    specs
+}
+
+fn pid_file(processes: &Path, group: &str, index: u32) -> PathBuf {
+    processes.join(format!("{group}.{index}.pid"))
+}
+
+/// The instance a previous daemon recorded, if it still runs.
+fn adopt(processes: &Path, group: &str, index: u32) -> Option<Running> {
+    let text = fs::read_to_string(pid_file(processes, group, index)).ok()?;
+    let numbers: Vec<u64> = text
+        .split_whitespace()
+        .filter_map(|n| n.parse().ok())
+        .collect();
+    let live = |pid: u64, start: u64| {
+        let pid = i32::try_from(pid).ok()?;
+        (process_start_time(pid) == Some(start)).then_some(Proc::Adopted {
+            pid,
+            start_time: start,
+        })
+    };
+    let processor = live(*numbers.first()?, *numbers.get(1)?)?;
+    let sidecar = match (numbers.get(2), numbers.get(3)) {
+        (Some(&pid), Some(&start)) => live(pid, start),
+        _ => None,
+    };
+    Some(Running {
+        processor,
+        sidecar,
+        since: Instant::now(),
+    })
+}
+
+impl Shared {
+    fn managed(&self) -> MutexGuard<'_, BTreeMap<String, Managed>> {
+        self.managed.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn supervise(&self) {
+        while !self.shutdown.load(Ordering::SeqCst) {
+            {
+                let mut managed = self.managed();
+                for m in managed.values_mut() {
+                    self.tend(m);
+                }
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// Notices exits and starts what is due.
+    fn tend(&self, m: &mut Managed) {
+        for instance in &mut m.instances {
+            if let Some(running) = &mut instance.running {
+                let processor_exit = running.processor.exited();
+                let sidecar_exit = running.sidecar.as_mut().and_then(Proc::exited);
+                if processor_exit.is_none() && sidecar_exit.is_none() {
+                    continue;
+                }
+                tracing::warn!(
+                    group = %m.spec.group,
+                    index = instance.index,
+                    processor = processor_exit.as_deref().unwrap_or("running"),
+                    sidecar = sidecar_exit.as_deref().unwrap_or("running or none"),
+                    "instance exited; restarting"
+                );
+                // The pair runs together: a processor without its sidecar only fails records.
+                running.processor.signal(Signal::SIGTERM);
+                if let Some(sidecar) = &running.sidecar {
+                    sidecar.signal(Signal::SIGTERM);
+                }
+                // A run that lasted a minute was healthy: the backoff starts over.
+                if running.since.elapsed() > Duration::from_secs(60) || instance.planned_restart {
+                    instance.failures = 0;
+                }
+                if !instance.planned_restart {
+                    instance.failures += 1;
+                }
+                instance.planned_restart = false;
+                let backoff = match instance.failures {
+                    0 => Duration::ZERO,
+                    n => Duration::from_millis(250)
+                        .saturating_mul(1 << n.min(10))
+                        .min(self.config.max_backoff),
+                };
+                instance.next_start = Instant::now() + backoff;
+                instance.running = None;
+                m.restarts += 1;
+            }
+            if instance.running.is_none() && Instant::now() >= instance.next_start {
+                match self.spawn(&m.spec, instance.index) {
+                    Ok(running) => instance.running = Some(running),
+                    Err(error) => {
+                        tracing::error!(%error, group = %m.spec.group, index = instance.index, "cannot start instance");
+                        instance.failures += 1;
+                        instance.next_start = Instant::now() + self.config.max_backoff;
+                    }
+                }
+            }
+        }
+    }
+
+    fn spawn(&self, spec: &ProcessorSpec, index: u32) -> Result<Running> {
+        let start_error = |message: String| Error::Start {
+            group: spec.group.clone(),
+            message,
+        };
+        let log_path = self.logs.join(format!("{}.{index}.log", spec.group));
+        let log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .map_err(|e| start_error(format!("cannot open {}: {e}", log_path.display())))?;
+        let stderr = log
+            .try_clone()
+            .map_err(|e| start_error(format!("cannot open {}: {e}", log_path.display())))?;
+        let mut command = Command::new(&self.config.processor);
+        command
+            .arg("--bootstrap")
+            .arg(&spec.bootstrap)
+            .arg("--group")
+            .arg(&spec.group)
+            .arg("--dlq")
+            .arg(&spec.dlq)
+            .arg("--instance")
+            .arg(index.to_string())
+            .arg("--log-format")
+            .arg("json");
+        for input in &spec.inputs {
+            command.arg("--input").arg(input);
+        }
+        for output in &spec.outputs {
+            command.arg("--output").arg(output);
+        }
+        let mut sidecar = None;
+        match &spec.transform {
+            Transform::Jq { program } => {
+                command.arg("--jq").arg(program);
+            }
+            Transform::Exec { command: argv, .. } => {
+                command.arg("--exec").arg("--").args(argv);
+            }
+            Transform::Http {
+                port,
+                path,
+                command: server,
+                ..
+            } => {
+                let port = match server {
+                    // Each instance gets its own server on a free port, given as $PORT.
+                    Some(server) => {
+                        let port =
+                            free_port().map_err(|e| start_error(format!("no free port: {e}")))?;
+                        let (program, args) = server
+                            .split_first()
+                            .ok_or_else(|| start_error("empty http command".into()))?;
+                        let child = Command::new(program)
+                            .args(args)
+                            .current_dir(&spec.workdir)
+                            .envs(&spec.env)
+                            .env("PORT", port.to_string())
+                            .stdin(Stdio::null())
+                            .stdout(log.try_clone().map_err(|e| start_error(e.to_string()))?)
+                            .stderr(log.try_clone().map_err(|e| start_error(e.to_string()))?)
+                            .process_group(0)
+                            .spawn()
+                            .map_err(|e| {
+                                start_error(format!("cannot run the http server {program}: {e}"))
+                            })?;
+                        sidecar = Some(Proc::Child(child));
+                        port
+                    }
+                    None => *port,
+                };
+                command
+                    .arg("--http")
+                    .arg(format!("http://127.0.0.1:{port}{path}"));
+            }
+        }
+        let processor = command
+            .current_dir(&spec.workdir)
+            .envs(&spec.env)
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(stderr)
+            // Its own process group: a Ctrl-C meant for the daemon does not reach it, and it
+            // outlives a daemon killed outright (the next one adopts it).
+            .process_group(0)
+            .spawn()
+            .map_err(|e| {
+                start_error(format!(
+                    "cannot run {}: {e}",
+                    self.config.processor.display()
+                ))
+            })?;
+        let running = Running {
+            processor: Proc::Child(processor),
+            sidecar,
+            since: Instant::now(),
+        };
+        let mut record = format!(
+            "{} {}",
+            running.processor.pid(),
+            running.processor.start_time()
+        );
+        if let Some(sidecar) = &running.sidecar {
+            record.push_str(&format!(" {} {}", sidecar.pid(), sidecar.start_time()));
+        }
+        let path = pid_file(&self.processes, &spec.group, index);
+        if let Err(source) = write_atomically(&path, record.as_bytes()) {
+            tracing::warn!(error = %source, "cannot record the pid; a restarted daemon will not adopt this instance");
+        }
+        tracing::info!(group = %spec.group, index, pid = running.processor.pid(), log = %log_path.display(), "instance started");
+        Ok(running)
+    }
+
+    /// Stops every instance of `m` gracefully and waits; kills what outlives the timeout.
+    fn terminate(&self, m: &mut Managed) -> Result<()> {
+        let mut procs: Vec<&mut Proc> = Vec::new();
+        for instance in &mut m.instances {
+            if let Some(running) = &mut instance.running {
+                procs.push(&mut running.processor);
+                if let Some(sidecar) = &mut running.sidecar {
+                    procs.push(sidecar);
+                }
+            }
+        }
+        // Processors first: a sidecar must outlive its processor's last record.
+        for proc in procs.iter() {
+            proc.signal(Signal::SIGTERM);
+        }
+        let deadline = Instant::now() + self.config.stop_timeout;
+        let mut timed_out = false;
+        for proc in procs.iter_mut() {
+            while proc.exited().is_none() {
+                if Instant::now() >= deadline {
+                    timed_out = true;
+                    proc.signal(Signal::SIGKILL);
+                    // Reap it.
+                    let _ = proc.exited();
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        for instance in &m.instances {
+            let _ = fs::remove_file(pid_file(&self.processes, &m.spec.group, instance.index));
+        }
+        if timed_out {
+            return Err(Error::StopTimeout {
+                group: m.spec.group.clone(),
+                seconds: self.config.stop_timeout.as_secs(),
+            });
+        }
+        Ok(())
+    }
+
+    fn record(&self, spec: &ProcessorSpec) -> Result<()> {
+        let path = self.processes.join(format!("{}.json", spec.group));
+        let bytes = serde_json::to_vec_pretty(spec).map_err(|e| Error::Record {
+            group: spec.group.clone(),
+            path: path.clone(),
+            source: std::io::Error::other(e),
+        })?;
+        write_atomically(&path, &bytes).map_err(|e| Error::Record {
+            group: spec.group.clone(),
+            path,
+            source: std::io::Error::other(e),
+        })
+    }
+}
+
+fn free_port() -> std::io::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+impl Runtime for LocalRuntime {
+    fn start(&self, spec: &ProcessorSpec) -> Result<()> {
+        let mut managed = self.shared.managed();
+        if let Some(existing) = managed.get(&spec.group) {
+            if existing.spec.identity == spec.identity {
+                return Ok(());
+            }
+            return Err(Error::Start {
+                group: spec.group.clone(),
+                message: "another identity runs under this group name".into(),
+            });
+        }
+        self.shared.record(spec)?;
+        let mut m = Managed {
+            spec: spec.clone(),
+            instances: (0..spec.replicas.max(1))
+                .map(|index| Instance {
+                    index,
+                    running: None,
+                    failures: 0,
+                    next_start: Instant::now(),
+                    planned_restart: false,
+                })
+                .collect(),
+            restarts: 0,
+        };
+        self.shared.tend(&mut m);
+        managed.insert(spec.group.clone(), m);
+        Ok(())
+    }
+
+    fn stop(&self, group: &str) -> Result<()> {
+        // Out of the map first, so the supervisor does not restart what is stopping.
+        let taken = self.shared.managed().remove(group);
+        let result = match taken {
+            Some(mut m) => self.shared.terminate(&mut m),
+            None => Ok(()),
+        };
+        let _ = fs::remove_file(self.shared.processes.join(format!("{group}.json")));
+        result
+    }
+
+    fn restart(&self, group: &str) -> Result<()> {
+        // In place: the group stays managed, so a concurrent stop() still stops it for good.
+        let mut managed = self.shared.managed();
+        if let Some(m) = managed.get_mut(group) {
+            for instance in &mut m.instances {
+                if let Some(running) = &instance.running {
+                    running.processor.signal(Signal::SIGTERM);
+                    instance.planned_restart = true;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn scale(&self, group: &str, replicas: u32) -> Result<()> {
+        let replicas = replicas.max(1);
+        let mut removed = Vec::new();
+        {
+            let mut managed = self.shared.managed();
+            let Some(m) = managed.get_mut(group) else {
+                return Ok(());
+            };
+            m.spec.replicas = replicas;
+            self.shared.record(&m.spec)?;
+            while m.instances.len() as u32 > replicas {
+                if let Some(instance) = m.instances.pop() {
+                    removed.push(instance);
+                }
+            }
+            while (m.instances.len() as u32) < replicas {
+                m.instances.push(Instance {
+                    index: m.instances.len() as u32,
+                    running: None,
+                    failures: 0,
+                    next_start: Instant::now(),
+                    planned_restart: false,
+                });
+            }
+        }
+        if !removed.is_empty() {
+            let spec = self.shared.managed().get(group).map(|m| m.spec.clone());
+            if let Some(spec) = spec {
+                let mut leaving = Managed {
+                    spec,
+                    instances: removed,
+                    restarts: 0,
+                };
+                self.shared.terminate(&mut leaving)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn processors(&self) -> Vec<ProcessorStatus> {
+        self.shared
+            .managed()
+            .values()
+            .map(|m| ProcessorStatus {
+                topology: m.spec.topology.clone(),
+                step: m.spec.step.clone(),
+                identity: m.spec.identity.to_string(),
+                group: m.spec.group.clone(),
+                replicas: m.spec.replicas.max(1),
+                running: m.instances.iter().filter(|i| i.running.is_some()).count() as u32,
+                restarts: m.restarts,
+            })
+            .collect()
+    }
+}

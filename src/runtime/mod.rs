@@ -1,0 +1,82 @@
+//! Where processors run. The cutover engine only asks a [`Runtime`] to start, stop and scale
+//! processor identities; [`local`] runs them as local processes (`plumber up`).
+//!
+//! A runtime keeps its own durable record of what should run (the local runtime in the state
+//! directory, Kubernetes in its Deployments), so a restarted daemon finds running processors
+//! as they were and never starts a second copy of one.
+
+pub mod local;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::graph::Identity;
+use crate::spec::Transform;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot start {group}: {message}")]
+    Start { group: String, message: String },
+    #[error("{group} did not stop within {seconds} s")]
+    StopTimeout { group: String, seconds: u64 },
+    #[error("cannot record {group} in {path}: {source}")]
+    Record {
+        group: String,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// One processor identity to run, with everything needed to run it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProcessorSpec {
+    pub topology: String,
+    pub step: String,
+    pub identity: Identity,
+    /// Consumer group, also the processor's name in the runtime.
+    pub group: String,
+    pub bootstrap: String,
+    pub inputs: Vec<String>,
+    pub outputs: Vec<String>,
+    pub dlq: String,
+    pub transform: Transform,
+    pub env: BTreeMap<String, String>,
+    pub replicas: u32,
+    /// The directory of the step's file in a checkout of its commit: `exec` and `http`
+    /// commands run there.
+    pub workdir: PathBuf,
+}
+
+/// What a runtime observes about one processor.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProcessorStatus {
+    pub topology: String,
+    pub step: String,
+    pub identity: String,
+    pub group: String,
+    pub replicas: u32,
+    pub running: u32,
+    pub restarts: u32,
+}
+
+pub trait Runtime: Send + Sync {
+    /// Runs `spec.replicas` instances of the processor (at least one); does nothing for those
+    /// already running. Returns once the instances are started, not once they consume.
+    fn start(&self, spec: &ProcessorSpec) -> Result<()>;
+    /// Stops every instance gracefully (SIGTERM: finish, flush, commit) and returns once all
+    /// have exited. Stopping a processor that does not run is not an error.
+    fn stop(&self, group: &str) -> Result<()>;
+    /// Stops every instance gracefully and starts them again with the same spec.
+    fn restart(&self, group: &str) -> Result<()>;
+    /// Changes the number of instances of a running processor.
+    fn scale(&self, group: &str, replicas: u32) -> Result<()>;
+    /// Every processor the runtime runs, by group.
+    fn processors(&self) -> Vec<ProcessorStatus>;
+}

@@ -1,0 +1,70 @@
+//! `plumber up`: the daemon with the local runtime, until SIGINT or SIGTERM.
+//!
+//! The first signal stops reconciling (the cutover action in hand finishes and is persisted;
+//! the next `up` resumes the cutover), then stops every processor gracefully, then exits. A
+//! second signal exits at once and leaves the processors running: the next `up` on the same
+//! state directory adopts them.
+
+use std::io::IsTerminal as _;
+use std::sync::Arc;
+
+use anyhow::{Context as _, Result};
+use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook::iterator::Signals;
+use tracing_subscriber::EnvFilter;
+
+use plumber::daemon::{Context, Daemon, DaemonConfig};
+use plumber::runtime::local::{LocalConfig, LocalRuntime};
+
+pub fn run(config: DaemonConfig) -> Result<()> {
+    init_logging();
+    let mut signals = Signals::new([SIGINT, SIGTERM]).context("installing signal handlers")?;
+    let runtime = Arc::new(
+        LocalRuntime::open(&config.state_dir, LocalConfig::default())
+            .context("starting the local runtime")?,
+    );
+    let context = Context::new(config, runtime.clone()).context("opening the state directory")?;
+    let mut daemon = Daemon::start(context).context("starting the daemon")?;
+    eprintln!(
+        "plumber is following the branch; status: `plumber status --server http://{}`",
+        daemon.listening
+    );
+    let (received, signalled) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for signal in signals.forever() {
+            if received.send(signal).is_err() {
+                return;
+            }
+        }
+    });
+    if let Ok(signal) = signalled.recv() {
+        tracing::info!(
+            signal,
+            "stopping: finishing the current action, then stopping processors (signal again to leave them running)"
+        );
+    }
+    // A second signal while stopping: leave at once, processors keep running.
+    std::thread::spawn(move || {
+        if signalled.recv().is_ok() {
+            tracing::warn!("second signal: exiting now; processors keep running");
+            std::process::exit(130);
+        }
+    });
+    daemon.shutdown();
+    runtime.stop_all();
+    tracing::info!("stopped");
+    Ok(())
+}
+
+fn init_logging() {
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new("info,librdkafka=warn"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if std::io::stderr().is_terminal() {
+        builder.init();
+    } else {
+        builder.json().flatten_event(true).init();
+    }
+}

@@ -1,0 +1,688 @@
+//! The reconciler tests' world: a broker, a topology repository described by a [`Model`],
+//! `plumber up` as a real process, a continuous load, and the oracle.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use plumber_testkit::{Broker, Process, TestRecord, unique, wait_until};
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer as _};
+use serde_json::Value;
+use tempfile::TempDir;
+
+use crate::common::{Change, TestRepo, remove, write};
+
+/// How long a cutover or a drain may take on a slow broker and a busy machine.
+const PATIENCE: Duration = Duration::from_secs(180);
+
+/// One processor: `jq` appends `name@version` to the record's `path`.
+#[derive(Debug, Clone)]
+pub struct Proc {
+    name: String,
+    version: u32,
+    inputs: Vec<String>,
+    replicas: u32,
+}
+
+impl Proc {
+    pub fn new(name: &str, version: u32, inputs: &[&str]) -> Proc {
+        Proc {
+            name: name.into(),
+            version,
+            inputs: inputs.iter().map(|s| s.to_string()).collect(),
+            replicas: 1,
+        }
+    }
+
+    fn label(&self) -> String {
+        format!("{}@{}", self.name, self.version)
+    }
+}
+
+/// A revision of the topology `t`: processors and sinks; the source is always `src`.
+#[derive(Debug, Clone, Default)]
+pub struct Model {
+    procs: BTreeMap<String, Proc>,
+    sinks: BTreeMap<String, Vec<String>>,
+}
+
+impl Model {
+    pub fn new() -> Model {
+        Model::default()
+    }
+
+    pub fn processor(mut self, proc: Proc) -> Model {
+        self.procs.insert(proc.name.clone(), proc);
+        self
+    }
+
+    pub fn sink(mut self, name: &str, inputs: &[&str]) -> Model {
+        self.sinks
+            .insert(name.into(), inputs.iter().map(|s| s.to_string()).collect());
+        self
+    }
+
+    pub fn replace(mut self, name: &str, version: u32) -> Model {
+        if let Some(p) = self.procs.get_mut(name) {
+            p.version = version;
+        }
+        self
+    }
+
+    pub fn without(mut self, name: &str) -> Model {
+        self.procs.remove(name);
+        self
+    }
+
+    pub fn scale(mut self, name: &str, replicas: u32) -> Model {
+        if let Some(p) = self.procs.get_mut(name) {
+            p.replicas = replicas;
+        }
+        self
+    }
+
+    /// The paths (labels of the processors passed) from the source to `step`.
+    fn paths_to(&self, step: &str) -> Vec<Vec<String>> {
+        if step == "src" {
+            return vec![vec![]];
+        }
+        let Some(proc) = self.procs.get(step) else {
+            return vec![];
+        };
+        proc.inputs
+            .iter()
+            .flat_map(|i| self.paths_to(i))
+            .map(|mut p| {
+                p.push(proc.label());
+                p
+            })
+            .collect()
+    }
+
+    /// What one input record becomes at `sink`, sorted.
+    fn expected(&self, sink: &str) -> Vec<Vec<String>> {
+        let mut paths: Vec<Vec<String>> = self
+            .sinks
+            .get(sink)
+            .into_iter()
+            .flatten()
+            .flat_map(|i| self.paths_to(i))
+            .collect();
+        paths.sort();
+        paths
+    }
+
+    fn files(&self, world: &World) -> BTreeMap<String, String> {
+        let mut files = BTreeMap::new();
+        files.insert(
+            "plumber.yaml".into(),
+            format!(
+                "clusters:\n  default: {{ bootstrap: \"{}\" }}\n",
+                world.broker.bootstrap()
+            ),
+        );
+        files.insert(
+            "topologies/t/sources/src.yaml".into(),
+            format!("kind: source\ntopic: {}\n", world.source),
+        );
+        for p in self.procs.values() {
+            files.insert(
+                format!("topologies/t/steps/{}.yaml", p.name),
+                format!(
+                    "kind: processor\ninput: [{}]\njq: '.path += [\"{}\"]'\nstartFrom: earliest\npartitions: 2\nscale: {{ min: {}, max: {} }}\n",
+                    p.inputs.join(", "),
+                    p.label(),
+                    p.replicas,
+                    p.replicas + 2
+                ),
+            );
+        }
+        for (name, inputs) in &self.sinks {
+            files.insert(
+                format!("topologies/t/sinks/{name}.yaml"),
+                format!(
+                    "kind: sink\ntopic: {}\ninput: [{}]\n",
+                    world.sink_topic(name),
+                    inputs.join(", ")
+                ),
+            );
+        }
+        files
+    }
+}
+
+pub struct World {
+    pub broker: Broker,
+    repo: TestRepo,
+    source: String,
+    sinks: BTreeMap<String, String>,
+    state: TempDir,
+    written: RefCell<BTreeSet<String>>,
+}
+
+impl World {
+    pub fn new(name: &str) -> World {
+        let broker = Broker::start();
+        let source = unique(&format!("{name}-src"));
+        broker.create_topic(&source, 3);
+        let mut sinks = BTreeMap::new();
+        for sink in ["out1", "out2"] {
+            let topic = unique(&format!("{name}-{sink}"));
+            broker.create_topic(&topic, 3);
+            sinks.insert(sink.to_owned(), topic);
+        }
+        World {
+            broker,
+            repo: TestRepo::new(),
+            source,
+            sinks,
+            state: tempfile::tempdir().unwrap(),
+            written: RefCell::new(BTreeSet::new()),
+        }
+    }
+
+    fn sink_topic(&self, sink: &str) -> &str {
+        &self.sinks[sink]
+    }
+
+    /// Commits `model` as the whole topology (files of steps no longer there are removed).
+    pub fn commit(&self, message: &str, model: &Model) -> git2::Oid {
+        let files = model.files(self);
+        let mut changes: Vec<Change> = files.iter().map(|(p, c)| write(p, c)).collect();
+        let mut written = self.written.borrow_mut();
+        for gone in written.iter().filter(|p| !files.contains_key(*p)) {
+            changes.push(remove(gone));
+        }
+        *written = files.keys().cloned().collect();
+        self.repo.commit("main", message, &changes)
+    }
+
+    /// Commits one file as given (e.g. an invalid step).
+    pub fn commit_raw(&self, message: &str, path: &str, content: &str) -> git2::Oid {
+        self.written.borrow_mut().insert(path.to_owned());
+        self.repo.commit("main", message, &[write(path, content)])
+    }
+
+    pub fn start_load(&self, rate: u64) -> Load {
+        Load::start(&self.broker, &self.source, rate)
+    }
+
+    fn processes(&self) -> PathBuf {
+        self.state.path().join("state/processes")
+    }
+
+    /// SIGKILLs the first instance of the running processor of `step`.
+    pub fn kill_processor(&self, step: &str) {
+        let prefix = format!("plumber.t.{step}.");
+        let pid_file = std::fs::read_dir(self.processes())
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| {
+                let name = p.file_name().unwrap().to_string_lossy().into_owned();
+                name.starts_with(&prefix) && name.ends_with(".0.pid")
+            })
+            .unwrap_or_else(|| panic!("no running instance of {step}"));
+        let text = std::fs::read_to_string(&pid_file).unwrap();
+        let pid: i32 = text.split_whitespace().next().unwrap().parse().unwrap();
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+        eprintln!("killed {step} (pid {pid})");
+    }
+
+    /// Every recorded group runs exactly its number of instances, no more.
+    pub fn assert_one_instance_per_group(&self) {
+        for entry in std::fs::read_dir(self.processes()).unwrap().flatten() {
+            let path = entry.path();
+            if path.extension().is_none_or(|e| e != "json") {
+                continue;
+            }
+            let spec: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+            let group = spec["group"].as_str().unwrap().to_owned();
+            let replicas = spec["replicas"].as_u64().unwrap();
+            wait_until(
+                &format!("{group} runs {replicas} instances"),
+                PATIENCE,
+                || live_instances(&group) == replicas,
+            );
+        }
+    }
+
+    /// Waits until every sink holds, for each input below `sent`, the records the oracle
+    /// allows ([`judge`]); panics with the first mismatches after [`PATIENCE`].
+    pub fn assert_oracle(&self, revisions: &[Model], sent: u64, final_from: u64) {
+        let duplicates = self.check_oracle(revisions, sent, final_from, false);
+        assert_eq!(duplicates, 0);
+    }
+
+    /// As [`assert_oracle`], but duplicates (a crashed at-least-once processor) are counted
+    /// rather than failing; nothing may be missing.
+    pub fn assert_oracle_allowing_duplicates(
+        &self,
+        revisions: &[Model],
+        sent: u64,
+        final_from: u64,
+    ) -> usize {
+        self.check_oracle(revisions, sent, final_from, true)
+    }
+
+    fn check_oracle(
+        &self,
+        revisions: &[Model],
+        sent: u64,
+        final_from: u64,
+        allow_duplicates: bool,
+    ) -> usize {
+        let mut duplicates = 0;
+        for (sink, topic) in &self.sinks {
+            let expected: Vec<Vec<Vec<String>>> =
+                revisions.iter().map(|m| m.expected(sink)).collect();
+            let deadline = Instant::now() + PATIENCE;
+            loop {
+                let records = self.broker.read_all(topic);
+                let verdict = judge(&records, &expected, sent, final_from, allow_duplicates);
+                match verdict {
+                    Ok(dups) => {
+                        duplicates += dups;
+                        break;
+                    }
+                    Err(problems) if Instant::now() >= deadline => panic!(
+                        "sink {sink} ({topic}, {} records) breaks the oracle for {} of {sent} inputs; first: {:#?}",
+                        records.len(),
+                        problems.len(),
+                        &problems[..problems.len().min(5)]
+                    ),
+                    Err(_) => std::thread::sleep(Duration::from_millis(500)),
+                }
+            }
+        }
+        duplicates
+    }
+}
+
+impl Drop for World {
+    /// Processors a failed test left behind (the daemon was killed) must not outlive it;
+    /// the logs of a failed test are kept.
+    fn drop(&mut self) {
+        if let Ok(entries) = std::fs::read_dir(self.processes()) {
+            for path in entries.flatten().map(|e| e.path()) {
+                if path.extension().is_some_and(|e| e == "pid")
+                    && let Ok(text) = std::fs::read_to_string(&path)
+                {
+                    for pid in text
+                        .split_whitespace()
+                        .step_by(2)
+                        .filter_map(|p| p.parse().ok())
+                    {
+                        let _ = nix::sys::signal::kill(
+                            nix::unistd::Pid::from_raw(pid),
+                            nix::sys::signal::Signal::SIGKILL,
+                        );
+                    }
+                }
+            }
+        }
+        if std::thread::panicking() {
+            let kept = std::mem::replace(&mut self.state, tempfile::tempdir().unwrap()).keep();
+            eprintln!(
+                "state, daemon and processor logs kept in {}",
+                kept.display()
+            );
+        }
+    }
+}
+
+/// The path of a record without versions: which steps it went through.
+fn route(path: &[String]) -> Vec<String> {
+    path.iter()
+        .map(|label| label.split('@').next().unwrap_or(label).to_owned())
+        .collect()
+}
+
+/// Ok(duplicates) when every input below `sent` passed each route at most once, with the
+/// versions of one revision along it; exactly once on routes every revision has, and on the
+/// final revision's routes for inputs from `final_from` on (sent after it took over).
+fn judge(
+    records: &[TestRecord],
+    revisions: &[Vec<Vec<String>>],
+    sent: u64,
+    final_from: u64,
+    allow_duplicates: bool,
+) -> Result<usize, Vec<String>> {
+    let mut labelings: BTreeMap<Vec<String>, BTreeSet<Vec<String>>> = BTreeMap::new();
+    for paths in revisions {
+        for path in paths {
+            labelings
+                .entry(route(path))
+                .or_default()
+                .insert(path.clone());
+        }
+    }
+    let everywhere: BTreeSet<Vec<String>> = labelings
+        .keys()
+        .filter(|r| {
+            revisions
+                .iter()
+                .all(|paths| paths.iter().any(|p| &route(p) == *r))
+        })
+        .cloned()
+        .collect();
+    let last: &[Vec<String>] = revisions.last().map(Vec::as_slice).unwrap_or_default();
+
+    let mut by_seq: BTreeMap<u64, Vec<Vec<String>>> = BTreeMap::new();
+    let mut problems = Vec::new();
+    for record in records {
+        let value: Value = match serde_json::from_str(record.value_str()) {
+            Ok(v) => v,
+            Err(e) => {
+                problems.push(format!("not JSON ({e}): {}", record.value_str()));
+                continue;
+            }
+        };
+        let seq = value["seq"].as_u64().unwrap_or(u64::MAX);
+        let path: Vec<String> = value["path"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|p| p.as_str().map(str::to_owned))
+            .collect();
+        by_seq.entry(seq).or_default().push(path);
+    }
+    let mut duplicates = 0;
+    for seq in 0..sent {
+        let observed = by_seq.remove(&seq).unwrap_or_default();
+        let mut per_route: BTreeMap<Vec<String>, Vec<&Vec<String>>> = BTreeMap::new();
+        for path in &observed {
+            per_route.entry(route(path)).or_default().push(path);
+        }
+        for (r, paths) in &per_route {
+            for path in paths {
+                if !labelings
+                    .get(r)
+                    .is_some_and(|allowed| allowed.contains(*path))
+                {
+                    problems.push(format!("input {seq}: path {path:?} belongs to no revision"));
+                }
+            }
+            if paths.len() > 1 {
+                if allow_duplicates {
+                    duplicates += paths.len() - 1;
+                } else {
+                    problems.push(format!(
+                        "input {seq}: {} times through {r:?}: {paths:?}",
+                        paths.len()
+                    ));
+                }
+            }
+        }
+        for r in &everywhere {
+            if !per_route.contains_key(r) {
+                problems.push(format!(
+                    "input {seq}: lost on route {r:?} (got {observed:?})"
+                ));
+            }
+        }
+        if seq >= final_from {
+            for path in last {
+                if !per_route
+                    .get(&route(path))
+                    .is_some_and(|ps| ps.contains(&path))
+                {
+                    problems.push(format!(
+                        "input {seq}: sent after the last cutover, but not through {path:?} (got {observed:?})"
+                    ));
+                }
+            }
+        }
+    }
+    for (seq, paths) in by_seq {
+        if seq >= sent {
+            problems.push(format!("input {seq} was never sent but arrived: {paths:?}"));
+        }
+    }
+    if problems.is_empty() {
+        Ok(duplicates)
+    } else {
+        Err(problems)
+    }
+}
+
+fn live_instances(group: &str) -> u64 {
+    let needle = format!("--group\0{group}\0");
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .bytes()
+                .all(|b| b.is_ascii_digit())
+        })
+        .filter(|e| {
+            std::fs::read(e.path().join("cmdline"))
+                .map(|c| String::from_utf8_lossy(&c).contains(&needle))
+                .unwrap_or(false)
+                && !std::fs::read_to_string(e.path().join("stat"))
+                    .map(|s| s.contains(") Z "))
+                    .unwrap_or(true)
+        })
+        .count() as u64
+}
+
+/// Sequence-numbered records written continuously to the source.
+pub struct Load {
+    sent: Arc<AtomicU64>,
+    running: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Load {
+    fn start(broker: &Broker, topic: &str, rate: u64) -> Load {
+        let sent = Arc::new(AtomicU64::new(0));
+        let running = Arc::new(AtomicBool::new(true));
+        let producer: BaseProducer = broker
+            .client()
+            .set("enable.idempotence", "true")
+            .set("linger.ms", "5")
+            .create()
+            .unwrap();
+        let thread = {
+            let (sent, running, topic) = (sent.clone(), running.clone(), topic.to_owned());
+            std::thread::spawn(move || {
+                let start = Instant::now();
+                let mut seq = 0u64;
+                while running.load(Ordering::SeqCst) {
+                    let due = start + Duration::from_micros(seq * 1_000_000 / rate);
+                    while Instant::now() < due {
+                        producer.poll(due.saturating_duration_since(Instant::now()));
+                    }
+                    let value = format!(r#"{{"seq":{seq},"path":[]}}"#);
+                    let key = format!("k{}", seq % 10);
+                    let mut record = BaseRecord::to(&topic).key(&key).payload(&value);
+                    while let Err((error, back)) = producer.send(record) {
+                        eprintln!("load: {error}; retrying");
+                        record = back;
+                        producer.poll(Duration::from_millis(100));
+                    }
+                    seq += 1;
+                    sent.store(seq, Ordering::SeqCst);
+                }
+                producer.flush(Duration::from_secs(60)).expect("load flush");
+            })
+        };
+        Load {
+            sent,
+            running,
+            thread: Some(thread),
+        }
+    }
+
+    pub fn sent(&self) -> u64 {
+        self.sent.load(Ordering::SeqCst)
+    }
+
+    pub fn wait_for(&self, records: u64) {
+        wait_until(&format!("{records} records sent"), PATIENCE, || {
+            self.sent() >= records
+        });
+    }
+
+    /// Stops writing; returns how many records were written (all acknowledged).
+    pub fn stop(mut self) -> u64 {
+        self.running.store(false, Ordering::SeqCst);
+        if let Some(thread) = self.thread.take() {
+            thread.join().unwrap();
+        }
+        self.sent()
+    }
+}
+
+/// `plumber up` on the world's repository and state directory.
+pub struct Plumber {
+    process: Option<Process>,
+    server: String,
+}
+
+fn processor_binary() -> PathBuf {
+    let plumber = PathBuf::from(env!("CARGO_BIN_EXE_plumber"));
+    let sibling = plumber.with_file_name("plumber-processor");
+    if !sibling.is_file() {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let status = Command::new(cargo)
+            .args([
+                "build",
+                "-p",
+                "plumber-processor",
+                "--bin",
+                "plumber-processor",
+            ])
+            .status()
+            .expect("cargo build");
+        assert!(status.success(), "building plumber-processor failed");
+    }
+    sibling
+}
+
+impl Plumber {
+    pub fn up(world: &World) -> Plumber {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(world.state.path().join("daemon.log"))
+            .unwrap();
+        eprintln!(
+            "daemon log: {}",
+            world.state.path().join("daemon.log").display()
+        );
+        let mut command = Command::new(env!("CARGO_BIN_EXE_plumber"));
+        command
+            .arg("up")
+            .arg(world.repo.location())
+            .args(["--branch", "main", "--bootstrap", world.broker.bootstrap()])
+            .arg("--state-dir")
+            .arg(world.state.path().join("state"))
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(["--stall-timeout", "15"])
+            .env("PLUMBER_PROCESSOR", processor_binary())
+            .env("RUST_LOG", "info,librdkafka=warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log);
+        if world.broker.is_tansu() {
+            command.arg("--keep-topics");
+        }
+        let plumber = Plumber {
+            process: Some(Process::spawn("plumber up", &mut command)),
+            server: format!("http://127.0.0.1:{port}"),
+        };
+        wait_until("the daemon answers", PATIENCE, || {
+            plumber.try_status().is_some()
+        });
+        plumber
+    }
+
+    fn try_status(&self) -> Option<Value> {
+        let mut response = ureq::get(&format!("{}/api/status", self.server))
+            .call()
+            .ok()?;
+        response.body_mut().read_json().ok()
+    }
+
+    pub fn wait_until(&self, what: &str, condition: impl Fn(&Value) -> bool) {
+        let deadline = Instant::now() + PATIENCE;
+        let mut last = Value::Null;
+        while Instant::now() < deadline {
+            if let Some(status) = self.try_status() {
+                if condition(&status) {
+                    return;
+                }
+                last = status;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("timed out waiting until {what}; last status: {last:#}");
+    }
+
+    pub fn wait_applied(&self, topology: &str, commit: git2::Oid) {
+        let commit = commit.to_string();
+        self.wait_until(&format!("{topology} runs {commit}"), |status| {
+            status["topologies"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|t| {
+                    t["name"] == topology && t["commit"] == commit.as_str() && t["phase"] == "idle"
+                })
+        });
+    }
+
+    pub fn applied(&self, topology: &str) -> Option<String> {
+        let status = self.try_status()?;
+        status["topologies"]
+            .as_array()?
+            .iter()
+            .find(|t| t["name"] == topology)?["commit"]
+            .as_str()
+            .map(str::to_owned)
+    }
+
+    pub fn history(&self) -> Value {
+        let mut response = ureq::get(&format!("{}/api/history", self.server))
+            .call()
+            .unwrap();
+        response.body_mut().read_json().unwrap()
+    }
+
+    /// kill -9: the processors keep running.
+    pub fn kill(&mut self) {
+        if let Some(mut process) = self.process.take() {
+            process.kill();
+        }
+    }
+}
+
+impl Drop for Plumber {
+    /// A graceful stop: the daemon stops its processors before exiting.
+    fn drop(&mut self) {
+        if let Some(mut process) = self.process.take() {
+            process.signal(nix::sys::signal::Signal::SIGTERM);
+            if process.wait_exit(PATIENCE).is_none() {
+                eprintln!("the daemon did not stop within {PATIENCE:?}");
+            }
+        }
+    }
+}
