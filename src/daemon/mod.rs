@@ -392,7 +392,7 @@ fn reconcile_loop(context: &Arc<Context>, receiver: &Receiver<Trigger>) {
         }
         Err(error) => tracing::error!(%error, "cannot read the state directory"),
     }
-    let mut last_seen: Option<String> = None;
+    let mut followed = Followed::default();
     loop {
         let trigger = match receiver.recv_timeout(context.config.poll_interval) {
             Ok(trigger) => trigger,
@@ -408,7 +408,7 @@ fn reconcile_loop(context: &Arc<Context>, receiver: &Receiver<Trigger>) {
         }
         workers.retain(|_, w| !w.handle.is_finished());
         tracing::debug!(triggers = ?burst, "looking at the branch");
-        match newest_valid(context, &mut last_seen) {
+        match newest_valid(context, &mut followed) {
             Ok(Some(revision)) => {
                 let mut names: Vec<String> =
                     revision.topologies.iter().map(|t| t.name.clone()).collect();
@@ -427,7 +427,7 @@ fn reconcile_loop(context: &Arc<Context>, receiver: &Receiver<Trigger>) {
             Err(error) => {
                 tracing::error!(%error, "cannot follow the branch");
                 context.store.set_error(Some(LastError {
-                    commit: last_seen.clone(),
+                    commit: followed.head.clone(),
                     topology: None,
                     message: error.to_string(),
                     at: cutover::now(),
@@ -443,11 +443,25 @@ fn reconcile_loop(context: &Arc<Context>, receiver: &Receiver<Trigger>) {
     }
 }
 
-/// The branch head if it is new and valid. An invalid head is recorded as the last error and
-/// skipped; the last valid revision keeps running.
+/// What the reconcile loop has seen of the branch.
+#[derive(Default)]
+struct Followed {
+    /// The last head looked at.
+    head: Option<String>,
+    /// The last revision handed to the workers.
+    desired: Option<String>,
+}
+
+/// How far back an invalid head's history is searched for a valid commit.
+const MAX_INVALID_RUN: usize = 100;
+
+/// The newest valid commit of the branch, if the head moved and that commit is not the one
+/// the workers already have. An invalid head is recorded as the last error; its first-parent
+/// ancestors are searched for the newest valid commit (a valid commit followed by a broken one
+/// still gets applied), back to the revision already running.
 fn newest_valid(
     context: &Context,
-    last_seen: &mut Option<String>,
+    followed: &mut Followed,
 ) -> Result<Option<Arc<Revision>>, Error> {
     let source = &context.revisions.source;
     source.fetch()?;
@@ -460,44 +474,66 @@ fn newest_valid(
             branch: branch.clone(),
             repo: source.display(),
             message: e.to_string(),
-        })?
-        .to_string();
-    if last_seen.as_deref() == Some(head.as_str()) {
+        })?;
+    if followed.head.as_deref() == Some(head.to_string().as_str()) {
         return Ok(None);
     }
-    *last_seen = Some(head.clone());
+    followed.head = Some(head.to_string());
     context.store.metrics.commits_seen.inc();
-    match context.revisions.load(&head) {
-        Ok(revision) => {
-            tracing::info!(commit = %head, "new valid commit");
-            // A valid head ends a repository-level error; a topology's own error stays.
-            let kept = context
-                .store
-                .read()
-                .last_error
-                .clone()
-                .filter(|e| e.topology.is_some());
-            context.store.write().commit = Some(head);
-            context.store.set_error(kept);
-            Ok(Some(revision))
+    let mut candidate = head;
+    for _ in 0..MAX_INVALID_RUN {
+        let commit = candidate.to_string();
+        if followed.desired.as_deref() == Some(commit.as_str()) {
+            return Ok(None);
         }
-        Err(Error::Invalid { commit, errors }) => {
-            context.store.metrics.invalid_commits.inc();
-            tracing::error!(%commit, %errors, "commit is not valid; the last valid commit keeps running");
-            context.store.set_error(Some(LastError {
-                commit: Some(commit.clone()),
-                topology: None,
-                message: format!("commit {commit} is not valid: {errors}"),
-                at: cutover::now(),
-            }));
-            Ok(None)
-        }
-        Err(other) => {
-            // Not a verdict on the commit: look at it again next time.
-            *last_seen = None;
-            Err(other)
+        match context.revisions.load(&commit) {
+            Ok(revision) => {
+                if candidate == head {
+                    tracing::info!(%commit, "new valid commit");
+                    // A valid head ends a repository-level error; a topology's own error stays.
+                    let kept = context
+                        .store
+                        .read()
+                        .last_error
+                        .clone()
+                        .filter(|e| e.topology.is_some());
+                    context.store.set_error(kept);
+                } else {
+                    tracing::warn!(%commit, head = %head, "the head is not valid; applying its newest valid ancestor");
+                }
+                context.store.write().commit = Some(commit.clone());
+                followed.desired = Some(commit);
+                return Ok(Some(revision));
+            }
+            Err(Error::Invalid { commit, errors }) => {
+                if candidate == head {
+                    context.store.metrics.invalid_commits.inc();
+                    tracing::error!(%commit, %errors, "commit is not valid; the last valid commit keeps running");
+                    context.store.set_error(Some(LastError {
+                        commit: Some(commit.clone()),
+                        topology: None,
+                        message: format!("commit {commit} is not valid: {errors}"),
+                        at: cutover::now(),
+                    }));
+                }
+                let parent = repository
+                    .git()
+                    .find_commit(candidate)
+                    .ok()
+                    .and_then(|c| c.parent_id(0).ok());
+                match parent {
+                    Some(parent) => candidate = parent,
+                    None => return Ok(None),
+                }
+            }
+            Err(other) => {
+                // Not a verdict on the commit: look at it again next time.
+                followed.head = None;
+                return Err(other);
+            }
         }
     }
+    Ok(None)
 }
 
 enum Outcome {

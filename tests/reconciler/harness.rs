@@ -24,19 +24,23 @@ const PATIENCE: Duration = Duration::from_secs(180);
 /// One processor: `jq` appends `name@version` to the record's `path`.
 #[derive(Debug, Clone)]
 pub struct Proc {
-    name: String,
-    version: u32,
-    inputs: Vec<String>,
-    replicas: u32,
+    pub name: String,
+    pub version: u32,
+    pub inputs: Vec<String>,
+    pub replicas: u32,
+    /// Creation order: a processor only reads what was created before it, so no cycles.
+    born: u64,
 }
 
 impl Proc {
     pub fn new(name: &str, version: u32, inputs: &[&str]) -> Proc {
+        static BORN: AtomicU64 = AtomicU64::new(0);
         Proc {
             name: name.into(),
             version,
             inputs: inputs.iter().map(|s| s.to_string()).collect(),
             replicas: 1,
+            born: BORN.fetch_add(1, Ordering::SeqCst),
         }
     }
 
@@ -68,6 +72,11 @@ impl Model {
         self
     }
 
+    pub fn sink_from(mut self, name: &str, inputs: Vec<String>) -> Model {
+        self.sinks.insert(name.into(), inputs);
+        self
+    }
+
     pub fn replace(mut self, name: &str, version: u32) -> Model {
         if let Some(p) = self.procs.get_mut(name) {
             p.version = version;
@@ -83,6 +92,31 @@ impl Model {
     pub fn scale(mut self, name: &str, replicas: u32) -> Model {
         if let Some(p) = self.procs.get_mut(name) {
             p.replicas = replicas;
+        }
+        self
+    }
+
+    /// Processor names, in the order they were added (an input always comes before).
+    pub fn processors(&self) -> Vec<&Proc> {
+        let mut procs: Vec<&Proc> = self.procs.values().collect();
+        procs.sort_by_key(|p| p.born);
+        procs
+    }
+
+    pub fn sink_inputs(&self, sink: &str) -> &[String] {
+        self.sinks.get(sink).map(Vec::as_slice).unwrap_or_default()
+    }
+
+    /// Whether any processor reads `name`.
+    pub fn is_read(&self, name: &str) -> bool {
+        self.procs
+            .values()
+            .any(|p| p.inputs.iter().any(|i| i == name))
+    }
+
+    pub fn rewire(mut self, name: &str, inputs: &[String]) -> Model {
+        if let Some(p) = self.procs.get_mut(name) {
+            p.inputs = inputs.to_vec();
         }
         self
     }
@@ -683,6 +717,20 @@ impl Drop for Plumber {
             if process.wait_exit(PATIENCE).is_none() {
                 eprintln!("the daemon did not stop within {PATIENCE:?}");
             }
+        }
+    }
+}
+
+/// Prints the seed again when the test fails, next to the failure.
+pub struct SeedReport(pub u64);
+
+impl Drop for SeedReport {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "failed with PLUMBER_TEST_SEED={}; rerun with it to replay",
+                self.0
+            );
         }
     }
 }

@@ -98,19 +98,29 @@ fn a_daemon_killed_mid_cutover_resumes_it_without_loss_or_duplicates() {
     let load = world.start_load(100);
     load.wait_for(200);
 
-    // Kill the daemon at successive points of one cutover, restarting it each time.
+    // Kill the daemon after each action of one cutover, restarting it each time.
     let m = revisions[0].clone().replace("a", 2);
     let r2 = world.commit("a v2", &m);
     revisions.push(m);
-    for done in [1, 3, 5] {
+    let mut kills = 0;
+    for done in 1.. {
+        let finished = std::cell::Cell::new(false);
         plumber.wait_until(&format!("{done} cutover actions done"), |status| {
             let t = &status["topologies"][0];
-            t["cutover"]["done"].as_u64().is_some_and(|d| d >= done)
-                || t["commit"] == r2.to_string()
+            finished.set(t["commit"] == r2.to_string().as_str());
+            finished.get() || t["cutover"]["done"].as_u64().is_some_and(|d| d >= done)
         });
+        if finished.get() {
+            break;
+        }
         plumber.kill();
+        kills += 1;
         plumber = Plumber::up(&world);
     }
+    assert!(
+        kills >= 3,
+        "the cutover has several actions; killed only {kills} times"
+    );
     plumber.wait_applied("t", r2);
     let final_from = load.sent();
     load.wait_for(final_from + 200);
@@ -141,4 +151,138 @@ fn a_processor_killed_during_a_cutover_loses_nothing() {
     // At-least-once without transactions: a killed processor may duplicate, never lose.
     let duplicates = world.assert_oracle_allowing_duplicates(&revisions, sent, final_from);
     eprintln!("duplicates after kill -9 of b: {duplicates}");
+}
+
+/// At least 20 commits of random graph edits under continuous load: replace, add, remove,
+/// re-wire and scale steps, and invalid commits; some applied one by one, some in quick
+/// succession (coalesced). `PLUMBER_TEST_SEED` replays a run; the seed is printed.
+#[test]
+fn random_edits_under_load_keep_the_oracle() {
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+
+    let seed: u64 = std::env::var("PLUMBER_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(1)
+        });
+    eprintln!("random_edits_under_load_keep_the_oracle: PLUMBER_TEST_SEED={seed}");
+    let _report = harness::SeedReport(seed);
+    let mut rng = StdRng::seed_from_u64(seed);
+
+    let world = World::new("random");
+    let mut model = first();
+    let mut revisions = vec![model.clone()];
+    let r1 = world.commit("first", &model);
+    let plumber = Plumber::up(&world);
+    plumber.wait_applied("t", r1);
+    let load = world.start_load(50);
+    let mut next_name = 0;
+    let mut last = r1;
+    let mut commit = 0;
+    while commit < 22 {
+        let procs: Vec<harness::Proc> = model.processors().into_iter().cloned().collect();
+        let edit = rng.random_range(0..6);
+        let (message, next) = match edit {
+            0 => {
+                let p = &procs[rng.random_range(0..procs.len())];
+                (
+                    format!("replace {}", p.name),
+                    model.clone().replace(&p.name, p.version + 1),
+                )
+            }
+            1 if procs.len() < 6 => {
+                next_name += 1;
+                let name = format!("n{next_name}");
+                let mut upstream: Vec<String> = vec!["src".into()];
+                upstream.extend(procs.iter().map(|p| p.name.clone()));
+                let input = upstream[rng.random_range(0..upstream.len())].clone();
+                let sink = if rng.random_bool(0.5) { "out1" } else { "out2" };
+                let mut inputs = model.sink_inputs(sink).to_vec();
+                inputs.push(name.clone());
+                (
+                    format!("add {name} reading {input} into {sink}"),
+                    model
+                        .clone()
+                        .processor(Proc::new(&name, 1, &[input.as_str()]))
+                        .sink_from(sink, inputs),
+                )
+            }
+            2 => {
+                // Remove a processor nobody reads, if the sinks keep an input.
+                let removable: Vec<&harness::Proc> = procs
+                    .iter()
+                    .filter(|p| !model.is_read(&p.name))
+                    .filter(|p| {
+                        ["out1", "out2"]
+                            .iter()
+                            .all(|s| model.sink_inputs(s).iter().any(|i| i != &p.name))
+                    })
+                    .collect();
+                let Some(p) = removable.first() else { continue };
+                let mut next = model.clone().without(&p.name);
+                for sink in ["out1", "out2"] {
+                    let inputs: Vec<String> = model
+                        .sink_inputs(sink)
+                        .iter()
+                        .filter(|i| *i != &p.name)
+                        .cloned()
+                        .collect();
+                    next = next.sink_from(sink, inputs);
+                }
+                (format!("remove {}", p.name), next)
+            }
+            3 => {
+                // Re-wire a processor to something created before it.
+                let at = rng.random_range(0..procs.len());
+                let p = &procs[at];
+                let mut upstream: Vec<String> = vec!["src".into()];
+                upstream.extend(procs[..at].iter().map(|q| q.name.clone()));
+                let input = upstream[rng.random_range(0..upstream.len())].clone();
+                if p.inputs == [input.clone()] {
+                    continue;
+                }
+                (
+                    format!("re-wire {} to {input}", p.name),
+                    model.clone().rewire(&p.name, &[input]),
+                )
+            }
+            4 => {
+                let p = &procs[rng.random_range(0..procs.len())];
+                let replicas = if p.replicas == 1 { 2 } else { 1 };
+                (
+                    format!("scale {} to {replicas}", p.name),
+                    model.clone().scale(&p.name, replicas),
+                )
+            }
+            _ => {
+                let p = &procs[rng.random_range(0..procs.len())];
+                let broken = world.commit_raw(
+                    &format!("break {}", p.name),
+                    &format!("topologies/t/steps/{}.yaml", p.name),
+                    "kind: processor\ninput: src\njq: '.path += ['\n",
+                );
+                eprintln!("commit {commit}: invalid {broken}");
+                commit += 1;
+                continue;
+            }
+        };
+        last = world.commit(&message, &next);
+        eprintln!("commit {commit}: {message} ({last})");
+        commit += 1;
+        model = next;
+        revisions.push(model.clone());
+        if rng.random_bool(0.6) {
+            plumber.wait_applied("t", last);
+        }
+    }
+    plumber.wait_applied("t", last);
+    let final_from = load.sent();
+    load.wait_for(final_from + 100);
+    let sent = load.stop();
+    world.assert_oracle(&revisions, sent, final_from);
 }
