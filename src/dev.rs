@@ -38,6 +38,16 @@ pub enum Dev {
         #[arg(long)]
         count: Option<u64>,
     },
+    /// Print the records arriving on topics (from their end), one line each.
+    Tail {
+        #[arg(long = "topic", required = true)]
+        topics: Vec<String>,
+        #[arg(long, env = "PLUMBER_BOOTSTRAP", default_value = "127.0.0.1:9092")]
+        bootstrap: String,
+        /// Start from the beginning instead of the end.
+        #[arg(long)]
+        from_beginning: bool,
+    },
 }
 
 pub fn run(command: Dev) -> Result<()> {
@@ -77,6 +87,51 @@ pub fn run(command: Dev) -> Result<()> {
             rate,
             count,
         } => load(&bootstrap, &topics, rate.max(1), count),
+        Dev::Tail {
+            topics,
+            bootstrap,
+            from_beginning,
+        } => tail(&bootstrap, &topics, from_beginning),
+    }
+}
+
+fn tail(bootstrap: &str, topics: &[String], from_beginning: bool) -> Result<()> {
+    use rdkafka::Message as _;
+    use rdkafka::consumer::{BaseConsumer, Consumer as _};
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set(
+            "group.id",
+            format!("plumber-dev-tail-{}", std::process::id()),
+        )
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
+        .set(
+            "auto.offset.reset",
+            if from_beginning { "earliest" } else { "latest" },
+        )
+        .create()
+        .context("creating the consumer")?;
+    let names: Vec<&str> = topics.iter().map(String::as_str).collect();
+    consumer.subscribe(&names).context("subscribing")?;
+    loop {
+        match consumer.poll(Duration::from_millis(500)) {
+            Some(Ok(message)) => println!(
+                "{} {}/{}@{} {} {}",
+                message
+                    .timestamp()
+                    .to_millis()
+                    .map(|ms| ms.to_string())
+                    .unwrap_or_default(),
+                message.topic(),
+                message.partition(),
+                message.offset(),
+                String::from_utf8_lossy(message.key().unwrap_or_default()),
+                String::from_utf8_lossy(message.payload().unwrap_or_default())
+            ),
+            Some(Err(error)) => eprintln!("{error}"),
+            None => {}
+        }
     }
 }
 

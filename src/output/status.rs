@@ -77,12 +77,12 @@ pub fn history_text(history: &Value) -> String {
     }
     for entry in entries {
         out.push_str(&format!(
-            "{}  {} → {}  {} actions  finished at {}\n",
+            "{}  {} → {}  {} actions  {}\n",
             entry["topology"].as_str().unwrap_or("?"),
             commit(&entry["from"]),
             commit(&entry["to"]),
             entry["actions"],
-            entry["finishedAt"]
+            when(&entry["startedAt"], &entry["finishedAt"])
         ));
         for handover in entry["handovers"].as_array().into_iter().flatten() {
             let offsets: Vec<String> = handover["offsets"]
@@ -112,6 +112,19 @@ pub fn history_text(history: &Value) -> String {
         }
     }
     out
+}
+
+/// `2026-11-30T05:39:46Z (3 s)` from Unix seconds.
+fn when(started: &Value, finished: &Value) -> String {
+    let (Some(started), Some(finished)) = (started.as_u64(), finished.as_u64()) else {
+        return String::new();
+    };
+    let at = std::time::UNIX_EPOCH + std::time::Duration::from_secs(finished);
+    format!(
+        "{} ({} s)",
+        humantime::format_rfc3339_seconds(at),
+        finished.saturating_sub(started)
+    )
 }
 
 fn table<const N: usize>(header: [&str; N], rows: &[[String; N]]) -> String {
