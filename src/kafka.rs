@@ -8,6 +8,7 @@
 //! only after its offsets are set and by setting offsets only on groups it has not started.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
@@ -106,8 +107,14 @@ pub struct KafkaAdmin {
     admin: AdminClient<DefaultClientContext>,
     /// For metadata and watermarks; joins no group.
     metadata: BaseConsumer,
+    /// One client per group whose offsets are read or set: creating a client costs threads
+    /// and connections, and the daemon reads every group's offsets every few seconds.
+    groups: std::sync::Mutex<BTreeMap<String, Arc<BaseConsumer>>>,
     runtime: tokio::runtime::Runtime,
 }
+
+/// Group clients kept at most; beyond, the cache starts over (stopped groups drop out).
+const MAX_GROUP_CLIENTS: usize = 256;
 
 impl KafkaAdmin {
     pub fn connect(bootstrap: &str) -> Result<Self> {
@@ -125,20 +132,34 @@ impl KafkaAdmin {
             bootstrap: bootstrap.to_owned(),
             admin,
             metadata,
+            groups: std::sync::Mutex::new(BTreeMap::new()),
             runtime,
         })
     }
 
     /// A client of `group` that never joins it: reads and commits its offsets.
-    fn group_client(&self, group: &str) -> Result<BaseConsumer> {
-        base(&self.bootstrap)
+    fn group_client(&self, group: &str) -> Result<Arc<BaseConsumer>> {
+        let mut groups = self
+            .groups
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(client) = groups.get(group) {
+            return Ok(client.clone());
+        }
+        if groups.len() >= MAX_GROUP_CLIENTS {
+            groups.clear();
+        }
+        let client: BaseConsumer = base(&self.bootstrap)
             .set("group.id", group)
             .set("enable.auto.commit", "false")
             .create()
             .map_err(|source| Error::Client {
                 bootstrap: self.bootstrap.clone(),
                 source,
-            })
+            })?;
+        let client = Arc::new(client);
+        groups.insert(group.to_owned(), client.clone());
+        Ok(client)
     }
 
     fn topic_exists(&self, topic: &str) -> Result<bool> {

@@ -62,13 +62,10 @@ pub enum Source {
 }
 
 impl Source {
-    /// A URL with a scheme (other than a local `file://` path that exists) or `user@host:path`
-    /// is remote; anything else is a local path.
+    /// A URL (`https://`, `ssh://`, `file://`, …) or `user@host:path` is remote and mirrored;
+    /// anything else is a local path, read in place and watched.
     pub fn new(location: &str, state_dir: &Path) -> Source {
-        let remote = location.starts_with("https://")
-            || location.starts_with("http://")
-            || location.starts_with("ssh://")
-            || location.starts_with("git://")
+        let remote = location.contains("://")
             || (location.contains('@') && location.contains(':') && !Path::new(location).exists());
         if remote {
             Source::Remote {
@@ -100,8 +97,11 @@ impl Source {
         let Source::Remote { url, mirror } = self else {
             return Ok(());
         };
+        if !mirror.exists() {
+            init_mirror(url, mirror)?;
+        }
         let fetch_error = |source| Error::Fetch {
-            url: url.clone(),
+            url: redact(url),
             source,
         };
         let git = git2::Repository::open_bare(mirror).map_err(fetch_error)?;
@@ -135,6 +135,14 @@ impl Source {
         let mut watcher =
             notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
                 let Ok(event) = event else { return };
+                // Reading the repository opens these files too: only changes count, or every
+                // look at the branch would trigger the next one.
+                if matches!(
+                    event.kind,
+                    notify::EventKind::Access(_) | notify::EventKind::Other
+                ) {
+                    return;
+                }
                 // Object writes are frequent and say nothing; a ref or HEAD moving does.
                 let relevant = event.paths.iter().any(|p| {
                     let s = p.to_string_lossy();

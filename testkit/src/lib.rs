@@ -54,26 +54,9 @@ impl Broker {
     }
 
     fn tansu() -> Broker {
-        let binary = tansu_binary();
         let data = tempfile::tempdir().expect("temporary directory for the broker");
         let port = free_port();
-        let url = format!("tcp://127.0.0.1:{port}");
-        let log = std::fs::File::create(data.path().join("tansu.log")).expect("broker log file");
-        // tansu 0.6 mangles absolute sqlite paths: run it inside its data directory.
-        let child = Command::new(&binary)
-            .args([
-                "broker",
-                "--listener-url",
-                &url,
-                "--advertised-listener-url",
-                &url,
-            ])
-            .args(["--storage-engine", "sqlite://./broker.db"])
-            .current_dir(data.path())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {}: {e}", binary.display()));
+        let child = spawn_tansu(data.path(), port);
         let broker = Broker {
             bootstrap: format!("127.0.0.1:{port}"),
             tansu: Some(child),
@@ -81,6 +64,24 @@ impl Broker {
         };
         broker.wait_ready();
         broker
+    }
+
+    /// Kills the harness's tansu (kill -9: a crash) and starts it again on the same port and
+    /// data; returns once it answers. Does nothing for an external cluster.
+    pub fn restart(&mut self) {
+        let (Some(child), Some(data)) = (&mut self.tansu, &self._data) else {
+            return;
+        };
+        let _ = child.kill();
+        let _ = child.wait();
+        let port: u16 = self
+            .bootstrap
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .expect("the harness's bootstrap has a port");
+        *child = spawn_tansu(data.path(), port);
+        self.wait_ready();
     }
 
     pub fn bootstrap(&self) -> &str {
@@ -316,6 +317,31 @@ impl Drop for Broker {
     }
 }
 
+fn spawn_tansu(data: &std::path::Path, port: u16) -> Child {
+    let binary = tansu_binary();
+    let url = format!("tcp://127.0.0.1:{port}");
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(data.join("tansu.log"))
+        .expect("broker log file");
+    // tansu 0.6 mangles absolute sqlite paths: run it inside its data directory.
+    Command::new(&binary)
+        .args([
+            "broker",
+            "--listener-url",
+            &url,
+            "--advertised-listener-url",
+            &url,
+        ])
+        .args(["--storage-engine", "sqlite://./broker.db"])
+        .current_dir(data)
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {}: {e}", binary.display()))
+}
+
 /// Reads one topic from its beginning, outside any group.
 struct Reader {
     consumer: BaseConsumer,
@@ -345,6 +371,7 @@ impl Reader {
                         .unwrap_or_default(),
                     partition: Some(message.partition()),
                     offset: Some(message.offset()),
+                    timestamp: message.timestamp().to_millis(),
                 }),
                 Some(Err(rdkafka::error::KafkaError::PartitionEOF(partition))) => {
                     ended.insert(partition);
@@ -364,6 +391,8 @@ pub struct TestRecord {
     pub headers: Vec<(String, Vec<u8>)>,
     pub partition: Option<i32>,
     pub offset: Option<i64>,
+    /// Milliseconds since the epoch, as the producer (or broker) stamped it; when read.
+    pub timestamp: Option<i64>,
 }
 
 impl TestRecord {

@@ -237,6 +237,35 @@ impl World {
         self.repo.commit("main", message, &changes)
     }
 
+    /// Commits `model` as topology `t` plus `extra` files (another topology) as given.
+    pub fn commit_with(
+        &self,
+        message: &str,
+        model: &Model,
+        extra: &[(String, String)],
+    ) -> git2::Oid {
+        let mut files = model.files(self);
+        files.extend(extra.iter().cloned());
+        let mut changes: Vec<Change> = files.iter().map(|(p, c)| write(p, c)).collect();
+        let mut written = self.written.borrow_mut();
+        for gone in written.iter().filter(|p| !files.contains_key(*p)) {
+            changes.push(remove(gone));
+        }
+        *written = files.keys().cloned().collect();
+        self.repo.commit("main", message, &changes)
+    }
+
+    pub fn source_topic(&self) -> &str {
+        &self.source
+    }
+
+    /// A new topic on the world's broker.
+    pub fn topic(&self, prefix: &str) -> String {
+        let topic = unique(prefix);
+        self.broker.create_topic(&topic, 3);
+        topic
+    }
+
     /// Commits one file as given (e.g. an invalid step).
     pub fn commit_raw(&self, message: &str, path: &str, content: &str) -> git2::Oid {
         self.written.borrow_mut().insert(path.to_owned());
@@ -245,6 +274,17 @@ impl World {
 
     pub fn start_load(&self, rate: u64) -> Load {
         Load::start(&self.broker, &self.source, rate)
+    }
+
+    pub fn repo_url(&self) -> String {
+        format!("file://{}", self.repo.location())
+    }
+
+    /// A file in the test's scratch space.
+    pub fn scratch_file(&self, name: &str, content: &str) -> PathBuf {
+        let path = self.state.path().join(name);
+        std::fs::write(&path, content).unwrap();
+        path
     }
 
     fn processes(&self) -> PathBuf {
@@ -608,6 +648,11 @@ fn processor_binary() -> PathBuf {
 
 impl Plumber {
     pub fn up(world: &World) -> Plumber {
+        Plumber::start(world, &world.repo.location(), &[])
+    }
+
+    /// `plumber up LOCATION` with extra arguments, on the world's state directory.
+    pub fn start(world: &World, location: &str, extra: &[&str]) -> Plumber {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -625,7 +670,8 @@ impl Plumber {
         let mut command = Command::new(env!("CARGO_BIN_EXE_plumber"));
         command
             .arg("up")
-            .arg(world.repo.location())
+            .arg(location)
+            .args(extra)
             .args(["--branch", "main", "--bootstrap", world.broker.bootstrap()])
             .arg("--state-dir")
             .arg(world.state.path().join("state"))
@@ -671,6 +717,19 @@ impl Plumber {
         panic!("timed out waiting until {what}; last status: {last:#}");
     }
 
+    /// The status entry of `topology`.
+    pub fn topology(&self, topology: &str) -> Value {
+        self.try_status()
+            .and_then(|s| {
+                s["topologies"]
+                    .as_array()?
+                    .iter()
+                    .find(|t| t["name"] == topology)
+                    .cloned()
+            })
+            .unwrap_or(Value::Null)
+    }
+
     pub fn wait_applied(&self, topology: &str, commit: git2::Oid) {
         let commit = commit.to_string();
         self.wait_until(&format!("{topology} runs {commit}"), |status| {
@@ -692,6 +751,19 @@ impl Plumber {
             .find(|t| t["name"] == topology)?["commit"]
             .as_str()
             .map(str::to_owned)
+    }
+
+    /// POSTs a push webhook; returns the HTTP status.
+    pub fn hook(&self, body: &[u8], signature: Option<&str>) -> u16 {
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .build()
+            .into();
+        let mut request = agent.post(&format!("{}/hooks/git", self.server));
+        if let Some(signature) = signature {
+            request = request.header("X-Plumber-Signature", signature);
+        }
+        request.send(body).unwrap().status().as_u16()
     }
 
     pub fn history(&self) -> Value {
