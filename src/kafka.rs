@@ -40,6 +40,8 @@ pub enum Error {
     },
     #[error("cannot read the partitions of {topic}: {message}")]
     Metadata { topic: String, message: String },
+    #[error("topic {topic} does not exist")]
+    NoSuchTopic { topic: String },
     #[error("cannot read the end offsets of {topic}/{partition}: {source}")]
     Watermarks {
         topic: String,
@@ -165,7 +167,7 @@ impl KafkaAdmin {
     fn topic_exists(&self, topic: &str) -> Result<bool> {
         match self.partitions(topic) {
             Ok(_) => Ok(true),
-            Err(Error::Metadata { message, .. }) if message.contains("nknown topic") => Ok(false),
+            Err(Error::NoSuchTopic { .. }) => Ok(false),
             Err(e) => Err(e),
         }
     }
@@ -252,14 +254,19 @@ impl Admin for KafkaAdmin {
             .metadata
             .fetch_metadata(Some(topic), CALL_TIMEOUT)
             .map_err(|e| metadata_error(e.to_string()))?;
-        let Some(found) = metadata.topics().iter().find(|t| t.name() == topic) else {
-            return Err(metadata_error("Unknown topic".into()));
+        let no_such_topic = || Error::NoSuchTopic {
+            topic: topic.to_owned(),
         };
-        if let Some(error) = found.error() {
-            return Err(metadata_error(format!("{}", RDKafkaErrorCode::from(error))));
+        let Some(found) = metadata.topics().iter().find(|t| t.name() == topic) else {
+            return Err(no_such_topic());
+        };
+        match found.error().map(RDKafkaErrorCode::from) {
+            Some(RDKafkaErrorCode::UnknownTopicOrPartition) => return Err(no_such_topic()),
+            Some(code) => return Err(metadata_error(code.to_string())),
+            None => {}
         }
         match found.partitions().len() {
-            0 => Err(metadata_error("Unknown topic (no partitions)".into())),
+            0 => Err(no_such_topic()),
             n => Ok(n as i32),
         }
     }

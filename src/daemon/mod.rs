@@ -102,6 +102,12 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    #[error("cannot start the {name} thread: {source}")]
+    Thread {
+        name: String,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// One valid commit, ready to run: its graphs, clusters and a checkout of its files.
@@ -280,8 +286,8 @@ impl Daemon {
                     let _watcher = watcher;
                     reconcile_loop(&context, &receiver);
                 })
-                .map_err(|source| Error::Listen {
-                    addr: listening,
+                .map_err(|source| Error::Thread {
+                    name: "reconcile".into(),
                     source,
                 })?
         };
@@ -290,8 +296,8 @@ impl Daemon {
             std::thread::Builder::new()
                 .name("observe".into())
                 .spawn(move || observe_loop(&context))
-                .map_err(|source| Error::Listen {
-                    addr: listening,
+                .map_err(|source| Error::Thread {
+                    name: "observe".into(),
                     source,
                 })?
         };
@@ -347,22 +353,20 @@ struct Slot {
 }
 
 impl Worker {
-    fn spawn(name: &str, context: &Arc<Context>) -> Worker {
+    fn spawn(name: &str, context: &Arc<Context>) -> Result<Worker, Error> {
         let slot = Arc::new((Mutex::new(Slot::default()), Condvar::new()));
+        let thread = format!("topology-{name}");
         let handle = {
             let (name, context, slot) = (name.to_owned(), context.clone(), slot.clone());
             std::thread::Builder::new()
-                .name(format!("topology-{name}"))
+                .name(thread.clone())
                 .spawn(move || worker_loop(&name, &context, &slot))
+                .map_err(|source| Error::Thread {
+                    name: thread,
+                    source,
+                })?
         };
-        Worker {
-            slot,
-            // Spawning a thread fails only when the system is out of resources.
-            handle: handle.unwrap_or_else(|e| {
-                tracing::error!(error = %e, "cannot start a topology worker");
-                std::thread::spawn(|| {})
-            }),
-        }
+        Ok(Worker { slot, handle })
     }
 
     fn desire(&self, revision: Arc<Revision>) {
@@ -387,7 +391,12 @@ fn reconcile_loop(context: &Arc<Context>, receiver: &Receiver<Trigger>) {
     match context.state.topologies() {
         Ok(known) => {
             for name in known.keys() {
-                workers.insert(name.clone(), Worker::spawn(name, context));
+                match Worker::spawn(name, context) {
+                    Ok(worker) => {
+                        workers.insert(name.clone(), worker);
+                    }
+                    Err(error) => tracing::error!(%error, "cannot resume a topology"),
+                }
             }
         }
         Err(error) => tracing::error!(%error, "cannot read the state directory"),
@@ -417,10 +426,18 @@ fn reconcile_loop(context: &Arc<Context>, receiver: &Receiver<Trigger>) {
                 names.sort();
                 names.dedup();
                 for name in names {
-                    workers
-                        .entry(name.clone())
-                        .or_insert_with(|| Worker::spawn(&name, context))
-                        .desire(revision.clone());
+                    if !workers.contains_key(&name) {
+                        match Worker::spawn(&name, context) {
+                            Ok(worker) => {
+                                workers.insert(name.clone(), worker);
+                            }
+                            // The next new commit tries again.
+                            Err(error) => tracing::error!(%error, "cannot start a topology worker"),
+                        }
+                    }
+                    if let Some(worker) = workers.get(&name) {
+                        worker.desire(revision.clone());
+                    }
                 }
             }
             Ok(None) => {}

@@ -2,7 +2,6 @@
 //! Prometheus metrics. The reconcile loop and the topology workers write it; HTTP handlers
 //! only read snapshots.
 
-use std::collections::BTreeMap;
 use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -236,6 +235,3 @@ fn overall(status: &Status) -> Phase {
         Phase::Idle
     }
 }
-
-/// Lag per group, refreshed by the observer.
-pub type LagByGroup = BTreeMap<String, i64>;

@@ -255,7 +255,7 @@ mod tests {
         ));
         assert!(matches!(
             Source::new("file:///tmp/r", state),
-            Source::Local { .. }
+            Source::Remote { .. }
         ));
     }
 }
