@@ -337,6 +337,7 @@ impl Engine<'_> {
         index: usize,
         action: &Action,
     ) -> Result<(), Error> {
+        let mut previous = None;
         loop {
             let lag = self
                 .admin
@@ -348,9 +349,23 @@ impl Engine<'_> {
                     source: Box::new(source),
                 })?;
             (self.on_event)(Event::Draining { group, lag });
-            if lag == 0 {
+            // A lag that stays put may be transaction markers, not records: look closer then
+            // (while it shrinks, the group is simply still reading).
+            let drained = lag == 0
+                || (previous == Some(lag)
+                    && self
+                        .admin
+                        .drained(group, topics)
+                        .map_err(|source| Error::Kafka {
+                            topology: self.topology.to_owned(),
+                            index,
+                            action: describe(action),
+                            source: Box::new(source),
+                        })?);
+            if drained {
                 return Ok(());
             }
+            previous = Some(lag);
             if (self.stopping)() {
                 return Err(Error::Interrupted {
                     topology: self.topology.to_owned(),

@@ -80,6 +80,13 @@ pub trait Admin: Send + Sync {
     /// Sets the group's offsets. The group must have no live member.
     fn commit(&self, group: &str, offsets: &[PartitionOffset]) -> Result<()>;
 
+    /// Whether the group has consumed everything on `topics`. Without transactions that is a
+    /// lag of 0; with them, transaction markers and aborted records sit between a group's
+    /// committed offset and the end, so [`KafkaAdmin`] looks for a readable record instead.
+    fn drained(&self, group: &str, topics: &[String]) -> Result<bool> {
+        Ok(self.lag(group, topics)? == 0)
+    }
+
     /// Records the group has not consumed on `topics` (end offset − committed, or the whole
     /// partition when nothing is committed).
     fn lag(&self, group: &str, topics: &[String]) -> Result<i64> {
@@ -269,6 +276,64 @@ impl Admin for KafkaAdmin {
             0 => Err(no_such_topic()),
             n => Ok(n as i32),
         }
+    }
+
+    fn drained(&self, group: &str, topics: &[String]) -> Result<bool> {
+        let committed: BTreeMap<(String, i32), i64> = self
+            .committed(group, topics)?
+            .into_iter()
+            .map(|p| ((p.topic, p.partition), p.offset))
+            .collect();
+        let mut behind = TopicPartitionList::new();
+        for topic in topics {
+            for (partition, (low, high)) in self.watermarks(topic)?.into_iter().enumerate() {
+                let partition = partition as i32;
+                let at = committed
+                    .get(&(topic.clone(), partition))
+                    .copied()
+                    .unwrap_or(low)
+                    .max(low);
+                if at < high {
+                    behind
+                        .add_partition_offset(topic, partition, Offset::Offset(at))
+                        .map_err(|source| Error::Committed {
+                            group: group.to_owned(),
+                            source,
+                        })?;
+                }
+            }
+        }
+        if behind.count() == 0 {
+            return Ok(true);
+        }
+        // Between the committed offset and the end: is there a record a read_committed reader
+        // would get, or only transaction markers and aborted records?
+        let read_error = |source| Error::Committed {
+            group: group.to_owned(),
+            source,
+        };
+        let reader: BaseConsumer = base(&self.bootstrap)
+            .set("group.id", "plumber-drain-check")
+            .set("enable.auto.commit", "false")
+            .set("isolation.level", "read_committed")
+            .set("enable.partition.eof", "true")
+            .create()
+            .map_err(read_error)?;
+        reader.assign(&behind).map_err(read_error)?;
+        let mut ended = 0;
+        let deadline = std::time::Instant::now() + CALL_TIMEOUT;
+        while ended < behind.count() {
+            if std::time::Instant::now() > deadline {
+                return Ok(false);
+            }
+            match reader.poll(Duration::from_millis(100)) {
+                Some(Ok(_)) => return Ok(false),
+                Some(Err(KafkaError::PartitionEOF(_))) => ended += 1,
+                Some(Err(error)) => return Err(read_error(error)),
+                None => {}
+            }
+        }
+        Ok(true)
     }
 
     fn watermarks(&self, topic: &str) -> Result<Vec<(i64, i64)>> {

@@ -1,0 +1,66 @@
+//! The Kafka operations of a cutover against a real broker (tansu, or
+//! `PLUMBER_TEST_BOOTSTRAP`): idempotent topic creation, missing topics, setting and reading a
+//! group's offsets, lag and drains.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly
+
+use plumber::kafka::{Admin, Error, KafkaAdmin};
+use plumber::state::PartitionOffset;
+use plumber_testkit::{Broker, TestRecord, unique};
+
+fn at(topic: &str, partition: i32, offset: i64) -> PartitionOffset {
+    PartitionOffset {
+        topic: topic.into(),
+        partition,
+        offset,
+    }
+}
+
+#[test]
+fn topics_offsets_lag_and_drains() {
+    let broker = Broker::start();
+    let admin = KafkaAdmin::connect(broker.bootstrap()).unwrap();
+    let topic = unique("admin");
+    admin.create_topic(&topic, 2).unwrap();
+    admin.create_topic(&topic, 2).unwrap(); // exists: nothing to do
+    assert_eq!(admin.partitions(&topic).unwrap(), 2);
+    assert!(matches!(
+        admin.partitions(&unique("missing")),
+        Err(Error::NoSuchTopic { .. })
+    ));
+
+    let records: Vec<TestRecord> = (0..10)
+        .map(|i| TestRecord::new(&format!("k{i}"), "{}"))
+        .collect();
+    broker.produce(&topic, &records);
+    let ends: Vec<i64> = admin
+        .watermarks(&topic)
+        .unwrap()
+        .iter()
+        .map(|(_, high)| *high)
+        .collect();
+    assert_eq!(ends.iter().sum::<i64>(), 10);
+
+    let group = unique("admin-group");
+    let topics = vec![topic.clone()];
+    assert_eq!(
+        admin.lag(&group, &topics).unwrap(),
+        10,
+        "nothing committed: all of it"
+    );
+    assert!(!admin.drained(&group, &topics).unwrap());
+
+    admin
+        .commit(&group, &[at(&topic, 0, 0), at(&topic, 1, ends[1])])
+        .unwrap();
+    assert_eq!(admin.lag(&group, &topics).unwrap(), ends[0]);
+    assert_eq!(admin.drained(&group, &topics).unwrap(), ends[0] == 0);
+    let mut committed = admin.committed(&group, &topics).unwrap();
+    committed.sort();
+    assert_eq!(committed, vec![at(&topic, 0, 0), at(&topic, 1, ends[1])]);
+
+    admin
+        .commit(&group, &[at(&topic, 0, ends[0]), at(&topic, 1, ends[1])])
+        .unwrap();
+    assert_eq!(admin.lag(&group, &topics).unwrap(), 0);
+    assert!(admin.drained(&group, &topics).unwrap());
+}
