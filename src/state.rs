@@ -38,6 +38,10 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    #[error(
+        "another `plumber up` (pid {pid}) is using the state directory {path}; stop it, or give this one its own --state-dir"
+    )]
+    Locked { path: PathBuf, pid: String },
     #[error("{path} is damaged ({source}); move it away to start that topology from scratch")]
     Damaged {
         path: PathBuf,
@@ -126,6 +130,42 @@ impl StateDir {
 
     pub fn root(&self) -> &Path {
         &self.root
+    }
+
+    /// Takes the directory for this process until the lock is dropped (or the process dies):
+    /// two daemons on one state directory would both adopt and restart the same processors.
+    pub fn lock(&self) -> Result<StateLock> {
+        use std::io::{Read as _, Seek as _};
+        let path = self.root.join("daemon.lock");
+        let write_error = |source| Error::Write {
+            path: path.clone(),
+            source,
+        };
+        let file = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(write_error)?;
+        let mut locked =
+            match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+                Ok(locked) => locked,
+                Err((mut file, _)) => {
+                    let mut pid = String::new();
+                    let _ = file.read_to_string(&mut pid);
+                    return Err(Error::Locked {
+                        path: self.root.clone(),
+                        pid: pid.trim().to_owned(),
+                    });
+                }
+            };
+        locked.set_len(0).map_err(write_error)?;
+        locked.rewind().map_err(write_error)?;
+        locked
+            .write_all(std::process::id().to_string().as_bytes())
+            .map_err(write_error)?;
+        Ok(StateLock { _file: locked })
     }
 
     fn topology_path(&self, name: &str) -> PathBuf {
@@ -222,6 +262,11 @@ impl StateDir {
     }
 }
 
+/// Held while a daemon uses a state directory.
+pub struct StateLock {
+    _file: nix::fcntl::Flock<fs::File>,
+}
+
 /// Replaces `path` with `bytes` so that a crash leaves either the old or the new content.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
     let write_error = |source| Error::Write {
@@ -265,6 +310,17 @@ mod tests {
         assert_eq!(state.topologies().unwrap().len(), 1);
         state.remove_topology("clicks").unwrap();
         assert!(state.topologies().unwrap().is_empty());
+    }
+
+    #[test]
+    fn one_daemon_per_state_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = StateDir::open(dir.path()).unwrap();
+        let held = state.lock().unwrap();
+        let error = state.lock().err().unwrap().to_string();
+        assert!(error.contains(&std::process::id().to_string()), "{error}");
+        drop(held);
+        assert!(state.lock().is_ok());
     }
 
     #[test]

@@ -15,10 +15,14 @@ use tracing_subscriber::EnvFilter;
 
 use plumber::daemon::{Context, Daemon, DaemonConfig};
 use plumber::runtime::local::{LocalConfig, LocalRuntime};
+use plumber::state::StateDir;
 
 pub fn run(config: DaemonConfig) -> Result<()> {
     init_logging();
     let mut signals = Signals::new([SIGINT, SIGTERM]).context("installing signal handlers")?;
+    let _lock = StateDir::open(&config.state_dir)
+        .and_then(|state| state.lock())
+        .context("taking the state directory")?;
     let runtime = Arc::new(
         LocalRuntime::open(&config.state_dir, LocalConfig::default())
             .context("starting the local runtime")?,
