@@ -139,6 +139,9 @@ impl Revision {
     }
 }
 
+/// Revisions kept in memory; a daemon needs a few (applied, in progress, desired) at a time.
+const MAX_CACHED_REVISIONS: usize = 64;
+
 /// Loads and caches revisions by commit.
 pub struct Revisions {
     source: Source,
@@ -184,10 +187,12 @@ impl Revisions {
             clusters: validation.clusters,
             checkout,
         });
-        self.cache
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(commit.to_owned(), revision.clone());
+        let mut cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
+        // Any revision can be loaded again from git: the cache only saves work.
+        if cache.len() >= MAX_CACHED_REVISIONS {
+            cache.clear();
+        }
+        cache.insert(commit.to_owned(), revision.clone());
         Ok(revision)
     }
 }
