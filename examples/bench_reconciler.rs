@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use git2::{Repository, RepositoryInitOptions, Signature};
-use plumber_testkit::{Broker, Process, unique, wait_until};
+use plumber_testkit::{Broker, Process, Usage, unique, wait_until};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer as _};
 use serde_json::Value;
 
@@ -119,32 +119,6 @@ fn status(server: &str) -> Option<Value> {
 
 fn topology(status: &Value) -> &Value {
     &status["topologies"][0]
-}
-
-struct Usage {
-    cpu_seconds: f64,
-    rss_mb: f64,
-}
-
-fn usage(pid: u32) -> Usage {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    let after = &stat[stat.rfind(')').unwrap() + 2..];
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    let ticks = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
-        .unwrap()
-        .unwrap() as f64;
-    let cpu = (fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap()) / ticks;
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let rss = status
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse::<f64>().ok())
-        .unwrap_or(0.0);
-    Usage {
-        cpu_seconds: cpu,
-        rss_mb: rss / 1024.0,
-    }
 }
 
 /// The longest time between consecutive records (by producer timestamp) within a window.
@@ -294,11 +268,11 @@ fn main() {
 
     // The daemon while nothing changes (its processors keep working).
     let idle_secs = 20.0;
-    let before = usage(daemon.pid());
+    let before = Usage::of(daemon.pid());
     std::thread::sleep(Duration::from_secs_f64(idle_secs));
-    let after = usage(daemon.pid());
+    let after = Usage::of(daemon.pid());
     let idle_cpu = (after.cpu_seconds - before.cpu_seconds) / idle_secs * 100.0;
-    let idle_rss = after.rss_mb;
+    let idle_rss = after.rss_kb as f64 / 1024.0;
     eprintln!("idle: {idle_cpu:.2}% CPU, {idle_rss:.1} MB RSS");
 
     let mut to_start = Vec::new();

@@ -90,11 +90,18 @@ pub trait Admin: Send + Sync {
     /// Records the group has not consumed on `topics` (end offset − committed, or the whole
     /// partition when nothing is committed).
     fn lag(&self, group: &str, topics: &[String]) -> Result<i64> {
+        Ok(self.progress(group, topics)?.lag)
+    }
+
+    /// Where the group stands on `topics`: its lag, and the sum of its committed offsets
+    /// (which moves while it makes progress).
+    fn progress(&self, group: &str, topics: &[String]) -> Result<Progress> {
         let committed: BTreeMap<(String, i32), i64> = self
             .committed(group, topics)?
             .into_iter()
             .map(|p| ((p.topic, p.partition), p.offset))
             .collect();
+        let position = committed.values().sum();
         let mut lag = 0;
         for topic in topics {
             for (partition, (low, high)) in self.watermarks(topic)?.into_iter().enumerate() {
@@ -106,8 +113,14 @@ pub trait Admin: Send + Sync {
                 lag += (high - at).max(0);
             }
         }
-        Ok(lag)
+        Ok(Progress { lag, position })
     }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Progress {
+    pub lag: i64,
+    pub position: i64,
 }
 
 /// [`Admin`] over rdkafka.

@@ -145,17 +145,7 @@ impl Repository {
 
     /// The files of `commit` that can matter to a topology repository ([`spec::is_wanted`]).
     pub fn snapshot(&self, commit: Oid) -> Result<Snapshot> {
-        let read = |what: &str, source| Error::Read {
-            what: what.to_owned(),
-            commit,
-            source,
-        };
-        let tree = self
-            .git
-            .find_commit(commit)
-            .and_then(|c| c.tree())
-            .map_err(|e| read("the tree", e))?;
-        let tree = self.topology_root(&tree, commit)?;
+        let tree = self.commit_root(commit)?;
         Ok(Snapshot {
             commit,
             files: self.files_of(&tree, commit)?,
@@ -206,6 +196,20 @@ impl Repository {
     }
 
     /// The subtree the topology repository lives in.
+    /// The tree of the topology repository at `commit`.
+    fn commit_root(&self, commit: Oid) -> Result<git2::Tree<'_>> {
+        let tree = self
+            .git
+            .find_commit(commit)
+            .and_then(|c| c.tree())
+            .map_err(|source| Error::Read {
+                what: "the tree".into(),
+                commit,
+                source,
+            })?;
+        self.topology_root(&tree, commit)
+    }
+
     fn topology_root<'r>(&'r self, tree: &git2::Tree<'r>, commit: Oid) -> Result<git2::Tree<'r>> {
         if self.prefix.is_empty() {
             return Ok(tree.clone());
@@ -236,12 +240,7 @@ impl Repository {
             path: path.to_path_buf(),
             source: e,
         };
-        let tree = self
-            .git
-            .find_commit(commit)
-            .and_then(|c| c.tree())
-            .map_err(|e| read("the tree", e))?;
-        let tree = self.topology_root(&tree, commit)?;
+        let tree = self.commit_root(commit)?;
         // Written aside, then renamed: a crash never leaves a half checkout that looks done.
         let partial = dest.with_extension("partial");
         let _ = std::fs::remove_dir_all(&partial);

@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use nix::sys::signal::Signal;
-use plumber_testkit::{Broker, Process, TestRecord, unique};
+use plumber_testkit::{Broker, Process, TestRecord, Usage, unique};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::mocking::MockCluster;
 use rdkafka::producer::{BaseProducer, BaseRecord, DefaultProducerContext, Producer};
@@ -133,33 +133,6 @@ impl Watermarks {
     }
 }
 
-struct Usage {
-    cpu_seconds: f64,
-    peak_rss_kb: u64,
-}
-
-fn usage(pid: u32) -> Usage {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
-    let after = &stat[stat.rfind(')').unwrap() + 2..];
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    let ticks = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
-        .unwrap()
-        .unwrap() as f64;
-    let cpu = (fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap()) / ticks;
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let peak = status
-        .lines()
-        .find(|l| l.starts_with("VmHWM:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    Usage {
-        cpu_seconds: cpu,
-        peak_rss_kb: peak,
-    }
-}
-
 struct Throughput {
     records_per_second: f64,
     cpu_microseconds_per_record: f64,
@@ -185,7 +158,7 @@ fn throughput(
         if first_at.is_none() && done > 0 {
             first_at = Some(Instant::now());
             first_count = done;
-            cpu_at_first = usage(process.pid()).cpu_seconds;
+            cpu_at_first = Usage::of(process.pid()).cpu_seconds;
         }
         if done >= records {
             break;
@@ -194,7 +167,7 @@ fn throughput(
         std::thread::sleep(Duration::from_millis(20));
     }
     let elapsed = first_at.unwrap().elapsed().as_secs_f64();
-    let used = usage(process.pid());
+    let used = Usage::of(process.pid());
     process.signal(Signal::SIGTERM);
     process.wait_exit(Duration::from_secs(15)).expect("stops");
     Throughput {

@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use crate::cutover::{self, CutoverConfig, Engine, Event};
 use crate::graph::{Kind, Topology};
-use crate::kafka::{Admin, KafkaAdmin};
+use crate::kafka::{Admin, KafkaAdmin, Progress};
 use crate::plan::plan_topology;
 use crate::runtime::Runtime;
 use crate::spec::ClusterSpec;
@@ -855,17 +855,15 @@ fn observe(context: &Context) {
                         Some(p) if p.running >= p.replicas => "running",
                         Some(_) => "starting",
                     };
-                    let inputs = topology.input_topics(id);
-                    let lag = admin.as_ref().and_then(|a| {
-                        a.lag(&group, &inputs)
+                    let progress = admin.as_ref().and_then(|a| {
+                        a.progress(&group, &topology.input_topics(id))
                             .map_err(|error| tracing::debug!(%error, group, "lag unknown"))
                             .ok()
                     });
-                    if let (Some(admin), Some(lag), true) =
-                        (admin.as_ref(), lag, running.contains_key(&group))
-                    {
-                        watch_progress(context, admin.as_ref(), &group, &inputs, lag);
+                    if let (Some(progress), true) = (progress, running.contains_key(&group)) {
+                        watch_progress(context, &group, progress);
                     }
+                    let lag = progress.map(|p| p.lag);
                     let labels = StepLabels {
                         topology: name.clone(),
                         step: step.name.clone(),
@@ -895,28 +893,26 @@ fn observe(context: &Context) {
 }
 
 /// Restarts a running group that has lag but whose committed offsets stopped moving.
-fn watch_progress(context: &Context, admin: &dyn Admin, group: &str, inputs: &[String], lag: i64) {
-    let mut progress = context
+fn watch_progress(context: &Context, group: &str, progress: Progress) {
+    let mut stalls = context
         .progress
         .lock()
         .unwrap_or_else(PoisonError::into_inner);
-    if lag == 0 {
-        progress.remove(group);
+    if progress.lag == 0 {
+        stalls.remove(group);
         return;
     }
-    let Ok(committed) = admin.committed(group, inputs) else {
-        return;
-    };
-    let position: i64 = committed.iter().map(|p| p.offset).sum();
     let now = std::time::Instant::now();
-    let entry = progress.entry(group.to_owned()).or_insert((position, now));
-    if entry.0 != position {
-        *entry = (position, now);
+    let entry = stalls
+        .entry(group.to_owned())
+        .or_insert((progress.position, now));
+    if entry.0 != progress.position {
+        *entry = (progress.position, now);
     } else if now.duration_since(entry.1) >= context.config.stalled_after {
-        tracing::warn!(group, lag, stalled_for = ?now.duration_since(entry.1), "processor makes no progress; restarting it");
+        tracing::warn!(group, lag = progress.lag, stalled_for = ?now.duration_since(entry.1), "processor makes no progress; restarting it");
         if let Err(error) = context.runtime.restart(group) {
             tracing::error!(%error, group, "cannot restart a stalled processor");
         }
-        *entry = (position, now);
+        *entry = (progress.position, now);
     }
 }

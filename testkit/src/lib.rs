@@ -526,3 +526,45 @@ impl Drop for Process {
         self.kill();
     }
 }
+
+/// CPU time and memory of a running process, from `/proc` (benchmarks).
+#[derive(Debug, Clone, Copy)]
+pub struct Usage {
+    pub cpu_seconds: f64,
+    pub rss_kb: u64,
+    pub peak_rss_kb: u64,
+}
+
+impl Usage {
+    pub fn of(pid: u32) -> Usage {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("/proc/PID/stat");
+        // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
+        let after = &stat[stat.rfind(')').expect("stat has a command") + 2..];
+        let fields: Vec<&str> = after.split_whitespace().collect();
+        let ticks = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+            .ok()
+            .flatten()
+            .unwrap_or(100) as f64;
+        let field = |i: usize| {
+            fields
+                .get(i)
+                .and_then(|f| f.parse::<f64>().ok())
+                .unwrap_or(0.0)
+        };
+        let status =
+            std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc/PID/status");
+        let kb = |name: &str| {
+            status
+                .lines()
+                .find(|l| l.starts_with(name))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0)
+        };
+        Usage {
+            cpu_seconds: (field(11) + field(12)) / ticks,
+            rss_kb: kb("VmRSS:"),
+            peak_rss_kb: kb("VmHWM:"),
+        }
+    }
+}

@@ -610,6 +610,14 @@ impl Load {
         });
     }
 
+    /// After the last cutover: writes `more` records, then stops. Returns (records written,
+    /// the first record written after the last cutover).
+    pub fn finish(self, more: u64) -> (u64, u64) {
+        let final_from = self.sent();
+        self.wait_for(final_from + more);
+        (self.stop(), final_from)
+    }
+
     /// Stops writing; returns how many records were written (all acknowledged).
     pub fn stop(mut self) -> u64 {
         self.running.store(false, Ordering::SeqCst);

@@ -79,10 +79,7 @@ fn every_record_follows_one_revision_through_a_series_of_cutovers() {
     let r6 = world.commit("remove d, scale b", &m);
     revisions.push(m);
     plumber.wait_applied("t", r6);
-    let final_from = load.sent();
-    load.wait_for(final_from + 200);
-
-    let sent = load.stop();
+    let (sent, final_from) = load.finish(200);
     world.assert_oracle(&revisions, sent, final_from);
     let history = plumber.history();
     assert_eq!(history.as_array().map(Vec::len), Some(5), "{history:#}");
@@ -122,9 +119,7 @@ fn a_daemon_killed_mid_cutover_resumes_it_without_loss_or_duplicates() {
         "the cutover has several actions; killed only {kills} times"
     );
     plumber.wait_applied("t", r2);
-    let final_from = load.sent();
-    load.wait_for(final_from + 200);
-    let sent = load.stop();
+    let (sent, final_from) = load.finish(200);
     world.assert_oracle(&revisions, sent, final_from);
     // Never two live instances of one step: the adopted processors were not started twice.
     world.assert_one_instance_per_group();
@@ -145,9 +140,7 @@ fn a_processor_killed_during_a_cutover_loses_nothing() {
     // The old b keeps running through this cutover; kill it hard while it happens.
     world.kill_processor("b");
     plumber.wait_applied("t", r2);
-    let final_from = load.sent();
-    load.wait_for(final_from + 300);
-    let sent = load.stop();
+    let (sent, final_from) = load.finish(300);
     // At-least-once without transactions: a killed processor may duplicate, never lose.
     let duplicates = world.assert_oracle_allowing_duplicates(&revisions, sent, final_from);
     eprintln!("duplicates after kill -9 of b: {duplicates}");
@@ -281,9 +274,7 @@ fn random_edits_under_load_keep_the_oracle() {
         }
     }
     plumber.wait_applied("t", last);
-    let final_from = load.sent();
-    load.wait_for(final_from + 100);
-    let sent = load.stop();
+    let (sent, final_from) = load.finish(100);
     world.assert_oracle(&revisions, sent, final_from);
 }
 
@@ -306,9 +297,7 @@ fn a_broker_restart_during_a_cutover_loses_nothing() {
     });
     world.broker.restart();
     plumber.wait_applied("t", r2);
-    let final_from = load.sent();
-    load.wait_for(final_from + 300);
-    let sent = load.stop();
+    let (sent, final_from) = load.finish(300);
     // Processors that lost the broker may have produced past their last commit.
     let duplicates = world.assert_oracle_allowing_duplicates(&revisions, sent, final_from);
     eprintln!("duplicates after a broker restart: {duplicates}");
@@ -410,8 +399,6 @@ fn a_stuck_cutover_does_not_hold_up_another_topology() {
     let x = plumber.topology("x");
     assert_eq!(x["phase"], "cutover", "x is still stuck: {x:#}");
     assert_eq!(x["cutover"]["to"], r2.to_string().as_str(), "{x:#}");
-    let final_from = load.sent();
-    load.wait_for(final_from + 100);
-    let sent = load.stop();
+    let (sent, final_from) = load.finish(100);
     world.assert_oracle(&[first(), m], sent, final_from);
 }
