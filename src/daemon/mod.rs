@@ -228,14 +228,6 @@ impl Context {
         }))
     }
 
-    /// Uses `admin` for `bootstrap` instead of connecting (tests).
-    pub fn with_admin(&self, bootstrap: &str, admin: Arc<dyn Admin>) {
-        self.admins
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(bootstrap.to_owned(), admin);
-    }
-
     fn admin(&self, bootstrap: &str) -> Result<Arc<dyn Admin>, Error> {
         let mut admins = self.admins.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(admin) = admins.get(bootstrap) {

@@ -220,21 +220,19 @@ impl LocalRuntime {
     /// Stops every processor gracefully (the daemon is stopping). Their records stay, so the
     /// next daemon starts them again.
     pub fn stop_all(&self) {
-        let groups: Vec<String> = self.shared.managed().keys().cloned().collect();
-        let mut taken = Vec::new();
-        {
-            let mut managed = self.shared.managed();
-            for group in &groups {
-                if let Some(m) = managed.remove(group) {
-                    taken.push(m);
-                }
+        let taken: Vec<Managed> = std::mem::take(&mut *self.shared.managed())
+            .into_values()
+            .collect();
+        // All at once: each may take its full graceful-stop time.
+        std::thread::scope(|scope| {
+            for mut m in taken {
+                scope.spawn(move || {
+                    if let Err(error) = self.shared.terminate(&mut m) {
+                        tracing::warn!(%error, "stopping on shutdown");
+                    }
+                });
             }
-        }
-        for mut m in taken {
-            if let Err(error) = self.shared.terminate(&mut m) {
-                tracing::warn!(%error, "stopping on shutdown");
-            }
-        }
+        });
     }
 }
 
