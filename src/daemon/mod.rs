@@ -687,6 +687,7 @@ fn show_applied(name: &str, context: &Context, state: &TopologyState) {
         t.cutover = None;
         t.last_error = None;
     });
+    context.store.clear_error_of(name);
     context
         .store
         .metrics

@@ -218,6 +218,19 @@ impl Store {
         status.phase = overall(&status);
     }
 
+    /// A topology recovered: its error, if it is the last one, is over.
+    pub fn clear_error_of(&self, topology: &str) {
+        let mut status = self.write();
+        if status
+            .last_error
+            .as_ref()
+            .is_some_and(|e| e.topology.as_deref() == Some(topology))
+        {
+            status.last_error = None;
+            status.phase = overall(&status);
+        }
+    }
+
     pub fn set_error(&self, error: Option<LastError>) {
         let mut status = self.write();
         status.last_error = error;
@@ -233,5 +246,45 @@ fn overall(status: &Status) -> Phase {
         Phase::Error
     } else {
         Phase::Idle
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn error_of(topology: Option<&str>) -> LastError {
+        LastError {
+            commit: None,
+            topology: topology.map(str::to_owned),
+            message: "boom".into(),
+            at: 0,
+        }
+    }
+
+    #[test]
+    fn the_phase_follows_topologies_and_errors() {
+        let store = Store::default();
+        store.topology("t", |t| t.phase = Phase::Cutover);
+        assert_eq!(store.read().phase, Phase::Cutover);
+        store.topology("t", |t| t.phase = Phase::Idle);
+        assert_eq!(store.read().phase, Phase::Idle);
+        store.set_error(Some(error_of(Some("t"))));
+        assert_eq!(store.read().phase, Phase::Error);
+    }
+
+    #[test]
+    fn a_recovered_topology_clears_only_its_own_error() {
+        let store = Store::default();
+        store.set_error(Some(error_of(Some("t"))));
+        store.clear_error_of("x");
+        assert!(store.read().last_error.is_some());
+        store.clear_error_of("t");
+        assert!(store.read().last_error.is_none());
+        assert_eq!(store.read().phase, Phase::Idle);
+        // A repository-level error (an invalid commit) is not a topology's to clear.
+        store.set_error(Some(error_of(None)));
+        store.clear_error_of("t");
+        assert!(store.read().last_error.is_some());
     }
 }
