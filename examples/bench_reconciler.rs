@@ -169,6 +169,19 @@ fn timestamps(broker: &Broker, topic: &str) -> Vec<i64> {
     stamps
 }
 
+/// `plumber up`, stopped gracefully when dropped (also on a panic), so that it stops its
+/// processors: killing it outright would leave them running.
+struct Daemon(Process);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.0.signal(nix::sys::signal::Signal::SIGTERM);
+        if self.0.wait_exit(PATIENCE).is_none() {
+            eprintln!("the daemon did not stop within {PATIENCE:?}");
+        }
+    }
+}
+
 fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
     values[values.len() / 2]
@@ -253,7 +266,7 @@ fn main() {
     if broker.is_tansu() {
         command.arg("--keep-topics");
     }
-    let mut daemon = Process::spawn("plumber up", &mut command);
+    let daemon = Daemon(Process::spawn("plumber up", &mut command));
     let applied = |commit: &str| {
         let commit = commit.to_owned();
         wait_until(&format!("{commit} applied"), PATIENCE, || {
@@ -268,9 +281,9 @@ fn main() {
 
     // The daemon while nothing changes (its processors keep working).
     let idle_secs = 20.0;
-    let before = Usage::of(daemon.pid());
+    let before = Usage::of(daemon.0.pid());
     std::thread::sleep(Duration::from_secs_f64(idle_secs));
-    let after = Usage::of(daemon.pid());
+    let after = Usage::of(daemon.0.pid());
     let idle_cpu = (after.cpu_seconds - before.cpu_seconds) / idle_secs * 100.0;
     let idle_rss = after.rss_kb as f64 / 1024.0;
     eprintln!("idle: {idle_cpu:.2}% CPU, {idle_rss:.1} MB RSS");
@@ -328,8 +341,7 @@ fn main() {
     for (i, gap) in gaps.iter().enumerate() {
         eprintln!("round {i}: longest gap in a's output {gap:.0} ms");
     }
-    daemon.signal(nix::sys::signal::Signal::SIGTERM);
-    daemon.wait_exit(PATIENCE);
+    drop(daemon);
 
     let kind = if broker.is_tansu() {
         "tansu 0.6 (SQLite storage)"
