@@ -96,25 +96,49 @@ pub trait Admin: Send + Sync {
     /// Where the group stands on `topics`: its lag, and the sum of its committed offsets
     /// (which moves while it makes progress).
     fn progress(&self, group: &str, topics: &[String]) -> Result<Progress> {
+        let standings = self.standings(group, topics)?;
+        Ok(Progress {
+            lag: standings.iter().map(|s| (s.end - s.at).max(0)).sum(),
+            position: standings.iter().map(|s| s.at).sum(),
+        })
+    }
+
+    /// Per partition of `topics`: where the group stands (its committed offset, or the
+    /// partition's start when it has none) and where the partition ends.
+    fn standings(&self, group: &str, topics: &[String]) -> Result<Vec<Standing>> {
         let committed: BTreeMap<(String, i32), i64> = self
             .committed(group, topics)?
             .into_iter()
             .map(|p| ((p.topic, p.partition), p.offset))
             .collect();
-        let position = committed.values().sum();
-        let mut lag = 0;
+        let mut standings = Vec::new();
         for topic in topics {
             for (partition, (low, high)) in self.watermarks(topic)?.into_iter().enumerate() {
+                let partition = partition as i32;
                 let at = committed
-                    .get(&(topic.clone(), partition as i32))
+                    .get(&(topic.clone(), partition))
                     .copied()
                     .unwrap_or(low)
                     .max(low);
-                lag += (high - at).max(0);
+                standings.push(Standing {
+                    topic: topic.clone(),
+                    partition,
+                    at,
+                    end: high,
+                });
             }
         }
-        Ok(Progress { lag, position })
+        Ok(standings)
     }
+}
+
+/// One partition as a group stands on it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Standing {
+    pub topic: String,
+    pub partition: i32,
+    pub at: i64,
+    pub end: i64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -292,28 +316,15 @@ impl Admin for KafkaAdmin {
     }
 
     fn drained(&self, group: &str, topics: &[String]) -> Result<bool> {
-        let committed: BTreeMap<(String, i32), i64> = self
-            .committed(group, topics)?
-            .into_iter()
-            .map(|p| ((p.topic, p.partition), p.offset))
-            .collect();
         let mut behind = TopicPartitionList::new();
-        for topic in topics {
-            for (partition, (low, high)) in self.watermarks(topic)?.into_iter().enumerate() {
-                let partition = partition as i32;
-                let at = committed
-                    .get(&(topic.clone(), partition))
-                    .copied()
-                    .unwrap_or(low)
-                    .max(low);
-                if at < high {
-                    behind
-                        .add_partition_offset(topic, partition, Offset::Offset(at))
-                        .map_err(|source| Error::Committed {
-                            group: group.to_owned(),
-                            source,
-                        })?;
-                }
+        for s in self.standings(group, topics)? {
+            if s.at < s.end {
+                behind
+                    .add_partition_offset(&s.topic, s.partition, Offset::Offset(s.at))
+                    .map_err(|source| Error::Committed {
+                        group: group.to_owned(),
+                        source,
+                    })?;
             }
         }
         if behind.count() == 0 {

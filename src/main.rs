@@ -279,24 +279,31 @@ fn run(command: Command) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Status { server, format } => {
-            let status = get_json(&server, "/api/status")?;
-            let text = match format {
-                TextOrJson::Json => json_line(&status)?,
-                TextOrJson::Text => output::status::text(&status),
-            };
-            print(&text)?;
-            Ok(ExitCode::SUCCESS)
+            ask(&server, "/api/status", format, output::status::text)
         }
-        Command::History { server, format } => {
-            let history = get_json(&server, "/api/history")?;
-            let text = match format {
-                TextOrJson::Json => json_line(&history)?,
-                TextOrJson::Text => output::status::history_text(&history),
-            };
-            print(&text)?;
-            Ok(ExitCode::SUCCESS)
-        }
+        Command::History { server, format } => ask(
+            &server,
+            "/api/history",
+            format,
+            output::status::history_text,
+        ),
     }
+}
+
+/// Asks a running daemon and prints its answer as JSON or rendered for a terminal.
+fn ask(
+    server: &str,
+    path: &str,
+    format: TextOrJson,
+    render: fn(&serde_json::Value) -> String,
+) -> Result<ExitCode> {
+    let answer = get_json(server, path)?;
+    let text = match format {
+        TextOrJson::Json => json_line(&answer)?,
+        TextOrJson::Text => render(&answer),
+    };
+    print(&text)?;
+    Ok(ExitCode::SUCCESS)
 }
 
 /// The branch a local repository has checked out.

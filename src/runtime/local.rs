@@ -38,8 +38,8 @@ pub struct LocalConfig {
 }
 
 impl LocalConfig {
-    /// `plumber-processor` next to the running executable (as cargo and the release archive
-    /// lay them out), else `$PLUMBER_PROCESSOR`, else from `PATH`.
+    /// `$PLUMBER_PROCESSOR`, else `plumber-processor` next to the running executable (as
+    /// cargo and the release archive lay them out), else from `PATH`.
     pub fn find_processor() -> PathBuf {
         if let Some(explicit) = std::env::var_os("PLUMBER_PROCESSOR") {
             return PathBuf::from(explicit);

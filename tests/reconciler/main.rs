@@ -8,7 +8,7 @@
 mod common;
 mod harness;
 
-use harness::{Model, Plumber, Proc, World};
+use harness::{Load, Model, Plumber, Proc, World};
 
 /// R1: src → a → b → out1, a → c → out2.
 fn first() -> Model {
@@ -20,15 +20,22 @@ fn first() -> Model {
         .sink("out2", &["c"])
 }
 
-#[test]
-fn every_record_follows_one_revision_through_a_series_of_cutovers() {
-    let world = World::new("oracle");
-    let mut revisions = vec![first()];
+/// A world with the first revision running and `records` of continuous load (100/s) through
+/// it; the revisions so far.
+fn deployed(name: &str, records: u64) -> (World, Plumber, Load, Vec<Model>) {
+    let world = World::new(name);
+    let revisions = vec![first()];
     let r1 = world.commit("first", &revisions[0]);
     let plumber = Plumber::up(&world);
     plumber.wait_applied("t", r1);
     let load = world.start_load(100);
-    load.wait_for(200);
+    load.wait_for(records);
+    (world, plumber, load, revisions)
+}
+
+#[test]
+fn every_record_follows_one_revision_through_a_series_of_cutovers() {
+    let (world, plumber, load, mut revisions) = deployed("oracle", 200);
 
     // Replace the head step: everything below it is replaced too (parallel cutover).
     let m = revisions[0].clone().replace("a", 2);
@@ -87,13 +94,7 @@ fn every_record_follows_one_revision_through_a_series_of_cutovers() {
 
 #[test]
 fn a_daemon_killed_mid_cutover_resumes_it_without_loss_or_duplicates() {
-    let world = World::new("resume");
-    let mut revisions = vec![first()];
-    let r1 = world.commit("first", &revisions[0]);
-    let mut plumber = Plumber::up(&world);
-    plumber.wait_applied("t", r1);
-    let load = world.start_load(100);
-    load.wait_for(200);
+    let (world, mut plumber, load, mut revisions) = deployed("resume", 200);
 
     // Kill the daemon after each action of one cutover, restarting it each time.
     let m = revisions[0].clone().replace("a", 2);
@@ -127,13 +128,7 @@ fn a_daemon_killed_mid_cutover_resumes_it_without_loss_or_duplicates() {
 
 #[test]
 fn a_processor_killed_during_a_cutover_loses_nothing() {
-    let world = World::new("crash");
-    let mut revisions = vec![first()];
-    let r1 = world.commit("first", &revisions[0]);
-    let plumber = Plumber::up(&world);
-    plumber.wait_applied("t", r1);
-    let load = world.start_load(100);
-    load.wait_for(300);
+    let (world, plumber, load, mut revisions) = deployed("crash", 300);
     let m = revisions[0].clone().replace("c", 2);
     let r2 = world.commit("c v2", &m);
     revisions.push(m);
@@ -280,13 +275,7 @@ fn random_edits_under_load_keep_the_oracle() {
 
 #[test]
 fn a_broker_restart_during_a_cutover_loses_nothing() {
-    let mut world = World::new("broker");
-    let mut revisions = vec![first()];
-    let r1 = world.commit("first", &revisions[0]);
-    let plumber = Plumber::up(&world);
-    plumber.wait_applied("t", r1);
-    let load = world.start_load(100);
-    load.wait_for(300);
+    let (mut world, plumber, load, mut revisions) = deployed("broker", 300);
     let m = revisions[0].clone().replace("a", 2);
     let r2 = world.commit("a v2", &m);
     revisions.push(m);
