@@ -8,6 +8,11 @@ use plumber_processor::stop::Stop;
 use plumber_processor::{Config, run};
 use tracing_subscriber::EnvFilter;
 
+// The jq path allocates a few dozen small values per record (jaq's parsed JSON); glibc's
+// malloc made those a fifth of the processor's CPU (processor/benches/transform.rs).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let args = Args::parse();
     init_logging(args.log_format);
