@@ -31,7 +31,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .create()?;
     let producer: BaseProducer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
-        .set("enable.idempotence", "true")
+        .set("enable.idempotence", "false")
+        .set("max.in.flight.requests.per.connection", "1")
         .set("linger.ms", "5")
         .create()?;
     consumer.subscribe(&[input.as_str()])?;

@@ -107,7 +107,8 @@ pub enum LogFormat {
 /// The guarantee the pipeline runs with, once `auto` is resolved against the brokers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DeliveryMode {
-    /// Outputs produced idempotently, offsets committed after the outputs are acknowledged.
+    /// Offsets committed after the outputs are acknowledged; outputs sent in order, one
+    /// request in flight per broker (see `kafka::producer`).
     /// A crash may reprocess records since the last commit; a graceful stop does not.
     AtLeastOnce,
     /// Outputs and offsets committed in one Kafka transaction.

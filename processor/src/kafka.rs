@@ -135,8 +135,14 @@ fn with_overrides(mut client: ClientConfig, config: &Config) -> ClientConfig {
     client
 }
 
-/// The producer for outputs and dead letters. Idempotent in both modes, so broker-side
-/// retries never duplicate; transactional in exactly-once mode.
+/// The producer for outputs and dead letters.
+///
+/// Exactly-once is transactional (hence idempotent). At-least-once is not idempotent: it keeps
+/// one request in flight per broker instead, so retries cannot reorder a partition, and a retry
+/// of a request whose answer was lost may duplicate, which at-least-once allows. librdkafka's
+/// idempotent producer busy-waits whenever a partition has its five requests in flight; against
+/// a broker that acknowledges slowly (tansu) that burned a core per processor, about 20 µs of
+/// CPU per record instead of 3 (bench/results/processor.md).
 pub fn producer(
     config: &Config,
     transactional: bool,
@@ -144,7 +150,6 @@ pub fn producer(
 ) -> Result<OutputProducer, KafkaError> {
     let mut client = common(config);
     client
-        .set("enable.idempotence", "true")
         // Java clients' partitioner, so keys land where the rest of the Kafka world expects.
         .set("partitioner", "murmur2_random")
         .set("linger.ms", "5")
@@ -155,6 +160,10 @@ pub fn producer(
             .set("transactional.id", config.transactional_id())
             // Bounds how long a crashed instance's open transaction holds up readers.
             .set("transaction.timeout.ms", "10000");
+    } else {
+        client
+            .set("enable.idempotence", "false")
+            .set("max.in.flight.requests.per.connection", "1");
     }
     with_overrides(client, config).create_with_context(ProducerContext { books })
 }
