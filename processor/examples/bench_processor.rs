@@ -139,26 +139,48 @@ struct Throughput {
     peak_rss_mb: f64,
 }
 
-/// Copies `records` already on `input` to a new topic and measures the steady state: from the
-/// first output to the last (start-up and group join excluded).
+/// CPU seconds a variant spends starting up (client set-up, jq compile, group join) with
+/// nothing to read: subtracted from a run's CPU, so that CPU per record counts records only.
+/// Measured once it has been idle for half a second, before it is asked to stop.
+fn start_up_cpu(variant: Variant, broker: &Broker, make_topic: &dyn Fn(&str) -> String) -> f64 {
+    let (input, output) = (make_topic("idle-in"), make_topic("idle-out"));
+    let mut process = variant.start(broker.bootstrap(), &input, &output);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut last = -1.0;
+    loop {
+        std::thread::sleep(Duration::from_millis(500));
+        let now = Usage::of(process.pid()).cpu_seconds;
+        if now == last || Instant::now() > deadline {
+            process.signal(Signal::SIGTERM);
+            process.wait_exit(Duration::from_secs(15)).expect("stops");
+            return now;
+        }
+        last = now;
+    }
+}
+
+/// Copies `records` already on `input` to a new topic. Throughput is the steady state, from
+/// the first output to the last (start-up and group join excluded). CPU per record is the CPU
+/// used until the last output, less `start_up_cpu`, over all records: a steady-state window
+/// would miss the records a variant consumed before its first output was acknowledged.
 fn throughput(
     variant: Variant,
     broker: &Broker,
     make_topic: &dyn Fn(&str) -> String,
     input: &str,
     records: i64,
+    start_up_cpu: f64,
 ) -> Throughput {
     let output = make_topic("bench-out");
     let marks = Watermarks::new(broker, &output);
     let mut process = variant.start(broker.bootstrap(), input, &output);
     let deadline = Instant::now() + Duration::from_secs(600);
-    let (mut first_at, mut first_count, mut cpu_at_first) = (None, 0, 0.0);
+    let (mut first_at, mut first_count) = (None, 0);
     loop {
         let done = marks.total();
         if first_at.is_none() && done > 0 {
             first_at = Some(Instant::now());
             first_count = done;
-            cpu_at_first = Usage::of(process.pid()).cpu_seconds;
         }
         if done >= records {
             break;
@@ -172,9 +194,8 @@ fn throughput(
     process.wait_exit(Duration::from_secs(15)).expect("stops");
     Throughput {
         records_per_second: (records - first_count) as f64 / elapsed,
-        // Steady state too: start-up and the group join cost both loops the same.
-        cpu_microseconds_per_record: (used.cpu_seconds - cpu_at_first) * 1e6
-            / (records - first_count) as f64,
+        cpu_microseconds_per_record: (used.cpu_seconds - start_up_cpu).max(0.0) * 1e6
+            / records as f64,
         peak_rss_mb: used.peak_rss_kb as f64 / 1024.0,
     }
 }
@@ -289,10 +310,25 @@ fn compare(
     records: i64,
     rounds: u64,
 ) {
+    let start_up: Vec<f64> = [Variant::Baseline, Variant::Processor]
+        .into_iter()
+        .map(|variant| {
+            let cpu = median(
+                (0..2)
+                    .map(|_| start_up_cpu(variant, broker, make))
+                    .collect(),
+            );
+            eprintln!("{label} {variant:?}: start-up CPU {:.0} ms", cpu * 1e3);
+            cpu
+        })
+        .collect();
     let mut runs: Vec<(Variant, Throughput)> = Vec::new();
     for round in 0..rounds {
-        for variant in [Variant::Baseline, Variant::Processor] {
-            let t = throughput(variant, broker, make, input, records);
+        for (variant, start_up) in [Variant::Baseline, Variant::Processor]
+            .into_iter()
+            .zip(&start_up)
+        {
+            let t = throughput(variant, broker, make, input, records, *start_up);
             eprintln!(
                 "{label} round {round} {variant:?}: {:.0} rec/s, {:.1} µs CPU/rec, {:.1} MB peak",
                 t.records_per_second, t.cpu_microseconds_per_record, t.peak_rss_mb
@@ -350,7 +386,7 @@ fn on_tansu(report: &mut String, records: i64, rounds: u64, latency_secs: u64) {
     preload(&broker, &input, records);
     writeln!(
         report,
-        "## Throughput, at-least-once (steady state: first output to last)\n"
+        "## Throughput, at-least-once\n\nRecords per second from the first output to the last; CPU per record is the run's CPU less the same program's CPU for starting up with no input, over all records.\n"
     )
     .unwrap();
     compare(report, kind, &broker, &make, &input, records, rounds);
@@ -402,7 +438,7 @@ fn on_mock(report: &mut String, records: i64, rounds: u64) {
     let mut eos_runs: Vec<(Variant, f64)> = Vec::new();
     for _ in 0..rounds {
         for variant in [Variant::Processor, Variant::ProcessorExactlyOnce] {
-            let t = throughput(variant, &mock, &make_mock, &mock_input, records);
+            let t = throughput(variant, &mock, &make_mock, &mock_input, records, 0.0);
             eprintln!("mock {variant:?}: {:.0} rec/s", t.records_per_second);
             eos_runs.push((variant, t.records_per_second));
         }
