@@ -8,8 +8,9 @@ use plumber_processor::stop::Stop;
 use plumber_processor::{Config, run};
 use tracing_subscriber::EnvFilter;
 
-// The jq path allocates a few dozen small values per record (jaq's parsed JSON); glibc's
-// malloc made those a fifth of the processor's CPU (processor/benches/transform.rs).
+// The jq path allocates a few dozen small values per record (jaq's parsed JSON); with glibc's
+// malloc that was a quarter of the transform's cost (processor/benches/transform.rs). The
+// `override` feature makes librdkafka allocate through mimalloc too.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
