@@ -4,9 +4,10 @@
 //! dead-letter copy) is acknowledged by the brokers. Acknowledgements arrive out of input
 //! order (outputs land on different partitions), so the [`Tracker`] keeps, per input
 //! partition, the inputs still in flight; the committable offset is the first one not done.
-//! Offsets are committed every commit interval, before a partition is revoked, and on stop
-//! after a flush. A crash loses no record: at worst the inputs since the last commit are
-//! processed again.
+//! Offsets are committed every commit interval by a background thread (a commit waits for the
+//! group coordinator, which must not stall the loop), and on the loop's own thread before a
+//! partition is revoked and on stop after a flush. A crash loses no record: at worst the inputs
+//! since the last commit are processed again.
 //!
 //! **Exactly-once.** Outputs and input offsets go into one Kafka transaction (KIP-98/447),
 //! committed every commit interval, before a revocation and on stop. A crash aborts the open
@@ -17,8 +18,7 @@
 //! input whose outputs are durable, which is what the cutover hands to a successor.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer as _};
@@ -202,8 +202,9 @@ pub enum Error {
     NoGroupMetadata,
 }
 
-/// Commits inputs as done, in the chosen mode. Called from the processing loop and from the
-/// consumer's rebalance callback, never both at once (callbacks run inside `poll`).
+/// Commits inputs as done, in the chosen mode. Called from the processing loop, from the
+/// consumer's rebalance callback (inside `poll`, so never at once with the loop) and, for
+/// at-least-once, from the background commit thread ([`Committer::run_background_commits`]).
 pub struct Committer {
     mode: DeliveryMode,
     producer: Arc<OutputProducer>,
@@ -211,8 +212,18 @@ pub struct Committer {
     interval: Duration,
     transaction: Mutex<Transaction>,
     last_commit: Mutex<Instant>,
-    /// Set once a commit failed for good: later revocations must not try again.
-    failed: AtomicBool,
+    /// Held from reading the offsets off the books until the commit is answered (and, on a
+    /// revocation, until the partitions are forgotten): commits never interleave, so a
+    /// background commit can never move offsets back behind a revocation's.
+    committing: Mutex<()>,
+    background: Mutex<BackgroundCommits>,
+    background_wake: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct BackgroundCommits {
+    requested: bool,
+    closed: bool,
 }
 
 pub type Consumer = BaseConsumer<ConsumerContext>;
@@ -231,8 +242,53 @@ impl Committer {
             interval,
             transaction: Mutex::new(Transaction::default()),
             last_commit: Mutex::new(Instant::now()),
-            failed: AtomicBool::new(false),
+            committing: Mutex::new(()),
+            background: Mutex::new(BackgroundCommits::default()),
+            background_wake: Condvar::new(),
         }
+    }
+
+    fn committing(&self) -> MutexGuard<'_, ()> {
+        self.committing
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn background(&self) -> MutexGuard<'_, BackgroundCommits> {
+        self.background
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The at-least-once background commit thread: commits what is done whenever the loop
+    /// asks, until [`Committer::close_background`]. A failed commit is logged, counted and
+    /// retried at the next interval; the commit on stop or revocation covers it anyway.
+    pub fn run_background_commits(&self, consumer: &Consumer) {
+        loop {
+            {
+                let mut state = self.background();
+                while !state.requested && !state.closed {
+                    state = self
+                        .background_wake
+                        .wait(state)
+                        .unwrap_or_else(PoisonError::into_inner);
+                }
+                if state.closed {
+                    return;
+                }
+                state.requested = false;
+            }
+            if let Err(error) = self.commit_offsets(consumer, &self.committing()) {
+                self.books.metrics.commit_failures.inc();
+                tracing::warn!(%error, "offset commit failed; retrying at the next interval");
+            }
+        }
+    }
+
+    /// Ends [`Committer::run_background_commits`] (it finishes a commit under way first).
+    pub fn close_background(&self) {
+        self.background().closed = true;
+        self.background_wake.notify_all();
     }
 
     fn transaction(&self) -> MutexGuard<'_, Transaction> {
@@ -271,17 +327,28 @@ impl Committer {
         }
     }
 
-    /// Commits when the interval has passed.
+    /// Commits when the interval has passed: at-least-once asks the background thread,
+    /// exactly-once commits the transaction here (it must not overlap the loop's sends).
     pub fn maybe_commit(&self, consumer: &Consumer) -> Result<(), Error> {
         let due = {
-            let last = self
+            let mut last = self
                 .last_commit
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
-            last.elapsed() >= self.interval
+            let due = last.elapsed() >= self.interval;
+            if due {
+                *last = Instant::now();
+            }
+            due
         };
         if due {
-            self.commit(consumer)?;
+            match self.mode {
+                DeliveryMode::AtLeastOnce => {
+                    self.background().requested = true;
+                    self.background_wake.notify_all();
+                }
+                DeliveryMode::ExactlyOnce => self.commit(consumer)?,
+            }
         }
         Ok(())
     }
@@ -289,6 +356,14 @@ impl Committer {
     /// Commits what is done now. At-least-once commits what is acknowledged (without waiting
     /// for the rest); exactly-once commits the open transaction.
     pub fn commit(&self, consumer: &Consumer) -> Result<(), Error> {
+        self.commit_locked(consumer, &self.committing())
+    }
+
+    fn commit_locked(
+        &self,
+        consumer: &Consumer,
+        committing: &MutexGuard<'_, ()>,
+    ) -> Result<(), Error> {
         *self
             .last_commit
             .lock()
@@ -297,12 +372,18 @@ impl Committer {
             return Err(Error::Delivery(why.to_owned()));
         }
         match self.mode {
-            DeliveryMode::AtLeastOnce => self.commit_offsets(consumer),
+            DeliveryMode::AtLeastOnce => self.commit_offsets(consumer, committing),
             DeliveryMode::ExactlyOnce => self.commit_transaction(consumer),
         }
     }
 
-    fn commit_offsets(&self, consumer: &Consumer) -> Result<(), Error> {
+    /// Commits the offsets done since the last commit; `_committing` proves the caller holds
+    /// the commit lock.
+    fn commit_offsets(
+        &self,
+        consumer: &Consumer,
+        _committing: &MutexGuard<'_, ()>,
+    ) -> Result<(), Error> {
         let due = self.books.tracker().committable();
         if due.is_empty() {
             return Ok(());
@@ -383,6 +464,14 @@ impl Committer {
 
     /// Graceful end: wait for what is in flight, then commit it.
     pub fn finish(&self, consumer: &Consumer) -> Result<(), Error> {
+        self.finish_locked(consumer, &self.committing())
+    }
+
+    fn finish_locked(
+        &self,
+        consumer: &Consumer,
+        committing: &MutexGuard<'_, ()>,
+    ) -> Result<(), Error> {
         if self.mode == DeliveryMode::AtLeastOnce {
             self.await_deliveries(KAFKA_CALL_TIMEOUT);
             let in_flight = self.books.tracker().in_flight();
@@ -391,17 +480,16 @@ impl Committer {
                 tracing::warn!(in_flight, "deliveries still pending on stop");
             }
         }
-        self.commit(consumer)
+        self.commit_locked(consumer, committing)
     }
 
     /// After a fatal error: commit what is certainly done (at-least-once) or abort the open
     /// transaction so downstream read_committed readers are not held up.
     pub fn fail(&self, consumer: &Consumer) {
-        self.failed.store(true, Ordering::SeqCst);
         match self.mode {
             DeliveryMode::AtLeastOnce => {
                 self.await_deliveries(KAFKA_CALL_TIMEOUT);
-                if let Err(error) = self.commit_offsets(consumer) {
+                if let Err(error) = self.commit_offsets(consumer, &self.committing()) {
                     tracing::warn!(%error, "commit after failure failed");
                 }
             }
@@ -420,9 +508,10 @@ impl Committer {
     /// Partitions are being taken away: everything done on them is committed first, so their
     /// next owner starts right after it.
     pub fn revoke(&self, consumer: &Consumer, partitions: &TopicPartitionList) {
+        let committing = self.committing();
         let result = match self.mode {
-            DeliveryMode::AtLeastOnce => self.finish(consumer),
-            DeliveryMode::ExactlyOnce => self.commit(consumer),
+            DeliveryMode::AtLeastOnce => self.finish_locked(consumer, &committing),
+            DeliveryMode::ExactlyOnce => self.commit_locked(consumer, &committing),
         };
         if let Err(error) = result {
             tracing::error!(%error, "commit before revocation failed");

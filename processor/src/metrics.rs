@@ -37,6 +37,8 @@ pub struct Metrics {
     pub commit_seconds: Histogram,
     /// Commits of offsets (at-least-once) or transactions (exactly-once).
     pub commits: Counter,
+    /// Background offset commits that failed (retried at the next interval).
+    pub commit_failures: Counter,
     pub consumer_lag: Family<Labels, Gauge>,
     heartbeat: Arc<AtomicU64>,
     registry: Arc<Registry>,
@@ -65,6 +67,7 @@ impl Metrics {
             // 0.5 ms … 4 s
             commit_seconds: Histogram::new(exponential_buckets(0.000_5, 2.0, 14)),
             commits: Counter::default(),
+            commit_failures: Counter::default(),
             consumer_lag: Family::default(),
             heartbeat: Arc::new(AtomicU64::new(now_millis())),
             registry: Arc::new(Registry::default()),
@@ -118,6 +121,11 @@ impl Metrics {
             "commits",
             "Offset or transaction commits",
             metrics.commits.clone(),
+        );
+        registry.register(
+            "commit_failures",
+            "Offset commits that failed and were retried at the next interval",
+            metrics.commit_failures.clone(),
         );
         registry.register(
             "consumer_lag",

@@ -67,6 +67,8 @@ pub enum Error {
     },
     #[error(transparent)]
     Delivery(#[from] delivery::Error),
+    #[error("cannot start the commit thread: {0}")]
+    Thread(#[source] std::io::Error),
     #[error("cannot serve metrics: {0}")]
     Metrics(#[source] std::io::Error),
 }
@@ -169,7 +171,17 @@ pub fn run(config: &Config, stop: &Stop, metrics: &Metrics) -> Result<Summary, E
         books: &books,
         transform: transform.as_mut(),
     };
-    let processed = pipeline.process(stop);
+    let processed = std::thread::scope(|scope| {
+        if mode == DeliveryMode::AtLeastOnce {
+            std::thread::Builder::new()
+                .name("committer".into())
+                .spawn_scoped(scope, || committer.run_background_commits(&consumer))
+                .map_err(Error::Thread)?;
+        }
+        let processed = pipeline.process(stop);
+        committer.close_background();
+        processed
+    });
     let finished = match &processed {
         Ok(()) => committer.finish(&consumer).map_err(Error::from),
         Err(_) => {

@@ -258,3 +258,44 @@ fn a_stuck_record_is_abandoned_uncommitted_and_the_stop_still_takes_under_ten_se
     );
     assert!(step.log().contains("abandoned"), "log:\n{}", step.log());
 }
+
+/// What the cutover's drain watches: a running processor commits what it finished every
+/// commit interval (from its background committer), not only when it stops.
+#[test]
+fn a_running_processor_commits_what_it_finished() {
+    let broker = Broker::start();
+    let (input, output) = (unique("periodic-in"), unique("periodic-out"));
+    broker.create_topic(&input, 3);
+    broker.create_topic(&output, 3);
+    broker.produce(&input, &numbered(0..300));
+    let step = Step::new(&unique("periodic"), &input, &output).args(&[
+        "--jq",
+        ".",
+        "--delivery",
+        "at-least-once",
+        "--commit-interval-ms",
+        "200",
+    ]);
+    let mut process = start_assigned(&broker, &step);
+    wait_until(
+        &format!(
+            "all 300 inputs committed (log: {})",
+            step.log_path().display()
+        ),
+        PATIENCE,
+        || {
+            broker
+                .committed(&step.group, &input, 3)
+                .values()
+                .sum::<i64>()
+                == 300
+        },
+    );
+    assert!(
+        process.wait_exit(std::time::Duration::ZERO).is_none(),
+        "the offsets were committed while the processor runs"
+    );
+    assert_eq!(broker.end_offsets(&output), 300);
+    process.signal(Signal::SIGTERM);
+    assert!(process.wait_exit(STOP_PROMISE).expect("exits").success());
+}
