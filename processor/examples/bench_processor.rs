@@ -186,7 +186,9 @@ fn throughput(
             break;
         }
         assert!(Instant::now() < deadline, "{variant:?} did not finish");
-        std::thread::sleep(Duration::from_millis(20));
+        if let Some(status) = process.wait_exit(Duration::from_millis(20)) {
+            panic!("{variant:?} exited early ({status}); see its log above");
+        }
     }
     let elapsed = first_at.unwrap().elapsed().as_secs_f64();
     let used = Usage::of(process.pid());
