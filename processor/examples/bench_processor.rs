@@ -346,23 +346,53 @@ fn compare(
                 .collect(),
         )
     };
+    let spread = |variant: Variant, f: &dyn Fn(&Throughput) -> f64| {
+        let values = runs
+            .iter()
+            .filter(|(v, _)| *v == variant)
+            .map(|(_, t)| f(t));
+        let (low, high) = values.fold((f64::MAX, f64::MIN), |(l, h), x| (l.min(x), h.max(x)));
+        (low, high)
+    };
     writeln!(report, "### {label}\n").unwrap();
     writeln!(
         report,
-        "| | records/s | CPU µs/record | peak RSS MB |\n|---|---:|---:|---:|"
+        "| | records/s | (range) | CPU µs/record | (range) | peak RSS MB |\n|---|---:|---:|---:|---:|---:|"
     )
     .unwrap();
     for variant in [Variant::Baseline, Variant::Processor] {
+        let rate = spread(variant, &|t| t.records_per_second);
+        let cpu = spread(variant, &|t| t.cpu_microseconds_per_record);
         writeln!(
             report,
-            "| {} | {:.0} | {:.1} | {:.1} |",
+            "| {} | {:.0} | {:.0}–{:.0} | {:.1} | {:.1}–{:.1} | {:.1} |",
             variant.label(),
             med(variant, &|t| t.records_per_second),
+            rate.0,
+            rate.1,
             med(variant, &|t| t.cpu_microseconds_per_record),
+            cpu.0,
+            cpu.1,
             med(variant, &|t| t.peak_rss_mb)
         )
         .unwrap();
     }
+    // Runs alternate, so each round's pair shares the machine's mood of the moment.
+    let rounds: Vec<String> = runs
+        .chunks(2)
+        .map(|pair| {
+            format!(
+                "{:.2}",
+                pair[1].1.records_per_second / pair[0].1.records_per_second
+            )
+        })
+        .collect();
+    writeln!(
+        report,
+        "\nThroughput ratio of each round (processor / baseline run just before it): {}.",
+        rounds.join(", ")
+    )
+    .unwrap();
     let ratio = med(Variant::Processor, &|t| t.records_per_second)
         / med(Variant::Baseline, &|t| t.records_per_second);
     let cpu_ratio = med(Variant::Processor, &|t| t.cpu_microseconds_per_record)
