@@ -178,9 +178,8 @@ pub fn run(config: &Config, stop: &Stop, metrics: &Metrics) -> Result<Summary, E
                 .spawn_scoped(scope, || committer.run_background_commits(&consumer))
                 .map_err(Error::Thread)?;
         }
-        let processed = pipeline.process(stop);
-        committer.close_background();
-        processed
+        let _closing = CloseBackgroundCommits(&committer);
+        pipeline.process(stop)
     });
     let finished = match &processed {
         Ok(()) => committer.finish(&consumer).map_err(Error::from),
@@ -200,6 +199,16 @@ pub fn run(config: &Config, stop: &Stop, metrics: &Metrics) -> Result<Summary, E
         dead_lettered: metrics.dead_lettered_total.get(),
         abandoned: metrics.abandoned.get(),
     })
+}
+
+/// Ends the background committer however the loop ends, a panic included: the scope joins
+/// that thread, and would otherwise wait for it forever.
+struct CloseBackgroundCommits<'a>(&'a Committer);
+
+impl Drop for CloseBackgroundCommits<'_> {
+    fn drop(&mut self) {
+        self.0.close_background();
+    }
 }
 
 struct Pipeline<'a> {
