@@ -76,8 +76,8 @@ pub struct CutoverConfig {
     /// How often a drain checks the lag.
     pub poll: Duration,
     /// Keep retired internal topics instead of deleting them. For brokers whose topic
-    /// deletion is unsafe: tansu 0.6 breaks idempotent producers on every topic once any
-    /// topic is deleted.
+    /// deletion is unsafe: once any topic is deleted, the topics that existed beside it read
+    /// as empty on tansu 0.6, even after more records are produced to them.
     pub keep_topics: bool,
 }
 

@@ -95,7 +95,7 @@ enum Command {
         #[arg(long, default_value_t = 60, value_name = "SECS")]
         stall_timeout: u64,
         /// Keep retired internal topics instead of deleting them (needed on tansu 0.6, whose
-        /// topic deletion breaks idempotent producers).
+        /// topic deletion breaks the other existing topics).
         #[arg(long)]
         keep_topics: bool,
         /// File holding the webhook secret; POST /hooks/git must then be signed.
