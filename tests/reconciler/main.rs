@@ -172,6 +172,7 @@ fn random_edits_under_load_keep_the_oracle() {
     let mut next_name = 0;
     let mut last = r1;
     let mut commit = 0;
+    let mut ran = world.groups(&model);
     while commit < 22 {
         let procs: Vec<harness::Proc> = model.processors().into_iter().cloned().collect();
         let edit = rng.random_range(0..6);
@@ -259,6 +260,20 @@ fn random_edits_under_load_keep_the_oracle() {
                 continue;
             }
         };
+        let groups = world.groups(&next);
+        let current = world.groups(&model);
+        let revived: Vec<&String> = groups
+            .iter()
+            .filter(|g| ran.contains(*g) && !current.contains(*g))
+            .collect();
+        // tansu 0.6 never forms a group again once its leader left it mid-rebalance (as
+        // instances stopped together or while joining do): a revived group waits forever
+        // there (README, "tansu"). Revivals are exercised against real clusters only.
+        if world.broker.is_tansu() && !revived.is_empty() {
+            eprintln!("skipped on tansu: {message} would run {revived:?} again");
+            continue;
+        }
+        ran.extend(groups);
         last = world.commit(&message, &next);
         eprintln!("commit {commit}: {message} ({last})");
         commit += 1;
