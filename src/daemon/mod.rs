@@ -205,8 +205,8 @@ pub struct Context {
     pub revisions: Revisions,
     pub store: Store,
     admins: Mutex<BTreeMap<String, Arc<dyn Admin>>>,
-    /// Per running group: its committed offsets' sum and since when it has not moved.
-    progress: Mutex<BTreeMap<String, (i64, std::time::Instant)>>,
+    /// Per running group with lag: how far it got and since when it has not moved.
+    progress: Mutex<BTreeMap<String, Stall>>,
     stopping: AtomicBool,
 }
 
@@ -896,16 +896,47 @@ fn watch_progress(context: &Context, group: &str, progress: Progress) {
         return;
     }
     let now = std::time::Instant::now();
-    let entry = stalls
+    let stall = stalls
         .entry(group.to_owned())
-        .or_insert((progress.position, now));
-    if entry.0 != progress.position {
-        *entry = (progress.position, now);
-    } else if now.duration_since(entry.1) >= context.config.stalled_after {
-        tracing::warn!(group, lag = progress.lag, stalled_for = ?now.duration_since(entry.1), "processor makes no progress; restarting it");
+        .or_insert_with(|| Stall::at(progress.position, now));
+    if stall.position != progress.position {
+        *stall = Stall::at(progress.position, now);
+    } else if now.duration_since(stall.since) >= context.config.stalled_after {
+        stall.restarts += 1;
+        if stall.restarts <= FUTILE_RESTARTS {
+            tracing::warn!(group, lag = progress.lag, stalled_for = ?now.duration_since(stall.since), "processor makes no progress; restarting it");
+        } else {
+            tracing::error!(
+                group,
+                lag = progress.lag,
+                restarts = stall.restarts,
+                hint = "on tansu 0.6, restart the broker (README, \"tansu\")",
+                "processor still makes no progress after restarts, so its consumer group may not form; restarting it again"
+            );
+        }
         if let Err(error) = context.runtime.restart(group) {
             tracing::error!(%error, group, "cannot restart a stalled processor");
         }
-        *entry = (progress.position, now);
+        stall.since = now;
+    }
+}
+
+/// After this many restarts without progress, the stall is reported as an error.
+const FUTILE_RESTARTS: u32 = 3;
+
+/// A running group with lag whose committed offsets do not move.
+struct Stall {
+    position: i64,
+    since: std::time::Instant,
+    restarts: u32,
+}
+
+impl Stall {
+    fn at(position: i64, since: std::time::Instant) -> Stall {
+        Stall {
+            position,
+            since,
+            restarts: 0,
+        }
     }
 }
