@@ -3,7 +3,8 @@
 # RSS, latency at 1,000 records/s, and exactly-once against at-least-once; then the jq
 # transform alone against copying the record (criterion).
 # Results: bench/results/processor.md. Knobs: BENCH_RECORDS, BENCH_ROUNDS, BENCH_LATENCY_SECS,
-# BENCH_BROKERS, BENCH_PROCESSOR_ARGS (see processor/examples/bench_processor.rs).
+# BENCH_LATENCY_ROUNDS, BENCH_BROKERS, BENCH_PROCESSOR_ARGS (see
+# processor/examples/bench_processor.rs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps

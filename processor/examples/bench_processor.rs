@@ -3,7 +3,8 @@
 //! `bench/processor.sh`, which builds both in release mode first.
 //!
 //! Environment: `BENCH_RECORDS` (default 100000), `BENCH_ROUNDS` (default 3),
-//! `BENCH_LATENCY_SECS` (default 20; 0 skips it), `BENCH_BROKERS` (default `tansu,mock`),
+//! `BENCH_LATENCY_SECS` (default 20; 0 skips it), `BENCH_LATENCY_ROUNDS` (default 3),
+//! `BENCH_BROKERS` (default `tansu,mock`),
 //! `BENCH_PROCESSOR_ARGS` (extra processor arguments, e.g. `-X queued.min.messages=1000`, to
 //! try settings), `PLUMBER_TEST_BOOTSTRAP` (a real cluster instead of tansu), `BENCH_OUT`
 //! (default bench/results/processor.md).
@@ -217,7 +218,7 @@ fn latency(
     make_topic: &dyn Fn(&str) -> String,
     rate: u64,
     seconds: u64,
-) -> (f64, f64) {
+) -> (f64, f64, Option<f64>) {
     let input = make_topic("lat-in");
     let output = if variant.is_some() {
         make_topic("lat-out")
@@ -272,13 +273,22 @@ fn latency(
         }
     }
     writer.join().unwrap();
+    let mut peak_rss_mb = None;
     if let Some(process) = &mut process {
+        peak_rss_mb = Some(Usage::of(process.pid()).peak_rss_kb as f64 / 1024.0);
         process.signal(Signal::SIGTERM);
         process.wait_exit(Duration::from_secs(15)).expect("stops");
     }
     latencies.sort_unstable();
     let pick = |q: f64| latencies[((latencies.len() - 1) as f64 * q) as usize] as f64 / 1000.0;
-    (pick(0.5), pick(0.99))
+    (pick(0.5), pick(0.99), peak_rss_mb)
+}
+
+/// The smallest and the largest of `values`.
+fn range(values: &[f64]) -> (f64, f64) {
+    values.iter().fold((f64::MAX, f64::MIN), |(low, high), &x| {
+        (low.min(x), high.max(x))
+    })
 }
 
 fn median(mut values: Vec<f64>) -> f64 {
@@ -347,12 +357,12 @@ fn compare(
         )
     };
     let spread = |variant: Variant, f: &dyn Fn(&Throughput) -> f64| {
-        let values = runs
+        let values: Vec<f64> = runs
             .iter()
             .filter(|(v, _)| *v == variant)
-            .map(|(_, t)| f(t));
-        let (low, high) = values.fold((f64::MAX, f64::MIN), |(l, h), x| (l.min(x), h.max(x)));
-        (low, high)
+            .map(|(_, t)| f(t))
+            .collect();
+        range(&values)
     };
     writeln!(report, "### {label}\n").unwrap();
     writeln!(
@@ -401,7 +411,13 @@ fn compare(
 }
 
 /// At-least-once throughput against the baseline on tansu (or a real cluster), then latency.
-fn on_tansu(report: &mut String, records: i64, rounds: u64, latency_secs: u64) {
+fn on_tansu(
+    report: &mut String,
+    records: i64,
+    rounds: u64,
+    latency_secs: u64,
+    latency_rounds: u64,
+) {
     let broker = Broker::start();
     let kind = if broker.is_tansu() {
         "tansu 0.6 (SQLite storage)"
@@ -425,22 +441,55 @@ fn on_tansu(report: &mut String, records: i64, rounds: u64, latency_secs: u64) {
     if latency_secs == 0 {
         return;
     }
-    // Latency at a fixed rate.
-    writeln!(report, "## Latency on {kind} at 1,000 records/s (send → arrival at the output, through the broker twice)\n").unwrap();
-    writeln!(report, "| | p50 ms | p99 ms |\n|---|---:|---:|").unwrap();
-    let mut p50s = Vec::new();
-    for variant in [None, Some(Variant::Baseline), Some(Variant::Processor)] {
-        let (p50, p99) = latency(variant, &broker, &make, 1000, latency_secs);
+    // Latency at a fixed rate. tansu slows down as its database grows, so the variants take
+    // turns going first, and each round pairs the processor with the baseline next to it.
+    let variants = [None, Some(Variant::Baseline), Some(Variant::Processor)];
+    let mut runs: Vec<Vec<(f64, f64, Option<f64>)>> = vec![Vec::new(); variants.len()];
+    let mut added = Vec::new();
+    for round in 0..latency_rounds {
+        let mut order: Vec<usize> = (0..variants.len()).collect();
+        order.rotate_left(round as usize % variants.len());
+        for &v in &order {
+            let run = latency(variants[v], &broker, &make, 1000, latency_secs);
+            let label = variants[v].map_or("broker only (one hop, no loop)", Variant::label);
+            eprintln!(
+                "latency round {round} {label}: p50 {:.2} ms, p99 {:.2} ms, peak RSS {:?} MB",
+                run.0, run.1, run.2
+            );
+            runs[v].push(run);
+        }
+        let (baseline, processor) = (runs[1][round as usize], runs[2][round as usize]);
+        added.push((processor.0 - baseline.0, processor.1 - baseline.1));
+    }
+    writeln!(report, "## Latency on {kind} at 1,000 records/s (send → arrival at the output, through the broker twice)\n\nMedians of {latency_rounds} rounds of {latency_secs} s; the variants take turns going first.\n").unwrap();
+    writeln!(
+        report,
+        "| | p50 ms | (range) | p99 ms | peak RSS MB |\n|---|---:|---:|---:|---:|"
+    )
+    .unwrap();
+    for (v, variant) in variants.iter().enumerate() {
         let label = variant.map_or("broker only (one hop, no loop)", Variant::label);
-        eprintln!("latency {label}: p50 {p50:.2} ms, p99 {p99:.2} ms");
-        writeln!(report, "| {label} | {p50:.2} | {p99:.2} |").unwrap();
-        p50s.push((p50, p99));
+        let p50s: Vec<f64> = runs[v].iter().map(|r| r.0).collect();
+        let (low, high) = range(&p50s);
+        let p99 = median(runs[v].iter().map(|r| r.1).collect());
+        let rss: Vec<f64> = runs[v].iter().filter_map(|r| r.2).collect();
+        let rss = if rss.is_empty() {
+            String::new()
+        } else {
+            format!("{:.1}", median(rss))
+        };
+        writeln!(
+            report,
+            "| {label} | {:.0} | {low:.0}–{high:.0} | {p99:.0} | {rss} |",
+            median(p50s.clone())
+        )
+        .unwrap();
     }
     writeln!(
         report,
-        "\nAdded by the processor over the baseline: p50 **{:+.2} ms**, p99 **{:+.2} ms**.\n",
-        p50s[2].0 - p50s[1].0,
-        p50s[2].1 - p50s[1].1
+        "\nAdded by the processor over the baseline run beside it (median of the rounds): p50 **{:+.0} ms**, p99 **{:+.0} ms**.\n",
+        median(added.iter().map(|a| a.0).collect()),
+        median(added.iter().map(|a| a.1).collect())
     )
     .unwrap();
 }
@@ -501,6 +550,7 @@ fn main() {
     let records = env_or("BENCH_RECORDS", 100_000) as i64;
     let rounds = env_or("BENCH_ROUNDS", 3);
     let latency_secs = env_or("BENCH_LATENCY_SECS", 20);
+    let latency_rounds = env_or("BENCH_LATENCY_ROUNDS", 3).max(1);
     let out = PathBuf::from(
         std::env::var("BENCH_OUT").unwrap_or_else(|_| "bench/results/processor.md".into()),
     );
@@ -516,7 +566,7 @@ fn main() {
     writeln!(&mut report, "{PARTITIONS} partitions; {records} JSON records of ~70 bytes; {machine}; medians of {rounds} alternating runs. Rerun: `bash bench/processor.sh`.\n").unwrap();
     let brokers = std::env::var("BENCH_BROKERS").unwrap_or_else(|_| "tansu,mock".into());
     if brokers.contains("tansu") {
-        on_tansu(&mut report, records, rounds, latency_secs);
+        on_tansu(&mut report, records, rounds, latency_secs, latency_rounds);
     }
     if brokers.contains("mock") {
         on_mock(&mut report, records, rounds);
