@@ -848,13 +848,16 @@ fn observe(context: &Context) {
                         Some(p) if p.running >= p.replicas => "running",
                         Some(_) => "starting",
                     };
+                    let inputs = topology.input_topics(id);
                     let progress = admin.as_ref().and_then(|a| {
-                        a.progress(&group, &topology.input_topics(id))
+                        a.progress(&group, &inputs)
                             .map_err(|error| tracing::debug!(%error, group, "lag unknown"))
                             .ok()
                     });
-                    if let (Some(progress), true) = (progress, running.contains_key(&group)) {
-                        watch_progress(context, &group, progress);
+                    if let (Some(admin), Some(progress), true) =
+                        (&admin, progress, running.contains_key(&group))
+                    {
+                        watch_progress(context, admin.as_ref(), &group, &inputs, progress);
                     }
                     let lag = progress.map(|p| p.lag);
                     let labels = StepLabels {
@@ -886,7 +889,13 @@ fn observe(context: &Context) {
 }
 
 /// Restarts a running group that has lag but whose committed offsets stopped moving.
-fn watch_progress(context: &Context, group: &str, progress: Progress) {
+fn watch_progress(
+    context: &Context,
+    admin: &dyn Admin,
+    group: &str,
+    inputs: &[String],
+    progress: Progress,
+) {
     let mut stalls = context
         .progress
         .lock()
@@ -902,6 +911,16 @@ fn watch_progress(context: &Context, group: &str, progress: Progress) {
     if stall.position != progress.position {
         *stall = Stall::at(progress.position, now);
     } else if now.duration_since(stall.since) >= context.config.stalled_after {
+        // Behind transactional writers, a group that read everything still shows a lag: the
+        // transaction markers after the last record. Such a group is idle, not stalled.
+        let drained = admin
+            .drained(group, inputs)
+            .map_err(|error| tracing::debug!(%error, group, "cannot look past the lag"))
+            .unwrap_or(false);
+        if drained {
+            *stall = Stall::at(progress.position, now);
+            return;
+        }
         stall.restarts += 1;
         if stall.restarts <= FUTILE_RESTARTS {
             tracing::warn!(group, lag = progress.lag, stalled_for = ?now.duration_since(stall.since), "processor makes no progress; restarting it");
@@ -938,5 +957,97 @@ impl Stall {
             since,
             restarts: 0,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::sync::atomic::AtomicU32;
+
+    use super::*;
+    use crate::kafka::Result as KafkaResult;
+    use crate::runtime::{ProcessorSpec, ProcessorStatus, Result as RuntimeResult};
+    use crate::state::PartitionOffset;
+
+    /// Counts restarts; nothing else is called by the watchdog.
+    #[derive(Default)]
+    struct Restarts(AtomicU32);
+
+    impl Runtime for Restarts {
+        fn start(&self, _: &ProcessorSpec) -> RuntimeResult<()> {
+            unreachable!("the watchdog only restarts")
+        }
+        fn stop(&self, _: &str) -> RuntimeResult<()> {
+            unreachable!("the watchdog only restarts")
+        }
+        fn restart(&self, _: &str) -> RuntimeResult<()> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        }
+        fn scale(&self, _: &str, _: u32) -> RuntimeResult<()> {
+            unreachable!("the watchdog only restarts")
+        }
+        fn processors(&self) -> Vec<ProcessorStatus> {
+            Vec::new()
+        }
+    }
+
+    /// A group whose lag never moves: records it cannot read, or only transaction markers.
+    struct Behind {
+        only_markers: bool,
+    }
+
+    impl Admin for Behind {
+        fn create_topic(&self, _: &str, _: u32) -> KafkaResult<()> {
+            unreachable!()
+        }
+        fn delete_topic(&self, _: &str) -> KafkaResult<()> {
+            unreachable!()
+        }
+        fn partitions(&self, _: &str) -> KafkaResult<i32> {
+            unreachable!()
+        }
+        fn watermarks(&self, _: &str) -> KafkaResult<Vec<(i64, i64)>> {
+            unreachable!()
+        }
+        fn committed(&self, _: &str, _: &[String]) -> KafkaResult<Vec<PartitionOffset>> {
+            unreachable!()
+        }
+        fn commit(&self, _: &str, _: &[PartitionOffset]) -> KafkaResult<()> {
+            unreachable!()
+        }
+        fn drained(&self, _: &str, _: &[String]) -> KafkaResult<bool> {
+            Ok(self.only_markers)
+        }
+    }
+
+    #[test]
+    fn a_group_behind_only_transaction_markers_is_idle_not_stalled() {
+        let state = tempfile::tempdir().unwrap();
+        let mut config = DaemonConfig::new("unused", state.path().to_owned());
+        config.stalled_after = Duration::ZERO;
+        let runtime = Arc::new(Restarts::default());
+        let context = Context::new(config, runtime.clone()).unwrap();
+        let inputs = ["in".to_owned()];
+        let unmoved = Progress {
+            lag: 1,
+            position: 10,
+        };
+
+        let idle = Behind { only_markers: true };
+        for _ in 0..3 {
+            watch_progress(&context, &idle, "g", &inputs, unmoved);
+        }
+        assert_eq!(runtime.0.load(Ordering::SeqCst), 0);
+
+        let stalled = Behind {
+            only_markers: false,
+        };
+        for _ in 0..2 {
+            watch_progress(&context, &stalled, "g", &inputs, unmoved);
+        }
+        assert_eq!(runtime.0.load(Ordering::SeqCst), 2);
     }
 }
