@@ -84,6 +84,26 @@ fn jq_filters_maps_and_flat_maps_keeping_keys_and_headers() {
 }
 
 #[test]
+fn a_full_producer_queue_holds_the_loop_back_without_loss() {
+    let broker = Broker::start();
+    let (input, output) = (unique("in"), unique("out"));
+    broker.create_topic(&input, 3);
+    broker.create_topic(&output, 3);
+    broker.produce(&input, &numbered(0..300));
+    // Room for 10 records: nearly every send finds the queue full and waits for deliveries.
+    let step = Step::new(&unique("full"), &input, &output).args(&[
+        "--jq",
+        ".",
+        "-X",
+        "queue.buffering.max.messages=10",
+    ]);
+    let (out, _) = run_until(&broker, &step, &output, 300, None);
+
+    assert_eq!(out.len(), 300);
+    assert!(counts(&ids(&out)).values().all(|n| *n == 1));
+}
+
+#[test]
 fn poison_records_go_to_the_dead_letter_topic_with_their_origin() {
     let broker = Broker::start();
     let (input, output, dlq) = (unique("in"), unique("out"), unique("dlq"));
