@@ -6,7 +6,10 @@
 //! `<group>.<n>.pid` (the running instance's pid and start time). Instances run in their own
 //! process groups, so a daemon killed outright leaves them running; the next daemon on the
 //! same state directory adopts the live ones (same pid and start time) and restarts the others,
-//! so one instance never runs twice. Logs go to `STATE_DIR/logs/<group>.<n>.log`.
+//! so one instance never runs twice. A daemon killed between starting an instance and
+//! recording its pid leaves an instance no pid file names: every instance carries
+//! [`INSTANCE_ENV`] in its environment, and the next daemon stops the ones it cannot adopt.
+//! Logs go to `STATE_DIR/logs/<group>.<n>.log`.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -22,6 +25,10 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
 use super::{Error, ProcessorSpec, ProcessorStatus, Result, Runtime};
+
+/// Set on every processor and sidecar to the runtime's `processes` directory, so that a later
+/// daemon on the same state directory finds the instances it has no pid file for.
+pub const INSTANCE_ENV: &str = "PLUMBER_LOCAL_RUNTIME";
 use crate::spec::Transform;
 use crate::state::write_atomically;
 
@@ -155,6 +162,57 @@ fn process_start_time(pid: i32) -> Option<u64> {
     fields.get(19)?.parse().ok()
 }
 
+/// Stops the instances of this runtime (tagged with [`INSTANCE_ENV`] = `processes`) that are
+/// not `adopted`: a daemon killed after starting them but before recording their pids left
+/// them running, and the supervisor is about to start their replacements. Gracefully, within
+/// `timeout`, then SIGKILL. Only process-group leaders count: an exec transform's child or a
+/// sidecar's workers inherit the tag but go with their leader.
+fn stop_unrecorded(processes: &Path, adopted: &[i32], timeout: Duration) {
+    let tag = {
+        let mut tag = format!("{INSTANCE_ENV}=").into_bytes();
+        tag.extend_from_slice(processes.as_os_str().as_encoded_bytes());
+        tag
+    };
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return;
+    };
+    let unrecorded: Vec<(i32, u64)> = entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| !adopted.contains(pid) && process_group(*pid) == Some(*pid))
+        .filter(|pid| {
+            fs::read(format!("/proc/{pid}/environ"))
+                .is_ok_and(|environ| environ.split(|b| *b == 0).any(|var| var == tag))
+        })
+        .filter_map(|pid| Some((pid, process_start_time(pid)?)))
+        .collect();
+    for (pid, _) in &unrecorded {
+        tracing::warn!(
+            pid,
+            "stopping an instance a killed daemon started but did not record"
+        );
+        let _ = kill(Pid::from_raw(*pid), Signal::SIGTERM);
+    }
+    let deadline = Instant::now() + timeout;
+    for (pid, start_time) in unrecorded {
+        while process_start_time(pid) == Some(start_time) {
+            if Instant::now() >= deadline {
+                let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// The process group of a live process.
+fn process_group(pid: i32) -> Option<i32> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = stat.get(stat.rfind(')')? + 2..)?;
+    // After the command: state, parent pid, process group.
+    after.split_whitespace().nth(2)?.parse().ok()
+}
+
 impl LocalRuntime {
     /// Opens the runtime on `state_dir`, adopting the instances a previous daemon left running
     /// and restarting the others.
@@ -168,6 +226,8 @@ impl LocalRuntime {
                 source,
             })?;
         }
+        // Canonical, as it is also the tag of this runtime's instances (`INSTANCE_ENV`).
+        let processes = fs::canonicalize(&processes).unwrap_or(processes);
         let mut managed = BTreeMap::new();
         for spec in recorded_specs(&processes) {
             let instances = (0..spec.replicas.max(1))
@@ -194,6 +254,14 @@ impl LocalRuntime {
                 },
             );
         }
+        let adopted: Vec<i32> = managed
+            .values()
+            .flat_map(|m| &m.instances)
+            .filter_map(|i| i.running.as_ref())
+            .flat_map(|r| std::iter::once(&r.processor).chain(&r.sidecar))
+            .map(Proc::pid)
+            .collect();
+        stop_unrecorded(&processes, &adopted, config.stop_timeout);
         let shared = Arc::new(Shared {
             config,
             processes,
@@ -425,6 +493,7 @@ impl Shared {
                             .current_dir(&spec.workdir)
                             .envs(&spec.env)
                             .env("PORT", port.to_string())
+                            .env(INSTANCE_ENV, &self.processes)
                             .stdin(Stdio::null())
                             .stdout(log.try_clone().map_err(|e| start_error(e.to_string()))?)
                             .stderr(log.try_clone().map_err(|e| start_error(e.to_string()))?)
@@ -446,6 +515,7 @@ impl Shared {
         let processor = command
             .current_dir(&spec.workdir)
             .envs(&spec.env)
+            .env(INSTANCE_ENV, &self.processes)
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(stderr)
@@ -651,5 +721,58 @@ impl Runtime for LocalRuntime {
                 restarts: m.restarts,
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn sleeper(tag: Option<&Path>, own_group: bool) -> Child {
+        let mut command = Command::new("sleep");
+        command.arg("300");
+        if let Some(tag) = tag {
+            command.env(INSTANCE_ENV, tag);
+        }
+        if own_group {
+            command.process_group(0);
+        }
+        command.spawn().unwrap()
+    }
+
+    #[test]
+    fn opening_stops_instances_a_killed_daemon_did_not_record() {
+        let state = tempfile::tempdir().unwrap();
+        let processes = state.path().join("processes");
+        fs::create_dir_all(&processes).unwrap();
+        let processes = fs::canonicalize(processes).unwrap();
+        let other = state.path().join("elsewhere");
+        // Started and tagged, but its pid never reached a pid file.
+        let mut unrecorded = sleeper(Some(&processes), true);
+        // An exec transform's child: tagged by inheritance, in its processor's group.
+        let mut inherited = sleeper(Some(&processes), false);
+        // Another runtime's instance, and a stranger.
+        let mut foreign = sleeper(Some(&other), true);
+        let mut stranger = sleeper(None, true);
+
+        let config = LocalConfig {
+            stop_timeout: Duration::from_secs(20),
+            ..LocalConfig::default()
+        };
+        let runtime = LocalRuntime::open(state.path(), config).unwrap();
+
+        let status = unrecorded.try_wait().unwrap();
+        assert!(
+            status.is_some_and(|s| !s.success()),
+            "the unrecorded instance is stopped: {status:?}"
+        );
+        for survivor in [&mut inherited, &mut foreign, &mut stranger] {
+            assert!(survivor.try_wait().unwrap().is_none(), "left alone");
+            survivor.kill().unwrap();
+            survivor.wait().unwrap();
+        }
+        drop(runtime);
     }
 }
