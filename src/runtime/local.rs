@@ -149,17 +149,24 @@ impl Proc {
     }
 }
 
-/// The start time of a live (not zombie) process, in clock ticks since boot: with the pid,
-/// it identifies a process across pid reuse.
-fn process_start_time(pid: i32) -> Option<u64> {
+/// The fields of `/proc/PID/stat` after the command, from the state (field 3) on; `None` for
+/// a process that is gone or a zombie.
+fn live_stat(pid: i32) -> Option<Vec<String>> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let after = stat.get(stat.rfind(')')? + 2..)?;
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    // Field 3 is the state, field 22 the start time (both 1-based, counted from the pid).
-    if fields.first() == Some(&"Z") {
-        return None;
-    }
-    fields.get(19)?.parse().ok()
+    let fields: Vec<String> = after.split_whitespace().map(str::to_owned).collect();
+    (fields.first().is_some_and(|state| state != "Z")).then_some(fields)
+}
+
+/// The start time of a live process (field 22), in clock ticks since boot: with the pid, it
+/// identifies a process across pid reuse.
+fn process_start_time(pid: i32) -> Option<u64> {
+    live_stat(pid)?.get(19)?.parse().ok()
+}
+
+/// The process group of a live process (field 5).
+fn process_group(pid: i32) -> Option<i32> {
+    live_stat(pid)?.get(2)?.parse().ok()
 }
 
 /// Stops the instances of this runtime (tagged with [`INSTANCE_ENV`] = `processes`) that are
@@ -203,14 +210,6 @@ fn stop_unrecorded(processes: &Path, adopted: &[i32], timeout: Duration) {
             std::thread::sleep(Duration::from_millis(20));
         }
     }
-}
-
-/// The process group of a live process.
-fn process_group(pid: i32) -> Option<i32> {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let after = stat.get(stat.rfind(')')? + 2..)?;
-    // After the command: state, parent pid, process group.
-    after.split_whitespace().nth(2)?.parse().ok()
 }
 
 impl LocalRuntime {

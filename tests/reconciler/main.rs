@@ -172,7 +172,8 @@ fn random_edits_under_load_keep_the_oracle() {
     let mut next_name = 0;
     let mut last = r1;
     let mut commit = 0;
-    let mut ran = world.groups(&model);
+    let mut current = world.groups(&model);
+    let mut ran = current.clone();
     while commit < 22 {
         let procs: Vec<harness::Proc> = model.processors().into_iter().cloned().collect();
         let edit = rng.random_range(0..6);
@@ -261,7 +262,6 @@ fn random_edits_under_load_keep_the_oracle() {
             }
         };
         let groups = world.groups(&next);
-        let current = world.groups(&model);
         let revived: Vec<&String> = groups
             .iter()
             .filter(|g| ran.contains(*g) && !current.contains(*g))
@@ -273,7 +273,8 @@ fn random_edits_under_load_keep_the_oracle() {
             eprintln!("skipped on tansu: {message} would run {revived:?} again");
             continue;
         }
-        ran.extend(groups);
+        ran.extend(groups.iter().cloned());
+        current = groups;
         last = world.commit(&message, &next);
         eprintln!("commit {commit}: {message} ({last})");
         commit += 1;
