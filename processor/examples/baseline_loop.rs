@@ -2,14 +2,17 @@
 //! same guarantee as the processor at-least-once (offsets committed after a flush), the same
 //! producer settings, and no transform, metrics or dead letters.
 //!
-//! `baseline_loop BOOTSTRAP GROUP INPUT OUTPUT` — stops on SIGTERM.
+//! `baseline_loop BOOTSTRAP GROUP INPUT OUTPUT` — stops on SIGTERM. Prints `partitions
+//! assigned` to stderr when it owns its partitions, as the processor logs it: the benchmark
+//! times catching up from there.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use rdkafka::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::client::ClientContext;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
 use rdkafka::message::Message;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 
@@ -21,14 +24,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let stop = Arc::new(AtomicBool::new(false));
     signal_hook::flag::register(signal_hook::consts::SIGTERM, stop.clone())?;
 
-    let consumer: BaseConsumer = ClientConfig::new()
+    let consumer: BaseConsumer<Announce> = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("group.id", group)
         .set("enable.auto.commit", "false")
         .set("auto.offset.reset", "earliest")
         // As the processor, so that latency compares the loops, not the fetch settings.
         .set("fetch.wait.max.ms", "100")
-        .create()?;
+        .create_with_context(Announce)?;
     let producer: BaseProducer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("enable.idempotence", "false")
@@ -76,6 +79,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .commit_consumer_state(CommitMode::Sync)
         .or_else(ignore_nothing_to_commit)?;
     Ok(())
+}
+
+struct Announce;
+
+impl ClientContext for Announce {}
+
+impl ConsumerContext for Announce {
+    fn post_rebalance(&self, _: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if matches!(rebalance, Rebalance::Assign(_)) {
+            eprintln!("partitions assigned");
+        }
+    }
 }
 
 fn ignore_nothing_to_commit(
