@@ -186,10 +186,15 @@ pub fn consumer(
         // Brokers answer a fetch as soon as data arrives; some (tansu) wait the whole
         // fetch.wait.max.ms (librdkafka: 500 ms) first, which would be each step's latency.
         .set("fetch.wait.max.ms", "100")
-        // Bounds the prefetch to 16 MB (librdkafka: 64 MB), and fetches again as soon as it
-        // drains (librdkafka waits up to a second). A smaller prefetch halves throughput on a
-        // slow broker (bench/results/processor.md).
-        .set("queued.max.messages.kbytes", "16384")
+        // Bounds memory while catching up on a backlog. librdkafka keeps each prefetched
+        // record as an operation of a few hundred bytes, and by default prefetches up to
+        // 100,000 records per partition, 64 MB of them, and fetches 50 MB at a time: 100,000
+        // small records took 55 MB. A 1 MB fetch on top of 1 MB of queued records keeps the
+        // processor under 40 MB at the baseline loop's pace (bench/results/processor.md). A
+        // record larger than a fetch is still fetched whole (KIP-74).
+        .set("fetch.max.bytes", "1048576")
+        .set("queued.max.messages.kbytes", "1024")
+        // Fetches again as soon as the prefetch drains (librdkafka waits up to a second).
         .set("fetch.queue.backoff.ms", "10")
         // A crashed instance's partitions move to the others (or its restart) after 10 s,
         // not librdkafka's default 45 s. A graceful stop leaves the group at once anyway.
