@@ -6,7 +6,7 @@ use jaq_core::load::{Arena, File, Loader};
 use jaq_core::{Compiler, Ctx, Vars, data, unwrap_valr};
 use jaq_json::Val;
 
-use super::{Error, Outcome, Transform, json_out};
+use super::{Error, Outcome, Transform, json_in, json_out};
 use crate::record::{Input, Output, Rejection};
 use crate::stop::Stop;
 
@@ -73,7 +73,7 @@ impl Jq {
 
     /// The program's outputs for one JSON value, serialised; or the error it raised.
     pub fn run(&self, value: &[u8]) -> Result<Vec<Vec<u8>>, Rejection> {
-        let input = jaq_json::read::parse_single(value).map_err(|e| {
+        let input = json_in::read(value).map_err(|e| {
             Rejection::new("invalid-json", format!("the record value is not JSON: {e}"))
         })?;
         let ctx = Ctx::<Data>::new(&self.filter.lut, Vars::new([]));
@@ -151,6 +151,11 @@ mod tests {
     fn bad_json_and_program_errors_are_rejections() {
         let jq = Jq::compile(r#"if .bad then error("bad record") else . end"#).unwrap();
         assert_eq!(jq.run(b"{nope").unwrap_err().kind, "invalid-json");
+        // Deep enough to overflow the stack of an unbounded reader: refused, not a crash.
+        let deep = "[".repeat(200_000) + &"]".repeat(200_000);
+        let refused = jq.run(deep.as_bytes()).unwrap_err();
+        assert_eq!(refused.kind, "invalid-json");
+        assert!(refused.message.contains("levels"), "{}", refused.message);
         let raised = jq.run(br#"{"bad": true}"#).unwrap_err();
         assert_eq!(raised.kind, "jq-error");
         assert!(raised.message.contains("bad record"), "{}", raised.message);

@@ -5,6 +5,7 @@
 pub mod exec;
 pub mod http;
 pub mod jq;
+mod json_in;
 mod json_out;
 
 use crate::config::{Config, TransformSpec};
