@@ -182,9 +182,7 @@ fn throughput(
     let deadline = Instant::now() + Duration::from_secs(600);
     let mut assigned_at = None;
     loop {
-        if assigned_at.is_none()
-            && std::fs::read_to_string(&log).is_ok_and(|l| l.contains("partitions assigned"))
-        {
+        if assigned_at.is_none() && assigned(&log) {
             assigned_at = Some(Instant::now());
         }
         let done = marks.total();
@@ -211,6 +209,11 @@ fn throughput(
     }
 }
 
+/// Whether the variant logging to `log` owns its partitions.
+fn assigned(log: &Path) -> bool {
+    std::fs::read_to_string(log).is_ok_and(|l| l.contains("partitions assigned"))
+}
+
 fn now_micros() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -233,7 +236,19 @@ fn latency(
     } else {
         input.clone()
     };
-    let mut process = variant.map(|v| v.start(broker.bootstrap(), &input, &output).0);
+    let mut process = variant.map(|v| {
+        let (process, log) = v.start(broker.bootstrap(), &input, &output);
+        // Records sent while the loop joins its group would measure the join, not the loop.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !assigned(&log) {
+            assert!(
+                Instant::now() < deadline,
+                "{v:?} never owned its partitions: {log:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        process
+    });
     let reader: BaseConsumer = broker
         .client()
         .set("group.id", unique("lat-reader"))
@@ -268,7 +283,7 @@ fn latency(
         })
     };
     let mut latencies = Vec::new();
-    let warmup = rate * 2;
+    let warmup = rate; // one second of records: connections and first fetches
     let deadline = Instant::now() + Duration::from_secs(seconds + 60);
     while (latencies.len() as u64) < total - warmup && Instant::now() < deadline {
         if let Some(Ok(message)) = reader.poll(Duration::from_millis(50)) {
@@ -418,6 +433,12 @@ fn compare(
     writeln!(report, "\nThroughput ratio processor / baseline: **{ratio:.2}** (target ≥ 0.9). CPU per record ratio: **{cpu_ratio:.2}** (target ≤ 1.3). Peak RSS of the processor: **{:.1} MB** (target ≤ 40).\n", med(Variant::Processor, &|t| t.peak_rss_mb)).unwrap();
 }
 
+fn make_topic(broker: &Broker, prefix: &str) -> String {
+    let name = unique(prefix);
+    broker.create_topic(&name, PARTITIONS);
+    name
+}
+
 /// At-least-once throughput against the baseline on tansu (or a real cluster), then latency.
 fn on_tansu(
     report: &mut String,
@@ -426,31 +447,56 @@ fn on_tansu(
     latency_secs: u64,
     latency_rounds: u64,
 ) {
-    let broker = Broker::start();
-    let kind = if broker.is_tansu() {
-        "tansu 0.6 (SQLite storage)"
-    } else {
-        "PLUMBER_TEST_BOOTSTRAP cluster"
+    let kind = |broker: &Broker| {
+        if broker.is_tansu() {
+            "tansu 0.6 (SQLite storage)"
+        } else {
+            "PLUMBER_TEST_BOOTSTRAP cluster"
+        }
     };
-    let make = |prefix: &str| {
-        let name = unique(prefix);
-        broker.create_topic(&name, PARTITIONS);
-        name
-    };
-    let input = make("bench-in");
-    eprintln!("preloading {records} records…");
-    preload(&broker, &input, records);
-    writeln!(
-        report,
-        "## Throughput, at-least-once\n\nRecords per second catching up on the backlog, from the moment the program owns its partitions to the last output; CPU per record is the run's CPU less the same program's CPU for starting up with no input, over all records.\n"
-    )
-    .unwrap();
-    compare(report, kind, &broker, &make, &input, records, rounds);
+    {
+        let broker = Broker::start();
+        let make = |prefix: &str| make_topic(&broker, prefix);
+        let input = make("bench-in");
+        eprintln!("preloading {records} records…");
+        preload(&broker, &input, records);
+        writeln!(
+            report,
+            "## Throughput, at-least-once\n\nRecords per second catching up on the backlog, from the moment the program owns its partitions to the last output; CPU per record is the run's CPU less the same program's CPU for starting up with no input, over all records.\n"
+        )
+        .unwrap();
+        compare(
+            report,
+            kind(&broker),
+            &broker,
+            &make,
+            &input,
+            records,
+            rounds,
+        );
+    }
     if latency_secs == 0 {
         return;
     }
-    // Latency at a fixed rate. tansu slows down as its database grows, so the variants take
-    // turns going first, and each round pairs the processor with the baseline next to it.
+    // A broker of its own: tansu slows down as its database grows, and the throughput runs
+    // wrote over a million records.
+    let broker = Broker::start();
+    let kind = kind(&broker);
+    let make = |prefix: &str| make_topic(&broker, prefix);
+    compare_latency(report, kind, &broker, &make, latency_secs, latency_rounds);
+}
+
+/// Latency at 1,000 records/s: the broker alone, the baseline and the processor. tansu slows
+/// down as its database grows, so the variants take turns going first, and each round pairs
+/// the processor with the baseline next to it.
+fn compare_latency(
+    report: &mut String,
+    kind: &str,
+    broker: &Broker,
+    make: &dyn Fn(&str) -> String,
+    latency_secs: u64,
+    latency_rounds: u64,
+) {
     let variants = [None, Some(Variant::Baseline), Some(Variant::Processor)];
     let mut runs: Vec<Vec<(f64, f64, Option<f64>)>> = vec![Vec::new(); variants.len()];
     let mut added = Vec::new();
@@ -458,7 +504,7 @@ fn on_tansu(
         let mut order: Vec<usize> = (0..variants.len()).collect();
         order.rotate_left(round as usize % variants.len());
         for &v in &order {
-            let run = latency(variants[v], &broker, &make, 1000, latency_secs);
+            let run = latency(variants[v], broker, make, 1000, latency_secs);
             let label = variants[v].map_or("broker only (one hop, no loop)", Variant::label);
             eprintln!(
                 "latency round {round} {label}: p50 {:.2} ms, p99 {:.2} ms, peak RSS {:?} MB",
@@ -503,7 +549,7 @@ fn on_tansu(
 }
 
 /// The same on librdkafka's MockCluster, and exactly-once against at-least-once.
-fn on_mock(report: &mut String, records: i64, rounds: u64) {
+fn on_mock(report: &mut String, records: i64, rounds: u64, latency_secs: u64, latency_rounds: u64) {
     let cluster: MockCluster<'static, DefaultProducerContext> = MockCluster::new(1).unwrap();
     let mock = Broker::external(cluster.bootstrap_servers());
     let make_mock = |prefix: &str| {
@@ -552,6 +598,18 @@ fn on_mock(report: &mut String, records: i64, rounds: u64) {
         eos_med(Variant::ProcessorExactlyOnce) / eos_med(Variant::Processor)
     )
     .unwrap();
+    if latency_secs > 0 {
+        // Without a database behind it, the mock shows the latency the loop itself adds.
+        writeln!(report).unwrap();
+        compare_latency(
+            report,
+            "librdkafka's MockCluster",
+            &mock,
+            &make_mock,
+            latency_secs,
+            latency_rounds,
+        );
+    }
 }
 
 fn main() {
@@ -577,7 +635,7 @@ fn main() {
         on_tansu(&mut report, records, rounds, latency_secs, latency_rounds);
     }
     if brokers.contains("mock") {
-        on_mock(&mut report, records, rounds);
+        on_mock(&mut report, records, rounds, latency_secs, latency_rounds);
     }
 
     if let Some(dir) = out.parent() {
