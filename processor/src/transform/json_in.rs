@@ -89,6 +89,7 @@ impl Reader<'_> {
 
     /// Steps over the opening bracket of an array or object `depth` levels deep.
     fn open(&mut self, depth: usize) -> Result<(), NotJson> {
+        const _: () = assert!(MAX_DEPTH == 512, "the message below names the limit");
         if depth > MAX_DEPTH {
             return Err(self.expected("at most 512 levels of nested arrays and objects"));
         }
