@@ -478,8 +478,8 @@ fn on_tansu(
     if latency_secs == 0 {
         return;
     }
-    // A broker of its own: tansu slows down as its database grows, and the throughput runs
-    // wrote over a million records.
+    // A broker of its own: tansu slows down as its database grows, and each throughput round
+    // wrote the whole backlog again.
     let broker = Broker::start();
     let kind = kind(&broker);
     let make = |prefix: &str| make_topic(&broker, prefix);
