@@ -1,73 +1,80 @@
-//! The cutover engine: runs one topology's plan actions against a [`Runtime`] and Kafka
-//! ([`Admin`]), persisting progress after every step so a daemon killed at any point resumes
-//! exactly where it was.
+//! The cutover engine: moves one topology's deployment towards a target graph, one action at
+//! a time, against a [`Runtime`] and Kafka ([`Admin`]), saving what each action did through a
+//! [`CutoverStore`] before the next one. It is the only writer of cutover state.
 //!
 //! # Expected flow
 //!
-//! [`Engine::run`] takes a [`CutoverProgress`] (fresh from a plan, or read back from the state
-//! directory after a restart) and executes `actions[done..]` in order. After each action it
-//! persists `done + 1`; `start-processor` persists once more in between, after setting the
-//! group's offsets (`prepared`). When all are done it records the commit as applied and appends
-//! the cutover to the history.
+//! The daemon calls [`Engine::advance`] with the target (the newest valid commit's graph of
+//! the topology) until it answers [`Advance::Settled`]. Each call reads the topology's record,
+//! asks the planner ([`moves::remaining`]) what is left between the deployment and the target,
+//! runs the first action that can run and does not wait, and saves its effect. A newer commit
+//! simply becomes the next call's target: the planner moves on from whatever the deployment
+//! is, half-way through a move or not.
 //!
 //! # Guarantees
 //!
-//! - Every action is idempotent, so redoing the one a crash interrupted is safe: topics are
-//!   created or deleted if needed, stopping a stopped processor does nothing, starting a
-//!   running one does nothing.
-//! - A group's offsets are set only before its processor first starts (`prepared` is durable),
-//!   so a resumed cutover never rewinds or skips a running processor.
-//! - Cutover offsets are read only after the predecessor has stopped (the plan orders
-//!   `stop-processor` before `hand-over-offsets`), and recorded durably before the successor
-//!   gets them: a crash in between hands over the same offsets.
+//! - Every action is idempotent and its effect is saved only once it took effect, so redoing
+//!   the one a crash interrupted is safe: topics are created or deleted if needed, stopping a
+//!   stopped processor does nothing, starting a running one does nothing.
+//! - A group's offsets are set only before its life first starts (the life is saved as
+//!   prepared, not running, in between), so a resumed move never rewinds or skips a running
+//!   processor.
+//! - A stopped life's committed offsets are read only after all its instances exited and its
+//!   group has no members, and saved in the same write that forgets the life: its step's next
+//!   life starts exactly there, whichever commit that life belongs to.
+//! - An action that cannot run yet (a drain not finished, a missing source topic, a failing
+//!   call) never holds up the actions that do not depend on it.
 //!
 //! # Assumptions
 //!
 //! Only this engine starts processors of this topology's groups, and a stopped processor has
 //! committed everything it produced (the processor's graceful stop guarantees it; a killed one
-//! may have produced past its last commit, which at-least-once processing then duplicates).
+//! may have produced past its last commit, which at-least-once processing then duplicates and
+//! exactly-once aborts).
 //!
 //! # Errors
 //!
-//! An action that fails returns [`Error`] with the action's index; progress up to it is kept,
-//! and the daemon retries the same cutover with backoff. Kafka and runtime errors are
-//! retryable; none of them loses records.
+//! Kafka and runtime failures of an action are retried with backoff (the action waits, the
+//! others go on) and reported in [`Advance::Waiting`]. Only failing to read or write the
+//! store returns [`Error`]: nothing can safely happen without it.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use crate::graph::Topology;
 use crate::kafka::{self, Admin};
-use crate::plan::{Action, StartPosition, StartProcessor};
+use crate::plan::{
+    Action, Deployment, Effect, PartitionOffset, StartPosition, StartProcessor, moves,
+};
 use crate::runtime::{self, ProcessorSpec, Runtime};
-use crate::state::{self, CutoverProgress, Handover, HistoryEntry, PartitionOffset, StateDir};
+use crate::store::{self, CutoverStore, Handover, HistoryEntry, Move, Outcome, TopologyRecord};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("{topology}: action {index} ({action}) failed: {source}")]
-    Kafka {
-        topology: String,
-        index: usize,
-        action: String,
-        #[source]
-        source: Box<kafka::Error>,
-    },
-    #[error("{topology}: action {index} ({action}) failed: {source}")]
-    Runtime {
-        topology: String,
-        index: usize,
-        action: String,
-        #[source]
-        source: runtime::Error,
-    },
-    #[error("{topology}: cannot persist cutover progress: {source}")]
-    State {
+    #[error("{topology}: cannot read or save its cutover state: {source}")]
+    Store {
         topology: String,
         #[source]
-        source: state::Error,
+        source: store::Error,
     },
-    #[error("{topology}: the daemon is stopping; the cutover resumes on the next start")]
-    Interrupted { topology: String },
+    #[error(
+        "{topology} runs on {deployed}; moving it to {wanted} is not supported: remove the topology in one commit and add it back in the next"
+    )]
+    OtherCluster {
+        topology: String,
+        deployed: String,
+        wanted: String,
+    },
+}
+
+impl Error {
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Error::Store { source, .. } => source.is_retryable(),
+            Error::OtherCluster { .. } => false,
+        }
+    }
 }
 
 /// Settings of the engine.
@@ -79,6 +86,10 @@ pub struct CutoverConfig {
     /// deletion is unsafe: once any topic is deleted, the topics that existed beside it read
     /// as empty on tansu 0.6, even after more records are produced to them.
     pub keep_topics: bool,
+    /// How long a stop waits for the group to have no members once its instances exited.
+    pub group_empty_timeout: Duration,
+    /// Retry delays of a failing action: the first, and the longest.
+    pub retry: (Duration, Duration),
 }
 
 impl Default for CutoverConfig {
@@ -86,216 +97,489 @@ impl Default for CutoverConfig {
         CutoverConfig {
             poll: Duration::from_millis(250),
             keep_topics: false,
+            // Longer than the processor's session timeout (10 s): a member that died without
+            // leaving is gone by then.
+            group_empty_timeout: Duration::from_secs(15),
+            retry: (Duration::from_millis(500), Duration::from_secs(30)),
         }
     }
 }
 
-/// What the engine reports as it goes, for status and metrics.
+/// What the engine reports as it goes, for status, logs and metrics.
 #[derive(Debug, Clone)]
 pub enum Event<'a> {
+    /// A move towards `to` begins (`superseded`: it takes over a move towards that commit).
     Started {
         from: Option<&'a str>,
         to: &'a str,
-        actions: usize,
+        superseded: Option<&'a str>,
     },
+    /// `action` is about to run; `remaining` actions are left, this one included.
     Action {
-        index: usize,
+        done: usize,
+        remaining: usize,
         action: &'a Action,
     },
-    Draining {
-        group: &'a str,
-        lag: i64,
-    },
+    /// The deployment matches `to` (`started_at`: when the move that got it there began,
+    /// in seconds since the Unix epoch).
     Finished {
         to: &'a str,
+        started_at: Option<u64>,
     },
 }
 
-/// Everything a cutover of one topology needs.
+/// The target of a move: a commit's graph of the topology (`None`: the topology is gone).
+pub struct Target<'a> {
+    pub commit: &'a str,
+    pub topology: Option<&'a Topology>,
+    /// The cluster the target runs on; `None` with the topology gone (its lives stay where
+    /// they run).
+    pub bootstrap: Option<&'a str>,
+    /// The directory of each step's file in a checkout of the commit.
+    pub workdirs: &'a BTreeMap<String, PathBuf>,
+}
+
+/// What one call to [`Engine::advance`] did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Advance {
+    /// The deployment matches the target (`moved`: this call finished a move).
+    Settled { moved: bool },
+    /// The topology is gone: nothing of it runs or exists any more, and its record is removed.
+    Removed,
+    /// One action took effect.
+    Progressed,
+    /// Every action left waits; look again at `until`.
+    Waiting { until: Instant, waits: Vec<Wait> },
+}
+
+/// An action that cannot run now, and why.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Wait {
+    pub action: String,
+    pub reason: String,
+    /// Failed attempts so far (0: it waits for something, e.g. a drain or another action).
+    pub failures: u32,
+}
+
+/// What the engine remembers between calls: actions that wait, and until when.
+#[derive(Debug, Default)]
+pub struct Waits {
+    entries: BTreeMap<String, WaitEntry>,
+}
+
+#[derive(Debug, Clone)]
+struct WaitEntry {
+    until: Instant,
+    reason: String,
+    failures: u32,
+}
+
+impl Waits {
+    fn blocks(&self, key: &str, now: Instant) -> bool {
+        self.entries.get(key).is_some_and(|w| w.until > now)
+    }
+}
+
+/// Why an action did not take effect.
+enum NotYet {
+    /// It waits for something outside the engine (a drain, a topic); look again after the
+    /// delay.
+    Waiting(String, Duration),
+    /// A call failed.
+    Failed(String),
+}
+
+/// How often a start looks again for a source topic that does not exist yet.
+const MISSING_TOPIC_RETRY: Duration = Duration::from_secs(2);
+
+/// Everything a move of one topology needs.
 pub struct Engine<'a> {
     pub topology: &'a str,
-    pub bootstrap: &'a str,
     pub admin: &'a dyn Admin,
     pub runtime: &'a dyn Runtime,
-    pub state: &'a StateDir,
+    pub store: &'a dyn CutoverStore,
     pub config: &'a CutoverConfig,
-    /// The directory of each new step's file in a checkout of the target commit.
-    pub workdirs: &'a BTreeMap<String, PathBuf>,
     pub on_event: &'a (dyn Fn(Event<'_>) + Sync),
-    /// Checked between actions and during drains.
-    pub stopping: &'a (dyn Fn() -> bool + Sync),
 }
 
 impl Engine<'_> {
-    /// Runs the cutover to its end, persisting progress; then records the commit as applied.
-    pub fn run(&self, mut progress: CutoverProgress) -> Result<(), Error> {
-        (self.on_event)(Event::Started {
-            from: progress.from.as_deref(),
-            to: &progress.to,
-            actions: progress.actions.len(),
-        });
-        self.persist(Some(&progress), None)?;
-        while progress.done < progress.actions.len() {
-            if (self.stopping)() {
-                return Err(Error::Interrupted {
-                    topology: self.topology.to_owned(),
-                });
-            }
-            let index = progress.done;
-            let action = progress.actions[index].clone();
-            (self.on_event)(Event::Action {
-                index,
-                action: &action,
-            });
-            tracing::info!(topology = self.topology, index, action = %describe(&action), "cutover action");
-            self.execute(index, &action, &mut progress)?;
-            progress.done += 1;
-            progress.prepared = false;
-            self.persist(Some(&progress), None)?;
-        }
-        let entry = HistoryEntry {
-            topology: self.topology.to_owned(),
-            from: progress.from.clone(),
-            to: progress.to.clone(),
-            started_at: progress.started_at,
-            finished_at: now(),
-            actions: progress.actions.len(),
-            handovers: progress.handovers.clone(),
-        };
-        if !progress.actions.is_empty() {
-            self.state
-                .append_history(&entry)
-                .map_err(|source| Error::State {
-                    topology: self.topology.to_owned(),
-                    source,
-                })?;
-        }
-        self.persist(None, Some(&progress.to))?;
-        (self.on_event)(Event::Finished { to: &progress.to });
-        Ok(())
-    }
-
-    fn persist(
-        &self,
-        cutover: Option<&CutoverProgress>,
-        applied: Option<&str>,
-    ) -> Result<(), Error> {
-        let state_error = |source| Error::State {
+    fn store_error(&self, source: store::Error) -> Error {
+        Error::Store {
             topology: self.topology.to_owned(),
             source,
-        };
-        let mut state = self.state.topology(self.topology).map_err(state_error)?;
-        state.cutover = cutover.cloned();
-        if let Some(commit) = applied {
-            state.commit = Some(commit.to_owned());
         }
-        self.state
-            .save_topology(self.topology, &state)
-            .map_err(state_error)
+    }
+
+    fn save(&self, record: &TopologyRecord) -> Result<(), Error> {
+        self.store
+            .save(self.topology, record)
+            .map_err(|e| self.store_error(e))
+    }
+
+    /// Runs at most one action towards `target`, or settles when none is left.
+    pub fn advance(&self, target: &Target<'_>, waits: &mut Waits) -> Result<Advance, Error> {
+        let mut record = self
+            .store
+            .load(self.topology)
+            .map_err(|e| self.store_error(e))?;
+        if let Some(entry) = record.unrecorded.take() {
+            self.store
+                .append_history(&entry)
+                .map_err(|e| self.store_error(e))?;
+            self.save(&record)?;
+        }
+        if let (Some(deployed), Some(wanted)) = (&record.bootstrap, target.bootstrap)
+            && deployed != wanted
+            && !record.deployment.is_empty()
+        {
+            return Err(Error::OtherCluster {
+                topology: self.topology.to_owned(),
+                deployed: deployed.clone(),
+                wanted: wanted.to_owned(),
+            });
+        }
+        let remaining = moves::remaining(&record.deployment, target.topology);
+        if remaining.is_empty() {
+            return self.settle(record, target);
+        }
+        self.begin_move(&mut record, target)?;
+
+        let now = Instant::now();
+        waits
+            .entries
+            .retain(|key, _| remaining.iter().any(|p| describe(&p.action) == *key));
+        let done = record.moving.as_ref().map_or(0, |m| m.done);
+        for pending in remaining.iter().filter(|p| p.blocked_by.is_none()) {
+            let key = describe(&pending.action);
+            if waits.blocks(&key, now) {
+                continue;
+            }
+            (self.on_event)(Event::Action {
+                done,
+                remaining: remaining.len(),
+                action: &pending.action,
+            });
+            let before = record.clone();
+            let outcome = self.execute(&pending.action, &mut record, target);
+            if outcome.is_err() && record != before {
+                // Half of it took effect (a start's offsets are set, its process is not
+                // running): plan again from the saved state before anything else.
+                self.save(&record)?;
+            }
+            match outcome {
+                Ok(()) => {
+                    waits.entries.remove(&key);
+                    if let Some(m) = &mut record.moving {
+                        m.done += 1;
+                    }
+                    self.save(&record)?;
+                    return Ok(Advance::Progressed);
+                }
+                Err(NotYet::Waiting(reason, retry_in)) => {
+                    tracing::debug!(topology = self.topology, action = %key, %reason, "waiting");
+                    waits.entries.insert(
+                        key,
+                        WaitEntry {
+                            until: now + retry_in,
+                            reason,
+                            failures: 0,
+                        },
+                    );
+                }
+                Err(NotYet::Failed(reason)) => {
+                    let failures = waits.entries.get(&key).map_or(0, |w| w.failures) + 1;
+                    let (first, longest) = self.config.retry;
+                    let delay = first
+                        .saturating_mul(1 << (failures - 1).min(16))
+                        .min(longest);
+                    tracing::warn!(topology = self.topology, action = %key, error = %reason, failures, retry_in = ?delay, "cutover action failed; the others go on");
+                    waits.entries.insert(
+                        key,
+                        WaitEntry {
+                            until: now + delay,
+                            reason,
+                            failures,
+                        },
+                    );
+                }
+            }
+            if record != before {
+                return Ok(Advance::Progressed);
+            }
+        }
+        let mut reported: Vec<Wait> = waits
+            .entries
+            .iter()
+            .map(|(action, w)| Wait {
+                action: action.clone(),
+                reason: w.reason.clone(),
+                failures: w.failures,
+            })
+            .collect();
+        for pending in &remaining {
+            if let Some(reason) = &pending.blocked_by {
+                reported.push(Wait {
+                    action: describe(&pending.action),
+                    reason: format!("waits for {reason}"),
+                    failures: 0,
+                });
+            }
+        }
+        let until = waits
+            .entries
+            .values()
+            .map(|w| w.until)
+            .min()
+            .unwrap_or(now + self.config.poll);
+        Ok(Advance::Waiting {
+            until,
+            waits: reported,
+        })
+    }
+
+    /// Starts recording a move towards the target, superseding one towards another commit.
+    fn begin_move(&self, record: &mut TopologyRecord, target: &Target<'_>) -> Result<(), Error> {
+        if record
+            .moving
+            .as_ref()
+            .is_some_and(|m| m.to == target.commit)
+        {
+            return Ok(());
+        }
+        let superseded = record.moving.take();
+        if let Some(old) = &superseded {
+            tracing::info!(topology = self.topology, from = ?old.from, to = %old.to, by = target.commit, "a newer commit takes over the move");
+            self.store
+                .append_history(&HistoryEntry {
+                    topology: self.topology.to_owned(),
+                    from: old.from.clone(),
+                    to: old.to.clone(),
+                    outcome: Outcome::Superseded,
+                    started_at: old.started_at,
+                    finished_at: now(),
+                    actions: old.done,
+                    handovers: old.handovers.clone(),
+                })
+                .map_err(|e| self.store_error(e))?;
+        }
+        (self.on_event)(Event::Started {
+            from: record.commit.as_deref(),
+            to: target.commit,
+            superseded: superseded.as_ref().map(|m| m.to.as_str()),
+        });
+        record.moving = Some(Move {
+            from: record.commit.clone(),
+            to: target.commit.to_owned(),
+            started_at: now(),
+            done: 0,
+            handovers: Vec::new(),
+        });
+        if record.bootstrap.is_none() {
+            record.bootstrap = target.bootstrap.map(str::to_owned);
+        }
+        self.save(record)
+    }
+
+    /// Nothing is left: the deployment matches the target.
+    fn settle(&self, mut record: TopologyRecord, target: &Target<'_>) -> Result<Advance, Error> {
+        let moved = record.moving.is_some() || record.commit.as_deref() != Some(target.commit);
+        let started_at = record.moving.as_ref().map(|m| m.started_at);
+        if target.topology.is_none() && record.deployment.is_empty() {
+            if let Some(m) = record.moving.take() {
+                self.store
+                    .append_history(&finished(self.topology, m))
+                    .map_err(|e| self.store_error(e))?;
+            }
+            self.store
+                .remove(self.topology)
+                .map_err(|e| self.store_error(e))?;
+            (self.on_event)(Event::Finished {
+                to: target.commit,
+                started_at,
+            });
+            return Ok(Advance::Removed);
+        }
+        if moved {
+            record.deployment.settle();
+            record.commit = Some(target.commit.to_owned());
+            if target.bootstrap.is_some() {
+                record.bootstrap = target.bootstrap.map(str::to_owned);
+            }
+            let entry = record.moving.take().map(|m| finished(self.topology, m));
+            // Saved with the entry first: a crash before the history line is written leaves
+            // it to the next start, a crash after it cannot write it twice.
+            record.unrecorded = entry.clone();
+            self.save(&record)?;
+            if let Some(entry) = entry {
+                self.store
+                    .append_history(&entry)
+                    .map_err(|e| self.store_error(e))?;
+                record.unrecorded = None;
+                self.save(&record)?;
+            }
+        }
+        (self.on_event)(Event::Finished {
+            to: target.commit,
+            started_at,
+        });
+        Ok(Advance::Settled { moved })
     }
 
     fn execute(
         &self,
-        index: usize,
         action: &Action,
-        progress: &mut CutoverProgress,
-    ) -> Result<(), Error> {
-        let kafka_error = |source| Error::Kafka {
-            topology: self.topology.to_owned(),
-            index,
-            action: describe(action),
-            source: Box::new(source),
-        };
-        let runtime_error = |source| Error::Runtime {
-            topology: self.topology.to_owned(),
-            index,
-            action: describe(action),
-            source,
-        };
-        match action {
-            Action::CreateTopic { topic, partitions } => self
-                .admin
-                .create_topic(topic, *partitions)
-                .map_err(kafka_error),
-            Action::DeleteTopic { topic } if self.config.keep_topics => {
-                tracing::info!(
-                    topology = self.topology,
-                    topic,
-                    "retired topic kept (--keep-topics)"
-                );
-                Ok(())
-            }
-            Action::DeleteTopic { topic } => self.admin.delete_topic(topic).map_err(kafka_error),
-            Action::StopProcessor { group, .. } => self.runtime.stop(group).map_err(runtime_error),
-            Action::ScaleProcessor { group, scale, .. } => {
-                self.runtime.scale(group, scale.min).map_err(runtime_error)
-            }
-            Action::HandOverOffsets {
-                step,
-                from_group,
-                to_group,
-                topics,
+        record: &mut TopologyRecord,
+        target: &Target<'_>,
+    ) -> Result<(), NotYet> {
+        tracing::info!(topology = self.topology, action = %describe(action), "cutover action");
+        let failed = |e: &dyn std::fmt::Display| NotYet::Failed(e.to_string());
+        let effect = match action {
+            Action::CreateTopic {
+                topic,
+                partitions,
+                replication,
+                ..
             } => {
-                let offsets = self
-                    .admin
-                    .committed(from_group, topics)
-                    .map_err(kafka_error)?;
-                tracing::info!(topology = self.topology, step, from_group, to_group, offsets = ?offsets, "cutover offsets");
-                progress.handovers.retain(|h| &h.to_group != to_group);
-                progress.handovers.push(Handover {
-                    step: step.clone(),
-                    from_group: from_group.clone(),
-                    to_group: to_group.clone(),
-                    offsets,
-                });
-                // Durable before anyone uses them.
-                self.persist(Some(progress), None)
+                self.admin
+                    .create_topic(topic, *partitions, *replication)
+                    .map_err(|e| failed(&e))?;
+                Effect::Done
+            }
+            Action::DeleteTopic { topic } => {
+                if self.config.keep_topics {
+                    tracing::info!(
+                        topology = self.topology,
+                        topic,
+                        "retired topic kept (--keep-topics)"
+                    );
+                } else {
+                    self.admin.delete_topic(topic).map_err(|e| failed(&e))?;
+                }
+                Effect::Done
+            }
+            Action::ScaleProcessor { group, scale, .. } => {
+                self.runtime
+                    .scale(group, scale.min)
+                    .map_err(|e| failed(&e))?;
+                Effect::Done
             }
             Action::DrainProcessor { group, topics, .. } => {
-                self.drain(group, topics, index, action)
+                self.drained(group, topics)?;
+                Effect::Done
+            }
+            Action::StopProcessor { group, .. } => {
+                Effect::Stopped(self.stop(group, &record.deployment)?)
             }
             Action::StartProcessor(start) => {
-                if !progress.prepared {
-                    let offsets = self
-                        .start_offsets(start, &progress.handovers)
-                        .map_err(kafka_error)?;
+                let Some(bootstrap) = target
+                    .bootstrap
+                    .map(str::to_owned)
+                    .or_else(|| record.bootstrap.clone())
+                else {
+                    return Err(NotYet::Failed("no cluster to start it on".into()));
+                };
+                if record.deployment.life(&start.group).is_none() {
+                    let offsets = self.start_offsets(start, &record.deployment)?;
                     self.admin
                         .commit(&start.group, &offsets)
-                        .map_err(kafka_error)?;
-                    progress.prepared = true;
-                    self.persist(Some(progress), None)?;
+                        .map_err(|e| failed(&e))?;
+                    let taken = handovers(start, &record.deployment, &offsets);
+                    if let Some(m) = &mut record.moving {
+                        m.handovers.extend(taken);
+                    }
+                    record.deployment.apply(action, Effect::Prepared);
+                    // Durable before the processor runs: its offsets are never set again.
+                    self.save(record).map_err(|e| failed(&e))?;
                 }
-                self.runtime.start(&self.spec(start)).map_err(runtime_error)
+                let spec = processor_spec(self.topology, start, &bootstrap, target);
+                self.runtime.start(&spec).map_err(|e| failed(&e))?;
+                Effect::Done
+            }
+        };
+        record.deployment.apply(action, effect);
+        Ok(())
+    }
+
+    /// Stops the life gracefully, waits until its group is empty, and reads where it stood.
+    fn stop(&self, group: &str, deployment: &Deployment) -> Result<Vec<PartitionOffset>, NotYet> {
+        self.runtime
+            .stop(group)
+            .map_err(|e: runtime::Error| NotYet::Failed(e.to_string()))?;
+        let deadline = Instant::now() + self.config.group_empty_timeout;
+        loop {
+            match self.admin.members(group) {
+                Ok(None | Some(0)) => break,
+                Ok(Some(members)) if Instant::now() >= deadline => {
+                    return Err(NotYet::Failed(format!(
+                        "its instances exited, but group {group} still has {members} members"
+                    )));
+                }
+                Ok(Some(_)) => std::thread::sleep(self.config.poll),
+                Err(error) => {
+                    tracing::debug!(%error, group, "cannot describe the group; its instances exited");
+                    break;
+                }
             }
         }
+        let inputs: Vec<String> = deployment
+            .life(group)
+            .map(|l| l.inputs().map(str::to_owned).collect())
+            .unwrap_or_default();
+        let offsets = self
+            .admin
+            .committed(group, &inputs)
+            .map_err(|e| NotYet::Failed(e.to_string()))?;
+        tracing::info!(topology = self.topology, group, offsets = ?offsets, "stopped; cutover offsets recorded");
+        Ok(offsets)
+    }
+
+    /// Waits (without blocking the engine) until `group` consumed everything on `topics`.
+    fn drained(&self, group: &str, topics: &[String]) -> Result<(), NotYet> {
+        let failed = |e: kafka::Error| NotYet::Failed(e.to_string());
+        let lag = self.admin.lag(group, topics).map_err(failed)?;
+        // Behind transactional writers the lag includes transaction markers: look closer.
+        if lag == 0 || self.admin.drained(group, topics).map_err(failed)? {
+            return Ok(());
+        }
+        Err(NotYet::Waiting(
+            format!("{group} has {lag} records left on {}", topics.join(", ")),
+            self.config.poll,
+        ))
     }
 
     /// Where the group starts on each input partition: always explicit.
     fn start_offsets(
         &self,
         start: &StartProcessor,
-        handovers: &[Handover],
-    ) -> Result<Vec<PartitionOffset>, kafka::Error> {
+        deployment: &Deployment,
+    ) -> Result<Vec<PartitionOffset>, NotYet> {
         let mut offsets = Vec::new();
         for input in &start.inputs {
-            let marks = self.admin.watermarks(&input.topic)?;
+            let marks = match self.admin.watermarks(&input.topic) {
+                Ok(marks) => marks,
+                Err(kafka::Error::NoSuchTopic { topic }) => {
+                    return Err(NotYet::Waiting(
+                        format!("topic {topic} does not exist yet; the step starts once it does"),
+                        MISSING_TOPIC_RETRY,
+                    ));
+                }
+                Err(e) => return Err(NotYet::Failed(e.to_string())),
+            };
+            let recorded = deployment
+                .positions
+                .get(&start.step)
+                .and_then(|p| p.get(&input.topic));
             for (partition, (low, high)) in marks.into_iter().enumerate() {
                 let partition = partition as i32;
                 let offset = match input.from {
                     StartPosition::Earliest => low,
                     StartPosition::Latest => high,
-                    StartPosition::Cutover => handovers
-                        .iter()
-                        .filter(|h| h.to_group == start.group)
-                        .flat_map(|h| &h.offsets)
-                        .find(|p| p.topic == input.topic && p.partition == partition)
-                        .map(|p| p.offset)
-                        .unwrap_or_else(|| {
-                            // The predecessor never committed here, so it consumed nothing
-                            // here: the partition's beginning is where it stood.
-                            tracing::warn!(topology = self.topology, group = %start.group, topic = %input.topic, partition, "no cutover offset recorded; starting at the beginning");
-                            low
-                        }),
+                    StartPosition::Cutover => recorded
+                        .and_then(|r| r.offsets.iter().find(|p| p.partition == partition))
+                        .map(|p| p.offset.max(low))
+                        // The previous life never committed here, so it consumed nothing
+                        // here: the partition's beginning is where it stood.
+                        .unwrap_or(low),
                 };
                 offsets.push(PartitionOffset {
                     topic: input.topic.clone(),
@@ -306,80 +590,90 @@ impl Engine<'_> {
         }
         Ok(offsets)
     }
+}
 
-    fn spec(&self, start: &StartProcessor) -> ProcessorSpec {
-        ProcessorSpec {
-            topology: self.topology.to_owned(),
-            step: start.step.clone(),
-            identity: start.identity,
-            group: start.group.clone(),
-            bootstrap: self.bootstrap.to_owned(),
-            inputs: start.inputs.iter().map(|i| i.topic.clone()).collect(),
-            outputs: start.outputs.clone(),
-            dlq: start.dlq.clone(),
-            transform: start.transform.clone(),
-            env: start.env.clone(),
-            replicas: start.scale.min.max(1),
-            workdir: self
-                .workdirs
-                .get(&start.step)
-                .cloned()
-                .unwrap_or_else(|| PathBuf::from(".")),
-        }
-    }
-
-    /// Waits until `group` has consumed everything on `topics` (their writers have stopped).
-    /// A group that stalls is restarted by the daemon's watchdog, not here.
-    fn drain(
-        &self,
-        group: &str,
-        topics: &[String],
-        index: usize,
-        action: &Action,
-    ) -> Result<(), Error> {
-        let mut previous = None;
-        loop {
-            let lag = self
-                .admin
-                .lag(group, topics)
-                .map_err(|source| Error::Kafka {
-                    topology: self.topology.to_owned(),
-                    index,
-                    action: describe(action),
-                    source: Box::new(source),
-                })?;
-            (self.on_event)(Event::Draining { group, lag });
-            // A lag that stays put may be transaction markers, not records: look closer then
-            // (while it shrinks, the group is simply still reading).
-            let drained = lag == 0
-                || (previous == Some(lag)
-                    && self
-                        .admin
-                        .drained(group, topics)
-                        .map_err(|source| Error::Kafka {
-                            topology: self.topology.to_owned(),
-                            index,
-                            action: describe(action),
-                            source: Box::new(source),
-                        })?);
-            if drained {
-                return Ok(());
-            }
-            previous = Some(lag);
-            if (self.stopping)() {
-                return Err(Error::Interrupted {
-                    topology: self.topology.to_owned(),
-                });
-            }
-            std::thread::sleep(self.config.poll);
-        }
+/// The history entry of a move that ended with the deployment matching its target.
+fn finished(topology: &str, m: Move) -> HistoryEntry {
+    HistoryEntry {
+        topology: topology.to_owned(),
+        from: m.from,
+        to: m.to,
+        outcome: Outcome::Applied,
+        started_at: m.started_at,
+        finished_at: now(),
+        actions: m.done,
+        handovers: m.handovers,
     }
 }
 
-/// A one-line description of an action for logs and errors.
+/// The cutover offsets a starting life takes over, per previous life, for the history.
+fn handovers(
+    start: &StartProcessor,
+    deployment: &Deployment,
+    offsets: &[PartitionOffset],
+) -> Vec<Handover> {
+    let mut by_group: BTreeMap<String, Vec<PartitionOffset>> = BTreeMap::new();
+    for input in start
+        .inputs
+        .iter()
+        .filter(|i| i.from == StartPosition::Cutover)
+    {
+        let Some(recorded) = deployment
+            .positions
+            .get(&start.step)
+            .and_then(|p| p.get(&input.topic))
+        else {
+            continue;
+        };
+        by_group
+            .entry(recorded.group.clone())
+            .or_default()
+            .extend(offsets.iter().filter(|p| p.topic == input.topic).cloned());
+    }
+    by_group
+        .into_iter()
+        .map(|(from_group, offsets)| Handover {
+            step: start.step.clone(),
+            from_group,
+            to_group: start.group.clone(),
+            offsets,
+        })
+        .collect()
+}
+
+fn processor_spec(
+    topology: &str,
+    start: &StartProcessor,
+    bootstrap: &str,
+    target: &Target<'_>,
+) -> ProcessorSpec {
+    ProcessorSpec {
+        topology: topology.to_owned(),
+        step: start.step.clone(),
+        identity: start.identity,
+        group: start.group.clone(),
+        bootstrap: bootstrap.to_owned(),
+        inputs: start.inputs.iter().map(|i| i.topic.clone()).collect(),
+        outputs: start.outputs.clone(),
+        dlq: start.dlq.clone(),
+        transform: start.transform.clone(),
+        env: start.env.clone(),
+        replicas: start.scale.min.max(1),
+        commit: Some(target.commit.to_owned()),
+        workdir: target
+            .workdirs
+            .get(&start.step)
+            .cloned()
+            .unwrap_or_else(|| PathBuf::from(".")),
+    }
+}
+
+/// A one-line description of an action for logs, status and errors.
 pub fn describe(action: &Action) -> String {
     match action {
-        Action::CreateTopic { topic, partitions } => {
+        Action::CreateTopic {
+            topic, partitions, ..
+        } => {
             format!("create-topic {topic} ({partitions} partitions)")
         }
         Action::StartProcessor(start) => {
@@ -392,11 +686,6 @@ pub fn describe(action: &Action) -> String {
             format!("drain-processor {group} on {}", topics.join(","))
         }
         Action::StopProcessor { group, .. } => format!("stop-processor {group}"),
-        Action::HandOverOffsets {
-            from_group,
-            to_group,
-            ..
-        } => format!("hand-over-offsets {from_group} → {to_group}"),
         Action::DeleteTopic { topic } => format!("delete-topic {topic}"),
     }
 }

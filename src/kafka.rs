@@ -19,7 +19,7 @@ use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 
-use crate::state::PartitionOffset;
+use crate::plan::PartitionOffset;
 
 /// How long one admin or offset call may take.
 const CALL_TIMEOUT: Duration = Duration::from_secs(15);
@@ -42,6 +42,20 @@ pub enum Error {
     Metadata { topic: String, message: String },
     #[error("topic {topic} does not exist")]
     NoSuchTopic { topic: String },
+    #[error(
+        "topic {topic} exists with {found} partitions, but {wanted} are wanted; it is not this life's (another tool or an older plumber made it): delete it, or change the step's `partitions`"
+    )]
+    PartitionMismatch {
+        topic: String,
+        found: i32,
+        wanted: i32,
+    },
+    #[error("cannot describe group {group}: {source}")]
+    Describe {
+        group: String,
+        #[source]
+        source: KafkaError,
+    },
     #[error("cannot read the end offsets of {topic}/{partition}: {source}")]
     Watermarks {
         topic: String,
@@ -67,8 +81,9 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// The Kafka operations of a cutover. Each is idempotent.
 pub trait Admin: Send + Sync {
-    /// Creates the topic unless it exists.
-    fn create_topic(&self, topic: &str, partitions: u32) -> Result<()>;
+    /// Creates the topic unless it exists with these partitions (another count is an
+    /// error); `replication: None` takes the broker's default.
+    fn create_topic(&self, topic: &str, partitions: u32, replication: Option<u32>) -> Result<()>;
     /// Deletes the topic if it exists.
     fn delete_topic(&self, topic: &str) -> Result<()>;
     /// The topic's partition count; an error if it does not exist.
@@ -79,6 +94,12 @@ pub trait Admin: Send + Sync {
     fn committed(&self, group: &str, topics: &[String]) -> Result<Vec<PartitionOffset>>;
     /// Sets the group's offsets. The group must have no live member.
     fn commit(&self, group: &str, offsets: &[PartitionOffset]) -> Result<()>;
+
+    /// How many members the group has; `None` when the broker does not say (it cannot
+    /// describe groups). A stopped processor's group empties as its instances leave it.
+    fn members(&self, _group: &str) -> Result<Option<usize>> {
+        Ok(None)
+    }
 
     /// Whether the group has consumed everything on `topics`. Without transactions that is a
     /// lag of 0; with them, transaction markers and aborted records sit between a group's
@@ -228,14 +249,19 @@ fn base(bootstrap: &str) -> ClientConfig {
 }
 
 impl Admin for KafkaAdmin {
-    fn create_topic(&self, topic: &str, partitions: u32) -> Result<()> {
+    fn create_topic(&self, topic: &str, partitions: u32, replication: Option<u32>) -> Result<()> {
         let topic_error = |message: String| Error::Topic {
             operation: "create",
             topic: topic.to_owned(),
             message,
         };
         let count = i32::try_from(partitions).map_err(|e| topic_error(e.to_string()))?;
-        let new = NewTopic::new(topic, count, TopicReplication::Fixed(1));
+        // -1: the broker's default.replication.factor (KIP-464).
+        let replicas = match replication {
+            Some(n) => i32::try_from(n).map_err(|e| topic_error(e.to_string()))?,
+            None => -1,
+        };
+        let new = NewTopic::new(topic, count, TopicReplication::Fixed(replicas));
         let options = AdminOptions::new().operation_timeout(Some(CALL_TIMEOUT));
         let results = self
             .runtime
@@ -253,6 +279,13 @@ impl Admin for KafkaAdmin {
         loop {
             match self.partitions(topic) {
                 Ok(n) if n == count => return Ok(()),
+                Ok(found) => {
+                    return Err(Error::PartitionMismatch {
+                        topic: topic.to_owned(),
+                        found,
+                        wanted: count,
+                    });
+                }
                 _ if std::time::Instant::now() > deadline => {
                     return Err(topic_error("created, but not visible in metadata".into()));
                 }
@@ -400,6 +433,24 @@ impl Admin for KafkaAdmin {
                 _ => None,
             })
             .collect())
+    }
+
+    fn members(&self, group: &str) -> Result<Option<usize>> {
+        match self.metadata.fetch_group_list(Some(group), CALL_TIMEOUT) {
+            Ok(list) => Ok(Some(
+                list.groups()
+                    .iter()
+                    .filter(|g| g.name() == group)
+                    .map(|g| g.members().len())
+                    .sum(),
+            )),
+            // Brokers without DescribeGroups (librdkafka's mock cluster) cannot say.
+            Err(KafkaError::GroupListFetch(RDKafkaErrorCode::UnsupportedVersion)) => Ok(None),
+            Err(source) => Err(Error::Describe {
+                group: group.to_owned(),
+                source,
+            }),
+        }
     }
 
     fn commit(&self, group: &str, offsets: &[PartitionOffset]) -> Result<()> {

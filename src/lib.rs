@@ -11,8 +11,9 @@
 //! The daemon (`plumber up`) runs them continuously:
 //!
 //! 6. [`daemon`] follows a branch, validates each new commit and plans per topology;
-//! 7. [`cutover`] executes a topology's plan against a [`runtime`] (where processors run) and
-//!    Kafka ([`kafka`]), persisting progress in the [`state`] directory.
+//! 7. [`cutover`] moves a topology's deployment towards the desired graph, one planned action
+//!    at a time, against a [`runtime`] (where processors run) and Kafka ([`kafka`]), saving
+//!    each action's effect in a [`store`] (the state directory of `plumber up`).
 
 pub mod cutover;
 pub mod daemon;
@@ -24,7 +25,7 @@ pub mod plan;
 pub mod repo;
 pub mod runtime;
 pub mod spec;
-pub mod state;
+pub mod store;
 
 use diagnostic::Diagnostic;
 use graph::Topology;

@@ -15,7 +15,7 @@ use tracing_subscriber::EnvFilter;
 
 use plumber::daemon::{Context, Daemon, DaemonConfig};
 use plumber::runtime::local::{LocalConfig, LocalRuntime};
-use plumber::state::StateDir;
+use plumber::store::StateDir;
 
 pub fn run(config: DaemonConfig) -> Result<()> {
     init_logging();

@@ -1,21 +1,29 @@
-//! The cutover engine on an in-memory Kafka and runtime: resuming after a crash at every
-//! point of a cutover ends where an uninterrupted cutover ends, never sets a started group's
-//! offsets twice, and hands over exactly the offsets the predecessor committed.
+//! The cutover engine on an in-memory Kafka and runtime (one fake world), with crashes
+//! injected at every Kafka call, every runtime call and every save of the state, each both
+//! before the call takes effect and after it took effect but before the engine saw it.
+//!
+//! The fake checks, as it goes, what SPEC §4 promises of every record: per step and input
+//! partition, each life starts exactly where the step's previous life stopped (no gap, no
+//! overlap), two lives of one step never read one topic at once, a group's offsets are never
+//! set while it runs, and no group or internal topic is ever used by two lives. After a crash
+//! the next "daemon" (a fresh engine on the same state directory and the same running
+//! processors) must end where an uninterrupted run ends.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 
-use plumber::cutover::{CutoverConfig, Engine, Event};
+use plumber::cutover::{Advance, CutoverConfig, Engine, Event, Target, Waits};
 use plumber::graph::Topology;
 use plumber::kafka::{self, Admin};
-use plumber::plan::{Action, plan_topology};
+use plumber::plan::{PartitionOffset, moves};
 use plumber::runtime::{self, ProcessorSpec, ProcessorStatus, Runtime};
 use plumber::spec::{FileContent, SourceFile};
-use plumber::state::{CutoverProgress, PartitionOffset, StateDir};
+use plumber::store::{self, CutoverStore, HistoryEntry, Outcome, StateDir, TopologyRecord};
 
-fn topology(steps: &[(&str, &str)]) -> Topology {
+fn topology(steps: &[(&str, String)]) -> Topology {
     let files: Vec<SourceFile> = steps
         .iter()
         .map(|(name, yaml)| SourceFile {
@@ -30,325 +38,837 @@ fn topology(steps: &[(&str, &str)]) -> Topology {
     topologies.remove(0)
 }
 
-fn revision(a_version: u32) -> Topology {
-    topology(&[
-        ("src", "kind: source\ntopic: in\n"),
+/// `in → a → b → out`, `a → c → out2`, with `a` and `c` at the given versions.
+fn revision(a: u32, c: u32, ordered: bool) -> Topology {
+    let mut steps = vec![
+        ("in", "kind: source\ntopic: in\n".to_owned()),
         (
             "a",
-            &format!("kind: processor\ninput: src\njq: '.a = {a_version}'\npartitions: 2\n"),
+            format!("kind: processor\ninput: in\njq: '.a = {a}'\npartitions: 2\n"),
         ),
-        ("b", "kind: processor\ninput: a\njq: '.b = 1'\n"),
-        ("out", "kind: sink\ntopic: out\ninput: b\n"),
-    ])
+        ("b", "kind: processor\ninput: a\njq: '.b = 1'\n".to_owned()),
+        (
+            "c",
+            format!("kind: processor\ninput: a\njq: '.c = {c}'\npartitions: 1\n"),
+        ),
+        ("out", "kind: sink\ntopic: out\ninput: b\n".to_owned()),
+        ("out2", "kind: sink\ntopic: out2\ninput: c\n".to_owned()),
+    ];
+    if ordered {
+        steps.push(("topology", "cutover: ordered\n".to_owned()));
+    }
+    topology(&steps)
 }
 
-/// Topics with fixed watermarks; committed offsets per group; a log of commits.
+/// Where a crash happens: at the `at`-th call of `site`, before or after its effect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Site {
+    Kafka,
+    Runtime,
+    Save,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Crash {
+    site: Site,
+    at: u32,
+    after_effect: bool,
+}
+
+/// Counts calls per site and crashes once, as planned; a crashed daemon makes no more calls.
 #[derive(Default)]
-struct FakeKafka {
-    topics: Mutex<BTreeMap<String, Vec<(i64, i64)>>>,
-    committed: Mutex<BTreeMap<String, Vec<PartitionOffset>>>,
-    commits: Mutex<Vec<String>>,
+struct Faults {
+    plan: Mutex<Option<Crash>>,
+    calls: Mutex<BTreeMap<String, u32>>,
+    crashed: AtomicBool,
 }
 
-impl Admin for FakeKafka {
-    fn create_topic(&self, topic: &str, partitions: u32) -> kafka::Result<()> {
-        self.topics
+impl Faults {
+    /// Runs `effect` unless the daemon crashed or crashes here.
+    fn call<T>(&self, site: Site, effect: impl FnOnce() -> T) -> Result<T, String> {
+        if self.crashed.load(Ordering::SeqCst) {
+            return Err("the daemon crashed".into());
+        }
+        let n = {
+            let mut calls = self.calls.lock().unwrap();
+            let n = calls.entry(format!("{site:?}")).or_default();
+            *n += 1;
+            *n
+        };
+        let plan = *self.plan.lock().unwrap();
+        match plan {
+            Some(c) if c.site == site && c.at == n => {
+                self.crashed.store(true, Ordering::SeqCst);
+                if c.after_effect {
+                    effect();
+                }
+                Err(format!("injected crash at {site:?} call {n}"))
+            }
+            _ => Ok(effect()),
+        }
+    }
+
+    fn count(&self, site: Site) -> u32 {
+        self.calls
             .lock()
             .unwrap()
-            .entry(topic.into())
-            .or_insert_with(|| vec![(0, 0); partitions as usize]);
-        Ok(())
+            .get(&format!("{site:?}"))
+            .copied()
+            .unwrap_or(0)
+    }
+}
+
+/// Kafka and the processors in one: running processors consume everything at once (unless
+/// their step is stuck) and write one record to their internal topic per record consumed.
+#[derive(Default)]
+struct World {
+    faults: Faults,
+    inner: Mutex<Inner>,
+}
+
+#[derive(Default, Clone, PartialEq, Debug)]
+struct Inner {
+    topics: BTreeMap<String, Vec<i64>>,
+    /// Every topic and group ever created or started: names are never reused by a new life.
+    ever_topics: BTreeSet<String>,
+    ever_groups: BTreeSet<String>,
+    committed: BTreeMap<String, BTreeMap<(String, i32), i64>>,
+    running: BTreeMap<String, ProcessorSpec>,
+    stuck: BTreeSet<String>,
+    /// Per step and input partition: where the step's last life stopped.
+    stopped_at: BTreeMap<(String, String, i32), i64>,
+}
+
+impl Inner {
+    /// Running processors consume what is there, and write what they consumed onward.
+    fn consume(&mut self) {
+        loop {
+            let mut moved = false;
+            let groups: Vec<String> = self.running.keys().cloned().collect();
+            for group in groups {
+                let spec = self.running[&group].clone();
+                if self.stuck.contains(&spec.step) {
+                    continue;
+                }
+                let mut consumed = 0;
+                for input in &spec.inputs {
+                    let ends = self.topics.get(input).cloned().unwrap_or_default();
+                    for (partition, end) in ends.into_iter().enumerate() {
+                        let at = self
+                            .committed
+                            .entry(group.clone())
+                            .or_default()
+                            .entry((input.clone(), partition as i32))
+                            .or_insert(0);
+                        if *at < end {
+                            consumed += end - *at;
+                            *at = end;
+                        }
+                    }
+                }
+                if consumed > 0 {
+                    moved = true;
+                    if let Some(own) = spec.outputs.iter().find(|o| **o == group)
+                        && let Some(partitions) = self.topics.get_mut(own)
+                    {
+                        partitions[0] += consumed;
+                    }
+                }
+            }
+            if !moved {
+                return;
+            }
+        }
+    }
+}
+
+impl World {
+    fn with<T>(&self, site: Site, f: impl FnOnce(&mut Inner) -> T) -> Result<T, String> {
+        self.faults.call(site, || {
+            let mut inner = self.inner.lock().unwrap();
+            inner.consume();
+            f(&mut inner)
+        })
+    }
+
+    fn produce(&self, topic: &str, per_partition: i64) {
+        let mut inner = self.inner.lock().unwrap();
+        for end in inner.topics.get_mut(topic).unwrap() {
+            *end += per_partition;
+        }
+        inner.consume();
+    }
+
+    fn snapshot(&self) -> Inner {
+        let mut inner = self.inner.lock().unwrap();
+        inner.consume();
+        inner.clone()
+    }
+}
+
+fn kafka_error(message: String) -> kafka::Error {
+    kafka::Error::Metadata {
+        topic: "-".into(),
+        message,
+    }
+}
+
+impl Admin for World {
+    fn create_topic(&self, topic: &str, partitions: u32, _: Option<u32>) -> kafka::Result<()> {
+        self.with(Site::Kafka, |w| {
+            if !w.topics.contains_key(topic) {
+                assert!(
+                    w.ever_topics.insert(topic.to_owned()),
+                    "{topic} created again: a new life reuses an old topic"
+                );
+                w.topics.insert(topic.into(), vec![0; partitions as usize]);
+            }
+        })
+        .map_err(kafka_error)
     }
     fn delete_topic(&self, topic: &str) -> kafka::Result<()> {
-        self.topics.lock().unwrap().remove(topic);
-        Ok(())
+        self.with(Site::Kafka, |w| {
+            for spec in w.running.values() {
+                assert!(
+                    !spec.inputs.iter().chain(&spec.outputs).any(|t| t == topic),
+                    "{topic} deleted while {} uses it",
+                    spec.group
+                );
+            }
+            w.topics.remove(topic);
+        })
+        .map_err(kafka_error)
     }
     fn partitions(&self, topic: &str) -> kafka::Result<i32> {
         Ok(self.watermarks(topic)?.len() as i32)
     }
     fn watermarks(&self, topic: &str) -> kafka::Result<Vec<(i64, i64)>> {
-        self.topics
-            .lock()
-            .unwrap()
-            .get(topic)
-            .cloned()
-            .ok_or_else(|| kafka::Error::Metadata {
-                topic: topic.into(),
-                message: "Unknown topic".into(),
-            })
+        self.with(Site::Kafka, |w| {
+            w.topics
+                .get(topic)
+                .map(|ends| ends.iter().map(|e| (0, *e)).collect())
+        })
+        .map_err(kafka_error)?
+        .ok_or_else(|| kafka::Error::NoSuchTopic {
+            topic: topic.into(),
+        })
     }
     fn committed(&self, group: &str, topics: &[String]) -> kafka::Result<Vec<PartitionOffset>> {
-        Ok(self
-            .committed
-            .lock()
-            .unwrap()
-            .get(group)
-            .into_iter()
-            .flatten()
-            .filter(|p| topics.contains(&p.topic))
-            .cloned()
-            .collect())
+        self.with(Site::Kafka, |w| {
+            w.committed
+                .get(group)
+                .into_iter()
+                .flatten()
+                .filter(|((t, _), _)| topics.contains(t))
+                .map(|((topic, partition), offset)| PartitionOffset {
+                    topic: topic.clone(),
+                    partition: *partition,
+                    offset: *offset,
+                })
+                .collect()
+        })
+        .map_err(kafka_error)
     }
     fn commit(&self, group: &str, offsets: &[PartitionOffset]) -> kafka::Result<()> {
-        self.committed
-            .lock()
-            .unwrap()
-            .insert(group.into(), offsets.to_vec());
-        self.commits.lock().unwrap().push(group.into());
-        Ok(())
+        self.with(Site::Kafka, |w| {
+            assert!(
+                !w.running.contains_key(group),
+                "offsets of {group} set while it runs"
+            );
+            let at = w.committed.entry(group.into()).or_default();
+            for p in offsets {
+                at.insert((p.topic.clone(), p.partition), p.offset);
+            }
+        })
+        .map_err(kafka_error)
     }
 }
 
-/// Runs processors in a map. A stopped processor has consumed its inputs to their ends (as a
-/// graceful stop commits); the runtime fails its `fail_at`-th call, like a daemon crash.
-struct FakeRuntime<'a> {
-    kafka: &'a FakeKafka,
-    running: Mutex<BTreeMap<String, ProcessorSpec>>,
-    calls: Mutex<u32>,
-    fail_at: Option<u32>,
-}
-
-impl FakeRuntime<'_> {
-    fn call(&self) -> runtime::Result<()> {
-        let mut calls = self.calls.lock().unwrap();
-        *calls += 1;
-        if Some(*calls) == self.fail_at {
-            return Err(runtime::Error::Start {
-                group: "-".into(),
-                message: "injected crash".into(),
-            });
-        }
-        Ok(())
+fn runtime_error(message: String) -> runtime::Error {
+    runtime::Error::Start {
+        group: "-".into(),
+        message,
     }
 }
 
-impl Runtime for FakeRuntime<'_> {
+impl Runtime for World {
     fn start(&self, spec: &ProcessorSpec) -> runtime::Result<()> {
-        self.call()?;
-        self.running
-            .lock()
-            .unwrap()
-            .entry(spec.group.clone())
-            .or_insert_with(|| spec.clone());
-        Ok(())
-    }
-    fn stop(&self, group: &str) -> runtime::Result<()> {
-        self.call()?;
-        if let Some(spec) = self.running.lock().unwrap().remove(group) {
-            let mut ends = Vec::new();
-            for topic in &spec.inputs {
-                for (partition, (_, high)) in self
-                    .kafka
-                    .watermarks(topic)
-                    .unwrap()
-                    .into_iter()
-                    .enumerate()
-                {
-                    ends.push(PartitionOffset {
-                        topic: topic.clone(),
-                        partition: partition as i32,
-                        offset: high,
-                    });
+        self.with(Site::Runtime, |w| {
+            if w.running.contains_key(&spec.group) {
+                return;
+            }
+            assert!(
+                w.ever_groups.insert(spec.group.clone()),
+                "{} started twice: a new life reuses an old group",
+                spec.group
+            );
+            for other in w.running.values().filter(|o| o.step == spec.step) {
+                for input in &spec.inputs {
+                    assert!(
+                        !other.inputs.contains(input),
+                        "{} and {} of step {} both read {input}",
+                        other.group,
+                        spec.group,
+                        spec.step
+                    );
                 }
             }
-            self.kafka
-                .committed
-                .lock()
-                .unwrap()
-                .insert(group.into(), ends);
-        }
-        Ok(())
+            // No gap, no overlap: where the step's last life stopped, this one begins.
+            let at = w.committed.get(&spec.group).cloned().unwrap_or_default();
+            for ((topic, partition), offset) in &at {
+                let key = (spec.step.clone(), topic.clone(), *partition);
+                if let Some(stopped) = w.stopped_at.get(&key) {
+                    assert_eq!(
+                        offset, stopped,
+                        "{} starts on {topic}/{partition} at {offset}, its step stopped at {stopped}",
+                        spec.group
+                    );
+                }
+            }
+            w.running.insert(spec.group.clone(), spec.clone());
+        })
+        .map_err(runtime_error)
+    }
+    fn stop(&self, group: &str) -> runtime::Result<()> {
+        self.with(Site::Runtime, |w| {
+            if let Some(spec) = w.running.remove(group) {
+                for ((topic, partition), offset) in w.committed.get(group).into_iter().flatten() {
+                    w.stopped_at
+                        .insert((spec.step.clone(), topic.clone(), *partition), *offset);
+                }
+            }
+        })
+        .map_err(runtime_error)
     }
     fn restart(&self, _group: &str) -> runtime::Result<()> {
-        self.call()
-    }
-    fn scale(&self, group: &str, replicas: u32) -> runtime::Result<()> {
-        self.call()?;
-        if let Some(spec) = self.running.lock().unwrap().get_mut(group) {
-            spec.replicas = replicas;
-        }
         Ok(())
     }
-    fn processors(&self) -> Vec<ProcessorStatus> {
-        Vec::new()
+    fn scale(&self, group: &str, replicas: u32) -> runtime::Result<()> {
+        self.with(Site::Runtime, |w| {
+            if let Some(spec) = w.running.get_mut(group) {
+                spec.replicas = replicas;
+            }
+        })
+        .map_err(runtime_error)
+    }
+    fn processors(&self) -> runtime::Result<Vec<ProcessorStatus>> {
+        Ok(Vec::new())
     }
 }
 
-fn run(
-    state: &StateDir,
-    kafka: &FakeKafka,
-    runtime: &FakeRuntime<'_>,
-    progress: CutoverProgress,
-) -> Result<(), plumber::cutover::Error> {
-    let workdirs: BTreeMap<String, PathBuf> = BTreeMap::new();
+/// The state directory, with the world's faults on every save.
+struct Store<'a> {
+    dir: StateDir,
+    faults: &'a Faults,
+}
+
+impl CutoverStore for Store<'_> {
+    fn load(&self, topology: &str) -> store::Result<TopologyRecord> {
+        self.dir.load(topology)
+    }
+    fn save(&self, topology: &str, record: &TopologyRecord) -> store::Result<()> {
+        self.faults
+            .call(Site::Save, || self.dir.save(topology, record))
+            .map_err(|message| store::Error::Write {
+                path: PathBuf::from(message),
+                source: std::io::Error::other("injected"),
+            })?
+    }
+    fn remove(&self, topology: &str) -> store::Result<()> {
+        self.dir.remove(topology)
+    }
+    fn topologies(&self) -> store::Result<BTreeMap<String, store::Result<TopologyRecord>>> {
+        self.dir.topologies()
+    }
+    fn append_history(&self, entry: &HistoryEntry) -> store::Result<()> {
+        self.dir.append_history(entry)
+    }
+    fn history(&self) -> store::Result<Vec<HistoryEntry>> {
+        self.dir.history()
+    }
+}
+
+/// One commit to move to, and how many actions to run towards it before the next one
+/// arrives (`None`: until settled).
+struct Step<'a> {
+    commit: &'a str,
+    topology: &'a Topology,
+    actions: Option<usize>,
+}
+
+/// A daemon: drives the engine through `steps` from the `cursor`-th on (which commit is the
+/// branch's head is not the daemon's state: it survives a crash); returns false when it
+/// crashed. A step's action count is read from the saved move, as a resumed daemon sees it.
+fn daemon(world: &World, dir: &StateDir, steps: &[Step<'_>], cursor: &mut usize) -> bool {
+    let store = Store {
+        dir: dir.clone(),
+        faults: &world.faults,
+    };
+    let config = CutoverConfig {
+        poll: std::time::Duration::ZERO,
+        retry: (std::time::Duration::ZERO, std::time::Duration::ZERO),
+        ..CutoverConfig::default()
+    };
     let on_event = |_: Event<'_>| {};
-    let stopping = || false;
-    Engine {
+    let engine = Engine {
         topology: "t",
-        bootstrap: "fake:9092",
-        admin: kafka,
-        runtime,
-        state,
-        config: &CutoverConfig::default(),
-        workdirs: &workdirs,
+        admin: world,
+        runtime: world,
+        store: &store,
+        config: &config,
         on_event: &on_event,
-        stopping: &stopping,
+    };
+    let workdirs = BTreeMap::new();
+    let mut waits = Waits::default();
+    let mut spins = 0;
+    while *cursor < steps.len() {
+        let step = &steps[*cursor];
+        let target = Target {
+            commit: step.commit,
+            topology: Some(step.topology),
+            bootstrap: Some("fake:9092"),
+            workdirs: &workdirs,
+        };
+        let done = dir
+            .load("t")
+            .unwrap()
+            .moving
+            .filter(|m| m.to == step.commit)
+            .map_or(0, |m| m.done);
+        if step.actions.is_some_and(|n| done >= n) {
+            *cursor += 1;
+            continue;
+        }
+        let advanced = engine.advance(&target, &mut waits);
+        if world.faults.crashed.load(Ordering::SeqCst) {
+            return false;
+        }
+        match advanced.unwrap() {
+            Advance::Progressed => {}
+            Advance::Settled { .. } | Advance::Removed => *cursor += 1,
+            Advance::Waiting { waits, .. } => {
+                spins += 1;
+                assert!(spins < 1000, "the move waits forever: {waits:#?}");
+            }
+        }
     }
-    .run(progress)
+    true
 }
 
-fn fresh(from: Option<&str>, to: &str, actions: Vec<Action>) -> CutoverProgress {
-    CutoverProgress {
-        from: from.map(str::to_owned),
-        to: to.into(),
-        actions,
-        done: 0,
-        prepared: false,
-        handovers: Vec::new(),
-        started_at: 0,
+/// What an uninterrupted run ends with: the world, the state, the history.
+fn ending(world: &World, dir: &StateDir) -> (Inner, TopologyRecord, Vec<HistoryEntry>) {
+    let mut inner = world.snapshot();
+    // Which calls were made is not part of the outcome.
+    inner.stopped_at.clear();
+    let mut history = dir.history().unwrap();
+    for entry in &mut history {
+        entry.started_at = 0;
+        entry.finished_at = 0;
     }
+    let mut record = dir.load("t").unwrap();
+    if let Some(entry) = &mut record.unrecorded {
+        entry.started_at = 0;
+    }
+    (inner, record, history)
 }
 
-/// Deploys revision 1 and lets the source grow, on fresh fakes.
-fn deployed(kafka: &FakeKafka) -> (tempfile::TempDir, StateDir, BTreeMap<String, ProcessorSpec>) {
+/// A world with the first revision deployed and records on the source.
+fn deployed(first: &Topology) -> (World, tempfile::TempDir, StateDir) {
+    let world = World::default();
+    world
+        .inner
+        .lock()
+        .unwrap()
+        .topics
+        .insert("in".into(), vec![0, 0, 0]);
     let dir = tempfile::tempdir().unwrap();
     let state = StateDir::open(dir.path()).unwrap();
-    kafka.create_topic("in", 3).unwrap();
-    let runtime = FakeRuntime {
-        kafka,
-        running: Mutex::new(BTreeMap::new()),
-        calls: Mutex::new(0),
-        fail_at: None,
-    };
-    let first = plan_topology(None, Some(&revision(1)));
-    run(&state, kafka, &runtime, fresh(None, "r1", first.actions)).unwrap();
-    *kafka.topics.lock().unwrap().get_mut("in").unwrap() = vec![(0, 10), (5, 20), (0, 30)];
-    let running = runtime.running.into_inner().unwrap();
-    (dir, state, running)
+    let first = [Step {
+        commit: "r1",
+        topology: first,
+        actions: None,
+    }];
+    assert!(daemon(&world, &state, &first, &mut 0));
+    world.produce("in", 10);
+    *world.faults.calls.lock().unwrap() = BTreeMap::new();
+    (world, dir, state)
+}
+
+/// Runs `steps` after deploying `first`, crashing at every call of every site, before and
+/// after its effect; each crashed run, resumed by a new daemon, must end like the run
+/// without a crash.
+fn every_crash_ends_like_no_crash(first: &Topology, steps: &[Step<'_>]) -> usize {
+    let (world, _dir, state) = deployed(first);
+    assert!(daemon(&world, &state, steps, &mut 0));
+    let reference = ending(&world, &state);
+    let calls: Vec<(Site, u32)> = [Site::Kafka, Site::Runtime, Site::Save]
+        .into_iter()
+        .map(|site| (site, world.faults.count(site)))
+        .collect();
+    let mut crashes = 0;
+    for (site, count) in calls {
+        for at in 1..=count {
+            for after_effect in [false, true] {
+                let (world, _dir, state) = deployed(first);
+                let crash = Crash {
+                    site,
+                    at,
+                    after_effect,
+                };
+                *world.faults.plan.lock().unwrap() = Some(crash);
+                let mut cursor = 0;
+                if daemon(&world, &state, steps, &mut cursor) {
+                    continue;
+                }
+                crashes += 1;
+                // The next daemon: same state directory, same running processors.
+                world.faults.crashed.store(false, Ordering::SeqCst);
+                *world.faults.plan.lock().unwrap() = None;
+                assert!(daemon(&world, &state, steps, &mut cursor));
+                assert_eq!(ending(&world, &state), reference, "after {crash:?}");
+            }
+        }
+    }
+    crashes
 }
 
 #[test]
 fn a_first_deploy_starts_every_processor_at_explicit_offsets() {
-    let kafka = FakeKafka::default();
-    let (_dir, state, running) = deployed(&kafka);
-    assert_eq!(running.len(), 2);
-    assert_eq!(state.topology("t").unwrap().commit.as_deref(), Some("r1"));
-    // `a` reads the existing source from `latest` (its end then: all zeros here).
-    let a = running
+    let (world, _dir, state) = deployed(&revision(1, 1, false));
+    let inner = world.snapshot();
+    assert_eq!(inner.running.len(), 3);
+    let record = state.load("t").unwrap();
+    assert_eq!(record.commit.as_deref(), Some("r1"));
+    assert!(record.moving.is_none());
+    let a = inner
+        .running
         .keys()
         .find(|g| g.starts_with("plumber.t.a."))
         .unwrap();
-    let offsets = &kafka.committed.lock().unwrap()[a];
-    assert_eq!(offsets.len(), 3);
+    assert_eq!(inner.committed[a].len(), 3, "a's offsets on `in` are set");
     assert_eq!(state.history().unwrap().len(), 1);
 }
 
 #[test]
-fn a_cutover_resumed_after_a_crash_at_any_point_ends_like_an_uninterrupted_one() {
-    // The reference: no crash.
-    let reference = {
-        let kafka = FakeKafka::default();
-        let (_dir, state, running) = deployed(&kafka);
-        let runtime = FakeRuntime {
-            kafka: &kafka,
-            running: Mutex::new(running),
-            calls: Mutex::new(0),
-            fail_at: None,
-        };
-        let plan = plan_topology(Some(&revision(1)), Some(&revision(2)));
-        run(
-            &state,
-            &kafka,
-            &runtime,
-            fresh(Some("r1"), "r2", plan.actions),
-        )
-        .unwrap();
-        let calls = *runtime.calls.lock().unwrap();
-        (
-            runtime
-                .running
-                .into_inner()
-                .unwrap()
-                .into_keys()
-                .collect::<Vec<_>>(),
-            state.history().unwrap().last().unwrap().handovers.clone(),
-            kafka.committed.into_inner().unwrap(),
-            calls,
-        )
-    };
-    let (running_after, handovers, committed, calls) = reference;
-    assert_eq!(handovers.len(), 1, "a hands over to its successor");
-    assert_eq!(
-        handovers[0]
-            .offsets
-            .iter()
-            .map(|p| p.offset)
-            .collect::<Vec<_>>(),
-        vec![10, 20, 30],
-        "the cutover offsets are where the stopped predecessor committed"
+fn replacing_a_source_connected_step_survives_a_crash_anywhere() {
+    let (from, to) = (revision(1, 1, false), revision(2, 1, false));
+    let crashes = every_crash_ends_like_no_crash(
+        &from,
+        &[Step {
+            commit: "r2",
+            topology: &to,
+            actions: None,
+        }],
     );
+    assert!(crashes > 20, "only {crashes} crashes injected");
+}
 
-    for crash_at in 1..=calls {
-        let kafka = FakeKafka::default();
-        let (_dir, state, running) = deployed(&kafka);
-        let crashing = FakeRuntime {
-            kafka: &kafka,
-            running: Mutex::new(running),
-            calls: Mutex::new(0),
-            fail_at: Some(crash_at),
-        };
-        let plan = plan_topology(Some(&revision(1)), Some(&revision(2)));
-        assert!(
-            run(
-                &state,
-                &kafka,
-                &crashing,
-                fresh(Some("r1"), "r2", plan.actions)
-            )
-            .is_err()
-        );
-        let commits_before = kafka.commits.lock().unwrap().clone();
-        // A new daemon: what survives is the state directory and what runs.
-        let progress = state
-            .topology("t")
-            .unwrap()
-            .cutover
-            .expect("progress persisted");
-        let resumed = FakeRuntime {
-            kafka: &kafka,
-            running: Mutex::new(crashing.running.into_inner().unwrap()),
-            calls: Mutex::new(0),
-            fail_at: None,
-        };
-        run(&state, &kafka, &resumed, progress).unwrap();
-        assert_eq!(
-            resumed
-                .running
-                .into_inner()
+#[test]
+fn an_ordered_cutover_survives_a_crash_anywhere() {
+    let (from, to) = (revision(1, 1, true), revision(2, 1, true));
+    every_crash_ends_like_no_crash(
+        &from,
+        &[Step {
+            commit: "r2",
+            topology: &to,
+            actions: None,
+        }],
+    );
+}
+
+#[test]
+fn a_revert_runs_the_old_identities_in_new_lives_and_survives_a_crash_anywhere() {
+    let (one, two) = (revision(1, 1, false), revision(2, 1, false));
+    let steps = [
+        Step {
+            commit: "r2",
+            topology: &two,
+            actions: None,
+        },
+        Step {
+            commit: "r3",
+            topology: &one,
+            actions: None,
+        },
+    ];
+    every_crash_ends_like_no_crash(&one, &steps);
+
+    let (world, _dir, state) = deployed(&one);
+    let first_groups: BTreeSet<String> = world.snapshot().running.keys().cloned().collect();
+    assert!(daemon(&world, &state, &steps, &mut 0));
+    let last_groups: BTreeSet<String> = world.snapshot().running.keys().cloned().collect();
+    // `c` never changed its identity... but it reads `a`, whose new life has a new topic.
+    assert!(
+        first_groups.is_disjoint(&last_groups),
+        "{first_groups:?} ran again as {last_groups:?}"
+    );
+    assert!(
+        last_groups.iter().all(|g| g.ends_with(".2")),
+        "{last_groups:?}"
+    );
+}
+
+#[test]
+fn a_newer_commit_takes_over_a_move_half_way_and_survives_a_crash_anywhere() {
+    let (one, two, three) = (
+        revision(1, 1, false),
+        revision(2, 1, false),
+        revision(2, 2, false),
+    );
+    let full = moves::plan(&plumber::plan::Deployment::of(&one), Some(&two)).len();
+    // Early, half-way and late: each point crashes everywhere, so not every point.
+    let mut points = vec![1, full / 2, full - 1];
+    points.dedup();
+    for taken in points {
+        let steps = [
+            Step {
+                commit: "r2",
+                topology: &two,
+                actions: Some(taken),
+            },
+            Step {
+                commit: "r3",
+                topology: &three,
+                actions: None,
+            },
+        ];
+        every_crash_ends_like_no_crash(&one, &steps);
+        // And back to where it started, half-way through.
+        let back = [
+            Step {
+                commit: "r2",
+                topology: &two,
+                actions: Some(taken),
+            },
+            Step {
+                commit: "r1b",
+                topology: &one,
+                actions: None,
+            },
+        ];
+        every_crash_ends_like_no_crash(&one, &back);
+    }
+}
+
+#[test]
+fn a_stuck_drain_waits_without_holding_up_the_rest_or_a_newer_commit() {
+    let (one, two, three) = (
+        revision(1, 1, false),
+        revision(2, 1, false),
+        revision(2, 2, false),
+    );
+    let (world, _dir, state) = deployed(&one);
+    // The old `b` never consumes: it cannot drain `a`'s old topic.
+    world.inner.lock().unwrap().stuck.insert("b".into());
+    world.produce("in", 5);
+    let store = Store {
+        dir: state.clone(),
+        faults: &world.faults,
+    };
+    let config = CutoverConfig {
+        poll: std::time::Duration::ZERO,
+        ..CutoverConfig::default()
+    };
+    let events = Mutex::new(Vec::new());
+    let on_event = |e: Event<'_>| {
+        if let Event::Action { action, .. } = e {
+            events
+                .lock()
                 .unwrap()
-                .into_keys()
-                .collect::<Vec<_>>(),
-            running_after,
-            "crash at runtime call {crash_at}"
-        );
-        assert_eq!(state.topology("t").unwrap().commit.as_deref(), Some("r2"));
-        assert_eq!(
-            state.history().unwrap().last().unwrap().handovers,
-            handovers
-        );
-        assert_eq!(
-            kafka.committed.into_inner().unwrap(),
-            committed,
-            "crash at {crash_at}"
-        );
-        // A group whose processor already started never gets its offsets set again.
-        let commits = kafka.commits.into_inner().unwrap();
-        for group in &commits_before {
-            assert_eq!(
-                commits.iter().filter(|g| *g == group).count(),
-                1,
-                "{group} set twice after a crash at runtime call {crash_at}"
-            );
+                .push(plumber::cutover::describe(action));
+        }
+    };
+    let engine = Engine {
+        topology: "t",
+        admin: &world,
+        runtime: &world,
+        store: &store,
+        config: &config,
+        on_event: &on_event,
+    };
+    let workdirs = BTreeMap::new();
+    let mut waits = Waits::default();
+    let target = |commit, topology| Target {
+        commit,
+        topology: Some(topology),
+        bootstrap: Some("fake:9092"),
+        workdirs: &workdirs,
+    };
+    let waiting = loop {
+        match engine.advance(&target("r2", &two), &mut waits).unwrap() {
+            Advance::Progressed => {}
+            Advance::Waiting { waits, .. } => break waits,
+            other => panic!("the drain cannot finish, yet: {other:?}"),
+        }
+    };
+    assert!(
+        waiting
+            .iter()
+            .any(|w| w.action.starts_with("drain-processor plumber.t.b.")
+                && w.reason.contains("records left")),
+        "status says what the move waits for: {waiting:#?}"
+    );
+    let c_before: Vec<String> = world
+        .snapshot()
+        .running
+        .keys()
+        .filter(|g| g.starts_with("plumber.t.c."))
+        .cloned()
+        .collect();
+    // A newer commit replaces `c`: applied while `b` still cannot drain.
+    loop {
+        match engine.advance(&target("r3", &three), &mut waits).unwrap() {
+            Advance::Progressed => {}
+            Advance::Waiting { .. } => break,
+            other => panic!("the drain cannot finish, yet: {other:?}"),
         }
     }
+    let running = world.snapshot().running;
+    let c_now: Vec<&String> = running
+        .keys()
+        .filter(|g| g.starts_with("plumber.t.c."))
+        .collect();
+    assert_eq!(c_now.len(), 1);
+    assert!(!c_before.contains(c_now[0]), "the new c runs: {running:?}");
+    // Once `b` reads again, the move ends at the newest commit.
+    world.inner.lock().unwrap().stuck.clear();
+    loop {
+        match engine.advance(&target("r3", &three), &mut waits).unwrap() {
+            Advance::Settled { .. } => break,
+            Advance::Progressed | Advance::Waiting { .. } => {}
+            Advance::Removed => panic!(),
+        }
+    }
+    let history = state.history().unwrap();
+    let outcomes: Vec<(String, Outcome)> =
+        history.iter().map(|h| (h.to.clone(), h.outcome)).collect();
+    assert_eq!(
+        outcomes,
+        [
+            ("r1".to_owned(), Outcome::Applied),
+            ("r2".to_owned(), Outcome::Superseded),
+            ("r3".to_owned(), Outcome::Applied)
+        ]
+    );
+}
+
+#[test]
+fn a_missing_source_topic_makes_only_its_step_wait() {
+    let with_other = topology(&[
+        ("in", "kind: source\ntopic: in\n".to_owned()),
+        ("late", "kind: source\ntopic: late\n".to_owned()),
+        ("a", "kind: processor\ninput: in\njq: '.'\n".to_owned()),
+        ("l", "kind: processor\ninput: late\njq: '.'\n".to_owned()),
+        ("out", "kind: sink\ntopic: out\ninput: [a, l]\n".to_owned()),
+    ]);
+    let world = World::default();
+    world
+        .inner
+        .lock()
+        .unwrap()
+        .topics
+        .insert("in".into(), vec![0, 0, 0]);
+    let dir = tempfile::tempdir().unwrap();
+    let state = StateDir::open(dir.path()).unwrap();
+    let store = Store {
+        dir: state.clone(),
+        faults: &world.faults,
+    };
+    let config = CutoverConfig {
+        poll: std::time::Duration::ZERO,
+        ..CutoverConfig::default()
+    };
+    let on_event = |_: Event<'_>| {};
+    let engine = Engine {
+        topology: "t",
+        admin: &world,
+        runtime: &world,
+        store: &store,
+        config: &config,
+        on_event: &on_event,
+    };
+    let workdirs = BTreeMap::new();
+    let target = Target {
+        commit: "r1",
+        topology: Some(&with_other),
+        bootstrap: Some("fake:9092"),
+        workdirs: &workdirs,
+    };
+    let mut waits = Waits::default();
+    let waiting = loop {
+        match engine.advance(&target, &mut waits).unwrap() {
+            Advance::Progressed => {}
+            Advance::Waiting { waits, .. } => break waits,
+            other => panic!("`late` does not exist: {other:?}"),
+        }
+    };
+    assert!(
+        waiting
+            .iter()
+            .any(|w| w.reason.contains("topic late does not exist")),
+        "{waiting:#?}"
+    );
+    let running: Vec<String> = world
+        .snapshot()
+        .running
+        .into_values()
+        .map(|s| s.step)
+        .collect();
+    assert_eq!(running, ["a"], "a runs while l waits for its topic");
+    world
+        .inner
+        .lock()
+        .unwrap()
+        .topics
+        .insert("late".into(), vec![0]);
+    // The wait expires at once (poll 0); the step starts by itself.
+    let mut waits = Waits::default();
+    loop {
+        match engine.advance(&target, &mut waits).unwrap() {
+            Advance::Settled { .. } => break,
+            Advance::Progressed | Advance::Waiting { .. } => {}
+            Advance::Removed => panic!(),
+        }
+    }
+    assert_eq!(world.snapshot().running.len(), 2);
+}
+
+#[test]
+fn a_removed_topology_is_forgotten_once_nothing_of_it_is_left() {
+    let one = revision(1, 1, false);
+    let (world, _dir, state) = deployed(&one);
+    let store = Store {
+        dir: state.clone(),
+        faults: &world.faults,
+    };
+    let config = CutoverConfig::default();
+    let on_event = |_: Event<'_>| {};
+    let engine = Engine {
+        topology: "t",
+        admin: &world,
+        runtime: &world,
+        store: &store,
+        config: &config,
+        on_event: &on_event,
+    };
+    let workdirs = BTreeMap::new();
+    let target = Target {
+        commit: "r2",
+        topology: None,
+        bootstrap: None,
+        workdirs: &workdirs,
+    };
+    let mut waits = Waits::default();
+    while engine.advance(&target, &mut waits).unwrap() != Advance::Removed {}
+    assert!(world.snapshot().running.is_empty());
+    assert!(state.topologies().unwrap().is_empty());
+    let kept: Vec<String> = world.snapshot().topics.into_keys().collect();
+    assert!(
+        kept.iter().all(|t| t == "in" || t.ends_with(".dlq")),
+        "internal topics are deleted, dead letters kept: {kept:?}"
+    );
+    assert!(
+        matches!(state.history().unwrap().last(), Some(h) if h.to == "r2"),
+        "the removal is in the history"
+    );
 }

@@ -4,7 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly
 
 use plumber::kafka::{Admin, Error, KafkaAdmin};
-use plumber::state::PartitionOffset;
+use plumber::plan::PartitionOffset;
 use plumber_testkit::{Broker, TestRecord, unique};
 
 fn at(topic: &str, partition: i32, offset: i64) -> PartitionOffset {
@@ -20,8 +20,19 @@ fn topics_offsets_lag_and_drains() {
     let broker = Broker::start();
     let admin = KafkaAdmin::connect(broker.bootstrap()).unwrap();
     let topic = unique("admin");
-    admin.create_topic(&topic, 2).unwrap();
-    admin.create_topic(&topic, 2).unwrap(); // exists: nothing to do
+    admin.create_topic(&topic, 2, None).unwrap();
+    admin.create_topic(&topic, 2, None).unwrap(); // exists: nothing to do
+    assert!(
+        matches!(
+            admin.create_topic(&topic, 3, None),
+            Err(Error::PartitionMismatch {
+                found: 2,
+                wanted: 3,
+                ..
+            })
+        ),
+        "an existing topic with another partition count is an error"
+    );
     assert_eq!(admin.partitions(&topic).unwrap(), 2);
     assert!(matches!(
         admin.partitions(&unique("missing")),

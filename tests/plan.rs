@@ -75,23 +75,26 @@ fn script(plan: &Plan) -> Vec<String> {
                     .collect::<Vec<_>>()
                     .join(" ")
             ),
-            Action::StopProcessor { step, .. } => format!("stop {step}"),
-            Action::HandOverOffsets {
+            Action::StopProcessor {
                 step,
-                topics,
-                from_group,
-                to_group,
-            } => {
-                assert_ne!(from_group, to_group);
-                format!(
-                    "hand-over {step} [{}]",
-                    topics
-                        .iter()
-                        .map(|t| abbreviate(t))
-                        .collect::<Vec<_>>()
-                        .join(" ")
-                )
-            }
+                group,
+                successor,
+                hand_over,
+                ..
+            } => match successor {
+                Some(successor) => {
+                    assert_ne!(group, successor);
+                    format!(
+                        "stop {step} hand-over [{}]",
+                        hand_over
+                            .iter()
+                            .map(|t| abbreviate(t))
+                            .collect::<Vec<_>>()
+                            .join(" ")
+                    )
+                }
+                None => format!("stop {step}"),
+            },
             Action::DeleteTopic { topic } => format!("delete {}", abbreviate(topic)),
         })
         .collect()
@@ -183,8 +186,7 @@ fn replacing_a_source_connected_step_hands_over_offsets_and_drains_the_old_subtr
         vec![
             format!("create {new_a}"),
             format!("start b [{new_a}@earliest]"),
-            "stop a".to_string(),
-            "hand-over a [in]".to_string(),
+            "stop a hand-over [in]".to_string(),
             "start a [in@cutover]".to_string(),
             format!("drain b [{old_a}]"),
             "stop b".to_string(),
@@ -211,11 +213,10 @@ fn ordered_cutover_holds_new_steps_until_the_old_subtree_drained() {
         script(&p),
         vec![
             format!("create {new_a}"),
-            "stop a".to_string(),
+            "stop a hand-over [in]".to_string(),
             format!("drain b [{old_a}]"),
             "stop b".to_string(),
             format!("start b [{new_a}@earliest]"),
-            "hand-over a [in]".to_string(),
             "start a [in@cutover]".to_string(),
             format!("delete {old_a}"),
         ]
@@ -239,8 +240,7 @@ fn replacing_a_leaf_touches_nothing_upstream() {
     assert_eq!(
         script(&p),
         vec![
-            "stop b".to_string(),
-            format!("hand-over b [{a}]"),
+            format!("stop b hand-over [{a}]"),
             format!("start b [{a}@cutover]"),
         ]
     );

@@ -302,12 +302,21 @@ fn check_plan(old: &[Topology], new: &[Topology]) {
                     }
                 }
             }
-            Action::StopProcessor { group, .. } => {
+            Action::StopProcessor {
+                group, successor, ..
+            } => {
                 assert!(
                     retiring.contains(group),
                     "only old identities stop: {group}"
                 );
                 assert!(stopped.insert(group.clone()), "stopped twice: {group}");
+                if let Some(successor) = successor {
+                    assert!(
+                        !started.contains(successor),
+                        "{successor} started before {group} handed over"
+                    );
+                    handed_over.insert(successor.clone());
+                }
             }
             Action::DrainProcessor { group, topics, .. } => {
                 assert!(!stopped.contains(group));
@@ -318,18 +327,6 @@ fn check_plan(old: &[Topology], new: &[Topology]) {
                         "{group} drains {topic} while its writer runs"
                     );
                 }
-            }
-            Action::HandOverOffsets {
-                from_group,
-                to_group,
-                ..
-            } => {
-                assert!(
-                    stopped.contains(from_group),
-                    "offsets of running {from_group} handed over"
-                );
-                assert!(!started.contains(to_group));
-                handed_over.insert(to_group.clone());
             }
             Action::DeleteTopic { topic } => {
                 assert!(

@@ -21,6 +21,7 @@ use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
 use super::{Context, Error, Trigger};
+use crate::store::CutoverStore as _;
 
 #[derive(Clone)]
 struct Api {

@@ -49,9 +49,23 @@ pub struct TopologyStatus {
 #[serde(rename_all = "camelCase")]
 pub struct CutoverStatus {
     pub to: String,
+    /// Actions that took effect in this move.
     pub done: usize,
-    pub actions: usize,
+    /// Actions left, the current one included.
+    pub remaining: usize,
+    /// The action running or last tried.
     pub current: Option<String>,
+    /// What the move waits for: actions that cannot run yet, and why.
+    pub waiting: Vec<WaitStatus>,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WaitStatus {
+    pub action: String,
+    pub reason: String,
+    /// Failed attempts so far (0: it waits for something else to happen first).
+    pub failures: u32,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -60,6 +74,9 @@ pub struct StepStatus {
     pub name: String,
     pub kind: String,
     pub identity: Option<String>,
+    /// The consumer group (and internal topic) of the processor's life that runs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
     /// `external` for sources and sinks; for processors `running`, `starting` (fewer
     /// instances up than asked) or `stopped`.
     pub state: String,

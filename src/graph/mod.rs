@@ -31,6 +31,8 @@ pub struct Topology {
     pub cutover: CutoverMode,
     /// The cluster of its sources and sinks, where its internal topics live too.
     pub cluster: String,
+    /// Replication factor of its internal and dead-letter topics; `None`: the broker's default.
+    pub replication: Option<u32>,
     graph: DiGraph<Step, ()>,
     /// Topological order, ties broken by step name.
     order: Vec<NodeIndex>,
@@ -565,6 +567,7 @@ fn finish(topology: &TopologySpec, checked: Checked) -> Option<Topology> {
         name: topology.name.clone(),
         cutover: topology.cutover,
         cluster: cluster.unwrap_or_else(|| DEFAULT_CLUSTER.to_owned()),
+        replication: topology.replication,
         graph,
         order,
         by_name,

@@ -46,9 +46,18 @@ fn sign(change: Change) -> char {
 /// One action as a sentence.
 pub fn describe(action: &Action) -> String {
     match action {
-        Action::CreateTopic { topic, partitions } => {
+        Action::CreateTopic {
+            topic,
+            partitions,
+            replication,
+            ..
+        } => {
             let s = if *partitions == 1 { "" } else { "s" };
-            format!("create topic `{topic}` ({partitions} partition{s})")
+            let replicas = match replication {
+                Some(n) => format!(", {n} replicas"),
+                None => String::new(),
+            };
+            format!("create topic `{topic}` ({partitions} partition{s}{replicas})")
         }
         Action::StartProcessor(start) => {
             let inputs: Vec<String> = start
@@ -98,18 +107,20 @@ pub fn describe(action: &Action) -> String {
             identity.short(),
             quoted(topics)
         ),
-        Action::StopProcessor { step, identity, .. } => {
-            format!("stop `{step}` ({}) gracefully", identity.short())
-        }
-        Action::HandOverOffsets {
-            from_group,
-            to_group,
-            topics,
+        Action::StopProcessor {
+            step,
+            identity,
+            successor,
+            hand_over,
             ..
-        } => format!(
-            "hand over the committed offsets of `{from_group}` on {} to `{to_group}`",
-            quoted(topics)
-        ),
+        } => match successor {
+            Some(successor) => format!(
+                "stop `{step}` ({}) gracefully and hand its committed offsets on {} over to `{successor}`",
+                identity.short(),
+                quoted(hand_over)
+            ),
+            None => format!("stop `{step}` ({}) gracefully", identity.short()),
+        },
         Action::DeleteTopic { topic } => format!("delete topic `{topic}`"),
     }
 }

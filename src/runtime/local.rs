@@ -30,7 +30,7 @@ use super::{Error, ProcessorSpec, ProcessorStatus, Result, Runtime};
 /// daemon on the same state directory finds the instances it has no pid file for.
 pub const INSTANCE_ENV: &str = "PLUMBER_LOCAL_RUNTIME";
 use crate::spec::Transform;
-use crate::state::write_atomically;
+use crate::store::write_atomically;
 
 /// Settings of the local runtime.
 #[derive(Debug, Clone)]
@@ -706,8 +706,9 @@ impl Runtime for LocalRuntime {
         Ok(())
     }
 
-    fn processors(&self) -> Vec<ProcessorStatus> {
-        self.shared
+    fn processors(&self) -> Result<Vec<ProcessorStatus>> {
+        Ok(self
+            .shared
             .managed()
             .values()
             .map(|m| ProcessorStatus {
@@ -718,8 +719,9 @@ impl Runtime for LocalRuntime {
                 replicas: m.spec.replicas.max(1),
                 running: m.instances.iter().filter(|i| i.running.is_some()).count() as u32,
                 restarts: m.restarts,
+                commit: m.spec.commit.clone(),
             })
-            .collect()
+            .collect())
     }
 }
 

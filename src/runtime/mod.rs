@@ -48,6 +48,9 @@ pub struct ProcessorSpec {
     pub transform: Transform,
     pub env: BTreeMap<String, String>,
     pub replicas: u32,
+    /// The commit it was started from (its checkout must stay while it runs).
+    #[serde(default)]
+    pub commit: Option<String>,
     /// The directory of the step's file in a checkout of its commit: `exec` and `http`
     /// commands run there.
     pub workdir: PathBuf,
@@ -64,6 +67,8 @@ pub struct ProcessorStatus {
     pub replicas: u32,
     pub running: u32,
     pub restarts: u32,
+    /// The commit it was started from.
+    pub commit: Option<String>,
 }
 
 pub trait Runtime: Send + Sync {
@@ -78,5 +83,5 @@ pub trait Runtime: Send + Sync {
     /// Changes the number of instances of a running processor.
     fn scale(&self, group: &str, replicas: u32) -> Result<()>;
     /// Every processor the runtime runs, by group.
-    fn processors(&self) -> Vec<ProcessorStatus>;
+    fn processors(&self) -> Result<Vec<ProcessorStatus>>;
 }

@@ -102,6 +102,8 @@ pub const DEFAULT_CLUSTER: &str = "default";
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Defaults {
     pub partitions: u32,
+    /// Replication factor of internal and dead-letter topics; `None`: the broker's default.
+    pub replication: Option<u32>,
     pub scale: Scale,
 }
 
@@ -109,6 +111,7 @@ impl Default for Defaults {
     fn default() -> Self {
         Defaults {
             partitions: 6,
+            replication: None,
             scale: Scale {
                 min: 1,
                 max: 5,
@@ -140,6 +143,8 @@ pub struct TopologySpec {
     /// `topologies/<name>`
     pub dir: String,
     pub cutover: CutoverMode,
+    /// Replication factor of the topology's internal and dead-letter topics.
+    pub replication: Option<u32>,
     pub steps: Vec<StepSpec>,
 }
 
@@ -324,6 +329,7 @@ fn load_topology(
         name: name.to_owned(),
         dir,
         cutover,
+        replication: defaults.replication,
         steps,
     }
 }

@@ -106,11 +106,20 @@ fn defaults(
     let Some(fields) = Fields::of(node, "`defaults`", entry.key_pos, report) else {
         return out;
     };
-    fields.reject_unknown(&["partitions", "scale"], "`defaults`", report);
+    fields.reject_unknown(
+        &["partitions", "replication", "scale"],
+        "`defaults`",
+        report,
+    );
     if let Some(p) = fields.get("partitions")
         && let Some(n) = partitions(p, report)
     {
         out.partitions = n;
+    }
+    if let Some(r) = fields.get("replication")
+        && let Some(n) = fields::integer(r, 1..=100, report).and_then(|n| u32::try_from(n).ok())
+    {
+        out.replication = Some(n);
     }
     if let Some(s) = fields.get("scale") {
         out.scale = scale(s, base.scale, report);

@@ -1,0 +1,219 @@
+//! Following the branch: every trigger (a ref moved, a poll, a webhook) leads to one look at
+//! the branch; a new valid head becomes every topology's desired revision.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+
+use super::status::LastError;
+use super::worker::Worker;
+use super::{Context, Error, Revision, Trigger};
+use crate::cutover;
+use crate::store::CutoverStore as _;
+
+pub(super) fn follow(context: &Arc<Context>, receiver: &Receiver<Trigger>) {
+    let mut workers: BTreeMap<String, Worker> = BTreeMap::new();
+    let mut followed = Followed::default();
+    loop {
+        let trigger = match receiver.recv_timeout(context.config.poll_interval) {
+            Ok(trigger) => trigger,
+            Err(RecvTimeoutError::Timeout) => Trigger::Poll,
+            Err(RecvTimeoutError::Disconnected) => Trigger::Shutdown,
+        };
+        // Coalesce a burst (one commit moves several files) into one look.
+        let burst: Vec<Trigger> = std::iter::once(trigger)
+            .chain(receiver.try_iter())
+            .collect();
+        if burst.contains(&Trigger::Shutdown) || context.is_stopping() {
+            break;
+        }
+        workers.retain(|_, w| !w.is_finished());
+        tracing::debug!(triggers = ?burst, "looking at the branch");
+        match newest_valid(context, &mut followed) {
+            Ok(Some(revision)) => {
+                desire(context, &mut workers, &revision);
+                collect_checkouts(context, &revision);
+            }
+            Ok(None) => {}
+            Err(error) => {
+                tracing::error!(%error, "cannot follow the branch");
+                context.store.set_error(Some(LastError {
+                    commit: followed.head.clone(),
+                    topology: None,
+                    message: error.to_string(),
+                    at: cutover::now(),
+                }));
+            }
+        }
+    }
+    for worker in workers.values() {
+        worker.wake();
+    }
+    for (_, worker) in workers {
+        worker.join();
+    }
+}
+
+/// Hands `revision` to the worker of every topology it has or that has state.
+fn desire(
+    context: &Arc<Context>,
+    workers: &mut BTreeMap<String, Worker>,
+    revision: &Arc<Revision>,
+) {
+    let mut names: BTreeSet<String> = revision.topologies.iter().map(|t| t.name.clone()).collect();
+    match context.state.topologies() {
+        Ok(known) => names.extend(known.into_keys()),
+        Err(error) => tracing::error!(%error, "cannot list the topologies of the state directory"),
+    }
+    names.extend(workers.keys().cloned());
+    for name in names {
+        if !workers.contains_key(&name) {
+            match Worker::spawn(&name, context) {
+                Ok(worker) => {
+                    workers.insert(name.clone(), worker);
+                }
+                // The next new commit tries again.
+                Err(error) => tracing::error!(%error, "cannot start a topology worker"),
+            }
+        }
+        if let Some(worker) = workers.get(&name) {
+            worker.desire(revision.clone());
+        }
+    }
+}
+
+/// Keeps the checkouts of the desired revision, of what every topology last matched or
+/// moves to, and of every running processor.
+fn collect_checkouts(context: &Context, desired: &Revision) {
+    let mut keep: BTreeSet<String> = BTreeSet::from([desired.commit.clone()]);
+    let Ok(records) = context.state.topologies() else {
+        return;
+    };
+    for record in records.into_values() {
+        let Ok(record) = record else {
+            // Unreadable: what it needs is unknown, so keep everything.
+            return;
+        };
+        keep.extend(record.commit);
+        keep.extend(record.moving.map(|m| m.to));
+    }
+    match context.runtime.processors() {
+        Ok(processors) => keep.extend(processors.into_iter().filter_map(|p| p.commit)),
+        Err(_) => return,
+    }
+    context.revisions.collect_checkouts(&keep);
+}
+
+/// What the follower has seen of the branch.
+#[derive(Default)]
+struct Followed {
+    /// The last head looked at.
+    head: Option<String>,
+    /// The last revision handed to the workers.
+    desired: Option<String>,
+    /// Whether the state directory's claim on this repository was checked.
+    claimed: bool,
+}
+
+/// How far back an invalid head's history is searched for a valid commit.
+const MAX_INVALID_RUN: usize = 100;
+
+/// The newest valid commit of the branch, if the head moved and that commit is not the one
+/// the workers already have. An invalid head is recorded as the last error; its first-parent
+/// ancestors are searched for the newest valid commit (a valid commit followed by a broken one
+/// still gets applied), back to the revision already running.
+fn newest_valid(
+    context: &Context,
+    followed: &mut Followed,
+) -> Result<Option<Arc<Revision>>, Error> {
+    let source = context.revisions.source();
+    source.fetch()?;
+    let repository = source.open()?;
+    let branch = &context.config.branch;
+    let head = repository
+        .resolve(&format!("refs/heads/{branch}"))
+        .or_else(|_| repository.resolve(branch))
+        .map_err(|e| Error::NoBranch {
+            branch: branch.clone(),
+            repo: source.display(),
+            message: e.to_string(),
+        })?;
+    if !followed.claimed {
+        // A state directory of another repository would adopt and retire its processors.
+        let root = root_commit(repository.git(), head);
+        context.state.claim(&root, &source.display())?;
+        followed.claimed = true;
+    }
+    if followed.head.as_deref() == Some(head.to_string().as_str()) {
+        return Ok(None);
+    }
+    followed.head = Some(head.to_string());
+    context.store.metrics.commits_seen.inc();
+    let mut candidate = head;
+    for _ in 0..MAX_INVALID_RUN {
+        let commit = candidate.to_string();
+        if followed.desired.as_deref() == Some(commit.as_str()) {
+            return Ok(None);
+        }
+        match context.revisions.load(&commit) {
+            Ok(revision) => {
+                if candidate == head {
+                    tracing::info!(%commit, "new valid commit");
+                    // A valid head ends a repository-level error; a topology's own error stays.
+                    let kept = context
+                        .store
+                        .read()
+                        .last_error
+                        .clone()
+                        .filter(|e| e.topology.is_some());
+                    context.store.set_error(kept);
+                } else {
+                    tracing::warn!(%commit, head = %head, "the head is not valid; applying its newest valid ancestor");
+                }
+                context.store.write().commit = Some(commit.clone());
+                followed.desired = Some(commit);
+                return Ok(Some(revision));
+            }
+            Err(Error::Invalid { commit, errors }) => {
+                if candidate == head {
+                    context.store.metrics.invalid_commits.inc();
+                    tracing::error!(%commit, %errors, "commit is not valid; the last valid commit keeps running");
+                    context.store.set_error(Some(LastError {
+                        commit: Some(commit.clone()),
+                        topology: None,
+                        message: format!("commit {commit} is not valid: {errors}"),
+                        at: cutover::now(),
+                    }));
+                }
+                let parent = repository
+                    .git()
+                    .find_commit(candidate)
+                    .ok()
+                    .and_then(|c| c.parent_id(0).ok());
+                match parent {
+                    Some(parent) => candidate = parent,
+                    None => return Ok(None),
+                }
+            }
+            Err(other) => {
+                // Not a verdict on the commit: look at it again next time.
+                followed.head = None;
+                return Err(other);
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// The first commit of `head`'s first-parent history: what identifies a repository across
+/// moves and URLs.
+fn root_commit(git: &git2::Repository, head: git2::Oid) -> String {
+    let mut walk = match git.revwalk() {
+        Ok(walk) => walk,
+        Err(_) => return head.to_string(),
+    };
+    if walk.push(head).is_err() || walk.simplify_first_parent().is_err() {
+        return head.to_string();
+    }
+    walk.flatten().last().unwrap_or(head).to_string()
+}

@@ -1,0 +1,352 @@
+//! What runs, observed every few seconds: per step its state, instances and lag, for status
+//! and metrics; and the stall watchdog, which restarts a processor whose group has lag but
+//! commits nothing for longer than any record may take.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use super::Context;
+use super::status::{StepLabels, StepStatus};
+use crate::graph::Kind;
+use crate::kafka::{Admin, Progress};
+use crate::plan::Deployment;
+use crate::runtime::ProcessorStatus;
+use crate::store::{CutoverStore as _, TopologyRecord};
+
+/// Per running group with lag: how far it got and since when it has not moved.
+#[derive(Default)]
+pub(super) struct Watchdog {
+    stalls: Mutex<BTreeMap<String, Stall>>,
+}
+
+/// Refreshes per-step state and lag for status and metrics.
+pub(super) fn observe_loop(context: &Arc<Context>) {
+    let watchdog = Watchdog::default();
+    while !context.is_stopping() {
+        observe(context, &watchdog);
+        // Sleep in short slices so a shutdown is not held up.
+        let deadline = Instant::now() + context.config.observe_interval;
+        while Instant::now() < deadline && !context.is_stopping() {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+fn observe(context: &Context, watchdog: &Watchdog) {
+    let running: BTreeMap<String, ProcessorStatus> = match context.runtime.processors() {
+        Ok(processors) => processors
+            .into_iter()
+            .map(|p| (p.group.clone(), p))
+            .collect(),
+        Err(error) => {
+            tracing::warn!(%error, "cannot list the running processors");
+            return;
+        }
+    };
+    let Ok(records) = context.state.topologies() else {
+        return;
+    };
+    for (name, record) in records {
+        match record {
+            Ok(record) => observe_topology(context, watchdog, &name, &record, &running),
+            Err(error) => context.store.topology(&name, |t| {
+                t.phase = super::status::Phase::Error;
+                t.last_error = Some(error.to_string());
+            }),
+        }
+    }
+}
+
+fn observe_topology(
+    context: &Context,
+    watchdog: &Watchdog,
+    name: &str,
+    record: &TopologyRecord,
+    running: &BTreeMap<String, ProcessorStatus>,
+) {
+    let admin = record
+        .bootstrap
+        .as_deref()
+        .and_then(|b| context.admin(b).ok());
+    // The graph being moved to during a move, else the one last matched.
+    let commit = record
+        .moving
+        .as_ref()
+        .map(|m| m.to.clone())
+        .or(record.commit.clone());
+    let revision = commit.and_then(|c| context.revisions.load(&c).ok());
+    let topology = revision.as_ref().and_then(|r| r.topology(name));
+    let deployment = &record.deployment;
+    let mut steps = Vec::new();
+    let mut listed: Vec<(String, Kind, Option<String>, Option<String>)> = Vec::new();
+    match topology {
+        Some(topology) => {
+            for (_, step) in topology.steps() {
+                let group = (step.kind() == Kind::Processor)
+                    .then(|| group_of(deployment, &step.name, step.identity))
+                    .flatten();
+                listed.push((
+                    step.name.clone(),
+                    step.kind(),
+                    (step.kind() == Kind::Processor).then(|| step.identity.to_string()),
+                    group,
+                ));
+            }
+        }
+        // The commit cannot be loaded: show what runs.
+        None => {
+            for life in &deployment.lives {
+                listed.push((
+                    life.step().to_owned(),
+                    Kind::Processor,
+                    Some(life.identity().to_string()),
+                    Some(life.group().to_owned()),
+                ));
+            }
+        }
+    }
+    for (step, kind, identity, group) in listed {
+        let (state, lag) = match (kind, &group) {
+            (Kind::Source | Kind::Sink, _) => ("external".to_owned(), None),
+            (Kind::Processor, None) => ("stopped".to_owned(), None),
+            (Kind::Processor, Some(group)) => {
+                let state = match running.get(group) {
+                    None => "stopped",
+                    Some(p) if p.running >= p.replicas => "running",
+                    Some(_) => "starting",
+                };
+                let inputs: Vec<String> = deployment
+                    .life(group)
+                    .map(|l| l.inputs().map(str::to_owned).collect())
+                    .unwrap_or_default();
+                let progress = admin.as_ref().and_then(|a| {
+                    a.progress(group, &inputs)
+                        .map_err(|error| tracing::debug!(%error, group, "lag unknown"))
+                        .ok()
+                });
+                if let (Some(admin), Some(progress), true) =
+                    (&admin, progress, running.contains_key(group))
+                {
+                    watchdog.watch(context, admin.as_ref(), group, &inputs, progress);
+                }
+                let lag = progress.map(|p| p.lag);
+                let labels = StepLabels {
+                    topology: name.to_owned(),
+                    step: step.clone(),
+                };
+                if let Some(lag) = lag {
+                    context.store.metrics.lag.get_or_create(&labels).set(lag);
+                }
+                context
+                    .store
+                    .metrics
+                    .instances
+                    .get_or_create(&labels)
+                    .set(running.get(group).map_or(0, |p| i64::from(p.running)));
+                (state.to_owned(), lag)
+            }
+        };
+        steps.push(StepStatus {
+            name: step,
+            kind: format!("{kind:?}").to_lowercase(),
+            identity,
+            group,
+            state,
+            lag,
+        });
+    }
+    context.store.topology(name, |t| t.steps = steps);
+}
+
+/// The group of the life of `step` that runs: the one of `identity` if there is one.
+fn group_of(
+    deployment: &Deployment,
+    step: &str,
+    identity: crate::graph::Identity,
+) -> Option<String> {
+    let lives: Vec<_> = deployment
+        .lives
+        .iter()
+        .filter(|l| l.step() == step)
+        .collect();
+    lives
+        .iter()
+        .find(|l| l.identity() == identity)
+        .or(lives.first())
+        .map(|l| l.group().to_owned())
+}
+
+impl Watchdog {
+    /// Restarts a running group that has lag but whose committed offsets stopped moving.
+    pub(super) fn watch(
+        &self,
+        context: &Context,
+        admin: &dyn Admin,
+        group: &str,
+        inputs: &[String],
+        progress: Progress,
+    ) {
+        let mut stalls = self.stalls.lock().unwrap_or_else(PoisonError::into_inner);
+        if progress.lag == 0 {
+            stalls.remove(group);
+            return;
+        }
+        let now = Instant::now();
+        let stall = stalls
+            .entry(group.to_owned())
+            .or_insert_with(|| Stall::at(progress.position, now));
+        if stall.position != progress.position {
+            *stall = Stall::at(progress.position, now);
+        } else if now.duration_since(stall.since) >= context.config.stalled_after {
+            // Behind transactional writers, a group that read everything still shows a lag:
+            // the transaction markers after the last record. Such a group is idle, not stalled.
+            let drained = admin
+                .drained(group, inputs)
+                .map_err(|error| tracing::debug!(%error, group, "cannot look past the lag"))
+                .unwrap_or(false);
+            if drained {
+                *stall = Stall::at(progress.position, now);
+                return;
+            }
+            stall.restarts += 1;
+            let stalled_for = now.duration_since(stall.since);
+            if stall.restarts <= FUTILE_RESTARTS {
+                tracing::warn!(
+                    group,
+                    lag = progress.lag,
+                    ?stalled_for,
+                    reason =
+                        "its group has lag but committed nothing for longer than a record may take",
+                    "processor makes no progress; restarting it"
+                );
+            } else {
+                tracing::error!(
+                    group,
+                    lag = progress.lag,
+                    restarts = stall.restarts,
+                    hint = "on tansu 0.6, restart the broker (README, \"tansu\")",
+                    "processor still makes no progress after restarts, so its consumer group may not form; restarting it again"
+                );
+            }
+            if let Err(error) = context.runtime.restart(group) {
+                tracing::error!(%error, group, "cannot restart a stalled processor");
+            }
+            stall.since = now;
+        }
+    }
+}
+
+/// After this many restarts without progress, the stall is reported as an error.
+const FUTILE_RESTARTS: u32 = 3;
+
+/// A running group with lag whose committed offsets do not move.
+struct Stall {
+    position: i64,
+    since: Instant,
+    restarts: u32,
+}
+
+impl Stall {
+    fn at(position: i64, since: Instant) -> Stall {
+        Stall {
+            position,
+            since,
+            restarts: 0,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use super::*;
+    use crate::daemon::DaemonConfig;
+    use crate::kafka::Result as KafkaResult;
+    use crate::plan::PartitionOffset;
+    use crate::runtime::{ProcessorSpec, Result as RuntimeResult, Runtime};
+
+    /// Counts restarts; nothing else is called by the watchdog.
+    #[derive(Default)]
+    struct Restarts(AtomicU32);
+
+    impl Runtime for Restarts {
+        fn start(&self, _: &ProcessorSpec) -> RuntimeResult<()> {
+            unreachable!("the watchdog only restarts")
+        }
+        fn stop(&self, _: &str) -> RuntimeResult<()> {
+            unreachable!("the watchdog only restarts")
+        }
+        fn restart(&self, _: &str) -> RuntimeResult<()> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        }
+        fn scale(&self, _: &str, _: u32) -> RuntimeResult<()> {
+            unreachable!("the watchdog only restarts")
+        }
+        fn processors(&self) -> RuntimeResult<Vec<ProcessorStatus>> {
+            Ok(Vec::new())
+        }
+    }
+
+    /// A group whose lag never moves: records it cannot read, or only transaction markers.
+    struct Behind {
+        only_markers: bool,
+    }
+
+    impl Admin for Behind {
+        fn create_topic(&self, _: &str, _: u32, _: Option<u32>) -> KafkaResult<()> {
+            unreachable!()
+        }
+        fn delete_topic(&self, _: &str) -> KafkaResult<()> {
+            unreachable!()
+        }
+        fn partitions(&self, _: &str) -> KafkaResult<i32> {
+            unreachable!()
+        }
+        fn watermarks(&self, _: &str) -> KafkaResult<Vec<(i64, i64)>> {
+            unreachable!()
+        }
+        fn committed(&self, _: &str, _: &[String]) -> KafkaResult<Vec<PartitionOffset>> {
+            unreachable!()
+        }
+        fn commit(&self, _: &str, _: &[PartitionOffset]) -> KafkaResult<()> {
+            unreachable!()
+        }
+        fn drained(&self, _: &str, _: &[String]) -> KafkaResult<bool> {
+            Ok(self.only_markers)
+        }
+    }
+
+    #[test]
+    fn a_group_behind_only_transaction_markers_is_idle_not_stalled() {
+        let state = tempfile::tempdir().unwrap();
+        let mut config = DaemonConfig::new("unused", state.path().to_owned());
+        config.stalled_after = Duration::ZERO;
+        let runtime = Arc::new(Restarts::default());
+        let context = Context::new(config, runtime.clone()).unwrap();
+        let watchdog = Watchdog::default();
+        let inputs = ["in".to_owned()];
+        let unmoved = Progress {
+            lag: 1,
+            position: 10,
+        };
+
+        let idle = Behind { only_markers: true };
+        for _ in 0..3 {
+            watchdog.watch(&context, &idle, "g", &inputs, unmoved);
+        }
+        assert_eq!(runtime.0.load(Ordering::SeqCst), 0);
+
+        let stalled = Behind {
+            only_markers: false,
+        };
+        for _ in 0..2 {
+            watchdog.watch(&context, &stalled, "g", &inputs, unmoved);
+        }
+        assert_eq!(runtime.0.load(Ordering::SeqCst), 2);
+    }
+}

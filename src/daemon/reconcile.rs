@@ -1,0 +1,141 @@
+//! One reconcile step of one topology: from what its record says runs to the desired
+//! revision, by one engine action; and what status shows of it.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::status::{CutoverStatus, OutcomeLabels, Phase, TopologyLabel, WaitStatus};
+use super::{Context, Error, Revision};
+use crate::cutover::{self, Advance, Engine, Event, Target, Waits};
+use crate::store::CutoverStore as _;
+
+/// What a step did, for the worker's scheduling.
+pub(super) enum Step {
+    /// An action took effect: go on at once.
+    Progressed,
+    /// Nothing left until the desired revision changes.
+    Settled,
+    /// The topology is gone and nothing of it runs.
+    Removed,
+    /// Everything left waits; look again at the instant given.
+    Waiting(Instant),
+}
+
+pub(super) fn reconcile(
+    name: &str,
+    context: &Arc<Context>,
+    desired: &Revision,
+    waits: &mut Waits,
+) -> Result<Step, Error> {
+    let topology = desired.topology(name);
+    let bootstrap = match topology {
+        Some(t) => context.bootstrap(desired, t)?,
+        // Gone from the repository: its lives and topics are where its record says.
+        None => match context.state.load(name)?.bootstrap {
+            Some(bootstrap) => bootstrap,
+            None => {
+                context.state.remove(name)?;
+                return Ok(Step::Removed);
+            }
+        },
+    };
+    let admin = context.admin(&bootstrap)?;
+    let workdirs = topology.map(|t| desired.workdirs(t)).unwrap_or_default();
+    let target = Target {
+        commit: &desired.commit,
+        topology,
+        bootstrap: Some(&bootstrap),
+        workdirs: &workdirs,
+    };
+    let on_event = |event: Event<'_>| show(name, context, event);
+    let engine = Engine {
+        topology: name,
+        admin: admin.as_ref(),
+        runtime: context.runtime.as_ref(),
+        store: &context.state,
+        config: &context.config.cutover,
+        on_event: &on_event,
+    };
+    Ok(match engine.advance(&target, waits)? {
+        Advance::Progressed => Step::Progressed,
+        Advance::Settled { .. } => Step::Settled,
+        Advance::Removed => Step::Removed,
+        Advance::Waiting { until, waits } => {
+            context.store.topology(name, |t| {
+                t.last_error = waits
+                    .iter()
+                    .find(|w| w.failures > 0)
+                    .map(|w| format!("{}: {}", w.action, w.reason));
+                if let Some(c) = &mut t.cutover {
+                    c.waiting = waits
+                        .into_iter()
+                        .map(|w| WaitStatus {
+                            action: w.action,
+                            reason: w.reason,
+                            failures: w.failures,
+                        })
+                        .collect();
+                }
+            });
+            Step::Waiting(until)
+        }
+    })
+}
+
+/// Status and metrics of the engine's events.
+fn show(name: &str, context: &Context, event: Event<'_>) {
+    let label = TopologyLabel {
+        topology: name.to_owned(),
+    };
+    let metrics = &context.store.metrics;
+    match event {
+        Event::Started { to, .. } => {
+            metrics.in_cutover.get_or_create(&label).set(1);
+            context.store.topology(name, |t| {
+                t.phase = Phase::Cutover;
+                t.cutover = Some(CutoverStatus {
+                    to: to.to_owned(),
+                    ..CutoverStatus::default()
+                });
+            });
+        }
+        Event::Action {
+            done,
+            remaining,
+            action,
+        } => {
+            metrics.cutover_actions.get_or_create(&label).inc();
+            context.store.topology(name, |t| {
+                t.phase = Phase::Cutover;
+                let c = t.cutover.get_or_insert_with(CutoverStatus::default);
+                c.done = done;
+                c.remaining = remaining;
+                c.current = Some(cutover::describe(action));
+            });
+        }
+        Event::Finished { to, started_at } => {
+            metrics.in_cutover.get_or_create(&label).set(0);
+            if let Some(started_at) = started_at {
+                metrics
+                    .cutover_seconds
+                    .get_or_create(&label)
+                    .observe(cutover::now().saturating_sub(started_at) as f64);
+                metrics
+                    .cutovers
+                    .get_or_create(&OutcomeLabels {
+                        topology: name.to_owned(),
+                        outcome: "applied".into(),
+                    })
+                    .inc();
+                tracing::info!(topology = name, commit = to, "cutover finished");
+            }
+            context.store.topology(name, |t| {
+                t.phase = Phase::Idle;
+                t.commit = Some(to.to_owned());
+                t.cutover = None;
+                t.last_error = None;
+            });
+            context.store.clear_error_of(name);
+        }
+    }
+}

@@ -1,0 +1,318 @@
+//! What runs of one topology, as the engine left it: the planner's starting point and the
+//! whole of a topology's durable cutover state.
+//!
+//! A [`Deployment`] knows every processor *life* that runs (a life is one run of an identity
+//! under one name: a revived identity gets a new life, SPEC §4 "Revived identities"), the
+//! internal topics that exist, and where stopped lives stood on their inputs (the cutover
+//! offsets their successors start from). It never refers to a commit's graph, so a move can
+//! be planned from any state a crash, a stuck action or a newer commit left behind.
+//!
+//! [`Deployment::apply`] is the only way it changes: the engine calls it once an action took
+//! effect (with what Kafka answered), the planner calls it to simulate the rest of a plan.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
+use super::{Action, StartPosition, StartProcessor};
+use crate::graph::{Identity, Topology};
+
+/// One partition's offset: a group's committed offset, or where a group starts.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct PartitionOffset {
+    pub topic: String,
+    pub partition: i32,
+    pub offset: i64,
+}
+
+/// What runs of one topology.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Deployment {
+    /// Processor lives that run, or whose offsets are set and which are about to run.
+    pub lives: Vec<Life>,
+    /// Internal topics that exist, with the step that writes them: Plumber's own, deleted
+    /// once nothing reads or writes them.
+    pub internal_topics: BTreeMap<String, String>,
+    /// Dead-letter topics created; never deleted (they hold the users' rejected records).
+    pub dead_letter_topics: BTreeSet<String>,
+    /// Internal topics created since the deployment last matched its target: a reader that
+    /// starts on one starts at its beginning (SPEC §4: "earliest on topics created in the
+    /// same cutover", which a newer commit taking over a cutover continues).
+    pub fresh_topics: BTreeSet<String>,
+    /// Where stopped lives stood on their inputs, by step and topic: the cutover offsets of
+    /// the step's next life on that topic. Forgotten once the deployment matches its target.
+    pub positions: BTreeMap<String, BTreeMap<String, Recorded>>,
+    /// The last life of each processor name (`plumber.<topology>.<step>.<id12>`), so that an
+    /// identity that runs again gets names nothing of its earlier life can reach.
+    pub lives_used: BTreeMap<String, u32>,
+}
+
+/// Where a stopped life stood on one input.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Recorded {
+    /// The stopped life's group.
+    pub group: String,
+    /// Its committed offsets; a partition without one was never consumed by it.
+    pub offsets: Vec<PartitionOffset>,
+}
+
+/// One life of a processor identity.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Life {
+    /// How it was started: names, inputs and where it began on them, transform, scale.
+    pub start: StartProcessor,
+    /// 1 for an identity's first life; its names carry the number from the second on.
+    pub life: u32,
+    /// False between setting its group's offsets and starting it.
+    pub running: bool,
+    /// Inputs whose writers stopped and which it has read to their end.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub drained: BTreeSet<String>,
+}
+
+impl Life {
+    pub fn step(&self) -> &str {
+        &self.start.step
+    }
+
+    pub fn group(&self) -> &str {
+        &self.start.group
+    }
+
+    pub fn identity(&self) -> Identity {
+        self.start.identity
+    }
+
+    /// The topics it reads, sorted.
+    pub fn inputs(&self) -> impl Iterator<Item = &str> {
+        self.start.inputs.iter().map(|i| i.topic.as_str())
+    }
+
+    pub fn reads(&self, topic: &str) -> bool {
+        self.inputs().any(|t| t == topic)
+    }
+
+    /// Whether it writes an internal topic (named like its group).
+    pub fn writes(&self, topic: &str) -> bool {
+        self.start.outputs.iter().any(|t| t == topic)
+    }
+}
+
+/// The name of an identity's first life: `plumber.<topology>.<step>.<id12>`.
+pub fn base_name(topology: &str, step: &str, identity: Identity) -> String {
+    format!("plumber.{topology}.{step}.{}", identity.short())
+}
+
+/// The consumer group (and internal topic) of a life: the base name, then `.<life>` from
+/// the second life on.
+pub fn life_name(base: &str, life: u32) -> String {
+    if life <= 1 {
+        base.to_owned()
+    } else {
+        format!("{base}.{life}")
+    }
+}
+
+/// What an action did, as far as the deployment must remember it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Effect {
+    /// The action took effect; nothing to add.
+    Done,
+    /// A start set its group's offsets (the first half of `start-processor`); the life
+    /// exists but does not run yet.
+    Prepared,
+    /// A stop: the stopped group's committed offsets on its inputs.
+    Stopped(Vec<PartitionOffset>),
+}
+
+impl Deployment {
+    /// A topology's graph as if it were fully deployed, every processor in its first life:
+    /// how `plumber plan` sees a commit it plans from.
+    pub fn of(topology: &Topology) -> Deployment {
+        let mut deployment = Deployment::default();
+        let target = super::moves::resolve(&deployment, Some(topology));
+        for wanted in &target.wanted {
+            let start = wanted.start(topology, &deployment, &target);
+            let group = start.group.clone();
+            if wanted.writes_internal {
+                deployment
+                    .internal_topics
+                    .insert(group.clone(), wanted.step.clone());
+            }
+            deployment.dead_letter_topics.insert(start.dlq.clone());
+            deployment
+                .lives_used
+                .insert(wanted.base.clone(), wanted.life);
+            deployment.lives.push(Life {
+                start,
+                life: wanted.life,
+                running: true,
+                drained: BTreeSet::new(),
+            });
+        }
+        deployment
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.lives.is_empty() && self.internal_topics.is_empty()
+    }
+
+    pub fn life(&self, group: &str) -> Option<&Life> {
+        self.lives.iter().find(|l| l.group() == group)
+    }
+
+    fn life_mut(&mut self, group: &str) -> Option<&mut Life> {
+        self.lives.iter_mut().find(|l| l.group() == group)
+    }
+
+    /// Whether a running (or prepared) life writes `topic`.
+    pub fn has_writer(&self, topic: &str) -> bool {
+        self.lives.iter().any(|l| l.writes(topic))
+    }
+
+    /// Records that `action` took effect with `effect`.
+    pub fn apply(&mut self, action: &Action, effect: Effect) {
+        match action {
+            Action::CreateTopic {
+                topic, step, kind, ..
+            } => match kind {
+                TopicKind::Internal => {
+                    self.internal_topics.insert(topic.clone(), step.clone());
+                    self.fresh_topics.insert(topic.clone());
+                }
+                TopicKind::DeadLetter => {
+                    self.dead_letter_topics.insert(topic.clone());
+                }
+            },
+            Action::DeleteTopic { topic } => {
+                self.internal_topics.remove(topic);
+                self.fresh_topics.remove(topic);
+            }
+            Action::ScaleProcessor { group, scale, .. } => {
+                if let Some(life) = self.life_mut(group) {
+                    life.start.scale = *scale;
+                }
+            }
+            Action::DrainProcessor { group, topics, .. } => {
+                if let Some(life) = self.life_mut(group) {
+                    life.drained.extend(topics.iter().cloned());
+                }
+            }
+            Action::StartProcessor(start) => {
+                if self.life(&start.group).is_none() {
+                    // The step's recorded positions on these inputs are taken now.
+                    if let Some(positions) = self.positions.get_mut(&start.step) {
+                        for input in &start.inputs {
+                            if input.from == StartPosition::Cutover {
+                                positions.remove(&input.topic);
+                            }
+                        }
+                        if positions.is_empty() {
+                            self.positions.remove(&start.step);
+                        }
+                    }
+                    let base = base_name_of(&start.group, start.life);
+                    self.lives_used.insert(base, start.life);
+                    self.lives.push(Life {
+                        start: (**start).clone(),
+                        life: start.life,
+                        running: false,
+                        drained: BTreeSet::new(),
+                    });
+                }
+                if effect != Effect::Prepared
+                    && let Some(life) = self.life_mut(&start.group)
+                {
+                    life.running = true;
+                }
+            }
+            Action::StopProcessor { group, .. } => {
+                let Some(at) = self.lives.iter().position(|l| l.group() == group) else {
+                    return;
+                };
+                let life = self.lives.remove(at);
+                let Effect::Stopped(offsets) = effect else {
+                    return;
+                };
+                let positions = self.positions.entry(life.step().to_owned()).or_default();
+                for topic in life.inputs() {
+                    let on_topic: Vec<PartitionOffset> = offsets
+                        .iter()
+                        .filter(|p| p.topic == topic)
+                        .cloned()
+                        .collect();
+                    positions.insert(
+                        topic.to_owned(),
+                        Recorded {
+                            group: life.group().to_owned(),
+                            offsets: on_topic,
+                        },
+                    );
+                }
+            }
+        }
+    }
+
+    /// The deployment matches its target: what only a move needed is forgotten.
+    pub fn settle(&mut self) {
+        self.fresh_topics.clear();
+        self.positions.clear();
+        for life in &mut self.lives {
+            life.drained.clear();
+        }
+    }
+
+    /// Groups of processors that run (or are about to), with their step names.
+    pub fn groups(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.lives.iter().map(|l| (l.step(), l.group()))
+    }
+}
+
+/// The base name of a life's group.
+fn base_name_of(group: &str, life: u32) -> String {
+    if life <= 1 {
+        return group.to_owned();
+    }
+    group
+        .strip_suffix(&format!(".{life}"))
+        .unwrap_or(group)
+        .to_owned()
+}
+
+/// What a created topic is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TopicKind {
+    /// A processor's output, read by other processors.
+    Internal,
+    /// A step's dead letters.
+    DeadLetter,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_life_keeps_the_plain_name_and_later_ones_are_numbered() {
+        assert_eq!(
+            life_name("plumber.t.a.0123456789ab", 1),
+            "plumber.t.a.0123456789ab"
+        );
+        assert_eq!(
+            life_name("plumber.t.a.0123456789ab", 3),
+            "plumber.t.a.0123456789ab.3"
+        );
+        assert_eq!(
+            base_name_of("plumber.t.a.0123456789ab.3", 3),
+            "plumber.t.a.0123456789ab"
+        );
+        assert_eq!(
+            base_name_of("plumber.t.a.0123456789ab", 1),
+            "plumber.t.a.0123456789ab"
+        );
+    }
+}

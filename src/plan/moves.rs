@@ -1,0 +1,502 @@
+//! From a [`Deployment`] to a target graph: which actions remain, which of them can run now,
+//! and the plan (the order the engine runs them in when nothing waits).
+//!
+//! Everything here is a function of the deployment and the target, so the plan is the same
+//! whether it is computed before a move, after a crash in the middle of one, or when a newer
+//! commit takes over a move that is stuck: the engine asks [`next`] after every action, and
+//! [`plan`] is [`next`] applied to a simulated deployment until nothing remains.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::graph::{Identity, Kind, StepId, StepKind, Topology};
+use crate::spec::{CutoverMode, StartFrom};
+
+use super::deployment::{Deployment, Effect, Life, TopicKind, base_name, life_name};
+use super::{Action, StartInput, StartPosition, StartProcessor};
+
+/// A target processor, with the names it runs under.
+#[derive(Debug, Clone)]
+pub(super) struct Wanted {
+    pub id: StepId,
+    pub step: String,
+    pub identity: Identity,
+    /// `plumber.<topology>.<step>.<id12>`
+    pub base: String,
+    pub life: u32,
+    pub group: String,
+    /// Topics it reads (sorted), and which of them are internal.
+    pub inputs: Vec<(String, bool)>,
+    pub outputs: Vec<String>,
+    pub writes_internal: bool,
+    /// Index of the deployed life that already is this processor.
+    pub kept: Option<usize>,
+}
+
+/// The target, resolved against a deployment.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Resolved {
+    /// In the target's data-flow order.
+    pub wanted: Vec<Wanted>,
+    /// Indices of deployed lives the target does not keep, in deployed data-flow order.
+    pub retiring: Vec<usize>,
+}
+
+/// Names every target processor: a deployed life with the same step, identity and input
+/// topics is kept; any other gets a new life (the next number of its base name).
+pub(super) fn resolve(deployment: &Deployment, target: Option<&Topology>) -> Resolved {
+    let mut wanted: Vec<Wanted> = Vec::new();
+    let mut topic_of: BTreeMap<StepId, String> = BTreeMap::new();
+    if let Some(topology) = target {
+        for (id, step) in topology.steps() {
+            match &step.kind {
+                StepKind::Source { topic } => {
+                    topic_of.insert(id, topic.clone());
+                }
+                StepKind::Sink { .. } => {}
+                StepKind::Processor { .. } => {
+                    let mut inputs: Vec<(String, bool)> = topology
+                        .inputs(id)
+                        .into_iter()
+                        .filter_map(|i| {
+                            let internal = topology.step(i).kind() == Kind::Processor;
+                            topic_of.get(&i).map(|t| (t.clone(), internal))
+                        })
+                        .collect();
+                    inputs.sort();
+                    inputs.dedup();
+                    let base = base_name(&topology.name, &step.name, step.identity);
+                    let kept = deployment.lives.iter().position(|l| {
+                        l.step() == step.name
+                            && l.identity() == step.identity
+                            && l.inputs().eq(inputs.iter().map(|(t, _)| t.as_str()))
+                    });
+                    let life = match kept {
+                        Some(k) => deployment.lives[k].life,
+                        None => deployment.lives_used.get(&base).copied().unwrap_or(0) + 1,
+                    };
+                    let group = match kept {
+                        Some(k) => deployment.lives[k].group().to_owned(),
+                        None => life_name(&base, life),
+                    };
+                    let writes_internal = topology.feeds_processor(id);
+                    let mut outputs: Vec<String> = topology
+                        .consumers(id)
+                        .into_iter()
+                        .filter_map(|c| match &topology.step(c).kind {
+                            StepKind::Sink { topic } => Some(topic.clone()),
+                            _ => None,
+                        })
+                        .collect();
+                    if writes_internal {
+                        outputs.push(group.clone());
+                    }
+                    outputs.sort();
+                    outputs.dedup();
+                    topic_of.insert(id, group.clone());
+                    wanted.push(Wanted {
+                        id,
+                        step: step.name.clone(),
+                        identity: step.identity,
+                        base,
+                        life,
+                        group,
+                        inputs,
+                        outputs,
+                        writes_internal,
+                        kept,
+                    });
+                }
+            }
+        }
+    }
+    let kept: BTreeSet<usize> = wanted.iter().filter_map(|w| w.kept).collect();
+    let retiring = data_flow_order(&deployment.lives)
+        .into_iter()
+        .filter(|i| !kept.contains(i))
+        .collect();
+    Resolved { wanted, retiring }
+}
+
+/// Indices of `lives` so that a life comes after the lives whose topics it reads; ties by
+/// step name, then group.
+fn data_flow_order(lives: &[Life]) -> Vec<usize> {
+    let mut placed: Vec<usize> = Vec::with_capacity(lives.len());
+    let mut left: BTreeSet<(String, String, usize)> = lives
+        .iter()
+        .enumerate()
+        .map(|(i, l)| (l.step().to_owned(), l.group().to_owned(), i))
+        .collect();
+    while !left.is_empty() {
+        let unplaced: BTreeSet<usize> = left.iter().map(|(_, _, i)| *i).collect();
+        let ready = left
+            .iter()
+            .find(|(_, _, i)| {
+                !lives[*i]
+                    .inputs()
+                    .any(|t| unplaced.iter().any(|u| u != i && lives[*u].writes(t)))
+            })
+            // Lives are acyclic by construction; should a state file say otherwise, any order
+            // is better than none.
+            .or_else(|| left.iter().next())
+            .cloned();
+        if let Some(entry) = ready {
+            placed.push(entry.2);
+            left.remove(&entry);
+        }
+    }
+    placed
+}
+
+impl Wanted {
+    /// The start action of this processor, given where it must begin on each input.
+    pub(super) fn start(
+        &self,
+        topology: &Topology,
+        deployment: &Deployment,
+        resolved: &Resolved,
+    ) -> StartProcessor {
+        let StepKind::Processor {
+            transform,
+            env,
+            scale,
+            start_from,
+            ..
+        } = &topology.step(self.id).kind
+        else {
+            unreachable!("only processors are wanted")
+        };
+        let inputs = self
+            .inputs
+            .iter()
+            .map(|(topic, internal)| StartInput {
+                topic: topic.clone(),
+                from: start_position(self, topic, *internal, *start_from, deployment, resolved),
+            })
+            .collect();
+        StartProcessor {
+            step: self.step.clone(),
+            identity: self.identity,
+            group: self.group.clone(),
+            life: self.life,
+            inputs,
+            outputs: self.outputs.clone(),
+            dlq: topology.dlq_topic(self.id),
+            transform: transform.clone(),
+            env: env.clone(),
+            scale: *scale,
+        }
+    }
+}
+
+/// Where a starting processor begins on one input: where its step's previous life stopped
+/// (or will stop), else at the beginning of a topic created in this move, else `startFrom`.
+fn start_position(
+    wanted: &Wanted,
+    topic: &str,
+    internal: bool,
+    start_from: StartFrom,
+    deployment: &Deployment,
+    resolved: &Resolved,
+) -> StartPosition {
+    let predecessor_reads = resolved
+        .retiring
+        .iter()
+        .map(|&r| &deployment.lives[r])
+        .any(|l| l.step() == wanted.step && l.reads(topic));
+    let recorded = deployment
+        .positions
+        .get(&wanted.step)
+        .is_some_and(|p| p.contains_key(topic));
+    if predecessor_reads || recorded {
+        StartPosition::Cutover
+    } else if internal
+        && (deployment.fresh_topics.contains(topic)
+            || !deployment.internal_topics.contains_key(topic))
+    {
+        StartPosition::Earliest
+    } else {
+        match start_from {
+            StartFrom::Latest => StartPosition::Latest,
+            StartFrom::Earliest => StartPosition::Earliest,
+        }
+    }
+}
+
+/// An action that remains, and whether it can run in the deployment as it is.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Pending {
+    pub action: Action,
+    /// `None`: it can run now; else what it waits for.
+    pub blocked_by: Option<String>,
+}
+
+/// Every action that remains between `deployment` and `target`, in the order the engine
+/// prefers them: in-place scaling, topic creation, starts (downstream first), deletions of
+/// topics nothing uses any more, then retiring old lives in data-flow order (each drains
+/// the topics whose writers stopped, then stops).
+pub fn remaining(deployment: &Deployment, target: Option<&Topology>) -> Vec<Pending> {
+    let resolved = resolve(deployment, target);
+    let mut out = Vec::new();
+    let ready = |action| Pending {
+        action,
+        blocked_by: None,
+    };
+    let lives = &deployment.lives;
+    let Some(topology) = target else {
+        retire(deployment, &resolved, &mut out);
+        return out;
+    };
+
+    // 1. In place.
+    for wanted in &resolved.wanted {
+        if let Some(k) = wanted.kept
+            && let StepKind::Processor { scale, .. } = &topology.step(wanted.id).kind
+            && lives[k].start.scale != *scale
+        {
+            out.push(ready(Action::ScaleProcessor {
+                step: wanted.step.clone(),
+                identity: wanted.identity,
+                group: wanted.group.clone(),
+                scale: *scale,
+            }));
+        }
+    }
+    // 2. Topics of new lives.
+    for wanted in resolved.wanted.iter().filter(|w| w.kept.is_none()) {
+        let StepKind::Processor { partitions, .. } = &topology.step(wanted.id).kind else {
+            continue;
+        };
+        if wanted.writes_internal && !deployment.internal_topics.contains_key(&wanted.group) {
+            out.push(ready(Action::CreateTopic {
+                topic: wanted.group.clone(),
+                step: wanted.step.clone(),
+                partitions: *partitions,
+                replication: topology.replication,
+                kind: TopicKind::Internal,
+            }));
+        }
+        let dlq = topology.dlq_topic(wanted.id);
+        if !deployment.dead_letter_topics.contains(&dlq) {
+            out.push(ready(Action::CreateTopic {
+                topic: dlq,
+                step: wanted.step.clone(),
+                partitions: 1,
+                replication: topology.replication,
+                kind: TopicKind::DeadLetter,
+            }));
+        }
+    }
+    // 3. Starts, downstream first, so readers are ready before data arrives.
+    for wanted in resolved.wanted.iter().rev() {
+        let resume = wanted.kept.map(|k| &lives[k]).filter(|l| !l.running);
+        if wanted.kept.is_some() && resume.is_none() {
+            continue;
+        }
+        let start = match resume {
+            Some(life) => life.start.clone(),
+            None => wanted.start(topology, deployment, &resolved),
+        };
+        let blocked_by = if resume.is_some() {
+            None
+        } else {
+            start_blocked_by(wanted, &start, topology, deployment, &resolved)
+        };
+        out.push(Pending {
+            action: Action::StartProcessor(Box::new(start)),
+            blocked_by,
+        });
+    }
+    // 4 and 5.
+    retire(deployment, &resolved, &mut out);
+    out
+}
+
+/// What keeps a new life from starting: a topic not created yet, or a retiring life of the
+/// same step that must stop first (it shares an input, or `cutover: ordered` holds the new
+/// life until the old subtree below it stopped).
+fn start_blocked_by(
+    wanted: &Wanted,
+    start: &StartProcessor,
+    topology: &Topology,
+    deployment: &Deployment,
+    resolved: &Resolved,
+) -> Option<String> {
+    let missing = wanted
+        .inputs
+        .iter()
+        .filter(|(_, internal)| *internal)
+        .map(|(t, _)| t)
+        .chain(wanted.outputs.iter().filter(|t| **t == wanted.group))
+        .find(|t| !deployment.internal_topics.contains_key(*t));
+    if let Some(topic) = missing {
+        return Some(format!("topic {topic} to be created"));
+    }
+    if !deployment.dead_letter_topics.contains(&start.dlq) {
+        return Some(format!("topic {} to be created", start.dlq));
+    }
+    let lives = &deployment.lives;
+    let predecessors: Vec<usize> = resolved
+        .retiring
+        .iter()
+        .copied()
+        .filter(|&r| lives[r].step() == wanted.step)
+        .collect();
+    let mut gate: BTreeSet<usize> = predecessors
+        .iter()
+        .copied()
+        .filter(|&p| wanted.inputs.iter().any(|(t, _)| lives[p].reads(t)))
+        .collect();
+    if topology.cutover == CutoverMode::Ordered {
+        // Everything the step's old lives wrote must have reached the sinks first, through
+        // the old readers of their topics (the old lives may have stopped already).
+        gate.extend(predecessors.iter().copied());
+        let old_topics: Vec<&str> = deployment
+            .internal_topics
+            .iter()
+            .filter(|(topic, step)| **step == wanted.step && **topic != wanted.group)
+            .map(|(topic, _)| topic.as_str())
+            .collect();
+        gate.extend(
+            downstream(lives, &old_topics)
+                .into_iter()
+                .filter(|d| resolved.retiring.contains(d)),
+        );
+    }
+    gate.iter()
+        .next()
+        .map(|&g| format!("{} to stop", lives[g].group()))
+}
+
+/// Lives that read, directly or not, any of `topics`.
+fn downstream(lives: &[Life], topics: &[&str]) -> BTreeSet<usize> {
+    let mut seen = BTreeSet::new();
+    let mut stack: Vec<usize> = lives
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| topics.iter().any(|t| l.reads(t)))
+        .map(|(i, _)| i)
+        .collect();
+    seen.extend(stack.iter().copied());
+    while let Some(next) = stack.pop() {
+        let writer = &lives[next];
+        for (i, life) in lives.iter().enumerate() {
+            if life.inputs().any(|t| writer.writes(t)) && seen.insert(i) {
+                stack.push(i);
+            }
+        }
+    }
+    seen
+}
+
+/// Deletions of internal topics nothing in the target uses, then the retirement of old lives.
+fn retire(deployment: &Deployment, resolved: &Resolved, out: &mut Vec<Pending>) {
+    let lives = &deployment.lives;
+    let used: BTreeSet<&str> = resolved
+        .wanted
+        .iter()
+        .filter(|w| w.writes_internal)
+        .map(|w| w.group.as_str())
+        .collect();
+    for topic in deployment.internal_topics.keys() {
+        if used.contains(topic.as_str()) {
+            continue;
+        }
+        let user = lives
+            .iter()
+            .find(|l| l.writes(topic) || l.reads(topic))
+            .map(|l| format!("{} to stop", l.group()));
+        out.push(Pending {
+            action: Action::DeleteTopic {
+                topic: topic.clone(),
+            },
+            blocked_by: user,
+        });
+    }
+    for &r in &resolved.retiring {
+        let life = &lives[r];
+        // Old topics nobody in the target writes: this life is their last reader.
+        let drains: Vec<String> = life
+            .inputs()
+            .filter(|t| deployment.internal_topics.contains_key(*t) && !used.contains(*t))
+            .filter(|t| !life.drained.contains(*t))
+            .map(str::to_owned)
+            .collect();
+        if drains.is_empty() {
+            let successor = resolved
+                .wanted
+                .iter()
+                .find(|w| w.kept.is_none() && w.step == life.step());
+            let hand_over: Vec<String> = successor
+                .map(|w| {
+                    life.inputs()
+                        .filter(|t| w.inputs.iter().any(|(i, _)| i == t))
+                        .map(str::to_owned)
+                        .collect()
+                })
+                .unwrap_or_default();
+            out.push(Pending {
+                action: Action::StopProcessor {
+                    step: life.step().to_owned(),
+                    identity: life.identity(),
+                    group: life.group().to_owned(),
+                    successor: successor
+                        .filter(|_| !hand_over.is_empty())
+                        .map(|w| w.group.clone()),
+                    hand_over,
+                },
+                blocked_by: None,
+            });
+        } else {
+            let writer = drains
+                .iter()
+                .find_map(|t| lives.iter().find(|l| l.writes(t)))
+                .map(|l| format!("{} to stop", l.group()));
+            out.push(Pending {
+                action: Action::DrainProcessor {
+                    step: life.step().to_owned(),
+                    identity: life.identity(),
+                    group: life.group().to_owned(),
+                    topics: drains,
+                },
+                blocked_by: writer,
+            });
+        }
+    }
+}
+
+/// The first action that can run now and that `skip` does not rule out (the engine skips
+/// actions that wait for something outside the deployment: a drain, a missing topic).
+pub fn next(
+    deployment: &Deployment,
+    target: Option<&Topology>,
+    skip: &dyn Fn(&Action) -> bool,
+) -> Option<Action> {
+    remaining(deployment, target)
+        .into_iter()
+        .find(|p| p.blocked_by.is_none() && !skip(&p.action))
+        .map(|p| p.action)
+}
+
+/// Most actions one move can have: every life stops, starts, drains and creates or deletes
+/// its topics once. A bound, should a bug ever make the simulation loop.
+fn action_bound(deployment: &Deployment, target: Option<&Topology>) -> usize {
+    8 * (deployment.lives.len() + target.map_or(0, Topology::len)) + 16
+}
+
+/// The whole plan: the actions in the order the engine runs them when nothing has to wait.
+pub fn plan(deployment: &Deployment, target: Option<&Topology>) -> Vec<Action> {
+    let mut simulated = deployment.clone();
+    let mut actions = Vec::new();
+    for _ in 0..action_bound(deployment, target) {
+        let Some(action) = next(&simulated, target, &|_| false) else {
+            break;
+        };
+        let effect = match &action {
+            Action::StopProcessor { .. } => Effect::Stopped(Vec::new()),
+            _ => Effect::Done,
+        };
+        simulated.apply(&action, effect);
+        actions.push(action);
+    }
+    actions
+}

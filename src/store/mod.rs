@@ -1,0 +1,175 @@
+//! Durable cutover state: per topology what runs ([`Deployment`]), the commit it last fully
+//! matched and the move in progress; and the history of moves. The cutover engine is its only
+//! writer; everything else reads it.
+//!
+//! [`CutoverStore`] is what the engine needs; [`dir::StateDir`] keeps it in the state
+//! directory of `plumber up`.
+
+pub mod dir;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::plan::{Deployment, PartitionOffset};
+pub use dir::{StateDir, StateLock, write_atomically};
+
+/// The version of [`TopologyRecord`]'s format; a record of another version is refused.
+pub const FORMAT: u32 = 2;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot write {path}: {source}")]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "another `plumber up` (pid {pid}) is using the state directory {path}; stop it, or give this one its own --state-dir"
+    )]
+    Locked { path: PathBuf, pid: String },
+    #[error("{path} is damaged ({source}); move it away to start that topology from scratch")]
+    Damaged {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error(
+        "{path} was written by another version of plumber (state format {found}, this one reads {FORMAT}); stop its processors and move the state directory away, or run the plumber that wrote it"
+    )]
+    Format { path: PathBuf, found: u32 },
+    #[error(
+        "the state directory {path} belongs to another repository (its branch starts at commit {recorded}, this one at {found}); give this repository its own --state-dir"
+    )]
+    OtherRepository {
+        path: PathBuf,
+        recorded: String,
+        found: String,
+    },
+}
+
+impl Error {
+    /// Whether trying again can help (an I/O error may pass; a damaged or foreign file not).
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, Error::Write { .. } | Error::Read { .. })
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything durable about one topology.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TopologyRecord {
+    /// [`FORMAT`].
+    pub format: u32,
+    /// The last commit the deployment fully matched; `None` before the first.
+    pub commit: Option<String>,
+    /// The bootstrap servers of the cluster its lives and topics are on.
+    pub bootstrap: Option<String>,
+    /// What runs.
+    pub deployment: Deployment,
+    /// The move in progress, if any.
+    pub moving: Option<Move>,
+    /// A finished move whose history line may not be written yet (written first thing on the
+    /// next start, so a crash can neither lose nor repeat it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unrecorded: Option<HistoryEntry>,
+}
+
+impl Default for TopologyRecord {
+    fn default() -> Self {
+        TopologyRecord {
+            format: FORMAT,
+            commit: None,
+            bootstrap: None,
+            deployment: Deployment::default(),
+            moving: None,
+            unrecorded: None,
+        }
+    }
+}
+
+/// A move towards a commit.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Move {
+    pub from: Option<String>,
+    pub to: String,
+    /// Seconds since the Unix epoch.
+    pub started_at: u64,
+    /// Actions that took effect.
+    pub done: usize,
+    /// Cutover offsets handed to starting lives so far.
+    pub handovers: Vec<Handover>,
+}
+
+/// The offsets at which one life handed an input over to its successor.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Handover {
+    pub step: String,
+    pub from_group: String,
+    pub to_group: String,
+    pub offsets: Vec<PartitionOffset>,
+}
+
+/// How a move ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Outcome {
+    /// The deployment matches the commit.
+    #[default]
+    Applied,
+    /// A newer commit took over before it finished; the next entry continues from here.
+    Superseded,
+}
+
+/// One move, for `plumber history`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HistoryEntry {
+    pub topology: String,
+    pub from: Option<String>,
+    pub to: String,
+    #[serde(default)]
+    pub outcome: Outcome,
+    pub started_at: u64,
+    pub finished_at: u64,
+    pub actions: usize,
+    pub handovers: Vec<Handover>,
+}
+
+impl HistoryEntry {
+    /// Whether two entries describe the same move (a history line written twice is one).
+    pub fn same_move(&self, other: &HistoryEntry) -> bool {
+        self.topology == other.topology
+            && self.to == other.to
+            && self.started_at == other.started_at
+            && self.outcome == other.outcome
+    }
+}
+
+/// Where the cutover engine keeps its state.
+pub trait CutoverStore: Send + Sync {
+    /// The record of one topology; the default (nothing deployed) when it has none.
+    fn load(&self, topology: &str) -> Result<TopologyRecord>;
+    /// Replaces the record as a whole, atomically.
+    fn save(&self, topology: &str, record: &TopologyRecord) -> Result<()>;
+    /// Forgets a topology of which nothing runs or exists any more.
+    fn remove(&self, topology: &str) -> Result<()>;
+    /// Every topology with a record; one that cannot be read is an error of its own.
+    fn topologies(&self) -> Result<BTreeMap<String, Result<TopologyRecord>>>;
+    /// Appends a history entry, unless the newest entries already hold the same move.
+    fn append_history(&self, entry: &HistoryEntry) -> Result<()>;
+    /// Moves, oldest first.
+    fn history(&self) -> Result<Vec<HistoryEntry>>;
+}
