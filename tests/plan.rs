@@ -159,6 +159,51 @@ fn first_deploy_creates_topics_and_starts_downstream_first() {
 }
 
 #[test]
+fn internal_and_dead_letter_topics_get_the_replication_of_the_defaults() {
+    let repo = TestRepo::new();
+    repo.commit(
+        "main",
+        "replicated",
+        &[write(
+            "plumber.yaml",
+            "clusters: { default: { bootstrap: \"b:9092\" } }\ndefaults: { replication: 3 }\n",
+        )],
+    );
+    let c = linear(&repo, "defaults: { replication: 2 }\n");
+    let p = plan_between(&repo, None, c);
+    let replicas: Vec<(String, Option<u32>)> = p.topologies[0]
+        .actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::CreateTopic {
+                topic, replication, ..
+            } => Some((topic.clone(), *replication)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(replicas.len(), 3);
+    assert!(
+        replicas.iter().all(|(_, r)| *r == Some(2)),
+        "topology.yaml overrides plumber.yaml: {replicas:?}"
+    );
+    let text = plumber::output::plan::describe(&p.topologies[0].actions[0]);
+    assert!(text.contains("2 replicas"), "{text}");
+    // Out of range: an error at the key.
+    let bad = repo.commit(
+        "main",
+        "zero replicas",
+        &[write(
+            "topologies/t/topology.yaml",
+            "defaults: { replication: 0 }\n",
+        )],
+    );
+    let validation = validate_commit(&repo, bad);
+    let error = validation.errors().next().expect("an error");
+    assert_eq!(error.file, "topologies/t/topology.yaml");
+    assert!(error.to_string().contains("invalid-value"), "{error}");
+}
+
+#[test]
 fn replacing_a_source_connected_step_hands_over_offsets_and_drains_the_old_subtree() {
     let repo = TestRepo::new();
     let c1 = linear(&repo, "cutover: parallel\n");

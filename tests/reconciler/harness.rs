@@ -11,8 +11,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use plumber::graph::Kind;
-use plumber::spec::{FileContent, SourceFile};
 use plumber_testkit::{Broker, Process, TestRecord, unique, wait_until};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer as _};
 use serde_json::Value;
@@ -225,29 +223,6 @@ impl World {
 
     fn sink_topic(&self, sink: &str) -> &str {
         &self.sinks[sink]
-    }
-
-    /// The consumer groups `model`'s processors run under (SPEC §4 names).
-    pub fn groups(&self, model: &Model) -> BTreeSet<String> {
-        let files: Vec<SourceFile> = model
-            .files(self)
-            .into_iter()
-            .map(|(path, content)| SourceFile {
-                path,
-                content: FileContent::Bytes(content.into_bytes()),
-            })
-            .collect();
-        let topologies = plumber::validate(&files)
-            .topologies
-            .expect("the model is a valid revision");
-        topologies
-            .iter()
-            .flat_map(|t| {
-                t.steps()
-                    .filter(|(_, step)| step.kind() == Kind::Processor)
-                    .map(|(id, _)| t.internal_name(id))
-            })
-            .collect()
     }
 
     /// Commits `model` as the whole topology (files of steps no longer there are removed).
