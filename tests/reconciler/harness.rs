@@ -225,6 +225,47 @@ impl World {
         &self.sinks[sink]
     }
 
+    /// The first-life internal topic (and group) of `step` in `model`.
+    pub fn internal_topic(&self, model: &Model, step: &str) -> String {
+        let files: Vec<plumber::spec::SourceFile> = model
+            .files(self)
+            .into_iter()
+            .map(|(path, content)| plumber::spec::SourceFile {
+                path,
+                content: plumber::spec::FileContent::Bytes(content.into_bytes()),
+            })
+            .collect();
+        let topologies = plumber::validate(&files)
+            .topologies
+            .expect("the model is a valid revision");
+        let t = &topologies[0];
+        t.internal_name(t.find(step).expect("the step is in the model"))
+    }
+
+    /// Points `main` at `commit` (a force-push) and drops what is no longer reachable from
+    /// the repository's object store, so the commits left behind cannot be read any more.
+    pub fn force_main(&self, commit: git2::Oid) {
+        self.repo
+            .git
+            .reference("refs/heads/main", commit, true, "force-push")
+            .unwrap();
+    }
+
+    pub fn prune_unreachable(&self) {
+        for args in [
+            &["reflog", "expire", "--expire=now", "--all"][..],
+            &["gc", "--prune=now", "--quiet"][..],
+        ] {
+            let status = Command::new("git")
+                .arg("-C")
+                .arg(self.repo.path())
+                .args(args)
+                .status()
+                .unwrap();
+            assert!(status.success(), "git {args:?}");
+        }
+    }
+
     /// Commits `model` as the whole topology (files of steps no longer there are removed).
     pub fn commit(&self, message: &str, model: &Model) -> git2::Oid {
         let files = model.files(self);

@@ -461,3 +461,126 @@ fn a_stuck_cutover_does_not_hold_up_another_topology() {
     let (sent, final_from) = load.finish(100);
     world.assert_oracle(&[first(), m], sent, final_from);
 }
+
+/// Whether `topology`'s cutover waits for an action whose reason contains `reason`.
+fn waits_for(status: &serde_json::Value, topology: &str, reason: &str) -> bool {
+    status["topologies"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|t| t["name"] == topology)
+        .flat_map(|t| {
+            t["cutover"]["waiting"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .any(|w| w["reason"].as_str().is_some_and(|r| r.contains(reason)))
+}
+
+/// Stuck: a source topic that does not exist. Its step waits (status says for what), the
+/// rest of the topology and the other topology run; once the topic exists the step starts
+/// by itself and nothing written to it is lost.
+#[test]
+fn a_missing_source_topic_holds_only_its_steps_until_it_exists() {
+    let world = World::new("missing");
+    let late = plumber_testkit::unique("missing-late");
+    let late_out = world.topic("missing-late-out");
+    let late_topology = vec![
+        (
+            "topologies/y/late.yaml".to_owned(),
+            format!("kind: source\ntopic: {late}\n"),
+        ),
+        (
+            "topologies/y/copy.yaml".to_owned(),
+            "kind: processor\ninput: late\njq: '.'\nstartFrom: earliest\n".to_owned(),
+        ),
+        (
+            "topologies/y/out.yaml".to_owned(),
+            format!("kind: sink\ntopic: {late_out}\ninput: copy\n"),
+        ),
+    ];
+    let r1 = world.commit_with("t, and y on a topic not made yet", &first(), &late_topology);
+    let plumber = Plumber::up(&world);
+    plumber.wait_applied("t", r1);
+    let load = world.start_load(50);
+    plumber.wait_until("y waits for its source topic", |status| {
+        waits_for(status, "y", &format!("topic {late} does not exist"))
+    });
+    // Meanwhile t moves on.
+    let m = first().replace("a", 2);
+    let r2 = world.commit_with("t: a v2", &m, &late_topology);
+    plumber.wait_applied("t", r2);
+    // The data engineer creates the topic and writes to it: y starts by itself.
+    world.broker.create_topic(&late, 2);
+    let records: Vec<plumber_testkit::TestRecord> = (0..50)
+        .map(|i| plumber_testkit::TestRecord::new(&format!("k{i}"), &format!("{{\"n\":{i}}}")))
+        .collect();
+    world.broker.produce(&late, &records);
+    plumber.wait_applied("y", r2);
+    plumber_testkit::wait_until(
+        "y copied every record",
+        std::time::Duration::from_secs(180),
+        || world.broker.read_all(&late_out).len() >= 50,
+    );
+    assert_eq!(
+        world.broker.read_all(&late_out).len(),
+        50,
+        "each record once"
+    );
+    let (sent, final_from) = load.finish(100);
+    world.assert_oracle(&[first(), m], sent, final_from);
+}
+
+/// Stuck: an action that fails again and again (the internal topic exists with another
+/// partition count, made by hand). Status shows the failure; a commit that changes the step
+/// (a new identity, so a new topic) is applied, and nothing is lost.
+#[test]
+fn a_topic_with_another_partition_count_is_reported_and_a_fixing_commit_applies() {
+    let world = World::new("partitions");
+    let broken = first();
+    world
+        .broker
+        .create_topic(&world.internal_topic(&broken, "a"), 1);
+    let load = world.start_load(50);
+    load.wait_for(100);
+    world.commit("first, onto a squatted topic", &broken);
+    let plumber = Plumber::up(&world);
+    plumber.wait_until("the failing create-topic is reported", |status| {
+        waits_for(status, "t", "partitions, but 2 are wanted")
+            && status["topologies"][0]["lastError"]
+                .as_str()
+                .is_some_and(|e| e.contains("create-topic"))
+    });
+    let fixed = first().replace("a", 2);
+    let r2 = world.commit("a v2: its own topic", &fixed);
+    plumber.wait_applied("t", r2);
+    let (sent, final_from) = load.finish(100);
+    world.assert_oracle(&[fixed], sent, final_from);
+}
+
+/// Stuck before: the commit a topology last ran can no longer be read (the branch was
+/// force-pushed and the old commits pruned). The daemon plans from what runs, not from that
+/// commit's files, so the new head is applied and nothing is lost.
+#[test]
+fn a_force_push_that_drops_the_running_commit_is_followed() {
+    let (world, mut plumber, load, mut revisions) = deployed("force", 200);
+    let r1 = plumber.applied("t").expect("r1 applied");
+    let m = revisions[0].clone().replace("a", 2);
+    let r2 = world.commit("a v2", &m);
+    revisions.push(m);
+    plumber.wait_applied("t", r2);
+    load.wait_for(load.sent() + 100);
+    // Rewrite history: main goes back to r1 and on from there; r2 is gone for good.
+    world.force_main(git2::Oid::from_str(&r1).unwrap());
+    let m = revisions[0].clone().replace("a", 3);
+    let r3 = world.commit("a v3, on top of r1", &m);
+    revisions.push(m);
+    // A daemon that starts now has never seen r2: nothing of it can be read any more.
+    plumber.kill();
+    world.prune_unreachable();
+    let plumber = Plumber::up(&world);
+    plumber.wait_applied("t", r3);
+    let (sent, final_from) = load.finish(200);
+    world.assert_oracle(&revisions, sent, final_from);
+}
