@@ -78,6 +78,23 @@ fn observe_topology(
     let revision = commit.and_then(|c| context.revisions.load(&c).ok());
     let topology = revision.as_ref().and_then(|r| r.topology(name));
     let deployment = &record.deployment;
+    // Where every life stands, retiring ones too: the watchdog looks after all of them (a
+    // drain waits for a retiring one).
+    let mut progress: BTreeMap<&str, Progress> = BTreeMap::new();
+    if let Some(admin) = &admin {
+        for life in &deployment.lives {
+            let inputs: Vec<String> = life.inputs().map(str::to_owned).collect();
+            match admin.progress(life.group(), &inputs) {
+                Ok(p) => {
+                    if running.contains_key(life.group()) {
+                        watchdog.watch(context, admin.as_ref(), life.group(), &inputs, p);
+                    }
+                    progress.insert(life.group(), p);
+                }
+                Err(error) => tracing::debug!(%error, group = life.group(), "lag unknown"),
+            }
+        }
+    }
     let mut steps = Vec::new();
     let mut listed: Vec<(String, Kind, Option<String>, Option<String>)> = Vec::new();
     match topology {
@@ -116,21 +133,7 @@ fn observe_topology(
                     Some(p) if p.running >= p.replicas => "running",
                     Some(_) => "starting",
                 };
-                let inputs: Vec<String> = deployment
-                    .life(group)
-                    .map(|l| l.inputs().map(str::to_owned).collect())
-                    .unwrap_or_default();
-                let progress = admin.as_ref().and_then(|a| {
-                    a.progress(group, &inputs)
-                        .map_err(|error| tracing::debug!(%error, group, "lag unknown"))
-                        .ok()
-                });
-                if let (Some(admin), Some(progress), true) =
-                    (&admin, progress, running.contains_key(group))
-                {
-                    watchdog.watch(context, admin.as_ref(), group, &inputs, progress);
-                }
-                let lag = progress.map(|p| p.lag);
+                let lag = progress.get(group.as_str()).map(|p| p.lag);
                 let labels = StepLabels {
                     topology: name.to_owned(),
                     step: step.clone(),

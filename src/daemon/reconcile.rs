@@ -89,10 +89,11 @@ fn show(name: &str, context: &Context, event: Event<'_>) {
     };
     let metrics = &context.store.metrics;
     match event {
-        Event::Started { to, .. } => {
+        Event::Started { from, to, .. } => {
             metrics.in_cutover.get_or_create(&label).set(1);
             context.store.topology(name, |t| {
                 t.phase = Phase::Cutover;
+                t.commit = from.map(str::to_owned);
                 t.cutover = Some(CutoverStatus {
                     to: to.to_owned(),
                     ..CutoverStatus::default()

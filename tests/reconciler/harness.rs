@@ -354,6 +354,28 @@ impl World {
         eprintln!("killed {step} (pid {pid})");
     }
 
+    /// SIGKILLs the `n`-th (modulo how many there are) running processor instance; returns
+    /// its pid file's name, or `None` when none runs.
+    pub fn kill_any_processor(&self, n: usize) -> Option<String> {
+        let mut pid_files: Vec<PathBuf> = std::fs::read_dir(self.processes())
+            .ok()?
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|e| e == "pid"))
+            .collect();
+        pid_files.sort();
+        let pid_file = pid_files.get(n % pid_files.len().max(1))?;
+        let text = std::fs::read_to_string(pid_file).ok()?;
+        let pid: i32 = text.split_whitespace().next()?.parse().ok()?;
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+        let name = pid_file.file_name()?.to_string_lossy().into_owned();
+        eprintln!("killed {name} (pid {pid})");
+        Some(name)
+    }
+
     /// Every recorded group runs exactly its number of instances, no more.
     pub fn assert_one_instance_per_group(&self) {
         for entry in std::fs::read_dir(self.processes()).unwrap().flatten() {

@@ -179,6 +179,42 @@ fn a_daemon_killed_mid_cutover_resumes_it_without_loss_or_duplicates() {
     world.assert_one_instance_per_group();
 }
 
+/// kill -9 of the daemon after every action of a cutover, and each time of one of the
+/// processors too (old and new ones in turn). Nothing is lost; with transactions (a real
+/// cluster) nothing is duplicated either; without (tansu) duplicates are counted.
+#[test]
+fn processors_and_the_daemon_killed_at_every_cutover_phase_lose_nothing() {
+    let (world, mut plumber, load, mut revisions) = deployed("chaos", 200);
+    let m = revisions[0].clone().replace("a", 2);
+    let r2 = world.commit("a v2", &m);
+    revisions.push(m);
+    let mut kills = 0;
+    for done in 1.. {
+        let finished = std::cell::Cell::new(false);
+        plumber.wait_until(&format!("{done} cutover actions done"), |status| {
+            let t = &status["topologies"][0];
+            finished.set(t["commit"] == r2.to_string().as_str());
+            finished.get() || t["cutover"]["done"].as_u64().is_some_and(|d| d >= done)
+        });
+        if finished.get() {
+            break;
+        }
+        world.kill_any_processor(kills);
+        plumber.kill();
+        kills += 1;
+        plumber = Plumber::up(&world);
+    }
+    assert!(kills >= 3, "killed only {kills} times");
+    plumber.wait_applied("t", r2);
+    let (sent, final_from) = load.finish(200);
+    let duplicates = world.assert_oracle_allowing_duplicates(&revisions, sent, final_from);
+    eprintln!("duplicates after {kills} kills of the daemon and a processor: {duplicates}");
+    if !world.broker.is_tansu() {
+        assert_eq!(duplicates, 0, "exactly-once processors duplicate nothing");
+    }
+    world.assert_one_instance_per_group();
+}
+
 #[test]
 fn a_processor_killed_during_a_cutover_loses_nothing() {
     let (world, plumber, load, mut revisions) = deployed("crash", 300);
