@@ -29,12 +29,13 @@ pub fn text(status: &Value) -> String {
             commit(&topology["commit"]),
             topology["phase"].as_str().unwrap_or("?")
         ));
-        if let Some(cutover) = topology["cutover"].as_object() {
+        let cutover = topology["cutover"].as_object();
+        if let Some(cutover) = cutover {
             out.push_str(&format!(
-                " to {} ({}/{} actions{})",
+                " to {} ({} done, {} left{})",
                 commit(&cutover["to"]),
                 cutover["done"],
-                cutover["actions"],
+                cutover["remaining"],
                 cutover
                     .get("current")
                     .and_then(Value::as_str)
@@ -43,10 +44,22 @@ pub fn text(status: &Value) -> String {
             ));
         }
         out.push('\n');
+        for wait in cutover
+            .and_then(|c| c.get("waiting"))
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            out.push_str(&format!(
+                "  waiting: {}: {}\n",
+                wait["action"].as_str().unwrap_or("?"),
+                wait["reason"].as_str().unwrap_or("?")
+            ));
+        }
         if let Some(error) = topology["lastError"].as_str() {
             out.push_str(&format!("  error: {error}\n"));
         }
-        let steps: Vec<[String; 5]> = topology["steps"]
+        let steps: Vec<[String; 6]> = topology["steps"]
             .as_array()
             .into_iter()
             .flatten()
@@ -60,10 +73,14 @@ pub fn text(status: &Value) -> String {
                         .as_str()
                         .map(|i| i.chars().take(12).collect())
                         .unwrap_or_default(),
+                    s["group"].as_str().unwrap_or_default().to_owned(),
                 ]
             })
             .collect();
-        out.push_str(&table(["STEP", "KIND", "STATE", "LAG", "IDENTITY"], &steps));
+        out.push_str(&table(
+            ["STEP", "KIND", "STATE", "LAG", "IDENTITY", "GROUP"],
+            &steps,
+        ));
     }
     out
 }
@@ -77,10 +94,11 @@ pub fn history_text(history: &Value) -> String {
     }
     for entry in entries {
         out.push_str(&format!(
-            "{}  {} → {}  {} actions  {}\n",
+            "{}  {} → {}  {}  {} actions  {}\n",
             entry["topology"].as_str().unwrap_or("?"),
             commit(&entry["from"]),
             commit(&entry["to"]),
+            entry["outcome"].as_str().unwrap_or("applied"),
             entry["actions"],
             when(&entry["startedAt"], &entry["finishedAt"])
         ));
@@ -147,4 +165,37 @@ fn table<const N: usize>(header: [&str; N], rows: &[[String; N]]) -> String {
         out.push_str(&line(row.iter().map(String::as_str).collect()));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_waiting_cutover_says_what_it_waits_for() {
+        let status = serde_json::json!({
+            "branch": "main", "commit": "0123456789abcdef", "phase": "cutover",
+            "lastError": null,
+            "topologies": [{
+                "name": "t", "commit": "aaaaaaaaaaaa0000", "phase": "cutover",
+                "cutover": {
+                    "to": "bbbbbbbbbbbb0000", "done": 3, "remaining": 2,
+                    "current": "drain-processor plumber.t.b.1 on plumber.t.a.1",
+                    "waiting": [{"action": "start-processor l as plumber.t.l.2",
+                                 "reason": "topic late does not exist yet", "failures": 0}]
+                },
+                "steps": [{"name": "b", "kind": "processor", "state": "running", "lag": 7,
+                           "identity": "1111111111112222", "group": "plumber.t.b.111111111111.2"}]
+            }]
+        });
+        let text = text(&status);
+        assert!(text.contains("(3 done, 2 left: drain-processor"), "{text}");
+        assert!(
+            text.contains(
+                "waiting: start-processor l as plumber.t.l.2: topic late does not exist yet"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("plumber.t.b.111111111111.2"), "{text}");
+    }
 }
