@@ -144,7 +144,8 @@ pub struct Target<'a> {
 pub enum Advance {
     /// The deployment matches the target (`moved`: this call finished a move).
     Settled { moved: bool },
-    /// The topology is gone: nothing of it runs or exists any more, and its record is removed.
+    /// The topology is gone: nothing of it runs or exists any more (its record remains, so a
+    /// topology of the same name that comes back never reuses the names of this one).
     Removed,
     /// One action took effect.
     Progressed,
@@ -384,21 +385,6 @@ impl Engine<'_> {
     fn settle(&self, mut record: TopologyRecord, target: &Target<'_>) -> Result<Advance, Error> {
         let moved = record.moving.is_some() || record.commit.as_deref() != Some(target.commit);
         let started_at = record.moving.as_ref().map(|m| m.started_at);
-        if target.topology.is_none() && record.deployment.is_empty() {
-            if let Some(m) = record.moving.take() {
-                self.store
-                    .append_history(&finished(self.topology, m))
-                    .map_err(|e| self.store_error(e))?;
-            }
-            self.store
-                .remove(self.topology)
-                .map_err(|e| self.store_error(e))?;
-            (self.on_event)(Event::Finished {
-                to: target.commit,
-                started_at,
-            });
-            return Ok(Advance::Removed);
-        }
         if moved {
             record.deployment.settle();
             record.commit = Some(target.commit.to_owned());
@@ -422,6 +408,11 @@ impl Engine<'_> {
             to: target.commit,
             started_at,
         });
+        if target.topology.is_none() {
+            // The record stays, without lives: should the topology come back, its
+            // identities get new lives, never the names of the ones that ran here.
+            return Ok(Advance::Removed);
+        }
         Ok(Advance::Settled { moved })
     }
 

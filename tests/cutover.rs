@@ -374,9 +374,6 @@ impl CutoverStore for Store<'_> {
                 source: std::io::Error::other("injected"),
             })?
     }
-    fn remove(&self, topology: &str) -> store::Result<()> {
-        self.dir.remove(topology)
-    }
     fn topologies(&self) -> store::Result<BTreeMap<String, store::Result<TopologyRecord>>> {
         self.dir.topologies()
     }
@@ -834,7 +831,7 @@ fn a_missing_source_topic_makes_only_its_step_wait() {
 }
 
 #[test]
-fn a_removed_topology_is_forgotten_once_nothing_of_it_is_left() {
+fn a_removed_topology_keeps_the_memory_of_its_lives() {
     let one = revision(1, 1, false);
     let (world, _dir, state) = deployed(&one);
     let store = Store {
@@ -861,7 +858,8 @@ fn a_removed_topology_is_forgotten_once_nothing_of_it_is_left() {
     let mut waits = Waits::default();
     while engine.advance(&target, &mut waits).unwrap() != Advance::Removed {}
     assert!(world.snapshot().running.is_empty());
-    assert!(state.topologies().unwrap().is_empty());
+    let record = state.load("t").unwrap();
+    assert!(record.is_retired(), "{record:#?}");
     let kept: Vec<String> = world.snapshot().topics.into_keys().collect();
     assert!(
         kept.iter().all(|t| t == "in" || t.ends_with(".dlq")),
@@ -871,4 +869,17 @@ fn a_removed_topology_is_forgotten_once_nothing_of_it_is_left() {
         matches!(state.history().unwrap().last(), Some(h) if h.to == "r2"),
         "the removal is in the history"
     );
+    // Back again: its identities run in new lives, never under the names that ran here.
+    let back = Target {
+        commit: "r3",
+        topology: Some(&one),
+        bootstrap: Some("fake:9092"),
+        workdirs: &workdirs,
+    };
+    while !matches!(
+        engine.advance(&back, &mut waits).unwrap(),
+        Advance::Settled { .. }
+    ) {}
+    let groups: Vec<String> = world.snapshot().running.into_keys().collect();
+    assert!(groups.iter().all(|g| g.ends_with(".2")), "{groups:?}");
 }

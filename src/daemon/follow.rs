@@ -62,7 +62,15 @@ fn desire(
 ) {
     let mut names: BTreeSet<String> = revision.topologies.iter().map(|t| t.name.clone()).collect();
     match context.state.topologies() {
-        Ok(known) => names.extend(known.into_keys()),
+        // A retired topology needs no worker until it comes back.
+        Ok(known) => names.extend(
+            known
+                .into_iter()
+                .filter(|(_, record)| {
+                    record.as_ref().is_ok_and(|r| !r.is_retired()) || record.is_err()
+                })
+                .map(|(name, _)| name),
+        ),
         Err(error) => tracing::error!(%error, "cannot list the topologies of the state directory"),
     }
     names.extend(workers.keys().cloned());

@@ -33,10 +33,8 @@ pub(super) fn reconcile(
         // Gone from the repository: its lives and topics are where its record says.
         None => match context.state.load(name)?.bootstrap {
             Some(bootstrap) => bootstrap,
-            None => {
-                context.state.remove(name)?;
-                return Ok(Step::Removed);
-            }
+            // Never deployed anywhere: nothing to retire.
+            None => return Ok(Step::Removed),
         },
     };
     let admin = context.admin(&bootstrap)?;

@@ -177,16 +177,6 @@ impl CutoverStore for StateDir {
         write_atomically(&self.topology_path(name), &bytes)
     }
 
-    fn remove(&self, name: &str) -> Result<()> {
-        let path = self.topology_path(name);
-        match fs::remove_file(&path) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                Err(Error::Write { path, source: e })
-            }
-            _ => Ok(()),
-        }
-    }
-
     fn topologies(&self) -> Result<BTreeMap<String, Result<TopologyRecord>>> {
         let dir = self.root.join("topologies");
         let entries = fs::read_dir(&dir).map_err(|source| Error::Read {
@@ -343,8 +333,6 @@ mod tests {
         state.save("clicks", &saved).unwrap();
         assert_eq!(state.load("clicks").unwrap(), saved);
         assert_eq!(state.topologies().unwrap().len(), 1);
-        state.remove("clicks").unwrap();
-        assert!(state.topologies().unwrap().is_empty());
     }
 
     #[test]

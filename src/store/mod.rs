@@ -85,6 +85,14 @@ pub struct TopologyRecord {
     pub unrecorded: Option<HistoryEntry>,
 }
 
+impl TopologyRecord {
+    /// Nothing of the topology runs or exists any more, and nothing moves: what is left is
+    /// only the memory of the lives it ran.
+    pub fn is_retired(&self) -> bool {
+        self.deployment.is_empty() && self.moving.is_none()
+    }
+}
+
 impl Default for TopologyRecord {
     fn default() -> Self {
         TopologyRecord {
@@ -164,8 +172,6 @@ pub trait CutoverStore: Send + Sync {
     fn load(&self, topology: &str) -> Result<TopologyRecord>;
     /// Replaces the record as a whole, atomically.
     fn save(&self, topology: &str, record: &TopologyRecord) -> Result<()>;
-    /// Forgets a topology of which nothing runs or exists any more.
-    fn remove(&self, topology: &str) -> Result<()>;
     /// Every topology with a record; one that cannot be read is an error of its own.
     fn topologies(&self) -> Result<BTreeMap<String, Result<TopologyRecord>>>;
     /// Appends a history entry, unless the newest entries already hold the same move.
