@@ -112,6 +112,23 @@ pub enum Error {
     },
 }
 
+impl Error {
+    /// Whether trying again can help without a new commit or a person (a network or broker
+    /// hiccup can pass; a damaged state file or an undeclared cluster does not).
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Error::Cutover(e) => e.is_retryable(),
+            Error::Store(e) => e.is_retryable(),
+            Error::Invalid { .. } | Error::NoCluster { .. } | Error::NoBranch { .. } => false,
+            Error::Watch(_)
+            | Error::Repo(_)
+            | Error::Kafka(_)
+            | Error::Listen { .. }
+            | Error::Thread { .. } => true,
+        }
+    }
+}
+
 /// Connects to a cluster's admin API, by bootstrap servers.
 pub type Connect = dyn Fn(&str) -> Result<Arc<dyn Admin>, crate::kafka::Error> + Send + Sync;
 

@@ -98,6 +98,11 @@ fn work(name: &str, context: &Arc<Context>, slot: &(Mutex<Slot>, Condvar)) {
                     Some(until)
                 }
                 Err(error) => {
+                    // What retrying cannot mend waits for a new commit (which wakes the
+                    // worker at once) or a person, so it is looked at again only rarely.
+                    if !error.is_retryable() {
+                        backoff = BACKOFF.1;
+                    }
                     report_failure(name, context, &error, backoff);
                     let until = Instant::now() + backoff;
                     backoff = (backoff * 2).min(BACKOFF.1);
@@ -127,7 +132,7 @@ fn work(name: &str, context: &Arc<Context>, slot: &(Mutex<Slot>, Condvar)) {
 }
 
 fn report_failure(name: &str, context: &Context, error: &Error, retry_in: Duration) {
-    tracing::error!(topology = name, %error, retry_in = ?retry_in, "reconciling failed");
+    tracing::error!(topology = name, %error, retry_in = ?retry_in, retryable = error.is_retryable(), "reconciling failed");
     context.store.topology(name, |t| {
         t.phase = Phase::Error;
         t.last_error = Some(error.to_string());

@@ -168,11 +168,6 @@ impl Deployment {
         self.lives.iter_mut().find(|l| l.group() == group)
     }
 
-    /// Whether a running (or prepared) life writes `topic`.
-    pub fn has_writer(&self, topic: &str) -> bool {
-        self.lives.iter().any(|l| l.writes(topic))
-    }
-
     /// Records that `action` took effect with `effect`.
     pub fn apply(&mut self, action: &Action, effect: Effect) {
         match action {
@@ -263,11 +258,6 @@ impl Deployment {
         for life in &mut self.lives {
             life.drained.clear();
         }
-    }
-
-    /// Groups of processors that run (or are about to), with their step names.
-    pub fn groups(&self) -> impl Iterator<Item = (&str, &str)> {
-        self.lives.iter().map(|l| (l.step(), l.group()))
     }
 }
 
