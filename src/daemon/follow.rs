@@ -1,7 +1,7 @@
 //! Following the branch: every trigger (a ref moved, a poll, a webhook) leads to one look at
 //! the branch; a new valid head becomes every topology's desired revision.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 
@@ -14,6 +14,7 @@ use crate::store::CutoverStore as _;
 pub(super) fn follow(context: &Arc<Context>, receiver: &Receiver<Trigger>) {
     let mut workers: BTreeMap<String, Worker> = BTreeMap::new();
     let mut followed = Followed::default();
+    let mut recent: VecDeque<String> = VecDeque::new();
     loop {
         let trigger = match receiver.recv_timeout(context.config.poll_interval) {
             Ok(trigger) => trigger,
@@ -32,7 +33,9 @@ pub(super) fn follow(context: &Arc<Context>, receiver: &Receiver<Trigger>) {
         match newest_valid(context, &mut followed) {
             Ok(Some(revision)) => {
                 desire(context, &mut workers, &revision);
-                collect_checkouts(context, &revision);
+                recent.push_front(revision.commit.clone());
+                recent.truncate(RECENT_DESIRED);
+                collect_checkouts(context, &recent);
             }
             Ok(None) => {}
             Err(error) => {
@@ -90,10 +93,14 @@ fn desire(
     }
 }
 
-/// Keeps the checkouts of the desired revision, of what every topology last matched or
-/// moves to, and of every running processor.
-fn collect_checkouts(context: &Context, desired: &Revision) {
-    let mut keep: BTreeSet<String> = BTreeSet::from([desired.commit.clone()]);
+/// Desired revisions whose checkouts are kept: a worker may still be starting a processor
+/// from one it was handed before the newest.
+const RECENT_DESIRED: usize = 8;
+
+/// Keeps the checkouts of the recent desired revisions, of what every topology last matched
+/// or moves to, and of every running processor.
+fn collect_checkouts(context: &Context, recent: &VecDeque<String>) {
+    let mut keep: BTreeSet<String> = recent.iter().cloned().collect();
     let Ok(records) = context.state.topologies() else {
         return;
     };

@@ -122,3 +122,27 @@ impl Revisions {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn checkouts_nothing_needs_are_removed_and_the_others_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = StateDir::open(dir.path()).unwrap();
+        let revisions = Revisions::new(Source::new("unused", dir.path()), &state);
+        for name in ["aaa", "bbb", "ccc.partial", "ddd"] {
+            std::fs::create_dir_all(dir.path().join("checkouts").join(name).join("steps")).unwrap();
+        }
+        revisions.collect_checkouts(&BTreeSet::from(["aaa".to_owned(), "ccc".to_owned()]));
+        let mut left: Vec<String> = std::fs::read_dir(dir.path().join("checkouts"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["aaa", "ccc.partial"]);
+    }
+}
