@@ -6,7 +6,7 @@
 //!
 //! Environment: `BENCH_ROUNDS` (cutovers, default 5), `BENCH_RATE` (records/s, default 2000),
 //! `PLUMBER_TEST_BOOTSTRAP` (a real cluster instead of tansu), `BENCH_OUT` (default
-//! bench/results/reconciler.md).
+//! bench/results/reconciler.md), `BENCH_KEEP` (keep the state directory and logs).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::fmt::Write as _;
@@ -203,6 +203,9 @@ fn main() {
     });
 
     let work = tempfile::tempdir().unwrap();
+    if std::env::var_os("BENCH_KEEP").is_some() {
+        eprintln!("keeping {} (BENCH_KEEP)", work.path().display());
+    }
     let git = Repository::init_opts(
         work.path().join("repo"),
         RepositoryInitOptions::new().initial_head("main"),
@@ -403,4 +406,7 @@ fn main() {
     std::fs::write(&out, &report).unwrap();
     println!("{report}");
     eprintln!("written to {}", out.display());
+    if std::env::var_os("BENCH_KEEP").is_some() {
+        let _ = work.keep();
+    }
 }
