@@ -522,3 +522,61 @@ fn validate_is_safe_on_a_small_stack() {
     expected.sort();
     assert_eq!(found, expected, "{:#?}", validation.diagnostics);
 }
+
+#[test]
+fn deeply_nested_directories_are_read_without_a_crash() {
+    // libgit2's tree walk recursed once per directory level: 100,000 levels overflowed the
+    // stack of `plumber validate` before any validation ran.
+    let repo = TestRepo::new();
+    let git = &repo.git;
+    // Loose tree objects written directly (zlib with one stored block): through libgit2 the
+    // 100,000 writes take half a minute in a debug build.
+    let objects = git.path().join("objects");
+    let entry = |mode: &str, name: &str, id: git2::Oid| {
+        let mut body = format!("{mode} {name}\0").into_bytes();
+        body.extend_from_slice(id.as_bytes());
+        let tree = git2::Oid::hash_object(git2::ObjectType::Tree, &body).unwrap();
+        let mut raw = format!("tree {}\0", body.len()).into_bytes();
+        raw.extend_from_slice(&body);
+        let (mut a, mut b) = (1u32, 0u32);
+        for byte in &raw {
+            a = (a + u32::from(*byte)) % 65_521;
+            b = (b + a) % 65_521;
+        }
+        let length = u16::try_from(raw.len()).unwrap();
+        let mut zlib = vec![0x78, 0x01, 0x01];
+        zlib.extend_from_slice(&length.to_le_bytes());
+        zlib.extend_from_slice(&(!length).to_le_bytes());
+        zlib.extend_from_slice(&raw);
+        zlib.extend_from_slice(&(b << 16 | a).to_be_bytes());
+        let hex = tree.to_string();
+        let dir = objects.join(&hex[..2]);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(&hex[2..]), zlib).unwrap();
+        tree
+    };
+    let blob = git.blob(b"kind: source\ntopic: deep\n").unwrap();
+    let mut tree = entry("100644", "deep.yaml", blob);
+    for name in std::iter::repeat_n("a", 100_000).chain(["t", "topologies"]) {
+        tree = entry("40000", name, tree);
+    }
+    let tree = git.find_tree(tree).unwrap();
+    let signature = git2::Signature::now("Test", "test@example.com").unwrap();
+    git.commit(
+        Some("refs/heads/main"),
+        &signature,
+        &signature,
+        "deep",
+        &tree,
+        &[],
+    )
+    .unwrap();
+    let (code, stdout, stderr) = run(&["validate", &repo.location()]);
+    let tail = |s: &str| s.chars().rev().take(300).collect::<String>();
+    assert_eq!(code, 0, "{} {}", tail(&stdout), tail(&stderr));
+    assert!(
+        stdout.contains("valid: 1 topology, 1 step"),
+        "{}",
+        tail(&stdout)
+    );
+}

@@ -652,10 +652,7 @@ mod tests {
             ..GitAuth::default()
         };
         let secrets = auth.secrets("https://bot:s3cret@h/x");
-        assert_eq!(
-            scrub("bad tok3n and s3cret", &secrets),
-            "bad *** and ***"
-        );
+        assert_eq!(scrub("bad tok3n and s3cret", &secrets), "bad *** and ***");
         assert!(!format!("{auth:?}").contains("tok3n"));
     }
 
