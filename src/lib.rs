@@ -58,8 +58,35 @@ impl Validation {
     }
 }
 
-/// Validates one commit's files and, if they are valid, builds their graphs.
+/// The stack [`validate`] runs on. jaq recurses per level of a jq program's nesting, which is
+/// bounded by [`spec::jq::MAX_NESTING`] (the YAML tree by its own depth limit): a program at
+/// the limit needs under 4 MiB in a debug build, so this leaves a wide margin whatever the
+/// stack of the caller's thread. It is reserved, not used: only touched pages are allocated.
+pub const VALIDATION_STACK_BYTES: usize = 16 * 1024 * 1024;
+
+/// Validates one commit's files and, if they are valid, builds their graphs. Safe to call from
+/// any thread: the work runs on a thread of its own with a stack of
+/// [`VALIDATION_STACK_BYTES`].
 pub fn validate(files: &[SourceFile]) -> Validation {
+    std::thread::scope(|scope| {
+        let validating = std::thread::Builder::new()
+            .name("validate".into())
+            .stack_size(VALIDATION_STACK_BYTES)
+            .spawn_scoped(scope, || validate_here(files));
+        match validating {
+            Ok(thread) => thread
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+            // Out of threads or memory: this thread's stack is the best there is.
+            Err(error) => {
+                tracing::warn!(%error, "cannot start a validation thread; validating on this one");
+                validate_here(files)
+            }
+        }
+    })
+}
+
+fn validate_here(files: &[SourceFile]) -> Validation {
     let (spec, mut diagnostics) = spec::load(files);
     let topologies = graph::build(&spec, &mut diagnostics);
     diagnostic::normalize(&mut diagnostics);

@@ -263,13 +263,7 @@ fn run(command: Command) -> Result<ExitCode> {
             config.stalled_after = std::time::Duration::from_secs(stall_timeout.max(1));
             config.poll_interval = std::time::Duration::from_secs(poll_interval.max(1));
             config.webhook_secret = webhook_secret_file
-                .map(|file| {
-                    std::fs::read_to_string(&file)
-                        .map(|s| s.trim_end().to_owned())
-                        .with_context(|| {
-                            format!("reading the webhook secret from {}", file.display())
-                        })
-                })
+                .map(|file| read_webhook_secret(&file))
                 .transpose()?;
             up::run(config)?;
             Ok(ExitCode::SUCCESS)
@@ -304,6 +298,22 @@ fn ask(
     };
     print(&text)?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// The secret of `--webhook-secret-file`. An empty one is an error: it would sign nothing,
+/// and a file left empty by mistake must not turn verification off.
+fn read_webhook_secret(file: &std::path::Path) -> Result<String> {
+    let secret = std::fs::read_to_string(file)
+        .with_context(|| format!("reading the webhook secret from {}", file.display()))?;
+    let secret = secret.trim_end();
+    if secret.trim_start().is_empty() {
+        anyhow::bail!(
+            "the webhook secret file {} is empty; write the secret into it, or leave out \
+             --webhook-secret-file to accept unsigned webhooks",
+            file.display()
+        );
+    }
+    Ok(secret.to_owned())
 }
 
 /// The branch a local repository has checked out.

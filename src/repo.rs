@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use git2::{ObjectType, Oid, TreeWalkMode, TreeWalkResult};
+use git2::{ObjectType, Oid, TreeWalkResult};
 
 use crate::spec::{self, FileContent, MAX_FILE_BYTES, SourceFile};
 
@@ -245,7 +245,7 @@ impl Repository {
         let partial = dest.with_extension("partial");
         let _ = std::fs::remove_dir_all(&partial);
         let mut blobs = Vec::new();
-        tree.walk(TreeWalkMode::PreOrder, |dir, entry| {
+        walk(&self.git, &tree, |dir, entry| {
             if entry.kind() == Some(ObjectType::Blob)
                 && entry.filemode() != 0o120000
                 && let Some(name) = entry.name()
@@ -281,11 +281,10 @@ impl Repository {
         })?;
         let mut files = Vec::new();
         let mut failure = None;
-        let walked = tree.walk(TreeWalkMode::PreOrder, |dir, entry| {
+        let walked = walk(&self.git, tree, |dir, entry| {
             let Some(name) = entry.name() else {
                 return TreeWalkResult::Skip;
             };
-            let path = format!("{dir}{name}");
             if entry.kind() == Some(ObjectType::Tree) {
                 // Only `topologies/` matters, and dot-directories are never read.
                 let descend = (dir.is_empty() && name == spec::TOPOLOGIES_DIR)
@@ -296,6 +295,8 @@ impl Repository {
                     TreeWalkResult::Skip
                 };
             }
+            // Built only for files: a path per directory level would be quadratic.
+            let path = format!("{dir}{name}");
             let is_link = entry.filemode() == i32::from(git2::FileMode::Link);
             let is_submodule = entry.kind() == Some(ObjectType::Commit);
             // A symlink or submodule directly in topologies/ would be a topology directory.
@@ -339,6 +340,57 @@ impl Repository {
         files.sort_by(|a, b| a.path.cmp(&b.path));
         Ok(files)
     }
+}
+
+/// `git2::Tree::walk` in pre-order (`visit` gets the entry's directory, `a/b/`, and decides
+/// with [`TreeWalkResult`] whether to descend), but with a stack of its own: libgit2's walk
+/// recurses once per directory level, and a commit can nest directories deep enough to
+/// overflow any thread's stack.
+fn walk(
+    git: &git2::Repository,
+    tree: &git2::Tree,
+    mut visit: impl FnMut(&str, &git2::TreeEntry<'_>) -> TreeWalkResult,
+) -> std::result::Result<(), git2::Error> {
+    /// A tree being walked, its next entry, and the length of `dir` without its name.
+    struct Level<'r> {
+        tree: git2::Tree<'r>,
+        next: usize,
+        dir_len: usize,
+    }
+    let mut stack = vec![Level {
+        tree: tree.clone(),
+        next: 0,
+        dir_len: 0,
+    }];
+    let mut dir = String::new();
+    while let Some(level) = stack.last_mut() {
+        let index = level.next;
+        level.next += 1;
+        let Some(entry) = level.tree.get(index) else {
+            dir.truncate(level.dir_len);
+            stack.pop();
+            continue;
+        };
+        let descend = match visit(&dir, &entry) {
+            TreeWalkResult::Abort => return Err(git2::Error::from_str("the walk was aborted")),
+            TreeWalkResult::Skip => None,
+            TreeWalkResult::Ok => (entry.kind() == Some(ObjectType::Tree))
+                .then(|| entry.name().map(|name| (entry.id(), name.to_owned())))
+                .flatten(),
+        };
+        drop(entry);
+        if let Some((id, name)) = descend {
+            let dir_len = dir.len();
+            dir.push_str(&name);
+            dir.push('/');
+            stack.push(Level {
+                tree: git.find_tree(id)?,
+                next: 0,
+                dir_len,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// A blob's bytes, or `TooLarge` without reading it (the header gives the size).

@@ -387,3 +387,196 @@ fn files_outside_topologies_and_removed_files_do_not_matter() {
     assert!(validation.is_valid(), "{:#?}", validation.diagnostics);
     assert_eq!(validation.found, vec![("t".to_string(), 1)]);
 }
+
+#[test]
+fn reserved_plumber_env_names_are_errors_at_the_key() {
+    let repo = TestRepo::new();
+    let commit = repo.commit(
+        "main",
+        "reserved env",
+        &[
+            write("topologies/t/in.yaml", "kind: source\ntopic: in\n"),
+            write(
+                "topologies/t/p.yaml",
+                "kind: processor\ninput: in\njq: .\nenv:\n  MODEL: v2\n  PLUMBER_DELIVERY: at-least-once\n",
+            ),
+            write("topologies/t/out.yaml", "kind: sink\ntopic: out\ninput: p\n"),
+        ],
+    );
+    let validation = validate_commit(&repo, commit);
+    assert_eq!(
+        located(&validation.diagnostics),
+        vec![at("invalid-value", "topologies/t/p.yaml", 6, 3)],
+        "{:#?}",
+        validation.diagnostics
+    );
+    let message = &validation.errors().next().unwrap().message;
+    assert!(
+        message.contains("`PLUMBER_DELIVERY` is reserved") && message.contains("rename"),
+        "{message}"
+    );
+}
+
+/// Programs nested `depth` levels in each way jaq's parser recurses, each under the file cap.
+fn deep_jq_programs(depth: usize) -> Vec<(&'static str, String)> {
+    vec![
+        (
+            "parentheses",
+            format!("{}.{}", "(".repeat(depth), ")".repeat(depth)),
+        ),
+        (
+            "arrays",
+            format!("{}.{}", "[".repeat(depth), "]".repeat(depth)),
+        ),
+        (
+            "interpolations",
+            format!("{}.{}", "\"\\(".repeat(depth), ")\"".repeat(depth)),
+        ),
+        ("negations", format!("{}1", "-".repeat(depth))),
+        ("pipes", format!("{}.", ".|".repeat(depth))),
+        ("sums", format!("1{}", "+1".repeat(depth))),
+        ("tries", format!("{}.", "try ".repeat(depth))),
+    ]
+}
+
+fn jq_step(program: &str) -> String {
+    // A YAML literal block keeps the program as written.
+    format!("kind: processor\ninput: in\njq: |\n  {program}\n")
+}
+
+#[test]
+fn deeply_nested_jq_programs_are_errors_not_crashes() {
+    // 200,000 levels (400 KB) overflowed the stack of `plumber validate`; through the CLI, so
+    // a crash is an exit status instead of the end of this test binary.
+    for (how, program) in deep_jq_programs(200_000) {
+        let repo = TestRepo::new();
+        repo.commit(
+            "main",
+            how,
+            &[
+                write("topologies/t/in.yaml", "kind: source\ntopic: in\n"),
+                write("topologies/t/deep.yaml", jq_step(&program)),
+                write(
+                    "topologies/t/out.yaml",
+                    "kind: sink\ntopic: out\ninput: deep\n",
+                ),
+            ],
+        );
+        let (code, stdout, stderr) = run(&["validate", &repo.location()]);
+        assert_eq!(code, 1, "{how}: {stdout}{stderr}");
+        assert!(
+            stdout.contains("topologies/t/deep.yaml:3:1: invalid-jq:")
+                && stdout.contains("nested")
+                && stdout.contains("levels"),
+            "{how}: {stdout}"
+        );
+    }
+}
+
+#[test]
+fn validate_is_safe_on_a_small_stack() {
+    // The daemon calls `plumber::validate` from its own threads: the depth limits must hold
+    // there too, whatever that thread's stack. 256 KiB is far below any default.
+    let files: Vec<_> = deep_jq_programs(200_000)
+        .into_iter()
+        .map(|(how, program)| (format!("topologies/t/{how}.yaml"), jq_step(&program)))
+        .chain([
+            (
+                "topologies/t/in.yaml".to_string(),
+                "kind: source\ntopic: in\n".to_string(),
+            ),
+            // The deepest program that is allowed, and YAML nested up to the file cap.
+            (
+                "topologies/t/ok.yaml".to_string(),
+                jq_step(&format!("{}.{}", "(".repeat(100), ")".repeat(100))),
+            ),
+            (
+                "topologies/t/yaml.yaml".to_string(),
+                "a:\n".to_string() + &"  - ".repeat(200_000),
+            ),
+        ])
+        .map(|(path, content)| plumber::spec::SourceFile {
+            path,
+            content: plumber::spec::FileContent::Bytes(content.into_bytes()),
+        })
+        .collect();
+    let validation = std::thread::Builder::new()
+        .stack_size(256 * 1024)
+        .spawn(move || plumber::validate(&files))
+        .unwrap()
+        .join()
+        .expect("validation returns on a small stack");
+    let mut found: Vec<(String, String)> = validation
+        .errors()
+        .map(|d| (d.code.to_string(), d.file.clone()))
+        .collect();
+    found.sort();
+    let mut expected: Vec<(String, String)> = deep_jq_programs(1)
+        .into_iter()
+        .map(|(how, _)| ("invalid-jq".to_string(), format!("topologies/t/{how}.yaml")))
+        .chain([(
+            "yaml-syntax".to_string(),
+            "topologies/t/yaml.yaml".to_string(),
+        )])
+        .collect();
+    expected.sort();
+    assert_eq!(found, expected, "{:#?}", validation.diagnostics);
+}
+
+#[test]
+fn deeply_nested_directories_are_read_without_a_crash() {
+    // libgit2's tree walk recursed once per directory level: 100,000 levels overflowed the
+    // stack of `plumber validate` before any validation ran.
+    let repo = TestRepo::new();
+    let git = &repo.git;
+    // Loose tree objects written directly (zlib with one stored block): through libgit2 the
+    // 100,000 writes take half a minute in a debug build.
+    let objects = git.path().join("objects");
+    let entry = |mode: &str, name: &str, id: git2::Oid| {
+        let mut body = format!("{mode} {name}\0").into_bytes();
+        body.extend_from_slice(id.as_bytes());
+        let tree = git2::Oid::hash_object(git2::ObjectType::Tree, &body).unwrap();
+        let mut raw = format!("tree {}\0", body.len()).into_bytes();
+        raw.extend_from_slice(&body);
+        let (mut a, mut b) = (1u32, 0u32);
+        for byte in &raw {
+            a = (a + u32::from(*byte)) % 65_521;
+            b = (b + a) % 65_521;
+        }
+        let length = u16::try_from(raw.len()).unwrap();
+        let mut zlib = vec![0x78, 0x01, 0x01];
+        zlib.extend_from_slice(&length.to_le_bytes());
+        zlib.extend_from_slice(&(!length).to_le_bytes());
+        zlib.extend_from_slice(&raw);
+        zlib.extend_from_slice(&(b << 16 | a).to_be_bytes());
+        let hex = tree.to_string();
+        let dir = objects.join(&hex[..2]);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(&hex[2..]), zlib).unwrap();
+        tree
+    };
+    let blob = git.blob(b"kind: source\ntopic: deep\n").unwrap();
+    let mut tree = entry("100644", "deep.yaml", blob);
+    for name in std::iter::repeat_n("a", 100_000).chain(["t", "topologies"]) {
+        tree = entry("40000", name, tree);
+    }
+    let tree = git.find_tree(tree).unwrap();
+    let signature = git2::Signature::now("Test", "test@example.com").unwrap();
+    git.commit(
+        Some("refs/heads/main"),
+        &signature,
+        &signature,
+        "deep",
+        &tree,
+        &[],
+    )
+    .unwrap();
+    let (code, stdout, stderr) = run(&["validate", &repo.location()]);
+    let tail = |s: &str| s.chars().rev().take(300).collect::<String>();
+    assert_eq!(code, 0, "{} {}", tail(&stdout), tail(&stderr));
+    assert!(
+        stdout.contains("valid: 1 topology, 1 step"),
+        "{}",
+        tail(&stdout)
+    );
+}

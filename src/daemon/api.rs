@@ -135,8 +135,12 @@ async fn hook(State(api): State<Api>, headers: HeaderMap, body: Bytes) -> Respon
 
 type HmacSha256 = Hmac<Sha256>;
 
-/// Whether the request carries a valid GitHub or generic signature, or GitLab token.
+/// Whether the request carries a valid GitHub or generic signature, or GitLab token. Never
+/// with an empty secret, which anyone could sign with (`plumber up` refuses one at start).
 fn authentic(secret: &[u8], headers: &HeaderMap, body: &[u8]) -> bool {
+    if secret.is_empty() {
+        return false;
+    }
     let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     let Ok(mac) = HmacSha256::new_from_slice(secret) else {
         return false;
@@ -203,5 +207,14 @@ mod tests {
         assert!(authentic(b"s3cret", &headers, b""));
         headers.insert("x-gitlab-token", HeaderValue::from_static("s3cre"));
         assert!(!authentic(b"s3cret", &headers, b""));
+        // An empty secret authenticates nothing, not even a matching empty signature.
+        headers.insert("x-gitlab-token", HeaderValue::from_static(""));
+        assert!(!authentic(b"", &headers, b""));
+        let mut signed_empty = HeaderMap::new();
+        signed_empty.insert(
+            "x-plumber-signature",
+            HeaderValue::from_str(&signed(b"", b"x")).unwrap(),
+        );
+        assert!(!authentic(b"", &signed_empty, b"x"));
     }
 }

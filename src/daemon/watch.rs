@@ -3,8 +3,17 @@
 //! A local repository is read where it is, and `notify` watches its refs (loose refs,
 //! `packed-refs`, `HEAD`), so a commit is seen within a second. A remote URL (https, ssh,
 //! file://) is mirrored into the state directory as a bare repository and fetched every poll
-//! interval and on `POST /hooks/git`. Credentials come from the environment (or files named
-//! there) and are never logged:
+//! interval and on `POST /hooks/git`; a mirror made for another URL follows the new one.
+//!
+//! A fetch never holds the daemon: it runs on a thread of its own into a namespace of its own
+//! (`refs/plumber/fetch/<n>/`), and is abandoned once nothing has arrived for
+//! [`FetchTimeouts::idle`] or it has run for [`FetchTimeouts::total`]. libgit2 has no timeouts
+//! of its own without unsafe global options, and a socket waiting on a silent server sees no
+//! callback; an abandoned fetch can only ever write its own namespace, so `refs/heads/` moves
+//! only when a fetch completes in time. Credentials are offered a bounded number of times
+//! (libgit2 asks again for as long as the server refuses).
+//!
+//! Credentials come from the environment (or files named there) and are never logged:
 //!
 //! | variable | use |
 //! |---|---|
@@ -13,7 +22,10 @@
 //! | `PLUMBER_GIT_SSH_KEY` | private key file for ssh (else the ssh agent) |
 
 use std::path::{Path, PathBuf};
-use std::sync::mpsc::Sender;
+use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use notify::{RecursiveMode, Watcher as _};
 
@@ -40,12 +52,23 @@ pub enum Error {
         #[source]
         source: git2::Error,
     },
-    #[error("cannot fetch {url}: {source}")]
-    Fetch {
+    /// The message is libgit2's with every credential scrubbed out.
+    #[error("cannot fetch {url}: {message} (retried at the next poll or webhook)")]
+    Fetch { url: String, message: String },
+    #[error(
+        "cannot fetch {url}: {what} after {seconds} s; the server does not answer \
+         (retried at the next poll or webhook)"
+    )]
+    FetchTimeout {
         url: String,
-        #[source]
-        source: git2::Error,
+        what: &'static str,
+        seconds: u64,
     },
+    #[error(
+        "cannot fetch {url}: {count} earlier fetches still hang on the server; \
+         not starting another (retried at the next poll or webhook)"
+    )]
+    FetchesHanging { url: String, count: usize },
     #[error("cannot watch {path} for new commits: {source}")]
     Watch {
         path: PathBuf,
@@ -57,8 +80,115 @@ pub enum Error {
 /// Where the topology repository comes from.
 #[derive(Debug, Clone)]
 pub enum Source {
-    Local { location: String },
-    Remote { url: String, mirror: PathBuf },
+    Local {
+        location: String,
+    },
+    Remote {
+        url: String,
+        mirror: PathBuf,
+        auth: GitAuth,
+        timeouts: FetchTimeouts,
+    },
+}
+
+/// How long a fetch may take before it is abandoned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FetchTimeouts {
+    /// With nothing received (no pack data, no server message, no credentials request).
+    pub idle: Duration,
+    /// In all, however slowly data trickles in.
+    pub total: Duration,
+}
+
+impl Default for FetchTimeouts {
+    fn default() -> Self {
+        FetchTimeouts {
+            idle: Duration::from_secs(60),
+            total: Duration::from_secs(600),
+        }
+    }
+}
+
+/// How many times credentials are offered in one fetch: libgit2 asks again after each
+/// refusal, so for ever with a wrong SSH key.
+const MAX_CREDENTIAL_ATTEMPTS: u32 = 3;
+
+/// Abandoned fetches still blocked on a server, in this process; past this many no new one is
+/// started, so a server that hangs every connection cannot pile up threads.
+const MAX_HANGING_FETCHES: usize = 4;
+static HANGING_FETCHES: AtomicUsize = AtomicUsize::new(0);
+
+/// Credentials for a remote repository: [`GitAuth::from_env`] in the daemon. The password is
+/// never printed, not even by `Debug`.
+#[derive(Clone, Default)]
+pub struct GitAuth {
+    /// Default: the URL's user, else `git`.
+    pub username: Option<String>,
+    pub password: Option<String>,
+    /// Read at each fetch (a rotated token is picked up), trailing whitespace removed.
+    pub password_file: Option<PathBuf>,
+    /// A private key file for ssh; without it, the ssh agent.
+    pub ssh_key: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for GitAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GitAuth")
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "…"))
+            .field("password_file", &self.password_file)
+            .field("ssh_key", &self.ssh_key)
+            .finish()
+    }
+}
+
+impl GitAuth {
+    /// `PLUMBER_GIT_USERNAME`, `PLUMBER_GIT_PASSWORD`, `PLUMBER_GIT_PASSWORD_FILE`,
+    /// `PLUMBER_GIT_SSH_KEY`.
+    pub fn from_env() -> GitAuth {
+        GitAuth {
+            username: std::env::var("PLUMBER_GIT_USERNAME").ok(),
+            password: std::env::var("PLUMBER_GIT_PASSWORD").ok(),
+            password_file: std::env::var_os("PLUMBER_GIT_PASSWORD_FILE").map(PathBuf::from),
+            ssh_key: std::env::var_os("PLUMBER_GIT_SSH_KEY").map(PathBuf::from),
+        }
+    }
+
+    fn password(&self) -> Option<String> {
+        self.password.clone().or_else(|| {
+            self.password_file
+                .as_ref()
+                .and_then(|file| std::fs::read_to_string(file).ok())
+                .map(|p| p.trim_end().to_owned())
+        })
+    }
+
+    /// Everything that must never appear in a message: the passwords and the URL's own.
+    fn secrets(&self, url: &str) -> Vec<String> {
+        let mut secrets: Vec<String> = self.password().into_iter().collect();
+        secrets.extend(self.password.clone());
+        if let Some(password) = url_password(url) {
+            secrets.push(password.to_owned());
+        }
+        secrets.retain(|s| !s.is_empty());
+        secrets
+    }
+}
+
+/// The password of `scheme://user:password@host/…`.
+fn url_password(url: &str) -> Option<&str> {
+    let rest = &url[url.find("://")? + 3..];
+    let userinfo = &rest[..rest.find('@')?];
+    if userinfo.contains('/') {
+        return None;
+    }
+    userinfo.split_once(':').map(|(_, password)| password)
+}
+
+fn scrub(message: &str, secrets: &[String]) -> String {
+    secrets.iter().fold(message.to_owned(), |message, secret| {
+        message.replace(secret.as_str(), "***")
+    })
 }
 
 impl Source {
@@ -71,6 +201,8 @@ impl Source {
             Source::Remote {
                 url: location.to_owned(),
                 mirror: state_dir.join("mirror.git"),
+                auth: GitAuth::from_env(),
+                timeouts: FetchTimeouts::default(),
             }
         } else {
             Source::Local {
@@ -79,11 +211,27 @@ impl Source {
         }
     }
 
+    /// The same source with these credentials (a remote's; nothing for a local one).
+    pub fn with_auth(mut self, credentials: GitAuth) -> Source {
+        if let Source::Remote { auth, .. } = &mut self {
+            *auth = credentials;
+        }
+        self
+    }
+
+    /// The same source with these fetch timeouts (a remote's; nothing for a local one).
+    pub fn with_fetch_timeouts(mut self, limits: FetchTimeouts) -> Source {
+        if let Source::Remote { timeouts, .. } = &mut self {
+            *timeouts = limits;
+        }
+        self
+    }
+
     /// Opens the repository to read (the mirror for a remote, created on first use).
     pub fn open(&self) -> Result<Repository, Error> {
         match self {
             Source::Local { location } => Ok(Repository::open(location)?),
-            Source::Remote { url, mirror } => {
+            Source::Remote { url, mirror, .. } => {
                 if !mirror.exists() {
                     init_mirror(url, mirror)?;
                 }
@@ -92,29 +240,91 @@ impl Source {
         }
     }
 
-    /// Brings the mirror up to date; nothing to do for a local repository.
+    /// Brings the mirror up to date (its branches become exactly the remote's); nothing to do
+    /// for a local repository. Returns within the fetch timeouts, whatever the server does.
     pub fn fetch(&self) -> Result<(), Error> {
-        let Source::Remote { url, mirror } = self else {
+        let Source::Remote {
+            url,
+            mirror,
+            auth,
+            timeouts,
+        } = self
+        else {
             return Ok(());
         };
-        if !mirror.exists() {
-            init_mirror(url, mirror)?;
+        follow_url(url, mirror)?;
+        let hanging = HANGING_FETCHES.load(Ordering::SeqCst);
+        if hanging >= MAX_HANGING_FETCHES {
+            return Err(Error::FetchesHanging {
+                url: redact(url),
+                count: hanging,
+            });
         }
-        let fetch_error = |source| Error::Fetch {
-            url: redact(url),
-            source,
+        static FETCHES: AtomicU64 = AtomicU64::new(0);
+        let namespace = format!(
+            "{FETCH_NAMESPACE}{}-{}/",
+            std::process::id(),
+            FETCHES.fetch_add(1, Ordering::SeqCst)
+        );
+        let progress = Arc::new(Progress::new());
+        let (done, result) = mpsc::channel();
+        let spawned = {
+            let (url, mirror, auth, namespace) =
+                (url.clone(), mirror.clone(), auth.clone(), namespace.clone());
+            let progress = progress.clone();
+            std::thread::Builder::new()
+                .name("git-fetch".into())
+                .spawn(move || {
+                    let fetched = fetch_into(&url, &mirror, &auth, &namespace, &progress);
+                    // Abandoned meanwhile: nobody waits, and it no longer hangs.
+                    if progress.state.swap(FINISHED, Ordering::SeqCst) == ABANDONED {
+                        HANGING_FETCHES.fetch_sub(1, Ordering::SeqCst);
+                        tracing::info!(url = %redact(&url), "an abandoned fetch ended");
+                    }
+                    let _ = done.send(fetched);
+                })
         };
-        let git = git2::Repository::open_bare(mirror).map_err(fetch_error)?;
-        let mut remote = git.find_remote("origin").map_err(fetch_error)?;
-        let mut callbacks = git2::RemoteCallbacks::new();
-        callbacks.credentials(credentials);
-        let mut options = git2::FetchOptions::new();
-        options
-            .remote_callbacks(callbacks)
-            .prune(git2::FetchPrune::On);
-        remote
-            .fetch(&[] as &[&str], Some(&mut options), None)
-            .map_err(fetch_error)
+        spawned.map_err(|e| Error::Fetch {
+            url: redact(url),
+            message: format!("cannot start a fetch thread: {e}"),
+        })?;
+        let started = Instant::now();
+        let fetched = loop {
+            match result.recv_timeout(Duration::from_millis(100)) {
+                Ok(fetched) => break fetched,
+                Err(RecvTimeoutError::Disconnected) => {
+                    break Err(Error::Fetch {
+                        url: redact(url),
+                        message: "the fetch thread failed".into(),
+                    });
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+            }
+            let (what, limit) = if started.elapsed() >= timeouts.total {
+                ("still not done", timeouts.total)
+            } else if progress.idle() >= timeouts.idle {
+                ("nothing received", timeouts.idle)
+            } else {
+                continue;
+            };
+            if progress
+                .state
+                .compare_exchange(RUNNING, ABANDONED, Ordering::SeqCst, Ordering::SeqCst)
+                .is_err()
+            {
+                // It finished just now: take its result.
+                continue;
+            }
+            HANGING_FETCHES.fetch_add(1, Ordering::SeqCst);
+            tracing::warn!(url = %redact(url), what, seconds = limit.as_secs(), "abandoning a fetch");
+            break Err(Error::FetchTimeout {
+                url: redact(url),
+                what,
+                seconds: limit.as_secs(),
+            });
+        };
+        fetched?;
+        publish(url, mirror, &namespace)
     }
 
     /// For a local repository: a watcher that sends [`Trigger::RefsChanged`] when a ref moves.
@@ -171,6 +381,160 @@ impl Source {
     }
 }
 
+/// Where fetches write before [`publish`] moves `refs/heads/`.
+const FETCH_NAMESPACE: &str = "refs/plumber/fetch/";
+
+const RUNNING: u8 = 0;
+const ABANDONED: u8 = 1;
+const FINISHED: u8 = 2;
+
+/// Shared by a fetch thread's callbacks and the thread waiting for it.
+struct Progress {
+    last: Mutex<Instant>,
+    state: AtomicU8,
+}
+
+impl Progress {
+    fn new() -> Progress {
+        Progress {
+            last: Mutex::new(Instant::now()),
+            state: AtomicU8::new(RUNNING),
+        }
+    }
+
+    /// Something arrived; false once the fetch is abandoned, which makes libgit2 stop at its
+    /// next callback.
+    fn arrived(&self) -> bool {
+        *self.last.lock().unwrap_or_else(PoisonError::into_inner) = Instant::now();
+        self.state.load(Ordering::SeqCst) == RUNNING
+    }
+
+    fn idle(&self) -> Duration {
+        self.last
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .elapsed()
+    }
+}
+
+/// Creates the mirror, or points it at `url` if it was made for another one.
+fn follow_url(url: &str, mirror: &Path) -> Result<(), Error> {
+    if !mirror.exists() {
+        return init_mirror(url, mirror);
+    }
+    let mirror_error = |source| Error::Mirror {
+        url: redact(url),
+        mirror: mirror.to_path_buf(),
+        source,
+    };
+    let git = git2::Repository::open_bare(mirror).map_err(mirror_error)?;
+    let previous = match git.find_remote("origin") {
+        Ok(remote) => remote.url().map(str::to_owned),
+        Err(_) => {
+            git.remote_with_fetch("origin", url, "+refs/heads/*:refs/heads/*")
+                .map_err(mirror_error)?;
+            return Ok(());
+        }
+    };
+    if previous.as_deref() != Some(url) {
+        tracing::info!(
+            from = %previous.as_deref().map(redact).unwrap_or_default(),
+            to = %redact(url),
+            mirror = %mirror.display(),
+            "the repository URL changed; the mirror follows the new one"
+        );
+        git.remote_set_url("origin", url).map_err(mirror_error)?;
+    }
+    Ok(())
+}
+
+/// Fetches every branch of `url` into `namespace` of the mirror.
+fn fetch_into(
+    url: &str,
+    mirror: &Path,
+    auth: &GitAuth,
+    namespace: &str,
+    progress: &Progress,
+) -> Result<(), Error> {
+    let secrets = auth.secrets(url);
+    let fetch_error = |source: git2::Error| Error::Fetch {
+        url: redact(url),
+        message: scrub(source.message(), &secrets),
+    };
+    let git = git2::Repository::open_bare(mirror).map_err(fetch_error)?;
+    // Anonymous: libgit2 also updates a named remote's configured refspecs, outside the
+    // namespace.
+    let mut remote = git.remote_anonymous(url).map_err(fetch_error)?;
+    let mut callbacks = git2::RemoteCallbacks::new();
+    let mut attempts = 0;
+    callbacks.credentials(move |url, username, allowed| {
+        attempts += 1;
+        if !progress.arrived() {
+            return Err(git2::Error::from_str("the fetch was abandoned"));
+        }
+        credentials(auth, url, username, allowed, attempts)
+    });
+    callbacks.transfer_progress(|_| progress.arrived());
+    callbacks.sideband_progress(|_| progress.arrived());
+    callbacks.update_tips(|_, _, _| progress.arrived());
+    let mut options = git2::FetchOptions::new();
+    options
+        .remote_callbacks(callbacks)
+        .prune(git2::FetchPrune::Off)
+        .download_tags(git2::AutotagOption::None);
+    let refspec = format!("+refs/heads/*:{namespace}heads/*");
+    remote
+        .fetch(&[refspec.as_str()], Some(&mut options), None)
+        .map_err(fetch_error)
+}
+
+/// Makes `refs/heads/` exactly what a completed fetch put in `namespace`, then removes every
+/// fetch namespace (an abandoned fetch that ends later writes only its own again).
+fn publish(url: &str, mirror: &Path, namespace: &str) -> Result<(), Error> {
+    let mirror_error = |source| Error::Mirror {
+        url: redact(url),
+        mirror: mirror.to_path_buf(),
+        source,
+    };
+    let git = git2::Repository::open_bare(mirror).map_err(mirror_error)?;
+    let fetched_prefix = format!("{namespace}heads/");
+    let mut fetched: Vec<(String, git2::Oid)> = Vec::new();
+    let mut stale: Vec<String> = Vec::new();
+    for reference in git.references().map_err(mirror_error)? {
+        let reference = reference.map_err(mirror_error)?;
+        let (Some(name), Some(target)) = (reference.name(), reference.target()) else {
+            continue;
+        };
+        if let Some(branch) = name.strip_prefix(&fetched_prefix) {
+            fetched.push((format!("refs/heads/{branch}"), target));
+        }
+        if name.starts_with(FETCH_NAMESPACE) {
+            stale.push(name.to_owned());
+        }
+    }
+    for (name, target) in &fetched {
+        let current = git.refname_to_id(name).ok();
+        if current != Some(*target) {
+            git.reference(name, *target, true, "plumber: fetch")
+                .map_err(mirror_error)?;
+        }
+    }
+    let gone: Vec<String> = git
+        .references_glob("refs/heads/*")
+        .map_err(mirror_error)?
+        .flatten()
+        .filter_map(|r| r.name().map(str::to_owned))
+        .filter(|name| !fetched.iter().any(|(n, _)| n == name))
+        .collect();
+    for name in gone.iter().chain(&stale) {
+        if let Ok(mut reference) = git.find_reference(name) {
+            // Removed meanwhile (an abandoned fetch's cleanup) is what was wanted.
+            let _ = reference.delete();
+        }
+    }
+    Ok(())
+}
+
 fn init_mirror(url: &str, mirror: &Path) -> Result<(), Error> {
     let mirror_error = |source| Error::Mirror {
         url: redact(url),
@@ -193,33 +557,73 @@ fn redact(url: &str) -> String {
     }
 }
 
+/// The credentials for one request of libgit2, or an error naming what was refused (never a
+/// secret) once they have been offered [`MAX_CREDENTIAL_ATTEMPTS`] times.
 fn credentials(
+    auth: &GitAuth,
     _url: &str,
     username: Option<&str>,
     allowed: git2::CredentialType,
+    attempt: u32,
 ) -> Result<git2::Cred, git2::Error> {
-    let user = std::env::var("PLUMBER_GIT_USERNAME")
-        .ok()
+    let user = auth
+        .username
+        .clone()
         .or_else(|| username.map(str::to_owned))
         .unwrap_or_else(|| "git".into());
+    // ssh asks for the user name first when the URL has none.
+    if allowed.contains(git2::CredentialType::USERNAME) {
+        return git2::Cred::username(&user);
+    }
     if allowed.contains(git2::CredentialType::SSH_KEY) {
-        return match std::env::var_os("PLUMBER_GIT_SSH_KEY") {
-            Some(key) => git2::Cred::ssh_key(&user, None, Path::new(&key), None),
+        if attempt > MAX_CREDENTIAL_ATTEMPTS {
+            let what = match &auth.ssh_key {
+                Some(key) => format!("the SSH key {} (PLUMBER_GIT_SSH_KEY)", key.display()),
+                None => "the ssh agent's keys (set PLUMBER_GIT_SSH_KEY to use a key file)".into(),
+            };
+            return Err(refused(&user, &what));
+        }
+        return match &auth.ssh_key {
+            Some(key) => {
+                // libssh2 would only say that it cannot extract a public key.
+                if let Err(error) = std::fs::File::open(key) {
+                    return Err(git2::Error::from_str(&format!(
+                        "cannot read the SSH key {} (PLUMBER_GIT_SSH_KEY): {error}",
+                        key.display()
+                    )));
+                }
+                git2::Cred::ssh_key(&user, None, key, None)
+            }
             None => git2::Cred::ssh_key_from_agent(&user),
         };
     }
-    if allowed.contains(git2::CredentialType::USER_PASS_PLAINTEXT) {
-        let password = match std::env::var("PLUMBER_GIT_PASSWORD") {
-            Ok(password) => Some(password),
-            Err(_) => std::env::var_os("PLUMBER_GIT_PASSWORD_FILE")
-                .and_then(|file| std::fs::read_to_string(file).ok())
-                .map(|p| p.trim_end().to_owned()),
-        };
-        if let Some(password) = password {
-            return git2::Cred::userpass_plaintext(&user, &password);
+    if allowed.contains(git2::CredentialType::USER_PASS_PLAINTEXT)
+        && let Some(password) = auth.password()
+    {
+        if attempt > MAX_CREDENTIAL_ATTEMPTS {
+            let source = if auth.password.is_some() {
+                "PLUMBER_GIT_PASSWORD"
+            } else {
+                "PLUMBER_GIT_PASSWORD_FILE"
+            };
+            return Err(refused(&user, &format!("the password of {source}")));
         }
+        return git2::Cred::userpass_plaintext(&user, &password);
+    }
+    if attempt > MAX_CREDENTIAL_ATTEMPTS {
+        return Err(git2::Error::from_str(
+            "authentication failed: the server wants credentials; set PLUMBER_GIT_PASSWORD, \
+             PLUMBER_GIT_PASSWORD_FILE or PLUMBER_GIT_SSH_KEY",
+        ));
     }
     git2::Cred::default()
+}
+
+fn refused(user: &str, what: &str) -> git2::Error {
+    git2::Error::from_str(&format!(
+        "authentication failed: the server refused user `{user}` with {what} \
+         {MAX_CREDENTIAL_ATTEMPTS} times; check the credentials"
+    ))
 }
 
 #[cfg(test)]
@@ -236,6 +640,20 @@ mod tests {
             redact("https://git.example/t.git"),
             "https://git.example/t.git"
         );
+    }
+
+    #[test]
+    fn secrets_are_scrubbed_and_never_debug_printed() {
+        assert_eq!(url_password("https://bot:s3cret@h/x"), Some("s3cret"));
+        assert_eq!(url_password("https://bot@h/x"), None);
+        assert_eq!(url_password("https://h/a:b@c"), None);
+        let auth = GitAuth {
+            password: Some("tok3n".into()),
+            ..GitAuth::default()
+        };
+        let secrets = auth.secrets("https://bot:s3cret@h/x");
+        assert_eq!(scrub("bad tok3n and s3cret", &secrets), "bad *** and ***");
+        assert!(!format!("{auth:?}").contains("tok3n"));
     }
 
     #[test]

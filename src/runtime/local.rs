@@ -9,7 +9,18 @@
 //! so one instance never runs twice. A daemon killed between starting an instance and
 //! recording its pid leaves an instance no pid file names: every instance carries
 //! [`INSTANCE_ENV`] in its environment, and the next daemon stops the ones it cannot adopt.
-//! Logs go to `STATE_DIR/logs/<group>.<n>.log`.
+//! Adoption checks that the recorded pid is still this runtime's instance: the same start time,
+//! [`INSTANCE_ENV`] and [`INSTANCE_OF_ENV`] in its environment and, for a processor, its group
+//! on its command line, so a reused pid of a stranger is never adopted or signalled.
+//!
+//! An instance stops in order: SIGTERM to the processor, and only once it has exited (its
+//! last record may still need the server) SIGTERM to its sidecar. Whatever outlives the stop
+//! timeout is killed with its whole process group (an `exec` transform's children too), and
+//! what is left in a group once its leader has exited is killed as well. Every child is
+//! reaped.
+//!
+//! Logs go to `STATE_DIR/logs/<group>.<n>.log`; past [`LocalConfig::max_log_bytes`] a log is
+//! copied to `<group>.<n>.log.1` (replacing the previous one) and emptied.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -21,7 +32,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use nix::sys::signal::{Signal, kill};
+use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
 
 use super::{Error, ProcessorSpec, ProcessorStatus, Result, Runtime};
@@ -29,6 +40,14 @@ use super::{Error, ProcessorSpec, ProcessorStatus, Result, Runtime};
 /// Set on every processor and sidecar to the runtime's `processes` directory, so that a later
 /// daemon on the same state directory finds the instances it has no pid file for.
 pub const INSTANCE_ENV: &str = "PLUMBER_LOCAL_RUNTIME";
+
+/// Set on every processor and sidecar to `<group>.<index>`: which instance it is, checked
+/// before a recorded pid is adopted.
+pub const INSTANCE_OF_ENV: &str = "PLUMBER_LOCAL_INSTANCE";
+
+/// How long a process killed with SIGKILL may take to disappear before it is given up on (it
+/// can only be stuck in the kernel, e.g. on a dead network file system).
+const KILL_GRACE: Duration = Duration::from_secs(5);
 use crate::spec::Transform;
 use crate::store::write_atomically;
 
@@ -42,6 +61,9 @@ pub struct LocalConfig {
     pub stop_timeout: Duration,
     /// The longest wait before restarting an instance that keeps crashing.
     pub max_backoff: Duration,
+    /// A log larger than this is rotated (one previous file is kept), so logs take at most
+    /// about twice this per instance.
+    pub max_log_bytes: u64,
 }
 
 impl LocalConfig {
@@ -65,6 +87,7 @@ impl Default for LocalConfig {
             processor: Self::find_processor(),
             stop_timeout: Duration::from_secs(30),
             max_backoff: Duration::from_secs(30),
+            max_log_bytes: 16 * 1024 * 1024,
         }
     }
 }
@@ -91,6 +114,8 @@ struct Managed {
 struct Instance {
     index: u32,
     running: Option<Running>,
+    /// The previous run, still stopping: no new run starts before it is gone.
+    stopping: Option<Stopping>,
     /// Consecutive failed runs, for the backoff.
     failures: u32,
     next_start: Instant,
@@ -104,48 +129,175 @@ struct Running {
     since: Instant,
 }
 
-/// A process we started (and reap), or one a previous daemon started (adopted by pid).
+/// A process we started (and reap), or one a previous daemon started (adopted by pid). Each
+/// leads its own process group.
 enum Proc {
-    Child(Child),
-    Adopted { pid: i32, start_time: u64 },
+    /// `status` is set once it has been reaped: from then on its pid is no longer ours.
+    Child {
+        child: Child,
+        status: Option<String>,
+    },
+    Adopted {
+        pid: i32,
+        start_time: u64,
+    },
 }
 
 impl Proc {
+    fn child(child: Child) -> Proc {
+        Proc::Child {
+            child,
+            status: None,
+        }
+    }
+
     fn pid(&self) -> i32 {
         match self {
-            Proc::Child(child) => child.id() as i32,
+            Proc::Child { child, .. } => child.id() as i32,
             Proc::Adopted { pid, .. } => *pid,
         }
     }
 
     fn start_time(&self) -> u64 {
+        process_start_time(self.pid()).unwrap_or(0)
+    }
+
+    /// Whether its pid still names it: an unreaped child (running or a zombie), or an adopted
+    /// process with its start time.
+    fn owns_pid(&self) -> bool {
         match self {
-            Proc::Child(child) => process_start_time(child.id() as i32).unwrap_or(0),
-            Proc::Adopted { start_time, .. } => *start_time,
+            Proc::Child { status, .. } => status.is_none(),
+            Proc::Adopted { pid, start_time } => process_start_time(*pid) == Some(*start_time),
         }
     }
 
-    /// `None` while running; the exit description once it has exited.
+    /// `None` while running; the exit description once it has exited (a child is reaped).
     fn exited(&mut self) -> Option<String> {
         match self {
-            Proc::Child(child) => match child.try_wait() {
-                Ok(None) => None,
-                Ok(Some(status)) => Some(status.to_string()),
-                Err(error) => Some(format!("cannot wait for it: {error}")),
-            },
-            Proc::Adopted { pid, start_time } => {
-                if process_start_time(*pid) == Some(*start_time) {
-                    None
-                } else {
-                    Some("exited (adopted, status unknown)".into())
+            Proc::Child { child, status } => {
+                if status.is_none() {
+                    *status = match child.try_wait() {
+                        Ok(None) => None,
+                        Ok(Some(exit)) => Some(exit.to_string()),
+                        Err(error) => Some(format!("cannot wait for it: {error}")),
+                    };
                 }
+                status.clone()
+            }
+            Proc::Adopted { .. } => {
+                (!self.owns_pid()).then(|| "exited (adopted, status unknown)".into())
             }
         }
     }
 
+    /// Signals the process itself; nothing once its pid may belong to another process.
     fn signal(&self, signal: Signal) {
-        // An instance that exited meanwhile is fine: that is what a stop wants.
-        let _ = kill(Pid::from_raw(self.pid()), signal);
+        if self.owns_pid() {
+            // An instance that exited meanwhile is fine: that is what a stop wants.
+            let _ = kill(Pid::from_raw(self.pid()), signal);
+        }
+    }
+
+    /// SIGKILLs its whole process group: its children (an `exec` transform, a server's
+    /// workers) die with it.
+    fn kill_group(&self) {
+        if self.owns_pid() {
+            let _ = killpg(Pid::from_raw(self.pid()), Signal::SIGKILL);
+        }
+    }
+}
+
+/// SIGKILLs what is left of the process group `leader` led once the leader is gone: only
+/// processes tagged as this runtime's, so a stranger is never hit.
+fn kill_leftovers(processes: &Path, leader: i32) {
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return;
+    };
+    for pid in entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| process_group(*pid) == Some(leader) && is_tagged(*pid, processes))
+    {
+        tracing::warn!(pid, leader, "killing a process its instance left behind");
+        let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+    }
+}
+
+/// An instance being stopped: the processor first, its sidecar once the processor is gone,
+/// each with SIGTERM, then SIGKILL to its group after the timeout, then reaped.
+struct Stopping {
+    /// What is still to stop, in order.
+    procs: Vec<Proc>,
+    /// When the first of `procs` got its current signal; `None` before it got one.
+    signalled: Option<(Signal, Instant)>,
+    /// Something had to be killed.
+    killed: bool,
+}
+
+impl Stopping {
+    fn new(running: Running) -> Stopping {
+        Stopping {
+            procs: std::iter::once(running.processor)
+                .chain(running.sidecar)
+                .collect(),
+            signalled: None,
+            killed: false,
+        }
+    }
+
+    /// Moves the stop on without blocking; true once everything has exited and been reaped.
+    fn advance(&mut self, timeout: Duration, processes: &Path) -> bool {
+        while let Some(current) = self.procs.first_mut() {
+            if current.exited().is_some() {
+                kill_leftovers(processes, current.pid());
+                self.procs.remove(0);
+                self.signalled = None;
+                continue;
+            }
+            match self.signalled {
+                None => {
+                    current.signal(Signal::SIGTERM);
+                    self.signalled = Some((Signal::SIGTERM, Instant::now()));
+                }
+                Some((Signal::SIGTERM, since)) if since.elapsed() >= timeout => {
+                    tracing::warn!(
+                        pid = current.pid(),
+                        seconds = timeout.as_secs(),
+                        "did not stop in time; killing its process group"
+                    );
+                    current.kill_group();
+                    self.killed = true;
+                    self.signalled = Some((Signal::SIGKILL, Instant::now()));
+                }
+                Some((Signal::SIGKILL, since)) if since.elapsed() >= KILL_GRACE => {
+                    tracing::error!(
+                        pid = current.pid(),
+                        "still there after SIGKILL (stuck in the kernel); giving up on it"
+                    );
+                    self.procs.remove(0);
+                    self.signalled = None;
+                    continue;
+                }
+                Some(_) => {}
+            }
+            return false;
+        }
+        true
+    }
+
+    /// Stops everything in `stops` together, blocking until all are done. True if something
+    /// had to be killed.
+    fn finish_all(mut stops: Vec<Stopping>, timeout: Duration, processes: &Path) -> bool {
+        loop {
+            let mut done = true;
+            for stop in &mut stops {
+                done &= stop.advance(timeout, processes);
+            }
+            if done {
+                return stops.iter().any(|stop| stop.killed);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 }
 
@@ -169,17 +321,57 @@ fn process_group(pid: i32) -> Option<i32> {
     live_stat(pid)?.get(2)?.parse().ok()
 }
 
+/// The `NAME=value` strings of a live process's environment (as it started); empty when it
+/// cannot be read.
+fn environment(pid: i32) -> Vec<Vec<u8>> {
+    fs::read(format!("/proc/{pid}/environ"))
+        .map(|environ| environ.split(|b| *b == 0).map(<[u8]>::to_vec).collect())
+        .unwrap_or_default()
+}
+
+fn env_entry(name: &str, value: &[u8]) -> Vec<u8> {
+    let mut entry = format!("{name}=").into_bytes();
+    entry.extend_from_slice(value);
+    entry
+}
+
+/// Whether `pid` carries this runtime's tag ([`INSTANCE_ENV`] = `processes`).
+fn is_tagged(pid: i32, processes: &Path) -> bool {
+    let tag = env_entry(INSTANCE_ENV, processes.as_os_str().as_encoded_bytes());
+    environment(pid).contains(&tag)
+}
+
+/// Whether `pid`, started at `start_time`, is instance `index` of `group` of this runtime:
+/// its processor (`sidecar` false; its command line names the group) or its sidecar.
+fn is_instance(
+    pid: i32,
+    start_time: u64,
+    processes: &Path,
+    group: &str,
+    index: u32,
+    sidecar: bool,
+) -> bool {
+    if process_start_time(pid) != Some(start_time) || !is_tagged(pid, processes) {
+        return false;
+    }
+    let instance = env_entry(INSTANCE_OF_ENV, format!("{group}.{index}").as_bytes());
+    if !environment(pid).contains(&instance) {
+        return false;
+    }
+    sidecar
+        || fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|cmdline| {
+            let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+            args.windows(2)
+                .any(|pair| pair[0] == b"--group" && pair[1] == group.as_bytes())
+        })
+}
+
 /// Stops the instances of this runtime (tagged with [`INSTANCE_ENV`] = `processes`) that are
 /// not `adopted`: a daemon killed after starting them but before recording their pids left
 /// them running, and the supervisor is about to start their replacements. Gracefully, within
 /// `timeout`, then SIGKILL. Only process-group leaders count: an exec transform's child or a
 /// sidecar's workers inherit the tag but go with their leader.
 fn stop_unrecorded(processes: &Path, adopted: &[i32], timeout: Duration) {
-    let tag = {
-        let mut tag = format!("{INSTANCE_ENV}=").into_bytes();
-        tag.extend_from_slice(processes.as_os_str().as_encoded_bytes());
-        tag
-    };
     let Ok(entries) = fs::read_dir("/proc") else {
         return;
     };
@@ -187,10 +379,7 @@ fn stop_unrecorded(processes: &Path, adopted: &[i32], timeout: Duration) {
         .flatten()
         .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
         .filter(|pid| !adopted.contains(pid) && process_group(*pid) == Some(*pid))
-        .filter(|pid| {
-            fs::read(format!("/proc/{pid}/environ"))
-                .is_ok_and(|environ| environ.split(|b| *b == 0).any(|var| var == tag))
-        })
+        .filter(|pid| is_tagged(*pid, processes))
         .filter_map(|pid| Some((pid, process_start_time(pid)?)))
         .collect();
     for (pid, _) in &unrecorded {
@@ -204,7 +393,7 @@ fn stop_unrecorded(processes: &Path, adopted: &[i32], timeout: Duration) {
     for (pid, start_time) in unrecorded {
         while process_start_time(pid) == Some(start_time) {
             if Instant::now() >= deadline {
-                let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+                let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
                 break;
             }
             std::thread::sleep(Duration::from_millis(20));
@@ -238,6 +427,7 @@ impl LocalRuntime {
                     Instance {
                         index,
                         running,
+                        stopping: None,
                         failures: 0,
                         next_start: Instant::now(),
                         planned_restart: false,
@@ -338,23 +528,36 @@ fn pid_file(processes: &Path, group: &str, index: u32) -> PathBuf {
     processes.join(format!("{group}.{index}.pid"))
 }
 
-/// The instance a previous daemon recorded, if it still runs.
+/// The instance a previous daemon recorded, if it still runs and is still that instance.
 fn adopt(processes: &Path, group: &str, index: u32) -> Option<Running> {
     let text = fs::read_to_string(pid_file(processes, group, index)).ok()?;
     let numbers: Vec<u64> = text
         .split_whitespace()
         .filter_map(|n| n.parse().ok())
         .collect();
-    let live = |pid: u64, start: u64| {
+    let live = |pid: u64, start: u64, sidecar: bool| {
         let pid = i32::try_from(pid).ok()?;
-        (process_start_time(pid) == Some(start)).then_some(Proc::Adopted {
-            pid,
-            start_time: start,
-        })
+        if is_instance(pid, start, processes, group, index, sidecar) {
+            return Some(Proc::Adopted {
+                pid,
+                start_time: start,
+            });
+        }
+        if process_start_time(pid).is_some() {
+            tracing::warn!(
+                group,
+                index,
+                pid,
+                "the recorded pid now belongs to another process; not adopting it"
+            );
+        }
+        None
     };
-    let processor = live(*numbers.first()?, *numbers.get(1)?)?;
+    let processor = live(*numbers.first()?, *numbers.get(1)?, false)?;
+    // The pair or neither: a processor whose sidecar is gone is stopped as unrecorded, and
+    // the pair starts again.
     let sidecar = match (numbers.get(2), numbers.get(3)) {
-        (Some(&pid), Some(&start)) => live(pid, start),
+        (Some(&pid), Some(&start)) => Some(live(pid, start, true)?),
         _ => None,
     };
     Some(Running {
@@ -375,15 +578,23 @@ impl Shared {
                 let mut managed = self.managed();
                 for m in managed.values_mut() {
                     self.tend(m);
+                    for instance in &m.instances {
+                        self.rotate_log(&m.spec.group, instance.index);
+                    }
                 }
             }
             std::thread::sleep(Duration::from_millis(200));
         }
     }
 
-    /// Notices exits and starts what is due.
+    /// Notices exits, moves stops on and starts what is due. Never blocks on a process.
     fn tend(&self, m: &mut Managed) {
         for instance in &mut m.instances {
+            if let Some(stopping) = &mut instance.stopping
+                && stopping.advance(self.config.stop_timeout, &self.processes)
+            {
+                instance.stopping = None;
+            }
             if let Some(running) = &mut instance.running {
                 let processor_exit = running.processor.exited();
                 let sidecar_exit = running.sidecar.as_mut().and_then(Proc::exited);
@@ -397,11 +608,6 @@ impl Shared {
                     sidecar = sidecar_exit.as_deref().unwrap_or("running or none"),
                     "instance exited; restarting"
                 );
-                // The pair runs together: a processor without its sidecar only fails records.
-                running.processor.signal(Signal::SIGTERM);
-                if let Some(sidecar) = &running.sidecar {
-                    sidecar.signal(Signal::SIGTERM);
-                }
                 // A run that lasted a minute was healthy: the backoff starts over.
                 if running.since.elapsed() > Duration::from_secs(60) || instance.planned_restart {
                     instance.failures = 0;
@@ -417,10 +623,20 @@ impl Shared {
                         .min(self.config.max_backoff),
                 };
                 instance.next_start = Instant::now() + backoff;
-                instance.running = None;
+                // The pair runs together: a processor without its sidecar only fails records,
+                // so what is left of it stops (processor first) before the next run starts.
+                if let Some(running) = instance.running.take() {
+                    let mut stopping = Stopping::new(running);
+                    if !stopping.advance(self.config.stop_timeout, &self.processes) {
+                        instance.stopping = Some(stopping);
+                    }
+                }
                 m.restarts += 1;
             }
-            if instance.running.is_none() && Instant::now() >= instance.next_start {
+            if instance.running.is_none()
+                && instance.stopping.is_none()
+                && Instant::now() >= instance.next_start
+            {
                 match self.spawn(&m.spec, instance.index) {
                     Ok(running) => instance.running = Some(running),
                     Err(error) => {
@@ -433,12 +649,37 @@ impl Shared {
         }
     }
 
+    fn log_path(&self, group: &str, index: u32) -> PathBuf {
+        self.logs.join(format!("{group}.{index}.log"))
+    }
+
+    /// Past the size limit, the log is copied to `<log>.1` and emptied. Copied, not renamed:
+    /// the instance keeps writing to the file it inherited (opened to append, so it goes on at
+    /// the new end). Lines written between the copy and the truncation are lost.
+    fn rotate_log(&self, group: &str, index: u32) {
+        let log = self.log_path(group, index);
+        if fs::metadata(&log).map_or(true, |m| m.len() <= self.config.max_log_bytes) {
+            return;
+        }
+        let previous = self.logs.join(format!("{group}.{index}.log.1"));
+        let rotated = fs::copy(&log, &previous).and_then(|_| {
+            fs::OpenOptions::new()
+                .write(true)
+                .open(&log)
+                .and_then(|file| file.set_len(0))
+        });
+        if let Err(error) = rotated {
+            tracing::warn!(log = %log.display(), %error, "cannot rotate the log");
+        }
+    }
+
     fn spawn(&self, spec: &ProcessorSpec, index: u32) -> Result<Running> {
         let start_error = |message: String| Error::Start {
             group: spec.group.clone(),
             message,
         };
-        let log_path = self.logs.join(format!("{}.{index}.log", spec.group));
+        let log_path = self.log_path(&spec.group, index);
+        let instance_of = format!("{}.{index}", spec.group);
         let log = fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -493,6 +734,7 @@ impl Shared {
                             .envs(&spec.env)
                             .env("PORT", port.to_string())
                             .env(INSTANCE_ENV, &self.processes)
+                            .env(INSTANCE_OF_ENV, &instance_of)
                             .stdin(Stdio::null())
                             .stdout(log.try_clone().map_err(|e| start_error(e.to_string()))?)
                             .stderr(log.try_clone().map_err(|e| start_error(e.to_string()))?)
@@ -501,7 +743,7 @@ impl Shared {
                             .map_err(|e| {
                                 start_error(format!("cannot run the http server {program}: {e}"))
                             })?;
-                        sidecar = Some(Proc::Child(child));
+                        sidecar = Some(Proc::child(child));
                         port
                     }
                     None => *port,
@@ -515,6 +757,7 @@ impl Shared {
             .current_dir(&spec.workdir)
             .envs(&spec.env)
             .env(INSTANCE_ENV, &self.processes)
+            .env(INSTANCE_OF_ENV, &instance_of)
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(stderr)
@@ -529,7 +772,7 @@ impl Shared {
                 ))
             })?;
         let running = Running {
-            processor: Proc::Child(processor),
+            processor: Proc::child(processor),
             sidecar,
             since: Instant::now(),
         };
@@ -549,39 +792,24 @@ impl Shared {
         Ok(running)
     }
 
-    /// Stops every instance of `m` gracefully and waits; kills what outlives the timeout.
+    /// Stops every instance of `m` gracefully and waits (each processor before its sidecar,
+    /// all instances together); kills what outlives the timeout, and reaps everything.
     fn terminate(&self, m: &mut Managed) -> Result<()> {
-        let mut procs: Vec<&mut Proc> = Vec::new();
-        for instance in &mut m.instances {
-            if let Some(running) = &mut instance.running {
-                procs.push(&mut running.processor);
-                if let Some(sidecar) = &mut running.sidecar {
-                    procs.push(sidecar);
-                }
-            }
-        }
-        // Processors first: a sidecar must outlive its processor's last record.
-        for proc in procs.iter() {
-            proc.signal(Signal::SIGTERM);
-        }
-        let deadline = Instant::now() + self.config.stop_timeout;
-        let mut timed_out = false;
-        for proc in procs.iter_mut() {
-            while proc.exited().is_none() {
-                if Instant::now() >= deadline {
-                    timed_out = true;
-                    proc.signal(Signal::SIGKILL);
-                    // Reap it.
-                    let _ = proc.exited();
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
+        let stops: Vec<Stopping> = m
+            .instances
+            .iter_mut()
+            .flat_map(|instance| {
+                let previous = instance.stopping.take();
+                previous
+                    .into_iter()
+                    .chain(instance.running.take().map(Stopping::new))
+            })
+            .collect();
+        let killed = Stopping::finish_all(stops, self.config.stop_timeout, &self.processes);
         for instance in &m.instances {
             let _ = fs::remove_file(pid_file(&self.processes, &m.spec.group, instance.index));
         }
-        if timed_out {
+        if killed {
             return Err(Error::StopTimeout {
                 group: m.spec.group.clone(),
                 seconds: self.config.stop_timeout.as_secs(),
@@ -630,6 +858,7 @@ impl Runtime for LocalRuntime {
                 .map(|index| Instance {
                     index,
                     running: None,
+                    stopping: None,
                     failures: 0,
                     next_start: Instant::now(),
                     planned_restart: false,
@@ -686,6 +915,7 @@ impl Runtime for LocalRuntime {
                 m.instances.push(Instance {
                     index: m.instances.len() as u32,
                     running: None,
+                    stopping: None,
                     failures: 0,
                     next_start: Instant::now(),
                     planned_restart: false,

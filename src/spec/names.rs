@@ -75,19 +75,30 @@ pub fn topic_problem(topic: &str) -> Option<String> {
     None
 }
 
-/// Environment variable names as Kubernetes and POSIX shells accept them.
+/// Environment variables of steps may not start with this: `plumber-processor` reads its own
+/// settings (delivery, group, topics, …) from `PLUMBER_*` variables, so a step's `env` could
+/// silently reconfigure it.
+pub const RESERVED_ENV_PREFIX: &str = "PLUMBER_";
+
+/// Environment variable names as Kubernetes and POSIX shells accept them, outside the
+/// [`RESERVED_ENV_PREFIX`].
 pub fn env_name_problem(name: &str) -> Option<String> {
     let mut chars = name.chars();
     let first_ok = chars
         .next()
         .is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
-    if first_ok && chars.all(|c| c.is_ascii_alphanumeric() || c == '_') {
-        None
-    } else {
-        Some(format!(
+    if !(first_ok && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')) {
+        return Some(format!(
             "`{name}` is not an environment variable name (letters, digits and `_`, not starting with a digit)"
-        ))
+        ));
     }
+    if name.starts_with(RESERVED_ENV_PREFIX) {
+        return Some(format!(
+            "`{name}` is reserved: names starting with `{RESERVED_ENV_PREFIX}` are plumber-processor's own settings, \
+             which the daemon sets; rename the variable"
+        ));
+    }
+    None
 }
 
 #[cfg(test)]
@@ -122,5 +133,10 @@ mod tests {
         assert!(env_name_problem("2X").is_some());
         assert!(env_name_problem("A-B").is_some());
         assert!(env_name_problem("").is_some());
+        let reserved = env_name_problem("PLUMBER_DELIVERY").unwrap();
+        assert!(reserved.contains("reserved"), "{reserved}");
+        // Only the exact prefix: the processor reads exactly these names.
+        assert_eq!(env_name_problem("PLUMBERS"), None);
+        assert_eq!(env_name_problem("plumber_delivery"), None);
     }
 }

@@ -326,5 +326,25 @@ mod tests {
             let text = "[".repeat(depth);
             assert!(parse(&text).is_err(), "depth {depth}");
         }
+        // Every way YAML nests, up to the size of the largest step file accepted (1 MiB).
+        let shapes = [
+            "{a: ".repeat(250_000),
+            "- ".repeat(500_000),
+            "a:\n".to_owned() + &"  - ".repeat(250_000),
+            "? ".repeat(500_000),
+            (0..1_400)
+                .map(|depth| format!("{}a:\n", " ".repeat(depth)))
+                .collect(),
+        ];
+        for text in shapes {
+            let err = parse(&text).unwrap_err();
+            assert!(
+                err.message.contains("nesting deeper than")
+                    || err.message.contains("recursion limit"),
+                "{}…: {}",
+                &text[..20],
+                err.message
+            );
+        }
     }
 }

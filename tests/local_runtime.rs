@@ -1,0 +1,372 @@
+//! The local runtime's process handling (SPEC §5 stop, issue 14): stop order of a processor and
+//! its `http` server, process-group kills, reaping, adoption after a daemon crash, log bounds.
+//!
+//! The processor here is a bash stand-in for `plumber-processor` (`LocalConfig::processor`):
+//! these tests are about the processes the runtime starts, signals and reaps, and a script
+//! says exactly what it does on SIGTERM. It appends what happens to it to `events`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::Duration;
+
+use plumber::runtime::local::{LocalConfig, LocalRuntime};
+use plumber::runtime::{ProcessorSpec, Runtime};
+use plumber::spec::Transform;
+use plumber_testkit::wait_until;
+
+const PATIENCE: Duration = Duration::from_secs(60);
+
+/// Records `processor-start|term|exit PID` in `$EVENTS`. On SIGTERM it exits at once, after
+/// `$LINGER` seconds (finishing an in-flight record), or never (`$ON_TERM=ignore`). With
+/// `$CHILD` it starts a child (as an exec transform would) and writes its pid there. With
+/// `$LOG_CHUNKS` it writes that many 32 KiB chunks to its log, waiting after each until the
+/// log at `$LOG` is no larger than `$LOG_MAX`, then writes `logged` to `$EVENTS`.
+const PROCESSOR: &str = r#"#!/usr/bin/env bash
+echo "processor-start $$" >> "$EVENTS"
+on_term() {
+    echo "processor-term $$" >> "$EVENTS"
+    [ "$ON_TERM" = ignore ] && return
+    [ -n "$LINGER" ] && sleep "$LINGER"
+    echo "processor-exit $$" >> "$EVENTS"
+    exit 0
+}
+trap on_term TERM
+if [ -n "$CHILD" ]; then sleep 1000 & echo $! > "$CHILD"; fi
+if [ -n "$LOG_CHUNKS" ]; then
+    chunk=$(head -c 32768 /dev/zero | tr '\0' x)
+    for _ in $(seq "$LOG_CHUNKS"); do
+        echo "$chunk"
+        while [ "$(stat -c %s "$LOG")" -gt "$LOG_MAX" ]; do sleep 0.02; done
+    done
+    echo logged >> "$EVENTS"
+fi
+while true; do sleep 1000 & wait $!; done
+"#;
+
+/// The `http` step's server: records `sidecar-start|term|exit PID`; with `$DIE_ONCE` its
+/// first run exits at once.
+const SIDECAR: &str = r#"
+echo "sidecar-start $$" >> "$EVENTS"
+trap 'echo "sidecar-term $$" >> "$EVENTS"; exit 0' TERM
+if [ -n "$DIE_ONCE" ] && [ ! -e died ]; then
+    touch died
+    echo "sidecar-exit $$" >> "$EVENTS"
+    exit 1
+fi
+while true; do sleep 1000 & wait $!; done
+"#;
+
+struct Setup {
+    dir: tempfile::TempDir,
+}
+
+impl Setup {
+    fn new() -> Setup {
+        let dir = tempfile::tempdir().unwrap();
+        let processor = dir.path().join("processor.sh");
+        fs::write(&processor, PROCESSOR).unwrap();
+        fs::set_permissions(&processor, fs::Permissions::from_mode(0o755)).unwrap();
+        fs::write(dir.path().join("sidecar.sh"), SIDECAR).unwrap();
+        Setup { dir }
+    }
+
+    fn state(&self) -> PathBuf {
+        self.dir.path().join("state")
+    }
+
+    fn config(&self, stop_timeout: Duration) -> LocalConfig {
+        LocalConfig {
+            processor: self.dir.path().join("processor.sh"),
+            stop_timeout,
+            max_backoff: Duration::from_secs(30),
+            max_log_bytes: 64 * 1024,
+        }
+    }
+
+    fn open(&self, stop_timeout: Duration) -> LocalRuntime {
+        LocalRuntime::open(&self.state(), self.config(stop_timeout)).unwrap()
+    }
+
+    fn spec(&self, sidecar: bool, env: &[(&str, &str)]) -> ProcessorSpec {
+        let mut vars: BTreeMap<String, String> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        vars.insert("EVENTS".into(), self.events_path().display().to_string());
+        ProcessorSpec {
+            topology: "t".into(),
+            step: "p".into(),
+            identity: "ab".repeat(32).parse().unwrap(),
+            group: "plumber.t.p.abababababab".into(),
+            bootstrap: "127.0.0.1:1".into(),
+            inputs: vec!["in".into()],
+            outputs: vec!["out".into()],
+            dlq: "plumber.t.p.dlq".into(),
+            commit: None,
+            transform: if sidecar {
+                Transform::Http {
+                    image: "unused".into(),
+                    port: 8080,
+                    path: "/".into(),
+                    command: Some(vec!["bash".into(), "sidecar.sh".into()]),
+                }
+            } else {
+                Transform::Jq {
+                    program: ".".into(),
+                }
+            },
+            env: vars,
+            replicas: 1,
+            workdir: self.dir.path().to_path_buf(),
+        }
+    }
+
+    fn events_path(&self) -> PathBuf {
+        self.dir.path().join("events")
+    }
+
+    /// `(what, pid)` in the order they happened.
+    fn events(&self) -> Vec<(String, i32)> {
+        fs::read_to_string(self.events_path())
+            .unwrap_or_default()
+            .lines()
+            .map(|line| {
+                let (what, pid) = line.split_once(' ').unwrap_or((line, "0"));
+                (what.to_owned(), pid.parse().unwrap_or(0))
+            })
+            .collect()
+    }
+
+    fn position(&self, what: &str, pid: i32) -> Option<usize> {
+        self.events()
+            .iter()
+            .position(|(w, p)| w == what && (pid == 0 || *p == pid))
+    }
+
+    fn wait_event(&self, what: &str) -> i32 {
+        wait_until(what, PATIENCE, || self.position(what, 0).is_some());
+        self.events()
+            .into_iter()
+            .find(|(w, _)| w == what)
+            .map(|(_, pid)| pid)
+            .unwrap()
+    }
+}
+
+/// The state letter of a process (`Z` for a zombie), `None` once it is reaped.
+fn process_state(pid: i32) -> Option<char> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.get(stat.rfind(')')? + 2..)?.chars().next()
+}
+
+fn running(pid: i32) -> bool {
+    process_state(pid).is_some_and(|state| state != 'Z')
+}
+
+fn start_time(pid: i32) -> u64 {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let after = &stat[stat.rfind(')').unwrap() + 2..];
+    after.split_whitespace().nth(19).unwrap().parse().unwrap()
+}
+
+#[test]
+fn an_http_server_is_stopped_only_after_its_processor_has_exited() {
+    let setup = Setup::new();
+    let runtime = setup.open(PATIENCE);
+    // The processor takes a second after SIGTERM to finish its in-flight record, which needs
+    // the server until the end.
+    let spec = setup.spec(true, &[("LINGER", "1")]);
+    runtime.start(&spec).unwrap();
+    let processor = setup.wait_event("processor-start");
+    setup.wait_event("sidecar-start");
+
+    runtime.stop(&spec.group).unwrap();
+    let exit = setup.position("processor-exit", processor);
+    let sidecar_term = setup.position("sidecar-term", 0);
+    assert!(
+        exit.is_some() && sidecar_term.is_some() && exit < sidecar_term,
+        "the processor exits before its server is asked to stop: {:?}",
+        setup.events()
+    );
+    assert_eq!(process_state(processor), None, "the processor is reaped");
+}
+
+#[test]
+fn a_stop_timeout_kills_the_whole_process_group_and_reaps_it() {
+    let setup = Setup::new();
+    let runtime = setup.open(Duration::from_secs(1));
+    let child_file = setup.dir.path().join("child.pid");
+    // Ignores SIGTERM, and has a child (an exec transform's program) in its process group.
+    let spec = setup.spec(
+        false,
+        &[
+            ("ON_TERM", "ignore"),
+            ("CHILD", &child_file.display().to_string()),
+        ],
+    );
+    runtime.start(&spec).unwrap();
+    let processor = setup.wait_event("processor-start");
+    wait_until("the child's pid is written", PATIENCE, || {
+        fs::read_to_string(&child_file).is_ok_and(|s| s.ends_with('\n'))
+    });
+    let child: i32 = fs::read_to_string(&child_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(running(child));
+
+    let stopped = runtime.stop(&spec.group);
+    assert!(
+        matches!(stopped, Err(plumber::runtime::Error::StopTimeout { .. })),
+        "{stopped:?}"
+    );
+    assert!(setup.position("processor-term", processor).is_some());
+    assert_eq!(process_state(processor), None, "the processor is reaped");
+    // Killed with its group; reparented, so reaped by whoever adopted it.
+    wait_until("the child is gone", PATIENCE, || !running(child));
+}
+
+#[test]
+fn a_processor_whose_server_died_is_stopped_and_reaped_before_the_pair_restarts() {
+    let setup = Setup::new();
+    let runtime = setup.open(PATIENCE);
+    // The first server exits at once; its processor takes 2 s to stop, longer than the first
+    // restart's backoff.
+    let spec = setup.spec(true, &[("DIE_ONCE", "1"), ("LINGER", "2")]);
+    runtime.start(&spec).unwrap();
+    let first = setup.wait_event("processor-start");
+    setup.wait_event("sidecar-exit");
+    wait_until("the pair restarts", PATIENCE, || {
+        setup
+            .events()
+            .iter()
+            .filter(|(w, _)| w == "processor-start")
+            .count()
+            == 2
+    });
+    let exit = setup.position("processor-exit", first);
+    let second_start = setup
+        .events()
+        .iter()
+        .enumerate()
+        .filter(|(_, (w, _))| w == "processor-start")
+        .nth(1)
+        .map(|(i, _)| i);
+    assert!(
+        exit.is_some() && exit < second_start,
+        "the old processor exits before the new one starts: {:?}",
+        setup.events()
+    );
+    wait_until("the first processor is reaped", PATIENCE, || {
+        process_state(first).is_none()
+    });
+    runtime.stop(&spec.group).unwrap();
+}
+
+#[test]
+fn a_reused_pid_is_never_adopted_or_signalled() {
+    let setup = Setup::new();
+    let spec = setup.spec(false, &[]);
+    // A previous daemon's records, whose pid now belongs to a stranger (same start time, as
+    // read now), and another runtime's process tagged for a different state directory.
+    let processes = setup.state().join("processes");
+    fs::create_dir_all(&processes).unwrap();
+    let mut stranger: Child = Command::new("sleep").arg("300").spawn().unwrap();
+    let pid = stranger.id() as i32;
+    fs::write(
+        processes.join(format!("{}.json", spec.group)),
+        serde_json::to_vec(&spec).unwrap(),
+    )
+    .unwrap();
+    fs::write(
+        processes.join(format!("{}.0.pid", spec.group)),
+        format!("{pid} {}", start_time(pid)),
+    )
+    .unwrap();
+
+    let runtime = setup.open(PATIENCE);
+    setup.wait_event("processor-start");
+    runtime.stop(&spec.group).unwrap();
+    drop(runtime);
+    assert!(
+        stranger.try_wait().unwrap().is_none(),
+        "the stranger was signalled"
+    );
+    stranger.kill().unwrap();
+    stranger.wait().unwrap();
+}
+
+#[test]
+fn a_restarted_daemon_adopts_its_own_instance() {
+    let setup = Setup::new();
+    let spec = setup.spec(true, &[]);
+    let first = setup.open(PATIENCE);
+    first.start(&spec).unwrap();
+    let processor = setup.wait_event("processor-start");
+    let sidecar = setup.wait_event("sidecar-start");
+    // The daemon dies: its supervisor goes, the instance keeps running.
+    drop(first);
+
+    let second = setup.open(PATIENCE);
+    let status = second.processors().unwrap();
+    assert_eq!(status.len(), 1);
+    assert_eq!((status[0].running, status[0].restarts), (1, 0));
+    second.stop(&spec.group).unwrap();
+    let exit = setup.position("processor-exit", processor);
+    let sidecar_term = setup.position("sidecar-term", sidecar);
+    assert!(
+        exit.is_some() && sidecar_term.is_some() && exit < sidecar_term,
+        "the adopted pair stops in order: {:?}",
+        setup.events()
+    );
+    assert_eq!(
+        setup
+            .events()
+            .iter()
+            .filter(|(w, _)| w == "processor-start")
+            .count(),
+        1,
+        "adopted, not started again: {:?}",
+        setup.events()
+    );
+}
+
+#[test]
+fn logs_are_rotated_at_their_size_keeping_one_previous_file() {
+    let setup = Setup::new();
+    let runtime = setup.open(PATIENCE);
+    let spec = setup.spec(false, &[]);
+    let log: PathBuf = setup
+        .state()
+        .join("logs")
+        .join(format!("{}.0.log", spec.group));
+    let max = setup.config(PATIENCE).max_log_bytes;
+    let mut spec = spec;
+    // 64 chunks of 32 KiB: 2 MiB, 32 times the limit.
+    for (k, v) in [
+        ("LOG_CHUNKS", "64".to_string()),
+        ("LOG", log.display().to_string()),
+        ("LOG_MAX", max.to_string()),
+    ] {
+        spec.env.insert(k.into(), v);
+    }
+    runtime.start(&spec).unwrap();
+    setup.wait_event("logged");
+    let size = |path: &Path| fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+    let previous = log.with_extension("log.1");
+    assert!(size(&log) <= max, "{}", size(&log));
+    assert!(
+        size(&previous) > 0 && size(&previous) <= max + 33 * 1024,
+        "one previous file, no larger than the limit and a chunk: {}",
+        size(&previous)
+    );
+    let files = fs::read_dir(log.parent().unwrap()).unwrap().count();
+    assert_eq!(files, 2, "the log and one previous file");
+    runtime.stop(&spec.group).unwrap();
+}
