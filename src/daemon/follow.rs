@@ -142,7 +142,7 @@ fn newest_valid(
     followed: &mut Followed,
 ) -> Result<Option<Arc<Revision>>, Error> {
     let source = context.revisions.source();
-    source.fetch()?;
+    source.fetch_unless(&|| context.is_stopping())?;
     let repository = source.open()?;
     let branch = &context.config.branch;
     let head = repository

@@ -64,6 +64,8 @@ pub enum Error {
         what: &'static str,
         seconds: u64,
     },
+    #[error("fetching {url} was given up: the daemon is stopping")]
+    Stopping { url: String },
     #[error(
         "cannot fetch {url}: {count} earlier fetches still hang on the server; \
          not starting another (retried at the next poll or webhook)"
@@ -243,6 +245,12 @@ impl Source {
     /// Brings the mirror up to date (its branches become exactly the remote's); nothing to do
     /// for a local repository. Returns within the fetch timeouts, whatever the server does.
     pub fn fetch(&self) -> Result<(), Error> {
+        self.fetch_unless(&|| false)
+    }
+
+    /// As [`Source::fetch`], given up as soon as `stopping` says so (a daemon that stops does
+    /// not wait for a slow server).
+    pub fn fetch_unless(&self, stopping: &dyn Fn() -> bool) -> Result<(), Error> {
         let Source::Remote {
             url,
             mirror,
@@ -300,7 +308,10 @@ impl Source {
                 }
                 Err(RecvTimeoutError::Timeout) => {}
             }
-            let (what, limit) = if started.elapsed() >= timeouts.total {
+            let stop = stopping();
+            let (what, limit) = if stop {
+                ("the daemon is stopping", Duration::ZERO)
+            } else if started.elapsed() >= timeouts.total {
                 ("still not done", timeouts.total)
             } else if progress.idle() >= timeouts.idle {
                 ("nothing received", timeouts.idle)
@@ -317,6 +328,9 @@ impl Source {
             }
             HANGING_FETCHES.fetch_add(1, Ordering::SeqCst);
             tracing::warn!(url = %redact(url), what, seconds = limit.as_secs(), "abandoning a fetch");
+            if stop {
+                break Err(Error::Stopping { url: redact(url) });
+            }
             break Err(Error::FetchTimeout {
                 url: redact(url),
                 what,

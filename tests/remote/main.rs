@@ -209,6 +209,28 @@ fn a_server_that_never_answers_is_abandoned_and_the_mirror_stays_usable() {
 }
 
 #[test]
+fn a_stopping_daemon_gives_up_a_hung_fetch_at_once() {
+    let silent = SilentServer::start();
+    let state = tempfile::tempdir().unwrap();
+    // Timeouts far beyond the test's patience: only the stop can end this fetch.
+    let source = Source::new(
+        &format!("http://127.0.0.1:{}/repo", silent.port()),
+        state.path(),
+    )
+    .with_fetch_timeouts(FetchTimeouts {
+        idle: Duration::from_secs(3600),
+        total: Duration::from_secs(3600),
+    });
+    let asked_at = Instant::now() + Duration::from_millis(300);
+    let started = Instant::now();
+    let error = source
+        .fetch_unless(&|| Instant::now() >= asked_at)
+        .unwrap_err();
+    assert!(matches!(error, Error::Stopping { .. }), "{error}");
+    assert!(started.elapsed() < PATIENCE, "took {:?}", started.elapsed());
+}
+
+#[test]
 fn a_mirror_follows_a_new_url() {
     let old = TestRepo::new();
     old.commit("main", "old", &[write("README.md", "old")]);
