@@ -82,6 +82,8 @@ impl Error {
 pub struct CutoverConfig {
     /// How often a drain checks the lag.
     pub poll: Duration,
+    /// How often a start looks again for a source topic that does not exist yet.
+    pub topic_poll: Duration,
     /// Keep retired internal topics instead of deleting them. For brokers whose topic
     /// deletion is unsafe: once any topic is deleted, the topics that existed beside it read
     /// as empty on tansu 0.6, even after more records are produced to them.
@@ -96,6 +98,7 @@ impl Default for CutoverConfig {
     fn default() -> Self {
         CutoverConfig {
             poll: Duration::from_millis(250),
+            topic_poll: Duration::from_secs(2),
             keep_topics: false,
             // Longer than the processor's session timeout (10 s): a member that died without
             // leaving is gone by then.
@@ -189,9 +192,6 @@ enum NotYet {
     /// A call failed.
     Failed(String),
 }
-
-/// How often a start looks again for a source topic that does not exist yet.
-const MISSING_TOPIC_RETRY: Duration = Duration::from_secs(2);
 
 /// Everything a move of one topology needs.
 pub struct Engine<'a> {
@@ -551,7 +551,7 @@ impl Engine<'_> {
                 Err(kafka::Error::NoSuchTopic { topic }) => {
                     return Err(NotYet::Waiting(
                         format!("topic {topic} does not exist yet; the step starts once it does"),
-                        MISSING_TOPIC_RETRY,
+                        self.config.topic_poll,
                     ));
                 }
                 Err(e) => return Err(NotYet::Failed(e.to_string())),

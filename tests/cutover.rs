@@ -385,6 +385,58 @@ impl CutoverStore for Store<'_> {
     }
 }
 
+/// No checkouts: the fake runs no commands.
+static NO_WORKDIRS: BTreeMap<String, PathBuf> = BTreeMap::new();
+
+fn target<'a>(commit: &'a str, topology: Option<&'a Topology>) -> Target<'a> {
+    Target {
+        commit,
+        topology,
+        bootstrap: topology.map(|_| "fake:9092"),
+        workdirs: &NO_WORKDIRS,
+    }
+}
+
+/// Runs `body` with the engine of a fresh daemon on `dir`, looking again at once at what
+/// waits (a test never waits for time to pass).
+fn with_engine<T>(world: &World, dir: &StateDir, body: impl FnOnce(&Engine<'_>) -> T) -> T {
+    let store = Store {
+        dir: dir.clone(),
+        faults: &world.faults,
+    };
+    let config = CutoverConfig {
+        poll: std::time::Duration::ZERO,
+        topic_poll: std::time::Duration::ZERO,
+        retry: (std::time::Duration::ZERO, std::time::Duration::ZERO),
+        ..CutoverConfig::default()
+    };
+    let on_event = |_: Event<'_>| {};
+    body(&Engine {
+        topology: "t",
+        admin: world,
+        runtime: world,
+        store: &store,
+        config: &config,
+        on_event: &on_event,
+    })
+}
+
+/// Advances until `done` says so about an answer; panics on an answer it refuses.
+fn advance_until(
+    engine: &Engine<'_>,
+    target: &Target<'_>,
+    waits: &mut Waits,
+    done: impl Fn(&Advance) -> bool,
+) -> Advance {
+    for _ in 0..1000 {
+        let advance = engine.advance(target, waits).unwrap();
+        if done(&advance) {
+            return advance;
+        }
+    }
+    panic!("no end after 1000 steps towards {}", target.commit);
+}
+
 /// One commit to move to, and how many actions to run towards it before the next one
 /// arrives (`None`: until settled).
 struct Step<'a> {
@@ -397,35 +449,23 @@ struct Step<'a> {
 /// branch's head is not the daemon's state: it survives a crash); returns false when it
 /// crashed. A step's action count is read from the saved move, as a resumed daemon sees it.
 fn daemon(world: &World, dir: &StateDir, steps: &[Step<'_>], cursor: &mut usize) -> bool {
-    let store = Store {
-        dir: dir.clone(),
-        faults: &world.faults,
-    };
-    let config = CutoverConfig {
-        poll: std::time::Duration::ZERO,
-        retry: (std::time::Duration::ZERO, std::time::Duration::ZERO),
-        ..CutoverConfig::default()
-    };
-    let on_event = |_: Event<'_>| {};
-    let engine = Engine {
-        topology: "t",
-        admin: world,
-        runtime: world,
-        store: &store,
-        config: &config,
-        on_event: &on_event,
-    };
-    let workdirs = BTreeMap::new();
+    with_engine(world, dir, |engine| {
+        drive(world, dir, engine, steps, cursor)
+    })
+}
+
+fn drive(
+    world: &World,
+    dir: &StateDir,
+    engine: &Engine<'_>,
+    steps: &[Step<'_>],
+    cursor: &mut usize,
+) -> bool {
     let mut waits = Waits::default();
     let mut spins = 0;
     while *cursor < steps.len() {
         let step = &steps[*cursor];
-        let target = Target {
-            commit: step.commit,
-            topology: Some(step.topology),
-            bootstrap: Some("fake:9092"),
-            workdirs: &workdirs,
-        };
+        let target = target(step.commit, Some(step.topology));
         let done = dir
             .load("t")
             .unwrap()
@@ -658,87 +698,50 @@ fn a_stuck_drain_waits_without_holding_up_the_rest_or_a_newer_commit() {
     // The old `b` never consumes: it cannot drain `a`'s old topic.
     world.inner.lock().unwrap().stuck.insert("b".into());
     world.produce("in", 5);
-    let store = Store {
-        dir: state.clone(),
-        faults: &world.faults,
-    };
-    let config = CutoverConfig {
-        poll: std::time::Duration::ZERO,
-        ..CutoverConfig::default()
-    };
-    let events = Mutex::new(Vec::new());
-    let on_event = |e: Event<'_>| {
-        if let Event::Action { action, .. } = e {
-            events
-                .lock()
-                .unwrap()
-                .push(plumber::cutover::describe(action));
-        }
-    };
-    let engine = Engine {
-        topology: "t",
-        admin: &world,
-        runtime: &world,
-        store: &store,
-        config: &config,
-        on_event: &on_event,
-    };
-    let workdirs = BTreeMap::new();
-    let mut waits = Waits::default();
-    let target = |commit, topology| Target {
-        commit,
-        topology: Some(topology),
-        bootstrap: Some("fake:9092"),
-        workdirs: &workdirs,
-    };
-    let waiting = loop {
-        match engine.advance(&target("r2", &two), &mut waits).unwrap() {
-            Advance::Progressed => {}
-            Advance::Waiting { waits, .. } => break waits,
-            other => panic!("the drain cannot finish, yet: {other:?}"),
-        }
-    };
-    assert!(
-        waiting
-            .iter()
-            .any(|w| w.action.starts_with("drain-processor plumber.t.b.")
-                && w.reason.contains("records left")),
-        "status says what the move waits for: {waiting:#?}"
-    );
-    let c_before: Vec<String> = world
-        .snapshot()
-        .running
-        .keys()
-        .filter(|g| g.starts_with("plumber.t.c."))
-        .cloned()
+    let waiting = |a: &Advance| matches!(a, Advance::Waiting { .. });
+    with_engine(&world, &state, |engine| {
+        let mut waits = Waits::default();
+        let Advance::Waiting {
+            waits: waiting_for, ..
+        } = advance_until(engine, &target("r2", Some(&two)), &mut waits, waiting)
+        else {
+            unreachable!()
+        };
+        assert!(
+            waiting_for
+                .iter()
+                .any(|w| w.action.starts_with("drain-processor plumber.t.b.")
+                    && w.reason.contains("records left")),
+            "status says what the move waits for: {waiting_for:#?}"
+        );
+        let c_before: Vec<String> = world
+            .snapshot()
+            .running
+            .into_keys()
+            .filter(|g| g.starts_with("plumber.t.c."))
+            .collect();
+        // A newer commit replaces `c`: applied while `b` still cannot drain.
+        advance_until(engine, &target("r3", Some(&three)), &mut waits, waiting);
+        let c_now: Vec<String> = world
+            .snapshot()
+            .running
+            .into_keys()
+            .filter(|g| g.starts_with("plumber.t.c."))
+            .collect();
+        assert_eq!(c_now.len(), 1);
+        assert!(!c_before.contains(&c_now[0]), "the new c runs: {c_now:?}");
+        // Once `b` reads again, the move ends at the newest commit.
+        world.inner.lock().unwrap().stuck.clear();
+        advance_until(engine, &target("r3", Some(&three)), &mut waits, |a| {
+            matches!(a, Advance::Settled { .. })
+        });
+    });
+    let outcomes: Vec<(String, Outcome)> = state
+        .history()
+        .unwrap()
+        .into_iter()
+        .map(|h| (h.to, h.outcome))
         .collect();
-    // A newer commit replaces `c`: applied while `b` still cannot drain.
-    loop {
-        match engine.advance(&target("r3", &three), &mut waits).unwrap() {
-            Advance::Progressed => {}
-            Advance::Waiting { .. } => break,
-            other => panic!("the drain cannot finish, yet: {other:?}"),
-        }
-    }
-    let running = world.snapshot().running;
-    let c_now: Vec<&String> = running
-        .keys()
-        .filter(|g| g.starts_with("plumber.t.c."))
-        .collect();
-    assert_eq!(c_now.len(), 1);
-    assert!(!c_before.contains(c_now[0]), "the new c runs: {running:?}");
-    // Once `b` reads again, the move ends at the newest commit.
-    world.inner.lock().unwrap().stuck.clear();
-    loop {
-        match engine.advance(&target("r3", &three), &mut waits).unwrap() {
-            Advance::Settled { .. } => break,
-            Advance::Progressed | Advance::Waiting { .. } => {}
-            Advance::Removed => panic!(),
-        }
-    }
-    let history = state.history().unwrap();
-    let outcomes: Vec<(String, Outcome)> =
-        history.iter().map(|h| (h.to.clone(), h.outcome)).collect();
     assert_eq!(
         outcomes,
         [
@@ -767,66 +770,41 @@ fn a_missing_source_topic_makes_only_its_step_wait() {
         .insert("in".into(), vec![0, 0, 0]);
     let dir = tempfile::tempdir().unwrap();
     let state = StateDir::open(dir.path()).unwrap();
-    let store = Store {
-        dir: state.clone(),
-        faults: &world.faults,
-    };
-    let config = CutoverConfig {
-        poll: std::time::Duration::ZERO,
-        ..CutoverConfig::default()
-    };
-    let on_event = |_: Event<'_>| {};
-    let engine = Engine {
-        topology: "t",
-        admin: &world,
-        runtime: &world,
-        store: &store,
-        config: &config,
-        on_event: &on_event,
-    };
-    let workdirs = BTreeMap::new();
-    let target = Target {
-        commit: "r1",
-        topology: Some(&with_other),
-        bootstrap: Some("fake:9092"),
-        workdirs: &workdirs,
-    };
-    let mut waits = Waits::default();
-    let waiting = loop {
-        match engine.advance(&target, &mut waits).unwrap() {
-            Advance::Progressed => {}
-            Advance::Waiting { waits, .. } => break waits,
-            other => panic!("`late` does not exist: {other:?}"),
-        }
-    };
-    assert!(
-        waiting
-            .iter()
-            .any(|w| w.reason.contains("topic late does not exist")),
-        "{waiting:#?}"
-    );
-    let running: Vec<String> = world
-        .snapshot()
-        .running
-        .into_values()
-        .map(|s| s.step)
-        .collect();
-    assert_eq!(running, ["a"], "a runs while l waits for its topic");
-    world
-        .inner
-        .lock()
-        .unwrap()
-        .topics
-        .insert("late".into(), vec![0]);
-    // The wait expires at once (poll 0); the step starts by itself.
-    let mut waits = Waits::default();
-    loop {
-        match engine.advance(&target, &mut waits).unwrap() {
-            Advance::Settled { .. } => break,
-            Advance::Progressed | Advance::Waiting { .. } => {}
-            Advance::Removed => panic!(),
-        }
-    }
+    let r1 = target("r1", Some(&with_other));
+    with_engine(&world, &state, |engine| {
+        let mut waits = Waits::default();
+        let Advance::Waiting {
+            waits: waiting_for, ..
+        } = advance_until(engine, &r1, &mut waits, |a| {
+            matches!(a, Advance::Waiting { .. })
+        })
+        else {
+            unreachable!()
+        };
+        assert!(
+            waiting_for
+                .iter()
+                .any(|w| w.reason.contains("topic late does not exist")),
+            "{waiting_for:#?}"
+        );
+        let running: Vec<String> = world
+            .snapshot()
+            .running
+            .into_values()
+            .map(|s| s.step)
+            .collect();
+        assert_eq!(running, ["a"], "a runs while l waits for its topic");
+        world
+            .inner
+            .lock()
+            .unwrap()
+            .topics
+            .insert("late".into(), vec![0]);
+        // The step starts by itself once its topic exists.
+        advance_until(engine, &r1, &mut waits, |a| {
+            matches!(a, Advance::Settled { .. })
+        });
+    });
     assert_eq!(world.snapshot().running.len(), 2);
 }
 
@@ -834,52 +812,28 @@ fn a_missing_source_topic_makes_only_its_step_wait() {
 fn a_removed_topology_keeps_the_memory_of_its_lives() {
     let one = revision(1, 1, false);
     let (world, _dir, state) = deployed(&one);
-    let store = Store {
-        dir: state.clone(),
-        faults: &world.faults,
-    };
-    let config = CutoverConfig::default();
-    let on_event = |_: Event<'_>| {};
-    let engine = Engine {
-        topology: "t",
-        admin: &world,
-        runtime: &world,
-        store: &store,
-        config: &config,
-        on_event: &on_event,
-    };
-    let workdirs = BTreeMap::new();
-    let target = Target {
-        commit: "r2",
-        topology: None,
-        bootstrap: None,
-        workdirs: &workdirs,
-    };
-    let mut waits = Waits::default();
-    while engine.advance(&target, &mut waits).unwrap() != Advance::Removed {}
-    assert!(world.snapshot().running.is_empty());
-    let record = state.load("t").unwrap();
-    assert!(record.is_retired(), "{record:#?}");
-    let kept: Vec<String> = world.snapshot().topics.into_keys().collect();
-    assert!(
-        kept.iter().all(|t| t == "in" || t.ends_with(".dlq")),
-        "internal topics are deleted, dead letters kept: {kept:?}"
-    );
-    assert!(
-        matches!(state.history().unwrap().last(), Some(h) if h.to == "r2"),
-        "the removal is in the history"
-    );
-    // Back again: its identities run in new lives, never under the names that ran here.
-    let back = Target {
-        commit: "r3",
-        topology: Some(&one),
-        bootstrap: Some("fake:9092"),
-        workdirs: &workdirs,
-    };
-    while !matches!(
-        engine.advance(&back, &mut waits).unwrap(),
-        Advance::Settled { .. }
-    ) {}
+    with_engine(&world, &state, |engine| {
+        let mut waits = Waits::default();
+        advance_until(engine, &target("r2", None), &mut waits, |a| {
+            *a == Advance::Removed
+        });
+        assert!(world.snapshot().running.is_empty());
+        let record = state.load("t").unwrap();
+        assert!(record.is_retired(), "{record:#?}");
+        let kept: Vec<String> = world.snapshot().topics.into_keys().collect();
+        assert!(
+            kept.iter().all(|t| t == "in" || t.ends_with(".dlq")),
+            "internal topics are deleted, dead letters kept: {kept:?}"
+        );
+        assert!(
+            matches!(state.history().unwrap().last(), Some(h) if h.to == "r2"),
+            "the removal is in the history"
+        );
+        // Back again: its identities run in new lives, never under the names that ran here.
+        advance_until(engine, &target("r3", Some(&one)), &mut waits, |a| {
+            matches!(a, Advance::Settled { .. })
+        });
+    });
     let groups: Vec<String> = world.snapshot().running.into_keys().collect();
     assert!(groups.iter().all(|g| g.ends_with(".2")), "{groups:?}");
 }

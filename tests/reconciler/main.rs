@@ -145,29 +145,43 @@ fn a_revert_and_a_step_put_back_deliver_exactly_once() {
     );
 }
 
-#[test]
-fn a_daemon_killed_mid_cutover_resumes_it_without_loss_or_duplicates() {
-    let (world, mut plumber, load, mut revisions) = deployed("resume", 200);
-
-    // Kill the daemon after each action of one cutover, restarting it each time.
-    let m = revisions[0].clone().replace("a", 2);
-    let r2 = world.commit("a v2", &m);
-    revisions.push(m);
+/// Kills the daemon (kill -9) after every action of the cutover to `commit` and starts it
+/// again, each time also killing a processor when `processors_too`; returns the daemon that
+/// saw the cutover end, and how many times it was killed.
+fn kill_after_every_action(
+    world: &World,
+    mut plumber: Plumber,
+    commit: git2::Oid,
+    processors_too: bool,
+) -> (Plumber, usize) {
     let mut kills = 0;
     for done in 1.. {
         let finished = std::cell::Cell::new(false);
         plumber.wait_until(&format!("{done} cutover actions done"), |status| {
             let t = &status["topologies"][0];
-            finished.set(t["commit"] == r2.to_string().as_str());
+            finished.set(t["commit"] == commit.to_string().as_str());
             finished.get() || t["cutover"]["done"].as_u64().is_some_and(|d| d >= done)
         });
         if finished.get() {
             break;
         }
+        if processors_too {
+            world.kill_any_processor(kills);
+        }
         plumber.kill();
         kills += 1;
-        plumber = Plumber::up(&world);
+        plumber = Plumber::up(world);
     }
+    (plumber, kills)
+}
+
+#[test]
+fn a_daemon_killed_mid_cutover_resumes_it_without_loss_or_duplicates() {
+    let (world, plumber, load, mut revisions) = deployed("resume", 200);
+    let m = revisions[0].clone().replace("a", 2);
+    let r2 = world.commit("a v2", &m);
+    revisions.push(m);
+    let (plumber, kills) = kill_after_every_action(&world, plumber, r2, false);
     assert!(
         kills >= 3,
         "the cutover has several actions; killed only {kills} times"
@@ -184,26 +198,11 @@ fn a_daemon_killed_mid_cutover_resumes_it_without_loss_or_duplicates() {
 /// cluster) nothing is duplicated either; without (tansu) duplicates are counted.
 #[test]
 fn processors_and_the_daemon_killed_at_every_cutover_phase_lose_nothing() {
-    let (world, mut plumber, load, mut revisions) = deployed("chaos", 200);
+    let (world, plumber, load, mut revisions) = deployed("chaos", 200);
     let m = revisions[0].clone().replace("a", 2);
     let r2 = world.commit("a v2", &m);
     revisions.push(m);
-    let mut kills = 0;
-    for done in 1.. {
-        let finished = std::cell::Cell::new(false);
-        plumber.wait_until(&format!("{done} cutover actions done"), |status| {
-            let t = &status["topologies"][0];
-            finished.set(t["commit"] == r2.to_string().as_str());
-            finished.get() || t["cutover"]["done"].as_u64().is_some_and(|d| d >= done)
-        });
-        if finished.get() {
-            break;
-        }
-        world.kill_any_processor(kills);
-        plumber.kill();
-        kills += 1;
-        plumber = Plumber::up(&world);
-    }
+    let (plumber, kills) = kill_after_every_action(&world, plumber, r2, true);
     assert!(kills >= 3, "killed only {kills} times");
     plumber.wait_applied("t", r2);
     let (sent, final_from) = load.finish(200);
