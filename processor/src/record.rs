@@ -18,6 +18,22 @@ pub struct Input<'a> {
     pub headers: Vec<(&'a str, Option<&'a [u8]>)>,
 }
 
+impl<'a> Input<'a> {
+    /// A record known only by where it is: the dead letter of a record that could not be
+    /// read again.
+    pub fn reference(topic: &'a str, partition: i32, offset: i64) -> Self {
+        Input {
+            topic,
+            partition,
+            offset,
+            timestamp: None,
+            key: None,
+            value: None,
+            headers: Vec::new(),
+        }
+    }
+}
+
 /// One record a transform produced for an input.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Output {
@@ -48,18 +64,86 @@ pub struct Rejection {
     pub message: String,
 }
 
+/// Error messages (the `plumber.error` header, log lines) are cut to this many bytes: a
+/// program can raise an error of any size, and a header of megabytes would make the
+/// dead-letter copy too large for the broker.
+pub const MAX_MESSAGE: usize = 4096;
+
 impl Rejection {
+    /// A rejection whose message is cut to [`MAX_MESSAGE`] bytes, with a marker.
     pub fn new(kind: &'static str, message: impl Into<String>) -> Self {
         Rejection {
             kind,
-            message: message.into(),
+            message: bounded(message.into()),
         }
     }
+}
+
+/// `message` cut to [`MAX_MESSAGE`] bytes (at a character boundary), saying how much was cut.
+pub fn bounded(mut message: String) -> String {
+    if message.len() <= MAX_MESSAGE {
+        return message;
+    }
+    let mut cut = MAX_MESSAGE;
+    while !message.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    let dropped = message.len() - cut;
+    message.truncate(cut);
+    message.push_str(&format!("… ({dropped} more bytes cut)"));
+    message
+}
+
+/// `value` displayed, cut to [`MAX_MESSAGE`] bytes. Formatting stops there, so a value nested
+/// a million levels deep costs no more stack than [`MAX_MESSAGE`] levels.
+pub fn display_bounded(value: &dyn std::fmt::Display) -> String {
+    struct Bounded(String);
+    impl std::fmt::Write for Bounded {
+        fn write_str(&mut self, text: &str) -> std::fmt::Result {
+            let room = MAX_MESSAGE - self.0.len();
+            if text.len() <= room {
+                self.0.push_str(text);
+                return Ok(());
+            }
+            let mut cut = room;
+            while !text.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            self.0.push_str(&text[..cut]);
+            Err(std::fmt::Error)
+        }
+    }
+    let mut out = Bounded(String::new());
+    if std::fmt::write(&mut out, format_args!("{value}")).is_err() {
+        out.0.push_str("… (cut)");
+    }
+    out.0
+}
+
+/// An upper bound of the size librdkafka checks against `message.max.bytes` before it
+/// queues a record (`rd_kafka_msg_new0`): the worst-case overhead of a v2 record, its key
+/// and value, and its headers with their two length varints each.
+pub fn wire_size<'h>(
+    key: usize,
+    value: usize,
+    headers: impl Iterator<Item = (&'h str, usize)>,
+) -> usize {
+    const RECORD_OVERHEAD: usize = 36;
+    const HEADER_OVERHEAD: usize = 20;
+    RECORD_OVERHEAD
+        + key
+        + value
+        + headers
+            .map(|(name, value)| HEADER_OVERHEAD + name.len() + value)
+            .sum::<usize>()
 }
 
 /// The JSON object the exec and http protocols send for each input record.
 #[derive(Serialize)]
 pub struct Envelope<'a> {
+    /// The exec protocol's answer names it (a number that never repeats within a process).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<u64>,
     pub topic: &'a str,
     pub partition: i32,
     pub offset: i64,
@@ -95,6 +179,7 @@ impl<'a> Envelope<'a> {
             headers.insert(*name, value);
         }
         Ok(Envelope {
+            id: None,
             topic: input.topic,
             partition: input.partition,
             offset: input.offset,
@@ -172,6 +257,35 @@ impl WireOutput {
     }
 }
 
+/// The exec protocol's answer line: `{"id": N, "outputs": [output objects…]}`, or
+/// `{"id": N, "error": "why"}` to dead-letter the input.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExecAnswer {
+    pub id: u64,
+    #[serde(default)]
+    outputs: Option<Vec<WireOutput>>,
+    #[serde(default)]
+    error: Option<String>,
+}
+
+impl ExecAnswer {
+    /// The outputs, or the rejection the child asked for or the mistake it made.
+    pub fn into_outputs(self) -> Result<Vec<Output>, Rejection> {
+        match (self.outputs, self.error) {
+            (None, Some(message)) => Err(Rejection::new("exec-error", message)),
+            (Some(outputs), None) => outputs
+                .into_iter()
+                .map(|output| output.into_output("exec-error"))
+                .collect(),
+            _ => Err(Rejection::new(
+                "protocol",
+                "an answer needs exactly one of \"outputs\" (an array, [] to filter) and \"error\"",
+            )),
+        }
+    }
+}
+
 /// Parses one output object of the wire protocols.
 pub fn parse_wire_output(json: &[u8], kind: &'static str) -> Result<Output, Rejection> {
     serde_json::from_slice::<WireOutput>(json)
@@ -187,6 +301,9 @@ pub mod dlq_header {
     pub const SOURCE_PARTITION: &str = "plumber.source.partition";
     pub const SOURCE_OFFSET: &str = "plumber.source.offset";
     pub const GROUP: &str = "plumber.group";
+    /// Present when the copy carries no value (nor key and headers, if those were too large):
+    /// why, and where the original is.
+    pub const OMITTED: &str = "plumber.value.omitted";
 }
 
 /// The headers a dead-lettered copy of `input` carries after the input's own.

@@ -11,6 +11,7 @@ use clap::Parser;
 use common::{STOP_PROMISE, Step, counts, ids, numbered};
 use nix::sys::signal::Signal;
 use plumber_processor::config::Args;
+use plumber_processor::stop::Stop;
 use plumber_processor::{Config, DeliveryMode};
 use plumber_testkit::{Broker, PATIENCE, unique, wait_until};
 use rdkafka::mocking::MockCluster;
@@ -82,19 +83,24 @@ fn config(bootstrap: &str, delivery: &str) -> Config {
 #[test]
 fn delivery_auto_picks_exactly_once_only_where_the_brokers_have_transactions() {
     let tx = transactional();
-    let mode = plumber_processor::pipeline::delivery_mode(&config(tx.broker.bootstrap(), "auto"));
-    assert_eq!(mode.unwrap(), DeliveryMode::ExactlyOnce);
+    let stop = Stop::default();
+    let mode =
+        plumber_processor::pipeline::delivery_mode(&config(tx.broker.bootstrap(), "auto"), &stop);
+    assert_eq!(mode.unwrap(), Some(DeliveryMode::ExactlyOnce));
 
     let tansu = Broker::start();
     if tansu.is_tansu() {
-        let auto = plumber_processor::pipeline::delivery_mode(&config(tansu.bootstrap(), "auto"));
+        let auto =
+            plumber_processor::pipeline::delivery_mode(&config(tansu.bootstrap(), "auto"), &stop);
         assert_eq!(
             auto.unwrap(),
-            DeliveryMode::AtLeastOnce,
+            Some(DeliveryMode::AtLeastOnce),
             "tansu 0.6 has no EndTxn"
         );
-        let forced =
-            plumber_processor::pipeline::delivery_mode(&config(tansu.bootstrap(), "exactly-once"));
+        let forced = plumber_processor::pipeline::delivery_mode(
+            &config(tansu.bootstrap(), "exactly-once"),
+            &stop,
+        );
         assert!(
             forced.is_err(),
             "exactly-once is refused, not silently downgraded"
@@ -128,7 +134,7 @@ fn outputs_dead_letters_and_offsets_commit_in_transactions() {
     );
 
     let log = step.log();
-    assert!(log.contains(r#""mode":"ExactlyOnce""#), "log:\n{log}");
+    assert!(log.contains(r#""mode":"exactly-once""#), "log:\n{log}");
     assert!(!log.contains("ERROR"), "no transaction call failed:\n{log}");
     let by_id = counts(&ids(&tx.broker.read_all(&output)));
     assert_eq!(by_id.len(), 300);
