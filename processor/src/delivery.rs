@@ -433,6 +433,9 @@ impl Committer {
             partitions = transaction.partitions.len(),
             "aborting the transaction; its records are processed again"
         );
+        // The abort waits for every delivery report, which only polling serves; they also
+        // tell which records were refused.
+        self.await_deliveries(KAFKA_CALL_TIMEOUT);
         self.producer
             .abort_transaction(KAFKA_CALL_TIMEOUT)
             .map_err(|source| Error::Transaction {
@@ -656,6 +659,7 @@ impl Committer {
             DeliveryMode::ExactlyOnce => {
                 let mut transaction = self.transaction();
                 if transaction.open {
+                    self.await_deliveries(KAFKA_CALL_TIMEOUT);
                     if let Err(error) = self.producer.abort_transaction(KAFKA_CALL_TIMEOUT) {
                         tracing::warn!(%error, "abort after failure failed");
                     }

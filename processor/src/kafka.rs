@@ -296,6 +296,9 @@ pub fn fetch_record(
 ) -> Result<OwnedMessage, String> {
     let mut client = common(config);
     client
+        // librdkafka assigns partitions only to a consumer with a group; this one never
+        // joins it (no subscription) nor commits.
+        .set("group.id", format!("{}.reread", config.group))
         .set("enable.auto.commit", "false")
         .set("isolation.level", "read_committed")
         .set("enable.partition.eof", "true");
@@ -309,23 +312,48 @@ pub fn fetch_record(
     consumer.assign(&assignment).map_err(|e| e.to_string())?;
     let until = Instant::now() + timeout;
     let mut last_error = String::from("no answer");
-    while Instant::now() < until {
+    let read = loop {
+        if Instant::now() >= until {
+            break Err(format!(
+                "not read within {} s: {last_error}",
+                timeout.as_secs()
+            ));
+        }
         match consumer.poll(Duration::from_millis(100)) {
-            Some(Ok(message)) if message.offset() == offset => return Ok(message.detach()),
+            Some(Ok(message)) if message.offset() == offset => break Ok(message.detach()),
             Some(Ok(message)) if message.offset() > offset => {
-                return Err(format!("offset {offset} is no longer in the partition"));
+                break Err(format!("offset {offset} is no longer in the partition"));
             }
             Some(Err(KafkaError::PartitionEOF(_))) => {
-                return Err(format!("the partition ends before offset {offset}"));
+                break Err(format!("the partition ends before offset {offset}"));
             }
             Some(Err(error)) => last_error = error.to_string(),
             _ => {}
         }
-    }
-    Err(format!(
-        "not read within {} s: {last_error}",
-        timeout.as_secs()
-    ))
+    };
+    drop_within(consumer, Instant::now() + KAFKA_CALL_TIMEOUT);
+    read
+}
+
+/// Drops `consumer` on a thread of its own, which closes it (the revocation callback
+/// commits, then it leaves its group), and waits for that until `until`; false when it did
+/// not finish (a broker that is gone): the drop, which waits for the close without end, is
+/// left to the end of the process.
+pub fn drop_within<C: rdkafka::consumer::ConsumerContext + 'static>(
+    consumer: BaseConsumer<C>,
+    until: Instant,
+) -> bool {
+    let (closed, done) = std::sync::mpsc::channel();
+    let closing = std::thread::Builder::new()
+        .name("consumer-close".into())
+        .spawn(move || {
+            drop(consumer);
+            let _ = closed.send(());
+        });
+    closing.is_ok()
+        && done
+            .recv_timeout(until.saturating_duration_since(Instant::now()))
+            .is_ok()
 }
 
 /// Closes the consumer: the revocation callback commits, then it leaves the group. Returns

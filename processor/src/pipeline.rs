@@ -423,17 +423,11 @@ fn run_here(
     if processed.is_ok() && finished.is_ok() {
         progress.final_commit_made();
     }
-    if !kafka::close(
-        &consumer,
-        until.max(Instant::now() + Duration::from_secs(1)),
-    ) {
+    if !kafka::drop_within(consumer, until.max(Instant::now() + Duration::from_secs(1))) {
         tracing::warn!(
             "leaving the group did not finish; its partitions move after the session timeout"
         );
     }
-    // Its drop would close it again: an error once closed, a wait without end if the close
-    // did not finish. The process ends anyway.
-    std::mem::forget(consumer);
     processed.and(finished)?;
     Ok(summary(Some(mode), metrics))
 }

@@ -3,8 +3,9 @@
 //! Signals are blocked in every thread and taken from a signalfd by one thread, under a lock
 //! that a re-exec of the processor also holds ([`Stop::exec_unless_stopping`]): a signal is
 //! either recorded before the exec, which then does not happen, or still pending when the
-//! process image is replaced. A pending SIGTERM ends the process there by its default action,
-//! after the processor has committed and left its group; a signal is never lost.
+//! process image is replaced; the mask and pending signals survive the exec, so the new image
+//! reads it from its own signalfd and stops. A signal is never lost. (Exec children start
+//! with a clean mask: `transform::child`.)
 
 use std::os::fd::AsFd;
 use std::os::unix::process::CommandExt;

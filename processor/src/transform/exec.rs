@@ -18,11 +18,12 @@
 //! Lines go to the child from a thread of their own and come back through another, so a
 //! child that stops reading or writing never blocks the processor past the deadline.
 
+use std::fs::File;
 use std::io::{BufRead, BufReader, ErrorKind, Write};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
 use std::time::{Duration, Instant};
 
+use super::child::{self, Child};
 use super::{Error, MAX_ANSWER, Outcome, Retries, Transform, timed_out};
 use crate::metrics::Metrics;
 use crate::record::{Envelope, ExecAnswer, Input, Rejection, display_bounded};
@@ -96,19 +97,8 @@ impl Exec {
 
     fn ensure_running(&mut self) -> Result<&mut Running, Error> {
         if self.child.is_none() {
-            let program = self.command.first().map(String::as_str).unwrap_or_default();
-            let mut child = Command::new(program)
-                .args(self.command.iter().skip(1))
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::inherit())
-                .spawn()
-                .map_err(|source| self.spawn_error(source))?;
-            let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(self.spawn_error(std::io::Error::other("no pipes to the child")));
-            };
+            let (mut child, stdin, stdout) =
+                child::spawn(&self.command).map_err(|source| self.spawn_error(source))?;
             let (to_child, jobs) = channel();
             let (sender, lines) = channel();
             let threads = std::thread::Builder::new()
@@ -120,8 +110,7 @@ impl Exec {
                         .spawn(move || read_lines(stdout, &sender))
                 });
             if let Err(source) = threads {
-                let _ = child.kill();
-                let _ = child.wait();
+                child.kill();
                 return Err(self.spawn_error(source));
             }
             if self.started_once {
@@ -193,12 +182,7 @@ impl Exec {
                 }
                 Err(RecvTimeoutError::Timeout) => continue,
                 Err(RecvTimeoutError::Disconnected) => {
-                    let status = running
-                        .child
-                        .wait()
-                        .map(|s| s.to_string())
-                        .unwrap_or_else(|e| e.to_string());
-                    Failure::Crashed(format!("the child exited ({status})"))
+                    Failure::Crashed(format!("the child exited ({})", running.child.wait()))
                 }
             };
             return Ok(Err(failure));
@@ -207,8 +191,7 @@ impl Exec {
 
     fn kill_child(&mut self) {
         if let Some(mut running) = self.child.take() {
-            let _ = running.child.kill();
-            let _ = running.child.wait();
+            running.child.kill();
         }
     }
 
@@ -220,7 +203,7 @@ impl Exec {
 }
 
 /// Writes each line to the child until the child or the processor is gone.
-fn write_lines(mut stdin: ChildStdin, jobs: &Receiver<Vec<u8>>) {
+fn write_lines(mut stdin: File, jobs: &Receiver<Vec<u8>>) {
     for line in jobs {
         if stdin.write_all(&line).and_then(|()| stdin.flush()).is_err() {
             return;
@@ -230,7 +213,7 @@ fn write_lines(mut stdin: ChildStdin, jobs: &Receiver<Vec<u8>>) {
 
 /// Sends each line of the child's stdout, without its newline; stops at the end of the
 /// output, or after a line longer than [`MAX_ANSWER`] (so memory stays bounded).
-fn read_lines(stdout: ChildStdout, lines: &Sender<Line>) {
+fn read_lines(stdout: File, lines: &Sender<Line>) {
     let mut reader = BufReader::with_capacity(64 << 10, stdout);
     let mut line = Vec::new();
     loop {
@@ -349,13 +332,12 @@ impl Drop for Exec {
             drop(to_child);
             let until = Instant::now() + Duration::from_secs(1);
             while Instant::now() < until {
-                if let Ok(Some(_)) = child.try_wait() {
+                if child.try_wait().is_some() {
                     return;
                 }
                 std::thread::sleep(Duration::from_millis(20));
             }
-            let _ = child.kill();
-            let _ = child.wait();
+            child.kill();
         }
     }
 }

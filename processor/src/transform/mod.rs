@@ -2,6 +2,7 @@
 //! One module per kind: [`jq`], [`exec`] (child process, line protocol) and [`http`]
 //! (sidecar). The exec and http wire formats are documented in their modules and the README.
 
+mod child;
 pub mod exec;
 pub mod http;
 pub mod jq;
