@@ -139,25 +139,26 @@ impl Overseer<'_> {
     /// process).
     pub fn watch(&self) {
         let interval = self.config.commit_interval(self.committer.mode());
+        // When the record in hand was first due to be abandoned (the grace after a stop is
+        // over, or a second signal came).
+        let mut abandon_since = None;
         while self.hand.tick() {
+            let now = Instant::now();
+            if abandon_since.is_none() && self.stop.abandon_in_flight() {
+                abandon_since = Some(now);
+            }
             let mut state = self.hand.state();
             let State::Transforming(record) = *state else {
                 continue;
             };
-            let now = Instant::now();
             let slack = if record.interruptible {
                 BACKSTOP
             } else {
                 Duration::ZERO
             };
-            let abandoned = self.stop.abandon_in_flight()
-                && self
-                    .stop
-                    .first_request()
-                    .is_some_and(|first| now >= first + crate::stop::IN_FLIGHT_GRACE + slack);
             let takeover = if now >= record.deadline + slack {
                 Takeover::TimedOut
-            } else if abandoned {
+            } else if abandon_since.is_some_and(|since| now >= since + slack) {
                 Takeover::Abandoned
             } else {
                 if now.duration_since(record.started) >= interval

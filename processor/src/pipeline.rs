@@ -621,29 +621,32 @@ impl Outbox<'_> {
             input.key.map_or(0, <[u8]>::len),
             input.value.map_or(0, <[u8]>::len),
         );
-        // Room for the note in `plumber.value.omitted`.
-        let note = std::iter::once((dlq_header::OMITTED, 512));
         let whole = wire_size(key, value, theirs().chain(ours_sizes()));
-        let without_value = wire_size(key, 0, theirs().chain(ours_sizes()).chain(note));
         let at = format!("{}/{}/{}", input.topic, input.partition, input.offset);
         let limit = self.limit;
+        let without_value_note = bounded(format!(
+            "the value ({value} bytes) would make this copy {whole} bytes, over the limit of {limit} (message.max.bytes); it is at {at}"
+        ));
+        let note_size = |note: &str| std::iter::once((dlq_header::OMITTED, note.len()));
+        let without_value = wire_size(
+            key,
+            0,
+            theirs()
+                .chain(ours_sizes())
+                .chain(note_size(&without_value_note)),
+        );
         let (form, note) = match omitted {
             Some(why) => (
                 Form::Smallest,
-                Some(format!("{why}; the record is at {at}")),
+                Some(bounded(format!("{why}; the record is at {at}"))),
             ),
             None if whole <= limit => (Form::Whole, None),
-            None if without_value <= limit => (
-                Form::WithoutValue,
-                Some(format!(
-                    "the value ({value} bytes) would make this copy {whole} bytes, over the limit of {limit} (message.max.bytes); it is at {at}"
-                )),
-            ),
+            None if without_value <= limit => (Form::WithoutValue, Some(without_value_note)),
             None => (
                 Form::Smallest,
-                Some(format!(
+                Some(bounded(format!(
                     "the key, value and headers would make this copy {whole} bytes, over the limit of {limit} (message.max.bytes); the record is at {at}"
-                )),
+                ))),
             ),
         };
         let mut headers = OwnedHeaders::new_with_capacity(input.headers.len() + ours.len() + 1);
@@ -658,7 +661,6 @@ impl Outbox<'_> {
                 value: Some(value.as_bytes()),
             });
         }
-        let note = note.map(bounded);
         if let Some(note) = &note {
             headers = headers.insert(Header {
                 key: dlq_header::OMITTED,
@@ -813,8 +815,9 @@ impl Pipeline<'_> {
             let input = input_of(&message);
             let slot = self.books.tracker().slot(input.topic, input.partition);
             let started = Instant::now();
-            let next = match self.take_poisoned(&input) {
-                Some(poisoned) => Next::DeadLetter(poisoned.rejection, poisoned.omitted),
+            let poisoned = self.take_poisoned(&input);
+            let next = match &poisoned {
+                Some(p) => Next::DeadLetter(p.rejection.clone(), p.omitted.clone()),
                 None => {
                     let deadline = started + self.config.record_timeout;
                     self.hand.begin(InHand {
@@ -840,6 +843,7 @@ impl Pipeline<'_> {
                 .observe(finished.duration_since(started).as_secs_f64());
             if self.committer.needs_recovery() {
                 // The record comes again after the rewind.
+                self.poisoned.extend(poisoned);
                 self.recover("a commit found the transaction abortable", Some(&input))?;
                 continue;
             }
@@ -863,6 +867,7 @@ impl Pipeline<'_> {
             let sends = match sent {
                 Ok(sends) => sends,
                 Err(Error::TransactionAbortable) => {
+                    self.poisoned.extend(poisoned);
                     self.recover("a send found the transaction abortable", Some(&input))?;
                     continue;
                 }

@@ -374,6 +374,85 @@ mod tests {
     }
 
     #[test]
+    fn messages_are_cut_at_a_character_with_a_marker() {
+        assert_eq!(bounded("short".into()), "short");
+        let long = "é".repeat(MAX_MESSAGE);
+        let cut = bounded(long.clone());
+        assert!(cut.len() < MAX_MESSAGE + 40, "{}", cut.len());
+        assert!(cut.ends_with(&format!("… ({} more bytes cut)", long.len() - MAX_MESSAGE)));
+        let value = "x".repeat(10 * MAX_MESSAGE);
+        let shown = display_bounded(&value);
+        assert_eq!(shown.len(), MAX_MESSAGE + "… (cut)".len());
+        assert_eq!(display_bounded(&"fits"), "fits");
+        assert_eq!(Rejection::new("k", long).message, cut);
+    }
+
+    /// The estimate never lets through what librdkafka refuses as too large.
+    #[test]
+    fn wire_size_is_at_least_what_librdkafka_checks() {
+        use rdkafka::message::{Header, OwnedHeaders};
+        use rdkafka::producer::{BaseProducer, BaseRecord};
+        const LIMIT: usize = 2000;
+        let producer: BaseProducer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", "127.0.0.1:1")
+            .set("message.max.bytes", LIMIT.to_string())
+            .create()
+            .unwrap();
+        let mut refusals = 0;
+        for (key, header) in [(0, 0), (7, 0), (3, 100), (0, 1500)] {
+            for value in LIMIT - 200..LIMIT + 10 {
+                let (k, v, h) = (vec![b'k'; key], vec![b'v'; value], vec![b'h'; header]);
+                let mut record = BaseRecord::<[u8], [u8]>::to("t").payload(&v[..]);
+                if key > 0 {
+                    record = record.key(&k[..]);
+                }
+                if header > 0 {
+                    record = record.headers(OwnedHeaders::new().insert(Header {
+                        key: "name",
+                        value: Some(&h[..]),
+                    }));
+                }
+                let headers = (header > 0).then_some(("name", header));
+                let estimate = wire_size(key, value, headers.into_iter());
+                let refused = producer.send(record).is_err();
+                assert!(
+                    !(refused && estimate <= LIMIT),
+                    "librdkafka refused {key}+{value}+{header} bytes, estimated {estimate}"
+                );
+                refusals += usize::from(refused);
+            }
+        }
+        assert!(refusals > 0, "the sizes straddle librdkafka's limit");
+    }
+
+    #[test]
+    fn exec_answers_name_their_record_and_hold_outputs_or_an_error() {
+        let parse = |text: &str| serde_json::from_str::<ExecAnswer>(text);
+        let answer =
+            parse(r#"{"id": 7, "outputs": [{"value": 1}, {"value": 2, "key": null}]}"#).unwrap();
+        assert_eq!(answer.id, 7);
+        assert_eq!(answer.into_outputs().unwrap().len(), 2);
+        let filtered = parse(r#"{"id": 8, "outputs": []}"#).unwrap();
+        assert!(filtered.into_outputs().unwrap().is_empty());
+        let asked = parse(r#"{"id": 9, "error": "no page"}"#).unwrap();
+        assert_eq!(
+            asked.into_outputs(),
+            Err(Rejection::new("exec-error", "no page"))
+        );
+        let inner = parse(r#"{"id": 9, "outputs": [{"error": "no page"}]}"#).unwrap();
+        assert_eq!(inner.into_outputs().unwrap_err().kind, "exec-error");
+        let both = parse(r#"{"id": 9, "outputs": [], "error": "x"}"#).unwrap();
+        assert_eq!(both.into_outputs().unwrap_err().kind, "protocol");
+        let neither = parse(r#"{"id": 9}"#).unwrap();
+        assert_eq!(neither.into_outputs().unwrap_err().kind, "protocol");
+        assert!(parse(r#"{"outputs": []}"#).is_err(), "the id is required");
+        assert!(
+            parse(r#"{"value": 1}"#).is_err(),
+            "the old protocol's lines are not answers"
+        );
+    }
+
+    #[test]
     fn wire_errors_and_mistakes_are_rejections() {
         let asked = parse_wire_output(br#"{"error": "no speed"}"#, "exec-error").unwrap_err();
         assert_eq!(asked, Rejection::new("exec-error", "no speed"));

@@ -5,10 +5,11 @@
 //! answers with **one line** naming the same `id`: `{"id": N, "outputs": [output objects…]}`
 //! (`[]` filters the record out) or `{"id": N, "error": "why"}` to dead-letter it. Output
 //! objects are `{"value": …}`, optionally with `"key"` and `"headers"`. Blank lines are
-//! ignored. An answer counts only for the record whose id it names, so nothing the child
-//! prints can shift outputs onto another record: a line that is not an answer, an answer for
-//! another id, or a line longer than [`MAX_ANSWER`] dead-letters the record in hand as
-//! `protocol` and restarts the child (which may be out of step). stderr is passed through.
+//! ignored, and so is a second answer to a record answered before. An answer counts only for
+//! the record whose id it names, so nothing the child prints can shift outputs onto another
+//! record: a line that is not an answer, an answer for an id not sent yet, or a line longer
+//! than [`MAX_ANSWER`] dead-letters the record in hand as `protocol` and restarts the child
+//! (which may be out of step). stderr is passed through.
 //!
 //! A child that exits, or does not answer within `--transform-timeout`, is restarted with
 //! exponential backoff and the record is tried again, for up to `--attempts` attempts and
@@ -163,6 +164,16 @@ impl Exec {
                 Ok(Line::Text(text)) if text.iter().all(u8::is_ascii_whitespace) => continue,
                 Ok(Line::Text(text)) => match serde_json::from_slice::<ExecAnswer>(&text) {
                     Ok(answer) if answer.id == id => return Ok(Ok(answer)),
+                    Ok(answer) if answer.id < id => {
+                        // A second answer to a record already answered: it names its
+                        // record, so it cannot shift anything.
+                        tracing::warn!(
+                            answered = answer.id,
+                            in_hand = id,
+                            "exec child answered a record twice; the late answer is ignored"
+                        );
+                        continue;
+                    }
                     Ok(answer) => Failure::Protocol(format!(
                         "the child answered id {} while the record in hand has id {id}",
                         answer.id
@@ -339,5 +350,53 @@ impl Drop for Exec {
             }
             child.kill();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A pipe: what the test writes comes out of `read_lines` as lines.
+    fn lines_of(write: impl FnOnce(File) + Send + 'static) -> Vec<Line> {
+        let (read, written) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
+        let writer = std::thread::spawn(move || write(File::from(written)));
+        let (sender, lines) = channel();
+        read_lines(File::from(read), &sender);
+        writer.join().unwrap();
+        lines.try_iter().collect()
+    }
+
+    fn text(line: &Line) -> &[u8] {
+        match line {
+            Line::Text(text) => text,
+            Line::TooLong => b"<too long>",
+            Line::Failed(_) => b"<failed>",
+        }
+    }
+
+    #[test]
+    fn lines_come_whole_and_a_cut_last_line_is_dropped() {
+        let lines = lines_of(|mut out| {
+            out.write_all(b"first\n\nsec").unwrap();
+            out.write_all(b"ond\nno newline").unwrap();
+        });
+        let texts: Vec<&[u8]> = lines.iter().map(text).collect();
+        assert_eq!(texts, [&b"first"[..], b"", b"second"]);
+    }
+
+    #[test]
+    fn a_line_longer_than_the_bound_stops_the_reading() {
+        let lines = lines_of(|mut out| {
+            let chunk = vec![b'x'; 1 << 20];
+            for _ in 0..=MAX_ANSWER >> 20 {
+                if out.write_all(&chunk).is_err() {
+                    return; // the reader stopped, as it should
+                }
+            }
+            let _ = out.write_all(b"\n");
+        });
+        assert_eq!(lines.len(), 1);
+        assert!(matches!(lines[0], Line::TooLong));
     }
 }
