@@ -404,6 +404,8 @@ fn run_here(
         pipeline.process(stop)?;
         pipeline.resend_refused()
     });
+    // An exec child has nothing more to do: it ends while the processor commits.
+    drop(transform);
     let until = match stop.first_request() {
         Some(first) => (first + STOP_LIMIT)
             .checked_sub(Duration::from_secs(1))
@@ -412,9 +414,11 @@ fn run_here(
         None => Instant::now() + KAFKA_CALL_TIMEOUT * 2,
     };
     let finished = match &processed {
-        Ok(()) => committer
-            .finish(&consumer, until)
-            .map_err(Error::FinalCommit),
+        Ok(()) => committer.finish(&consumer, until).map_err(|error| {
+            // Exactly-once: the open transaction is aborted rather than left to time out.
+            committer.fail(&consumer);
+            Error::FinalCommit(error)
+        }),
         Err(_) => {
             committer.fail(&consumer);
             Ok(())

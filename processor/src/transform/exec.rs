@@ -307,6 +307,11 @@ impl Transform for Exec {
             tracing::warn!(attempt, error = %why, topic = input.topic, partition = input.partition, offset = input.offset, "exec child failed on a record");
             self.kill_child();
             self.failures += 1;
+            if stop.requested() {
+                // No new child while stopping (a signal to the process group may have ended
+                // this one): the group's next owner processes the record.
+                return Ok(Outcome::Abandoned);
+            }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 let detail = format!("; attempt {attempt}: {why}");

@@ -246,6 +246,10 @@ impl Transform for Http {
                 Answer::Failed(why) => last_failure = format!("{}: {why}", self.url),
             }
             tracing::warn!(attempt, error = %last_failure, topic = input.topic, partition = input.partition, offset = input.offset, "http call failed");
+            if stop.requested() {
+                // No retry while stopping: the group's next owner processes the record.
+                return Ok(Outcome::Abandoned);
+            }
         }
         if Instant::now() >= deadline {
             let detail = format!("; last attempt: {last_failure}");
