@@ -1,11 +1,19 @@
 //! CPU cost of the jq transform per record, against copying the record (the floor of any
 //! transform). The benchmark record is the one `bench/processor.sh` streams.
+//!
+//! Also what booking the record for the overseer adds to each evaluation (the loop does it
+//! around every transform), against evaluating on a worker thread with a round trip through
+//! channels per record, the design that would let the loop's thread abandon a runaway
+//! evaluation (processor/src/overseer.rs says why the overseer does instead).
 
 #![allow(clippy::expect_used)] // a broken benchmark setup should stop loudly
 
 use std::hint::black_box;
+use std::sync::mpsc::channel;
+use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
+use plumber_processor::overseer::{Hand, InHand};
 use plumber_processor::transform::jq::Jq;
 
 // The processor binary's allocator: much of the transform's cost is allocation.
@@ -23,6 +31,42 @@ fn bench(c: &mut Criterion) {
             b.iter(|| black_box(jq.run(black_box(RECORD)).expect("runs")))
         });
     }
+
+    let jq = Jq::compile(".").expect("compiles");
+    let hand = Hand::default();
+    group.bench_function("jq . (booked for the overseer, as the loop runs it)", |b| {
+        b.iter(|| {
+            let started = Instant::now();
+            hand.begin(InHand {
+                slot: 0,
+                offset: 1,
+                started,
+                deadline: started + Duration::from_secs(60),
+                interruptible: false,
+            });
+            let outputs = jq.run(black_box(RECORD)).expect("runs");
+            assert!(hand.end());
+            black_box(outputs)
+        })
+    });
+
+    let (requests, jobs) = channel::<Vec<u8>>();
+    let (replies, answers) = channel();
+    std::thread::spawn(move || {
+        // Compiled here: jaq's values are not Send.
+        let jq = Jq::compile(".").expect("compiles");
+        for record in jobs {
+            if replies.send(jq.run(&record)).is_err() {
+                return;
+            }
+        }
+    });
+    group.bench_function("jq . (on a worker thread, a channel round trip)", |b| {
+        b.iter(|| {
+            requests.send(black_box(RECORD).to_vec()).expect("worker");
+            black_box(answers.recv().expect("worker").expect("runs"))
+        })
+    });
     group.finish();
 }
 

@@ -59,21 +59,34 @@ pub struct Args {
     /// Serve Prometheus metrics on /metrics and liveness on /healthz at this address.
     #[arg(long, env = "PLUMBER_METRICS", value_name = "ADDR")]
     pub metrics: Option<SocketAddr>,
-    /// Delivery guarantee. `auto` runs exactly-once when the brokers support transactions.
+    /// Delivery guarantee. `auto` runs exactly-once when the brokers support transactions,
+    /// asking them until they answer; the daemon passes the mode explicitly.
     #[arg(long, env = "PLUMBER_DELIVERY", value_enum, default_value_t = DeliveryChoice::Auto)]
     pub delivery: DeliveryChoice,
     /// How often consumed offsets are committed (at-least-once) or transactions are committed
     /// (exactly-once), in milliseconds. Default: 1000 at-least-once, 100 exactly-once.
     #[arg(long, env = "PLUMBER_COMMIT_INTERVAL_MS", value_name = "MS")]
     pub commit_interval_ms: Option<u64>,
-    /// Seconds one exec or http call may take before it counts as failed.
+    /// Seconds one exec or http call may take before it counts as failed (and is retried,
+    /// within the record timeout).
     #[arg(
         long,
         env = "PLUMBER_TRANSFORM_TIMEOUT",
         default_value_t = 30,
-        value_name = "SECS"
+        value_name = "SECS",
+        value_parser = clap::value_parser!(u64).range(1..=86_400)
     )]
     pub transform_timeout: u64,
+    /// Seconds one record may take in the transform, all attempts and backoffs included;
+    /// a record still unfinished then is dead-lettered (kind `timeout`).
+    #[arg(
+        long,
+        env = "PLUMBER_RECORD_TIMEOUT",
+        default_value_t = 60,
+        value_name = "SECS",
+        value_parser = clap::value_parser!(u64).range(1..=86_400)
+    )]
+    pub record_timeout: u64,
     /// Attempts per record for exec crashes and http 5xx or timeouts before dead-lettering.
     #[arg(long, env = "PLUMBER_ATTEMPTS", default_value_t = 4, value_name = "N",
           value_parser = clap::value_parser!(u32).range(1..=100))]
@@ -136,9 +149,26 @@ pub struct Config {
     pub delivery: DeliveryChoice,
     pub commit_interval: Option<Duration>,
     pub transform_timeout: Duration,
+    pub record_timeout: Duration,
     pub attempts: u32,
     pub instance: String,
     pub kafka: Vec<(String, String)>,
+}
+
+impl DeliveryMode {
+    /// The mode as the command line names it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeliveryMode::AtLeastOnce => "at-least-once",
+            DeliveryMode::ExactlyOnce => "exactly-once",
+        }
+    }
+}
+
+impl std::fmt::Display for DeliveryMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 impl Config {
@@ -204,6 +234,7 @@ impl TryFrom<Args> for Config {
             delivery: args.delivery,
             commit_interval: args.commit_interval_ms.map(Duration::from_millis),
             transform_timeout: Duration::from_secs(args.transform_timeout),
+            record_timeout: Duration::from_secs(args.record_timeout),
             attempts: args.attempts,
             instance,
             kafka: args.kafka,

@@ -18,6 +18,7 @@
 //! input whose outputs are durable, which is what the cutover hands to a successor.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -27,16 +28,22 @@ use rdkafka::producer::Producer;
 use rdkafka::{Offset, TopicPartitionList};
 
 use crate::config::DeliveryMode;
-use crate::kafka::{ConsumerContext, OutputProducer};
+use crate::kafka::{ConsumerContext, OutputProducer, Refused};
 use crate::metrics::Metrics;
 
 /// How long a flush, a commit or a transaction call may take.
 pub const KAFKA_CALL_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The inputs in flight per input partition, and the first failure seen by a callback.
+/// Transactions aborted in a row (each followed by processing its records again) before the
+/// processor gives up: the cause is then not a record but the brokers.
+const MAX_ABORTS_IN_A_ROW: u32 = 5;
+
+/// The inputs in flight per input partition, the records the brokers refused, and the first
+/// failure seen by a callback.
 #[derive(Debug, Default)]
 pub struct Tracker {
     partitions: Vec<PartitionTrack>,
+    refused: Vec<Refused>,
     failure: Option<String>,
 }
 
@@ -96,6 +103,26 @@ impl Tracker {
 
     pub fn fail(&mut self, why: String) {
         self.failure.get_or_insert(why);
+    }
+
+    /// The topic and partition of `slot`.
+    pub fn partition_of(&self, slot: usize) -> Option<(&str, i32)> {
+        self.partitions
+            .get(slot)
+            .map(|t| (t.topic.as_str(), t.partition))
+    }
+
+    /// The brokers refused a record sent for an input; it stays in flight.
+    pub fn refuse(&mut self, refused: Refused) {
+        self.refused.push(refused);
+    }
+
+    pub fn take_refused(&mut self) -> Vec<Refused> {
+        std::mem::take(&mut self.refused)
+    }
+
+    pub fn has_refused(&self) -> bool {
+        !self.refused.is_empty()
     }
 
     pub fn failure(&self) -> Option<&str> {
@@ -163,10 +190,20 @@ impl PartitionTrack {
 #[derive(Debug, Default)]
 struct Transaction {
     open: bool,
-    /// The next offset of each input partition: a linear scan, as in the tracker, allocates
+    /// The input partitions with records in it: a linear scan, as in the tracker, allocates
     /// nothing per record.
-    offsets: Vec<(String, i32, i64)>,
+    partitions: Vec<InTransaction>,
     opened_at: Option<Instant>,
+}
+
+#[derive(Debug)]
+struct InTransaction {
+    topic: String,
+    partition: i32,
+    /// Where its records in the transaction start: an abort rewinds the partition there.
+    first: i64,
+    /// The offset to commit.
+    next: i64,
 }
 
 /// State shared with the Kafka callbacks.
@@ -202,6 +239,16 @@ pub enum Error {
     Delivery(String),
     #[error("the consumer has no group metadata for the transaction")]
     NoGroupMetadata,
+    #[error("{MAX_ABORTS_IN_A_ROW} transactions in a row had to be aborted; the last: {0}")]
+    Aborts(String),
+}
+
+impl Error {
+    /// The transaction failed in a way that aborting it and processing its records again
+    /// can cure (a record the brokers refused, a transient broker error).
+    pub fn requires_abort(&self) -> bool {
+        matches!(self, Error::Transaction { source: KafkaError::Transaction(e), .. } if e.txn_requires_abort())
+    }
 }
 
 /// Commits inputs as done, in the chosen mode. Called from the processing loop, from the
@@ -220,6 +267,10 @@ pub struct Committer {
     committing: Mutex<()>,
     background: Mutex<BackgroundCommits>,
     background_wake: Condvar,
+    /// A commit away from the loop's thread found the transaction abortable: the loop aborts
+    /// it and rewinds ([`Committer::recover`]) before it sends anything else.
+    needs_recovery: AtomicBool,
+    aborts_in_a_row: AtomicU32,
 }
 
 #[derive(Debug, Default)]
@@ -247,7 +298,13 @@ impl Committer {
             committing: Mutex::new(()),
             background: Mutex::new(BackgroundCommits::default()),
             background_wake: Condvar::new(),
+            needs_recovery: AtomicBool::new(false),
+            aborts_in_a_row: AtomicU32::new(0),
         }
+    }
+
+    pub fn mode(&self) -> DeliveryMode {
+        self.mode
     }
 
     fn committing(&self) -> MutexGuard<'_, ()> {
@@ -323,16 +380,103 @@ impl Committer {
             DeliveryMode::AtLeastOnce => self.books.tracker().handled(slot, offset, sends),
             DeliveryMode::ExactlyOnce => {
                 let mut transaction = self.transaction();
-                let offsets = &mut transaction.offsets;
-                match offsets
+                let partitions = &mut transaction.partitions;
+                match partitions
                     .iter_mut()
-                    .find(|(t, p, _)| *p == partition && t == topic)
+                    .find(|t| t.partition == partition && t.topic == topic)
                 {
-                    Some((_, _, next)) => *next = offset + 1,
-                    None => offsets.push((topic.to_owned(), partition, offset + 1)),
+                    Some(booked) => booked.next = offset + 1,
+                    None => partitions.push(InTransaction {
+                        topic: topic.to_owned(),
+                        partition,
+                        first: offset,
+                        next: offset + 1,
+                    }),
                 }
             }
         }
+    }
+
+    /// Whether a commit away from the loop's thread left the transaction to abort.
+    pub fn needs_recovery(&self) -> bool {
+        self.needs_recovery.load(Ordering::SeqCst)
+    }
+
+    /// From a thread other than the loop's: a failed commit that an abort can cure is left
+    /// to the loop; any other failure stops it.
+    pub fn commit_failed_elsewhere(&self, error: Error) {
+        if error.requires_abort() {
+            tracing::warn!(%error, "the transaction must be aborted; its records are processed again");
+            self.needs_recovery.store(true, Ordering::SeqCst);
+        } else {
+            self.books.tracker().fail(error.to_string());
+        }
+    }
+
+    /// Aborts the open transaction and rewinds its input partitions (and that of
+    /// `in_hand`, the record the loop holds, which is dropped) to where the transaction
+    /// started, so its records are processed again. Returns the records the brokers refused,
+    /// whose inputs must be dead-lettered when they come again.
+    pub fn recover(
+        &self,
+        consumer: &Consumer,
+        why: &str,
+        in_hand: Option<(&str, i32, i64)>,
+    ) -> Result<Vec<(String, i32, Refused)>, Error> {
+        let aborts = self.aborts_in_a_row.fetch_add(1, Ordering::SeqCst) + 1;
+        if aborts > MAX_ABORTS_IN_A_ROW {
+            return Err(Error::Aborts(why.to_owned()));
+        }
+        let mut transaction = self.transaction();
+        tracing::warn!(
+            error = why,
+            partitions = transaction.partitions.len(),
+            "aborting the transaction; its records are processed again"
+        );
+        // The abort waits for every delivery report, which only polling serves; they also
+        // tell which records were refused.
+        self.await_deliveries(KAFKA_CALL_TIMEOUT);
+        self.producer
+            .abort_transaction(KAFKA_CALL_TIMEOUT)
+            .map_err(|source| Error::Transaction {
+                step: "abort",
+                source,
+            })?;
+        let mut rewinds: Vec<(String, i32, i64)> = transaction
+            .partitions
+            .iter()
+            .map(|t| (t.topic.clone(), t.partition, t.first))
+            .collect();
+        if let Some((topic, partition, offset)) = in_hand
+            && !rewinds
+                .iter()
+                .any(|(t, p, _)| *p == partition && t == topic)
+        {
+            rewinds.push((topic.to_owned(), partition, offset));
+        }
+        for (topic, partition, offset) in &rewinds {
+            if let Err(error) = consumer.seek(
+                topic,
+                *partition,
+                Offset::Offset(*offset),
+                KAFKA_CALL_TIMEOUT,
+            ) {
+                // Revoked meanwhile: its next owner starts from the last commit anyway.
+                tracing::warn!(%error, topic, partition, offset, "cannot rewind the partition");
+            }
+        }
+        *transaction = Transaction::default();
+        self.needs_recovery.store(false, Ordering::SeqCst);
+        self.books.metrics.transaction_aborts.inc();
+        let mut tracker = self.books.tracker();
+        let refused = tracker.take_refused();
+        Ok(refused
+            .into_iter()
+            .filter_map(|r| {
+                let (topic, partition) = tracker.partition_of(r.slot)?;
+                Some((topic.to_owned(), partition, r))
+            })
+            .collect())
     }
 
     /// Commits when the interval has passed: at-least-once asks the background thread,
@@ -423,14 +567,18 @@ impl Committer {
         }
         let started = Instant::now();
         tracing::debug!(
-            partitions = transaction.offsets.len(),
+            partitions = transaction.partitions.len(),
             "committing transaction"
         );
-        if !transaction.offsets.is_empty() {
-            let mut offsets = TopicPartitionList::with_capacity(transaction.offsets.len());
-            for (topic, partition, offset) in &transaction.offsets {
+        if !transaction.partitions.is_empty() {
+            let mut offsets = TopicPartitionList::with_capacity(transaction.partitions.len());
+            for booked in &transaction.partitions {
                 offsets
-                    .add_partition_offset(topic, *partition, Offset::Offset(*offset))
+                    .add_partition_offset(
+                        &booked.topic,
+                        booked.partition,
+                        Offset::Offset(booked.next),
+                    )
                     .map_err(|source| Error::Transaction {
                         step: "add offsets",
                         source,
@@ -451,12 +599,18 @@ impl Committer {
                 step: "commit",
                 source,
             })?;
+        let metrics = &self.books.metrics;
+        if let Some(opened_at) = transaction.opened_at {
+            metrics
+                .transaction_open_seconds
+                .observe(opened_at.elapsed().as_secs_f64());
+        }
         *transaction = Transaction::default();
-        self.books
-            .metrics
+        self.aborts_in_a_row.store(0, Ordering::SeqCst);
+        metrics
             .commit_seconds
             .observe(started.elapsed().as_secs_f64());
-        self.books.metrics.commits.inc();
+        metrics.commits.inc();
         Ok(())
     }
 
@@ -470,18 +624,19 @@ impl Committer {
         }
     }
 
-    /// Graceful end: wait for what is in flight, then commit it.
-    pub fn finish(&self, consumer: &Consumer) -> Result<(), Error> {
-        self.finish_locked(consumer, &self.committing())
+    /// Graceful end: wait for what is in flight (until `until` at most), then commit it.
+    pub fn finish(&self, consumer: &Consumer, until: Instant) -> Result<(), Error> {
+        self.finish_locked(consumer, &self.committing(), until)
     }
 
     fn finish_locked(
         &self,
         consumer: &Consumer,
         committing: &MutexGuard<'_, ()>,
+        until: Instant,
     ) -> Result<(), Error> {
         if self.mode == DeliveryMode::AtLeastOnce {
-            self.await_deliveries(KAFKA_CALL_TIMEOUT);
+            self.await_deliveries(until.saturating_duration_since(Instant::now()));
             let in_flight = self.books.tracker().in_flight();
             if in_flight > 0 {
                 // Unacknowledged inputs stay uncommitted: processed again by the next owner.
@@ -504,6 +659,7 @@ impl Committer {
             DeliveryMode::ExactlyOnce => {
                 let mut transaction = self.transaction();
                 if transaction.open {
+                    self.await_deliveries(KAFKA_CALL_TIMEOUT);
                     if let Err(error) = self.producer.abort_transaction(KAFKA_CALL_TIMEOUT) {
                         tracing::warn!(%error, "abort after failure failed");
                     }
@@ -518,14 +674,22 @@ impl Committer {
     pub fn revoke(&self, consumer: &Consumer, partitions: &TopicPartitionList) {
         let committing = self.committing();
         let result = match self.mode {
-            DeliveryMode::AtLeastOnce => self.finish_locked(consumer, &committing),
+            DeliveryMode::AtLeastOnce => {
+                self.finish_locked(consumer, &committing, Instant::now() + KAFKA_CALL_TIMEOUT)
+            }
             DeliveryMode::ExactlyOnce => self.commit_locked(consumer, &committing),
         };
-        if let Err(error) = result {
-            tracing::error!(%error, "commit before revocation failed");
-            self.books
-                .tracker()
-                .fail(format!("commit before revocation failed: {error}"));
+        match result {
+            Ok(()) => {}
+            // The revoked partitions' next owner starts from the last commit; the loop
+            // aborts the transaction and rewinds the partitions it keeps.
+            Err(error) if error.requires_abort() => self.commit_failed_elsewhere(error),
+            Err(error) => {
+                tracing::error!(%error, "commit before revocation failed");
+                self.books
+                    .tracker()
+                    .fail(format!("commit before revocation failed: {error}"));
+            }
         }
         let mut tracker = self.books.tracker();
         for element in partitions.elements() {

@@ -2,27 +2,89 @@
 //! the start-up check whether the brokers support transactions.
 
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use rdkafka::ClientConfig;
 use rdkafka::client::ClientContext;
 use rdkafka::config::RDKafkaLogLevel;
-use rdkafka::consumer::{BaseConsumer, Rebalance};
-use rdkafka::error::KafkaError;
-use rdkafka::message::DeliveryResult;
+use rdkafka::consumer::{BaseConsumer, Consumer as _, Rebalance};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{DeliveryResult, OwnedMessage};
 use rdkafka::producer::{BaseProducer, Producer, ProducerContext as RdProducerContext};
 use rdkafka::statistics::Statistics;
+use rdkafka::{ClientConfig, Message as _, Offset, TopicPartitionList};
 
 use crate::config::Config;
-use crate::delivery::{Books, Committer};
+use crate::delivery::{Books, Committer, KAFKA_CALL_TIMEOUT};
 
 /// What a delivery callback needs to know about a sent record.
 #[derive(Debug)]
 pub struct Sent {
     pub slot: usize,
     pub offset: i64,
-    /// A dead-letter copy, not an output.
-    pub dead_letter: bool,
+    pub copy: SentAs,
+}
+
+/// What a sent record is to its input.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SentAs {
+    Output,
+    /// The input's dead-letter copy, with its error; `smallest` when it already is the
+    /// smallest form (no value, key or headers of the input).
+    DeadLetter {
+        kind: &'static str,
+        message: String,
+        smallest: bool,
+    },
+}
+
+/// A record the brokers refused as it is (too large): its input gets a dead letter instead.
+#[derive(Debug, Clone)]
+pub struct Refused {
+    pub slot: usize,
+    pub offset: i64,
+    /// The topic the refused record was sent to.
+    pub to: String,
+    pub error: String,
+    pub copy: SentAs,
+}
+
+/// librdkafka's default `message.max.bytes`.
+const DEFAULT_MESSAGE_MAX_BYTES: usize = 1_000_000;
+
+/// The largest record the producer sends: `message.max.bytes`, as set with -X or librdkafka's
+/// default. Larger outputs and dead-letter copies are never handed to librdkafka.
+pub fn message_limit(config: &Config) -> usize {
+    config
+        .kafka
+        .iter()
+        .rev()
+        .find(|(key, _)| key == "message.max.bytes")
+        .and_then(|(_, value)| value.parse().ok())
+        .unwrap_or(DEFAULT_MESSAGE_MAX_BYTES)
+}
+
+/// Whether the brokers refused a record for what it is, not for a failure that concerns every
+/// record (an unknown topic, authorisation, a broker gone).
+fn refuses_the_record(error: &KafkaError) -> bool {
+    matches!(
+        error,
+        KafkaError::MessageProduction(
+            RDKafkaErrorCode::MessageSizeTooLarge
+                | RDKafkaErrorCode::MessageBatchTooLarge
+                | RDKafkaErrorCode::InvalidRecord
+        )
+    )
+}
+
+/// `transaction.timeout.ms`: how long a transaction may stay open before the broker aborts
+/// it. A transaction holds the sends of the records between two commits (one commit interval
+/// at most: while a transform runs longer, the overseer commits what came before it), plus
+/// its commit: sending the offsets, waiting for deliveries and ending the transaction, each
+/// bounded by [`KAFKA_CALL_TIMEOUT`]. The slack covers a producer queue slowed by the brokers.
+/// The transform's own time is not in it, whatever `--record-timeout` is.
+pub fn transaction_timeout(commit_interval: Duration) -> Duration {
+    const SLACK: Duration = Duration::from_secs(10);
+    commit_interval + KAFKA_CALL_TIMEOUT * 3 + SLACK
 }
 
 pub type OutputProducer = BaseProducer<ProducerContext>;
@@ -61,13 +123,25 @@ impl RdProducerContext for ProducerContext {
     fn delivery(&self, result: &DeliveryResult<'_>, sent: Box<Sent>) {
         match result {
             Ok(_) => {
-                if !sent.dead_letter {
+                if sent.copy == SentAs::Output {
                     self.books.metrics.produced.inc();
                 }
                 self.books.tracker().acknowledged(sent.slot, sent.offset);
             }
             Err((error, message)) => {
-                use rdkafka::Message;
+                let smallest = matches!(sent.copy, SentAs::DeadLetter { smallest: true, .. });
+                if refuses_the_record(error) && !smallest {
+                    // Not acknowledged: the input stays in flight until its dead letter is.
+                    tracing::warn!(%error, topic = message.topic(), offset = sent.offset, "the brokers refused a record; its input is dead-lettered instead");
+                    self.books.tracker().refuse(Refused {
+                        slot: sent.slot,
+                        offset: sent.offset,
+                        to: message.topic().to_owned(),
+                        error: error.to_string(),
+                        copy: sent.copy,
+                    });
+                    return;
+                }
                 let why = format!("to {} failed: {error}", message.topic());
                 tracing::error!(%error, topic = message.topic(), "delivery failed");
                 self.books.tracker().fail(why);
@@ -152,14 +226,19 @@ pub fn producer(
     client
         // Java clients' partitioner, so keys land where the rest of the Kafka world expects.
         .set("partitioner", "murmur2_random")
+        // Topics are the daemon's to create; a missing one is an error, never a new topic
+        // with the broker's defaults (librdkafka's producer default is to create it).
+        .set("allow.auto.create.topics", "false")
         .set("linger.ms", "5")
         // Bounds memory: librdkafka's default allows a gigabyte of queued records.
         .set("queue.buffering.max.kbytes", "16384");
     if transactional {
+        let timeout = transaction_timeout(config.commit_interval(crate::DeliveryMode::ExactlyOnce));
         client
             .set("transactional.id", config.transactional_id())
-            // Bounds how long a crashed instance's open transaction holds up readers.
-            .set("transaction.timeout.ms", "10000");
+            // Also how long a crashed instance's open transaction can hold up readers (its
+            // restart with the same --instance aborts it at once).
+            .set("transaction.timeout.ms", timeout.as_millis().to_string());
     } else {
         client
             .set("enable.idempotence", "false")
@@ -204,6 +283,109 @@ pub fn consumer(
         client.set("statistics.interval.ms", "5000");
     }
     with_overrides(client, config).create_with_context(ConsumerContext { committer, books })
+}
+
+/// Reads the record at `offset` of `topic`/`partition` again, outside any group: for the
+/// dead letter of a record whose value is no longer at hand.
+pub fn fetch_record(
+    config: &Config,
+    topic: &str,
+    partition: i32,
+    offset: i64,
+    timeout: Duration,
+) -> Result<OwnedMessage, String> {
+    let mut client = common(config);
+    client
+        // librdkafka assigns partitions only to a consumer with a group; this one never
+        // joins it (no subscription) nor commits.
+        .set("group.id", format!("{}.reread", config.group))
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
+        .set("enable.partition.eof", "true");
+    let consumer: BaseConsumer = with_overrides(client, config)
+        .create()
+        .map_err(|e| e.to_string())?;
+    let mut assignment = TopicPartitionList::new();
+    assignment
+        .add_partition_offset(topic, partition, Offset::Offset(offset))
+        .map_err(|e| e.to_string())?;
+    consumer.assign(&assignment).map_err(|e| e.to_string())?;
+    let until = Instant::now() + timeout;
+    let mut last_error = String::from("no answer");
+    let read = loop {
+        if Instant::now() >= until {
+            break Err(format!(
+                "not read within {} s: {last_error}",
+                timeout.as_secs()
+            ));
+        }
+        match consumer.poll(Duration::from_millis(100)) {
+            Some(Ok(message)) if message.offset() == offset => break Ok(message.detach()),
+            Some(Ok(message)) if message.offset() > offset => {
+                break Err(format!("offset {offset} is no longer in the partition"));
+            }
+            Some(Err(KafkaError::PartitionEOF(_))) => {
+                break Err(format!("the partition ends before offset {offset}"));
+            }
+            Some(Err(error)) => last_error = error.to_string(),
+            _ => {}
+        }
+    };
+    drop_within(consumer, Instant::now() + KAFKA_CALL_TIMEOUT);
+    read
+}
+
+/// Drops `consumer` on a thread of its own, which closes it (the revocation callback
+/// commits, then it leaves its group), and waits for that until `until`; false when it did
+/// not finish (a broker that is gone): the drop, which waits for the close without end, is
+/// left to the end of the process.
+pub fn drop_within<C: rdkafka::consumer::ConsumerContext + 'static>(
+    consumer: BaseConsumer<C>,
+    until: Instant,
+) -> bool {
+    let (closed, done) = std::sync::mpsc::channel();
+    let closing = std::thread::Builder::new()
+        .name("consumer-close".into())
+        .spawn(move || {
+            drop(consumer);
+            let _ = closed.send(());
+        });
+    closing.is_ok()
+        && done
+            .recv_timeout(until.saturating_duration_since(Instant::now()))
+            .is_ok()
+}
+
+/// Closes the consumer: the revocation callback commits, then it leaves the group. Returns
+/// false when that did not finish by `until` (a broker that is gone): such a consumer must
+/// not be dropped, its drop would wait for the close without end.
+pub fn close(consumer: &BaseConsumer<ConsumerContext>, until: Instant) -> bool {
+    if consumer.close_queue().is_err() {
+        return true;
+    }
+    while !consumer.closed() {
+        if Instant::now() >= until {
+            return false;
+        }
+        consumer.poll(Duration::from_millis(100));
+    }
+    true
+}
+
+/// Which of `topics` the brokers do not know; none when they did not answer within
+/// `timeout` (the first send then reports the problem).
+pub fn unknown_topics<'t>(
+    producer: &OutputProducer,
+    topics: impl Iterator<Item = &'t String>,
+    timeout: Duration,
+) -> Vec<String> {
+    let Ok(metadata) = producer.client().fetch_metadata(None, timeout) else {
+        return Vec::new();
+    };
+    topics
+        .filter(|name| !metadata.topics().iter().any(|t| t.name() == name.as_str()))
+        .cloned()
+        .collect()
 }
 
 /// Whether every broker the client reached supports the transaction APIs, from the API

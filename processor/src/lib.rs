@@ -16,6 +16,7 @@ pub mod config;
 pub mod delivery;
 pub mod kafka;
 pub mod metrics;
+pub mod overseer;
 pub mod pipeline;
 pub mod record;
 pub mod stop;

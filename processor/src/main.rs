@@ -4,6 +4,8 @@ use std::process::ExitCode;
 use clap::Parser;
 use plumber_processor::config::{Args, LogFormat};
 use plumber_processor::metrics::Metrics;
+use plumber_processor::overseer::SELF_RESTARTS_ENV;
+use plumber_processor::pipeline::report;
 use plumber_processor::stop::Stop;
 use plumber_processor::{Config, run};
 use tracing_subscriber::EnvFilter;
@@ -15,8 +17,17 @@ use tracing_subscriber::EnvFilter;
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
+    // First, before any thread starts: every thread inherits the blocked signals.
+    let stop = Stop::on_signals();
     let args = Args::parse();
     init_logging(args.log_format);
+    let stop = match stop {
+        Ok(stop) => stop,
+        Err(error) => {
+            tracing::error!(%error, "cannot install signal handlers");
+            return ExitCode::from(2);
+        }
+    };
     let config = match Config::try_from(args) {
         Ok(config) => config,
         Err(message) => {
@@ -24,32 +35,17 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let stop = match Stop::on_signals() {
-        Ok(stop) => stop,
-        Err(error) => {
-            tracing::error!(%error, "cannot install signal handlers");
-            return ExitCode::from(2);
-        }
-    };
-    match run(&config, &stop, &Metrics::new()) {
-        Ok(summary) => {
-            tracing::info!(
-                mode = ?summary.mode,
-                consumed = summary.consumed,
-                produced = summary.produced,
-                filtered = summary.filtered,
-                dead_lettered = summary.dead_lettered,
-                abandoned = summary.abandoned,
-                "stopped"
-            );
-            ExitCode::SUCCESS
-        }
-        Err(error) => {
-            // Every error's message already names its cause.
-            tracing::error!(%error, "processor failed");
-            ExitCode::from(1)
-        }
+    let metrics = Metrics::new();
+    if let Some(restarts) = std::env::var(SELF_RESTARTS_ENV)
+        .ok()
+        .and_then(|n| n.parse().ok())
+    {
+        // Each one dead-lettered a record that timed out, in an earlier image of this process.
+        metrics.resume_after_self_restarts(restarts);
+        tracing::info!(restarts, "restarted itself after a record timed out");
     }
+    let code = report(run(&config, &stop, &metrics), &stop);
+    ExitCode::from(u8::try_from(code).unwrap_or(1))
 }
 
 fn init_logging(format: LogFormat) {

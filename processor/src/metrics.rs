@@ -40,6 +40,15 @@ pub struct Metrics {
     /// Background offset commits that failed (retried at the next interval).
     pub commit_failures: Counter,
     pub consumer_lag: Family<Labels, Gauge>,
+    /// 1 for the delivery mode running, by `mode`.
+    pub delivery_mode: Family<Labels, Gauge>,
+    /// How long each transaction stayed open, from its first send to its commit.
+    pub transaction_open_seconds: Histogram,
+    /// Transactions aborted after an abortable error, their records processed again.
+    pub transaction_aborts: Counter,
+    /// Times the processor replaced itself (exec) to end a transform that overran its
+    /// deadline; carried across those restarts.
+    pub self_restarts: Counter,
     heartbeat: Arc<AtomicU64>,
     registry: Arc<Registry>,
 }
@@ -62,13 +71,18 @@ impl Metrics {
             transform_retries: Counter::default(),
             exec_restarts: Counter::default(),
             abandoned: Counter::default(),
-            // 10 µs … 2.6 s
-            transform_seconds: Histogram::new(exponential_buckets(0.000_01, 4.0, 10)),
+            // 10 µs … 168 s
+            transform_seconds: Histogram::new(exponential_buckets(0.000_01, 4.0, 13)),
             // 0.5 ms … 4 s
             commit_seconds: Histogram::new(exponential_buckets(0.000_5, 2.0, 14)),
             commits: Counter::default(),
             commit_failures: Counter::default(),
             consumer_lag: Family::default(),
+            delivery_mode: Family::default(),
+            // 1 ms … 65 s
+            transaction_open_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 17)),
+            transaction_aborts: Counter::default(),
+            self_restarts: Counter::default(),
             heartbeat: Arc::new(AtomicU64::new(now_millis())),
             registry: Arc::new(Registry::default()),
         };
@@ -132,10 +146,45 @@ impl Metrics {
             "Records behind the end of each input partition",
             metrics.consumer_lag.clone(),
         );
+        registry.register(
+            "delivery_mode",
+            "1 for the delivery mode this processor runs (label mode)",
+            metrics.delivery_mode.clone(),
+        );
+        registry.register(
+            "transaction_open_seconds",
+            "How long each transaction stayed open, first send to commit (exactly-once)",
+            metrics.transaction_open_seconds.clone(),
+        );
+        registry.register(
+            "transaction_aborts",
+            "Transactions aborted after an abortable error; their records are processed again",
+            metrics.transaction_aborts.clone(),
+        );
+        registry.register(
+            "self_restarts",
+            "Times the processor restarted itself to end a transform past its deadline",
+            metrics.self_restarts.clone(),
+        );
         Metrics {
             registry: Arc::new(registry),
             ..metrics
         }
+    }
+
+    /// Carries over what earlier images of this process counted before they replaced
+    /// themselves, `restarts` times, each after dead-lettering a record that timed out.
+    pub fn resume_after_self_restarts(&self, restarts: u64) {
+        self.self_restarts.inc_by(restarts);
+        self.dead_lettered
+            .get_or_create(&vec![("kind", crate::transform::TIMEOUT.to_owned())])
+            .inc_by(restarts);
+    }
+
+    pub fn set_delivery_mode(&self, mode: crate::config::DeliveryMode) {
+        self.delivery_mode
+            .get_or_create(&vec![("mode", mode.as_str().to_owned())])
+            .set(1);
     }
 
     pub fn dead_lettered(&self, kind: &'static str) {
@@ -173,7 +222,9 @@ impl Metrics {
 
     /// Serves `/metrics` and `/healthz` on `addr` from a thread of its own. Binding happens
     /// before returning, so a taken port is an error here, not a silent log line.
-    pub fn serve(&self, addr: SocketAddr) -> std::io::Result<SocketAddr> {
+    ///
+    /// `/healthz` fails once the loop has not turned for `stuck_after`.
+    pub fn serve(&self, addr: SocketAddr, stuck_after: Duration) -> std::io::Result<SocketAddr> {
         let listener = std::net::TcpListener::bind(addr)?;
         listener.set_nonblocking(true)?;
         let bound = listener.local_addr()?;
@@ -211,8 +262,7 @@ impl Metrics {
                         .route(
                             "/healthz",
                             axum::routing::get(move || async move {
-                                // A transform may legitimately take its whole timeout plus retries.
-                                if metrics.alive_within(Duration::from_secs(120)) {
+                                if metrics.alive_within(stuck_after) {
                                     (axum::http::StatusCode::OK, "ok\n")
                                 } else {
                                     (
@@ -252,6 +302,7 @@ mod tests {
         metrics.consumed.inc();
         metrics.dead_lettered("invalid-json");
         metrics.set_lag("in", 2, 40);
+        metrics.set_delivery_mode(crate::config::DeliveryMode::ExactlyOnce);
         let text = metrics.encode();
         assert!(
             text.contains("plumber_processor_records_consumed_total 1"),
@@ -269,6 +320,10 @@ mod tests {
         );
         assert!(
             text.contains("plumber_processor_transform_duration_seconds_bucket"),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"plumber_processor_delivery_mode{mode="exactly-once"} 1"#),
             "{text}"
         );
     }

@@ -11,6 +11,7 @@ use clap::Parser;
 use common::{STOP_PROMISE, Step, counts, ids, numbered};
 use nix::sys::signal::Signal;
 use plumber_processor::config::Args;
+use plumber_processor::stop::Stop;
 use plumber_processor::{Config, DeliveryMode};
 use plumber_testkit::{Broker, PATIENCE, unique, wait_until};
 use rdkafka::mocking::MockCluster;
@@ -82,19 +83,24 @@ fn config(bootstrap: &str, delivery: &str) -> Config {
 #[test]
 fn delivery_auto_picks_exactly_once_only_where_the_brokers_have_transactions() {
     let tx = transactional();
-    let mode = plumber_processor::pipeline::delivery_mode(&config(tx.broker.bootstrap(), "auto"));
-    assert_eq!(mode.unwrap(), DeliveryMode::ExactlyOnce);
+    let stop = Stop::default();
+    let mode =
+        plumber_processor::pipeline::delivery_mode(&config(tx.broker.bootstrap(), "auto"), &stop);
+    assert_eq!(mode.unwrap(), Some(DeliveryMode::ExactlyOnce));
 
     let tansu = Broker::start();
     if tansu.is_tansu() {
-        let auto = plumber_processor::pipeline::delivery_mode(&config(tansu.bootstrap(), "auto"));
+        let auto =
+            plumber_processor::pipeline::delivery_mode(&config(tansu.bootstrap(), "auto"), &stop);
         assert_eq!(
             auto.unwrap(),
-            DeliveryMode::AtLeastOnce,
+            Some(DeliveryMode::AtLeastOnce),
             "tansu 0.6 has no EndTxn"
         );
-        let forced =
-            plumber_processor::pipeline::delivery_mode(&config(tansu.bootstrap(), "exactly-once"));
+        let forced = plumber_processor::pipeline::delivery_mode(
+            &config(tansu.bootstrap(), "exactly-once"),
+            &stop,
+        );
         assert!(
             forced.is_err(),
             "exactly-once is refused, not silently downgraded"
@@ -128,7 +134,7 @@ fn outputs_dead_letters_and_offsets_commit_in_transactions() {
     );
 
     let log = step.log();
-    assert!(log.contains(r#""mode":"ExactlyOnce""#), "log:\n{log}");
+    assert!(log.contains(r#""mode":"exactly-once""#), "log:\n{log}");
     assert!(!log.contains("ERROR"), "no transaction call failed:\n{log}");
     let by_id = counts(&ids(&tx.broker.read_all(&output)));
     assert_eq!(by_id.len(), 300);
@@ -291,4 +297,85 @@ fn a_fenced_zombie_cannot_commit() {
             "the zombie's work never became visible: {by_id:?}"
         );
     }
+}
+
+/// Ids below 10 at once, then 3 s for id 10 and 0.3 s for each after it: the twenty records
+/// take longer than a transaction may stay open (a real broker aborts it after
+/// transaction.timeout.ms; the mock does not, so the test reads how long each stayed open
+/// from the processor's histogram). Id 10 starts with the transaction of the quick ones
+/// still open, since they took less than the commit interval.
+const SLOW_STEP: &str = r#"
+import json, sys, time
+for line in sys.stdin:
+    record = json.loads(line)
+    n = record["value"]["id"]
+    time.sleep(0 if n < 10 else 3 if n == 10 else 0.3)
+    print(json.dumps({"id": record["id"], "outputs": [{"value": {"id": n}}]}), flush=True)
+"#;
+
+/// The value of the sample `name` (with its labels) in Prometheus text.
+fn sample(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|value| value.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in:\n{text}"))
+}
+
+#[test]
+fn a_transform_slower_than_a_transaction_may_stay_open_commits_as_it_goes() {
+    let tx = transactional();
+    let (input, output) = (tx.topic("in", 1), tx.topic("out", 1));
+    tx.broker.produce(&input, &numbered(0..20));
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("slow.py");
+    std::fs::write(&script, SLOW_STEP).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let metrics = format!("127.0.0.1:{port}");
+    let step = Step::new(&unique("slow"), &input, &output).args(&[
+        "--delivery",
+        "exactly-once",
+        "--metrics",
+        &metrics,
+        "--exec",
+        "--",
+        "python3",
+        script.to_str().unwrap(),
+    ]);
+    let mut process = step.start(&tx.broker);
+    tx.broker
+        .wait_for_records(&output, "20 outputs", |r| r.len() >= 20);
+    let scrape = || {
+        ureq::get(&format!("http://{metrics}/metrics"))
+            .call()
+            .and_then(|mut r| r.body_mut().read_to_string())
+            .unwrap_or_default()
+    };
+    let open = "plumber_processor_transaction_open_seconds";
+    wait_until("the last transaction is committed", PATIENCE, || {
+        let text = scrape();
+        text.contains(open) && sample(&text, &format!("{open}_count")) >= 10.0
+    });
+    let text = scrape();
+    // A transaction for each slow record, none open longer than a second, though id 10
+    // took 3 s and all twenty took 6 s.
+    let transactions = sample(&text, &format!("{open}_count"));
+    let within_a_second = sample(&text, &format!(r#"{open}_bucket{{le="1.024"}}"#));
+    assert_eq!(within_a_second, transactions, "{text}");
+    assert_eq!(
+        sample(&text, "plumber_processor_transaction_aborts_total"),
+        0.0
+    );
+    process.signal(Signal::SIGTERM);
+    assert!(
+        process.wait_exit(STOP_PROMISE).expect("exits").success(),
+        "log:\n{}",
+        step.log()
+    );
+    let by_id = counts(&ids(&tx.broker.read_all(&output)));
+    assert_eq!(by_id.len(), 20);
+    assert!(by_id.values().all(|n| *n == 1), "{by_id:?}");
 }

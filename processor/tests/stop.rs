@@ -216,11 +216,11 @@ fn a_rebalance_hands_partitions_over_without_loss_or_duplicates() {
 const STUCK_ON_THREE: &str = r#"
 import json, sys, time
 for line in sys.stdin:
-    n = json.loads(line)["value"]["id"]
+    record = json.loads(line)
+    n = record["value"]["id"]
     if n == 3:
         time.sleep(3600)
-    print(json.dumps({"value": {"id": n}}))
-    print(flush=True)
+    print(json.dumps({"id": record["id"], "outputs": [{"value": {"id": n}}]}), flush=True)
 "#;
 
 #[test]

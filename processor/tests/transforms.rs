@@ -201,12 +201,12 @@ for line in sys.stdin:
     if n == 13:
         os._exit(3)  # crashes on this record, every time
     if n % 5 == 0:
-        print(json.dumps({"error": "multiple of five"}))
+        answer = {"error": "multiple of five"}
     else:
         copies = 2 if n % 3 == 0 else 1
-        for _ in range(copies):
-            print(json.dumps({"value": {"id": n, "pid": os.getpid()}, "headers": {"from": "exec"}}))
-    print(flush=True)
+        output = {"value": {"id": n, "pid": os.getpid()}, "headers": {"from": "exec"}}
+        answer = {"outputs": [output] * copies}
+    print(json.dumps({"id": record["id"], **answer}), flush=True)
 "#;
 
 #[test]

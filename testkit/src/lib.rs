@@ -66,6 +66,15 @@ impl Broker {
         broker
     }
 
+    /// Kills the harness's tansu (kill -9: the broker is gone) and leaves it dead; `restart`
+    /// brings it back. Does nothing for an external cluster.
+    pub fn kill(&mut self) {
+        if let Some(child) = &mut self.tansu {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
     /// Kills the harness's tansu (kill -9: a crash) and starts it again on the same port and
     /// data; returns once it answers. Does nothing for an external cluster.
     pub fn restart(&mut self) {

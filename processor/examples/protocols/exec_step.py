@@ -1,10 +1,12 @@
 import json, sys
-for line in sys.stdin:                          # one input record per line
-    record = json.loads(line)                   # {"topic","partition","offset","timestamp","key","headers","value"}
+for line in sys.stdin:                            # one input record per line
+    record = json.loads(line)                     # {"id","topic","partition","offset","timestamp","key","headers","value"}
     click = record["value"]
     if "page" not in click:
-        print(json.dumps({"error": "no page"}))  # dead-letter this record
+        answer = {"error": "no page"}             # dead-letter this record
     elif click.get("platform") == "web":
         click["section"] = click["page"].split("/")[1]
-        print(json.dumps({"value": click}))     # zero or more outputs…
-    print(flush=True)                           # …then an empty line ends them
+        answer = {"outputs": [{"value": click}]}  # zero or more outputs
+    else:
+        answer = {"outputs": []}                  # filtered out
+    print(json.dumps({"id": record["id"], **answer}), flush=True)  # one answer line per record

@@ -6,35 +6,45 @@
 //!   `204 No Content` for no output;
 //! - `4xx`: the record is dead-lettered with the status and the start of the body;
 //! - `5xx`, a timeout or a refused connection: retried with exponential backoff, then
-//!   dead-lettered after the last attempt.
+//!   dead-lettered after the last attempt (`http-failed`), or when the record's time
+//!   (`--record-timeout`) runs out (`timeout`).
 //!
-//! Calls run on a worker thread so that a stop never waits for a slow sidecar: an abandoned
-//! call is left to finish on its own and its answer is ignored.
+//! Calls run on a worker thread so that neither a stop nor the record's deadline waits for a
+//! slow sidecar: an abandoned call is left to finish on its own (it ends at its own timeout,
+//! which is never past the record's deadline) and its answer is ignored.
 
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use super::{Error, Outcome, Transform};
+use super::{Error, MAX_ANSWER, Outcome, Retries, Transform, timed_out};
 use crate::metrics::Metrics;
 use crate::record::{Envelope, Input, Output, Rejection, WireOutput};
 use crate::stop::Stop;
 
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// How long past its timeout a call may still report before it is given up.
+const CALL_GRACE: Duration = Duration::from_millis(500);
 /// Status lines and bodies quoted in dead-letter headers are cut to this many bytes.
 const QUOTED_BODY: usize = 512;
 
 pub struct Http {
     url: String,
     agent: ureq::Agent,
-    attempts: u32,
+    retries: Retries,
     metrics: Metrics,
     worker: Option<Worker>,
 }
 
 struct Worker {
-    requests: Sender<Vec<u8>>,
+    requests: Sender<Call>,
     answers: Receiver<Answer>,
+}
+
+/// One request for the worker: the body, and how long the call may take.
+struct Call {
+    body: Vec<u8>,
+    timeout: Duration,
 }
 
 /// What one call gave.
@@ -43,25 +53,25 @@ enum Answer {
     Failed(String),
 }
 
+/// Why a call gave no answer.
+enum NoAnswer {
+    Abandoned,
+    TimedOut,
+}
+
 impl Http {
-    pub fn new(
-        url: String,
-        timeout: Duration,
-        attempts: u32,
-        metrics: Metrics,
-    ) -> Result<Self, Error> {
+    pub fn new(url: String, retries: Retries, metrics: Metrics) -> Result<Self, Error> {
         url.parse::<ureq::http::Uri>()
             .map_err(|e| Error::Url(url.clone(), e.to_string()))?;
         let agent: ureq::Agent = ureq::Agent::config_builder()
-            .timeout_global(Some(timeout))
-            .timeout_connect(Some(timeout.min(Duration::from_secs(5))))
+            .timeout_connect(Some(retries.call_timeout.min(Duration::from_secs(5))))
             .http_status_as_error(false)
             .build()
             .into();
         Ok(Http {
             url,
             agent,
-            attempts,
+            retries,
             metrics,
             worker: None,
         })
@@ -69,14 +79,14 @@ impl Http {
 
     fn worker(&mut self) -> Result<&Worker, Error> {
         if self.worker.is_none() {
-            let (requests, jobs) = channel::<Vec<u8>>();
+            let (requests, jobs) = channel::<Call>();
             let (replies, answers) = channel();
             let (agent, url) = (self.agent.clone(), self.url.clone());
             std::thread::Builder::new()
                 .name("http-client".into())
                 .spawn(move || {
-                    for body in jobs {
-                        if replies.send(call(&agent, &url, body)).is_err() {
+                    for job in jobs {
+                        if replies.send(call(&agent, &url, job)).is_err() {
                             break;
                         }
                     }
@@ -89,42 +99,65 @@ impl Http {
             .ok_or_else(|| Error::Url(self.url.clone(), "no worker".into()))
     }
 
-    /// One call, or `None` when a stop abandoned it.
-    fn call(&mut self, body: &[u8], stop: &Stop) -> Result<Option<Answer>, Error> {
+    /// One call that must end by `until`.
+    fn call(
+        &mut self,
+        body: &[u8],
+        until: Instant,
+        stop: &Stop,
+    ) -> Result<Result<Answer, NoAnswer>, Error> {
+        let timeout = until.saturating_duration_since(Instant::now());
         let worker = self.worker()?;
-        if worker.requests.send(body.to_vec()).is_err() {
+        let job = Call {
+            body: body.to_vec(),
+            timeout,
+        };
+        if worker.requests.send(job).is_err() {
             self.worker = None;
-            return Ok(Some(Answer::Failed("the http worker stopped".into())));
+            return Ok(Ok(Answer::Failed("the http worker stopped".into())));
         }
+        // The call's own timeout ends it at `until`; this is for one that does not return in
+        // time anyway. Dropping its worker keeps its late answer from meeting the next call.
+        let given_up_at = until + CALL_GRACE;
         loop {
             match worker.answers.recv_timeout(Duration::from_millis(100)) {
-                Ok(answer) => return Ok(Some(answer)),
+                Ok(answer) => return Ok(Ok(answer)),
                 Err(RecvTimeoutError::Timeout) if stop.abandon_in_flight() => {
                     self.worker = None;
-                    return Ok(None);
+                    return Ok(Err(NoAnswer::Abandoned));
+                }
+                Err(RecvTimeoutError::Timeout) if Instant::now() >= given_up_at => {
+                    self.worker = None;
+                    return Ok(Err(NoAnswer::TimedOut));
                 }
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => {
                     self.worker = None;
-                    return Ok(Some(Answer::Failed("the http worker stopped".into())));
+                    return Ok(Ok(Answer::Failed("the http worker stopped".into())));
                 }
             }
         }
     }
 }
 
-fn call(agent: &ureq::Agent, url: &str, body: Vec<u8>) -> Answer {
+fn call(agent: &ureq::Agent, url: &str, job: Call) -> Answer {
+    if job.timeout.is_zero() {
+        return Answer::Failed("no time left for the call".into());
+    }
     let response = agent
         .post(url)
+        .config()
+        .timeout_global(Some(job.timeout))
+        .build()
         .header("content-type", "application/json")
-        .send(&body[..]);
+        .send(&job.body[..]);
     match response {
         Ok(mut response) => {
             let status = response.status().as_u16();
             match response
                 .body_mut()
                 .with_config()
-                .limit(64 << 20)
+                .limit(MAX_ANSWER as u64)
                 .read_to_vec()
             {
                 Ok(body) => Answer::Status(status, body),
@@ -158,25 +191,41 @@ fn quote(body: &[u8]) -> String {
 }
 
 impl Transform for Http {
-    fn apply(&mut self, input: &Input<'_>, stop: &Stop) -> Result<Outcome, Error> {
+    fn apply(
+        &mut self,
+        input: &Input<'_>,
+        stop: &Stop,
+        deadline: Instant,
+    ) -> Result<Outcome, Error> {
         let envelope = match Envelope::of(input) {
             Ok(envelope) => envelope,
             Err(rejection) => return Ok(Outcome::Rejected(rejection)),
         };
         let body = envelope.to_json();
         let mut last_failure = String::new();
-        for attempt in 1..=self.attempts {
+        for attempt in 1..=self.retries.attempts {
             if attempt > 1 {
                 self.metrics.transform_retries.inc();
                 let backoff = FIRST_BACKOFF
                     .saturating_mul(1 << (attempt - 2).min(10))
                     .min(MAX_BACKOFF);
-                if !stop.sleep(backoff) {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if !stop.sleep(backoff.min(left)) {
                     return Ok(Outcome::Abandoned);
                 }
             }
-            let Some(answer) = self.call(&body, stop)? else {
-                return Ok(Outcome::Abandoned);
+            if Instant::now() >= deadline {
+                let detail = format!("; {} attempts, last: {last_failure}", attempt - 1);
+                return Ok(Outcome::Rejected(timed_out(self.retries.budget, &detail)));
+            }
+            let until = deadline.min(Instant::now() + self.retries.call_timeout);
+            let answer = match self.call(&body, until, stop)? {
+                Ok(answer) => answer,
+                Err(NoAnswer::Abandoned) => return Ok(Outcome::Abandoned),
+                Err(NoAnswer::TimedOut) => Answer::Failed(format!(
+                    "no answer within {} s",
+                    self.retries.call_timeout.as_secs()
+                )),
             };
             match answer {
                 Answer::Status(status @ 200..=299, body) => {
@@ -197,11 +246,26 @@ impl Transform for Http {
                 Answer::Failed(why) => last_failure = format!("{}: {why}", self.url),
             }
             tracing::warn!(attempt, error = %last_failure, topic = input.topic, partition = input.partition, offset = input.offset, "http call failed");
+            if stop.requested() {
+                // No retry while stopping: the group's next owner processes the record.
+                return Ok(Outcome::Abandoned);
+            }
+        }
+        if Instant::now() >= deadline {
+            let detail = format!("; last attempt: {last_failure}");
+            return Ok(Outcome::Rejected(timed_out(self.retries.budget, &detail)));
         }
         Ok(Outcome::Rejected(Rejection::new(
             "http-failed",
-            format!("{} attempts failed; last: {last_failure}", self.attempts),
+            format!(
+                "{} attempts failed; last: {last_failure}",
+                self.retries.attempts
+            ),
         )))
+    }
+
+    fn interruptible(&self) -> bool {
+        true
     }
 }
 

@@ -6,13 +6,30 @@
 //! writer follows jq instead: NaN is `null`, infinities are the largest finite doubles, byte
 //! strings are written as strings, and a non-string object key is an error.
 
+//!
+//! Values nested deeper than [`MAX_DEPTH`] levels (which only a program can build: inputs are
+//! refused deeper) are an error, not a recursion as deep as the value.
+
 use jaq_json::{Num, Val};
+
+use super::json_in::MAX_DEPTH;
+use crate::record::display_bounded;
 
 /// An output that has no JSON form.
 #[derive(Debug, PartialEq, Eq)]
 pub struct NotJson(pub String);
 
 pub fn write(out: &mut Vec<u8>, value: &Val) -> Result<(), NotJson> {
+    write_nested(out, value, 0)
+}
+
+/// Writes `value`, which `depth` arrays and objects enclose.
+fn write_nested(out: &mut Vec<u8>, value: &Val, depth: usize) -> Result<(), NotJson> {
+    if matches!(value, Val::Arr(_) | Val::Obj(_)) && depth == MAX_DEPTH {
+        return Err(NotJson(format!(
+            "it is nested more than {MAX_DEPTH} levels deep"
+        )));
+    }
     match value {
         Val::Null => out.extend_from_slice(b"null"),
         Val::Bool(true) => out.extend_from_slice(b"true"),
@@ -25,7 +42,7 @@ pub fn write(out: &mut Vec<u8>, value: &Val) -> Result<(), NotJson> {
                 if i > 0 {
                     out.push(b',');
                 }
-                write(out, item)?;
+                write_nested(out, item, depth + 1)?;
             }
             out.push(b']');
         }
@@ -36,11 +53,14 @@ pub fn write(out: &mut Vec<u8>, value: &Val) -> Result<(), NotJson> {
                     out.push(b',');
                 }
                 let (Val::TStr(key) | Val::BStr(key)) = key else {
-                    return Err(NotJson(format!("the object key {key} is not a string")));
+                    return Err(NotJson(format!(
+                        "the object key {} is not a string",
+                        display_bounded(key)
+                    )));
                 };
                 write_string(out, key);
                 out.push(b':');
-                write(out, item)?;
+                write_nested(out, item, depth + 1)?;
             }
             out.push(b'}');
         }
@@ -147,6 +167,20 @@ mod tests {
             String::from_utf8(out).unwrap(),
             "[null,1.7976931348623157e308,-1.7976931348623157e308,0.5]"
         );
+    }
+
+    #[test]
+    fn values_deeper_than_the_limit_are_an_error() {
+        let nested = |depth: usize| {
+            (0..depth).fold(Val::Null, |inner, _| {
+                Val::Arr(std::rc::Rc::new(vec![inner]))
+            })
+        };
+        let mut out = Vec::new();
+        write(&mut out, &nested(MAX_DEPTH)).unwrap();
+        assert_eq!(out.len(), 2 * MAX_DEPTH + 4);
+        let error = write(&mut Vec::new(), &nested(MAX_DEPTH + 1)).unwrap_err();
+        assert!(error.0.contains("512 levels"), "{}", error.0);
     }
 
     #[test]

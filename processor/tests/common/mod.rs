@@ -119,3 +119,24 @@ pub fn counts(ids: &[u32]) -> std::collections::BTreeMap<u32, usize> {
     }
     counts
 }
+
+/// The processor's report of how it ended: its last line with `stop_seconds` (librdkafka's
+/// threads may still log after it).
+pub fn final_report(log: &str) -> serde_json::Value {
+    let line = log
+        .lines()
+        .rev()
+        .find(|line| line.contains("\"stop_seconds\""))
+        .unwrap_or_else(|| panic!("no final report in the log:\n{log}"));
+    serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"))
+}
+
+/// The processor's own clock, which a loaded test machine does not slow: its final report
+/// says how long the stop took (SPEC §5: within 10 s of SIGTERM).
+pub fn assert_stop_took_under_ten_seconds(log: &str) {
+    let report = final_report(log);
+    let seconds = report["stop_seconds"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("no stop_seconds in {report}"));
+    assert!(seconds < 10.0, "the stop took {seconds} s: {report}");
+}
