@@ -140,6 +140,8 @@ pub struct Target<'a> {
     pub bootstrap: Option<&'a str>,
     /// The directory of each step's file in a checkout of the commit.
     pub workdirs: &'a BTreeMap<String, PathBuf>,
+    /// How the processors started towards it run.
+    pub settings: runtime::Settings,
 }
 
 /// What one call to [`Engine::advance`] did.
@@ -544,6 +546,20 @@ impl Engine<'_> {
         start: &StartProcessor,
         deployment: &Deployment,
     ) -> Result<Vec<PartitionOffset>, NotYet> {
+        // The processor refuses to start without every topic it writes (it never creates
+        // one): a sink the data engineers have not made yet is waited for, like a source.
+        for topic in start.outputs.iter().chain([&start.dlq]) {
+            match self.admin.partitions(topic) {
+                Ok(_) => {}
+                Err(kafka::Error::NoSuchTopic { topic }) => {
+                    return Err(NotYet::Waiting(
+                        format!("topic {topic} does not exist yet; the step starts once it does"),
+                        self.config.topic_poll,
+                    ));
+                }
+                Err(e) => return Err(NotYet::Failed(e.to_string())),
+            }
+        }
         let mut offsets = Vec::new();
         for input in &start.inputs {
             let marks = match self.admin.watermarks(&input.topic) {
@@ -651,6 +667,7 @@ fn processor_spec(
         env: start.env.clone(),
         replicas: start.scale.min.max(1),
         commit: Some(target.commit.to_owned()),
+        settings: target.settings,
         workdir: target
             .workdirs
             .get(&start.step)

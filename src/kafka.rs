@@ -50,6 +50,10 @@ pub enum Error {
         found: i32,
         wanted: i32,
     },
+    #[error(
+        "no broker of {bootstrap} answered the transaction check (the delivery mode of its processors depends on it); asking again"
+    )]
+    NoAnswer { bootstrap: String },
     #[error("cannot describe group {group}: {source}")]
     Describe {
         group: String,
@@ -94,6 +98,10 @@ pub trait Admin: Send + Sync {
     fn committed(&self, group: &str, topics: &[String]) -> Result<Vec<PartitionOffset>>;
     /// Sets the group's offsets. The group must have no live member.
     fn commit(&self, group: &str, offsets: &[PartitionOffset]) -> Result<()>;
+
+    /// Whether the cluster supports transactions (its processors then run exactly-once).
+    /// No answer is an error, never a "no".
+    fn supports_transactions(&self) -> Result<bool>;
 
     /// How many members the group has; `None` when the broker does not say (it cannot
     /// describe groups). A stopped processor's group empties as its instances leave it.
@@ -433,6 +441,13 @@ impl Admin for KafkaAdmin {
                 _ => None,
             })
             .collect())
+    }
+
+    fn supports_transactions(&self) -> Result<bool> {
+        plumber_kafka_probe::brokers_support_transactions(&base(&self.bootstrap), CALL_TIMEOUT)
+            .ok_or_else(|| Error::NoAnswer {
+                bootstrap: self.bootstrap.clone(),
+            })
     }
 
     fn members(&self, group: &str) -> Result<Option<usize>> {

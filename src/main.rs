@@ -91,9 +91,15 @@ enum Command {
         /// How often a remote repository is fetched, in seconds.
         #[arg(long, default_value_t = 30, value_name = "SECS")]
         poll_interval: u64,
-        /// Restart a processor whose lag has not shrunk for this many seconds.
+        /// Restart a processor whose group has lag but committed nothing for this many seconds
+        /// (never less than the record timeout plus 27 s: a record still in hand is not a stall).
         #[arg(long, default_value_t = 60, value_name = "SECS")]
         stall_timeout: u64,
+        /// Seconds one record may take in a processor, every attempt included; then it is
+        /// dead-lettered (`timeout`) and processing goes on.
+        #[arg(long, default_value_t = 60, value_name = "SECS",
+              value_parser = clap::value_parser!(u64).range(1..=86400))]
+        record_timeout: u64,
         /// Keep retired internal topics instead of deleting them (needed on tansu 0.6, whose
         /// topic deletion breaks the other existing topics).
         #[arg(long)]
@@ -249,6 +255,7 @@ fn run(command: Command) -> Result<ExitCode> {
             poll_interval,
             keep_topics,
             stall_timeout,
+            record_timeout,
             webhook_secret_file,
         } => {
             let branch = match branch {
@@ -261,6 +268,7 @@ fn run(command: Command) -> Result<ExitCode> {
             config.listen = listen;
             config.cutover.keep_topics = keep_topics;
             config.stalled_after = std::time::Duration::from_secs(stall_timeout.max(1));
+            config.record_timeout = std::time::Duration::from_secs(record_timeout);
             config.poll_interval = std::time::Duration::from_secs(poll_interval.max(1));
             config.webhook_secret = webhook_secret_file
                 .map(|file| read_webhook_secret(&file))

@@ -183,6 +183,17 @@ impl Inner {
 }
 
 impl World {
+    /// The users' topics: source `in`, sinks `out` and `out2`.
+    fn with_user_topics() -> World {
+        let world = World::default();
+        let mut inner = world.inner.lock().unwrap();
+        inner.topics.insert("in".into(), vec![0, 0, 0]);
+        inner.topics.insert("out".into(), vec![0]);
+        inner.topics.insert("out2".into(), vec![0]);
+        drop(inner);
+        world
+    }
+
     fn with<T>(&self, site: Site, f: impl FnOnce(&mut Inner) -> T) -> Result<T, String> {
         self.faults.call(site, || {
             let mut inner = self.inner.lock().unwrap();
@@ -268,6 +279,9 @@ impl Admin for World {
                 .collect()
         })
         .map_err(kafka_error)
+    }
+    fn supports_transactions(&self) -> kafka::Result<bool> {
+        Ok(false)
     }
     fn commit(&self, group: &str, offsets: &[PartitionOffset]) -> kafka::Result<()> {
         self.with(Site::Kafka, |w| {
@@ -394,6 +408,7 @@ fn target<'a>(commit: &'a str, topology: Option<&'a Topology>) -> Target<'a> {
         topology,
         bootstrap: topology.map(|_| "fake:9092"),
         workdirs: &NO_WORKDIRS,
+        settings: plumber::runtime::Settings::default(),
     }
 }
 
@@ -511,13 +526,7 @@ fn ending(world: &World, dir: &StateDir) -> (Inner, TopologyRecord, Vec<HistoryE
 
 /// A world with the first revision deployed and records on the source.
 fn deployed(first: &Topology) -> (World, tempfile::TempDir, StateDir) {
-    let world = World::default();
-    world
-        .inner
-        .lock()
-        .unwrap()
-        .topics
-        .insert("in".into(), vec![0, 0, 0]);
+    let world = World::with_user_topics();
     let dir = tempfile::tempdir().unwrap();
     let state = StateDir::open(dir.path()).unwrap();
     let first = [Step {
@@ -761,13 +770,7 @@ fn a_missing_source_topic_makes_only_its_step_wait() {
         ("l", "kind: processor\ninput: late\njq: '.'\n".to_owned()),
         ("out", "kind: sink\ntopic: out\ninput: [a, l]\n".to_owned()),
     ]);
-    let world = World::default();
-    world
-        .inner
-        .lock()
-        .unwrap()
-        .topics
-        .insert("in".into(), vec![0, 0, 0]);
+    let world = World::with_user_topics();
     let dir = tempfile::tempdir().unwrap();
     let state = StateDir::open(dir.path()).unwrap();
     let r1 = target("r1", Some(&with_other));
@@ -822,8 +825,9 @@ fn a_removed_topology_keeps_the_memory_of_its_lives() {
         assert!(record.is_retired(), "{record:#?}");
         let kept: Vec<String> = world.snapshot().topics.into_keys().collect();
         assert!(
-            kept.iter().all(|t| t == "in" || t.ends_with(".dlq")),
-            "internal topics are deleted, dead letters kept: {kept:?}"
+            kept.iter()
+                .all(|t| ["in", "out", "out2"].contains(&t.as_str()) || t.ends_with(".dlq")),
+            "internal topics are deleted, the users' and dead letters kept: {kept:?}"
         );
         assert!(
             matches!(state.history().unwrap().last(), Some(h) if h.to == "r2"),

@@ -15,7 +15,7 @@ use std::process::{Child, Command};
 use std::time::Duration;
 
 use plumber::runtime::local::{LocalConfig, LocalRuntime};
-use plumber::runtime::{ProcessorSpec, Runtime};
+use plumber::runtime::{Delivery, ProcessorSpec, Runtime, Settings};
 use plumber::spec::Transform;
 use plumber_testkit::wait_until;
 
@@ -28,6 +28,7 @@ const PATIENCE: Duration = Duration::from_secs(60);
 /// log at `$LOG` is no larger than `$LOG_MAX`, then writes `logged` to `$EVENTS`.
 const PROCESSOR: &str = r#"#!/usr/bin/env bash
 echo "processor-start $$" >> "$EVENTS"
+if [ -n "$ARGS" ]; then printf '%s\n' "$@" > "$ARGS"; fi
 on_term() {
     echo "processor-term $$" >> "$EVENTS"
     [ "$ON_TERM" = ignore ] && return
@@ -108,6 +109,7 @@ impl Setup {
             outputs: vec!["out".into()],
             dlq: "plumber.t.p.dlq".into(),
             commit: None,
+            settings: Settings::default(),
             transform: if sidecar {
                 Transform::Http {
                     image: "unused".into(),
@@ -172,6 +174,41 @@ fn start_time(pid: i32) -> u64 {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
     let after = &stat[stat.rfind(')').unwrap() + 2..];
     after.split_whitespace().nth(19).unwrap().parse().unwrap()
+}
+
+#[test]
+fn the_daemons_settings_reach_the_processors_command_line() {
+    let setup = Setup::new();
+    let runtime = setup.open(PATIENCE);
+    let args = setup.events_path().with_file_name("args");
+    let mut spec = setup.spec(false, &[("ARGS", &args.display().to_string())]);
+    spec.settings = Settings {
+        delivery: Some(Delivery::ExactlyOnce),
+        record_timeout: Some(7),
+    };
+    runtime.start(&spec).unwrap();
+    wait_until("the processor ran", PATIENCE, || args.exists());
+    wait_until("its arguments are written", PATIENCE, || {
+        fs::read_to_string(&args).is_ok_and(|a| a.contains("--group"))
+    });
+    let argv: Vec<String> = fs::read_to_string(&args)
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    let after = |flag: &str| {
+        argv.iter()
+            .position(|a| a == flag)
+            .and_then(|i| argv.get(i + 1))
+            .cloned()
+    };
+    assert_eq!(
+        after("--delivery").as_deref(),
+        Some("exactly-once"),
+        "{argv:?}"
+    );
+    assert_eq!(after("--record-timeout").as_deref(), Some("7"), "{argv:?}");
+    runtime.stop(&spec.group).unwrap();
 }
 
 #[test]

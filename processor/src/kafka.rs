@@ -1,7 +1,7 @@
 //! Kafka clients: their settings, the callbacks that feed the delivery books and metrics, and
 //! the start-up check whether the brokers support transactions.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdkafka::client::ClientContext;
@@ -388,91 +388,10 @@ pub fn unknown_topics<'t>(
         .collect()
 }
 
-/// Whether every broker the client reached supports the transaction APIs, from the API
-/// versions they announced. librdkafka exposes those only in its `feature` debug log, so a
-/// short-lived client records that log. `None` when no broker answered within `timeout`.
+/// Whether every broker reached supports the transaction APIs; `None` when none answered.
 pub fn brokers_support_transactions(config: &Config, timeout: Duration) -> Option<bool> {
-    let probe = ApiProbe::default();
-    let mut client = common(config);
-    client
-        .set("debug", "feature")
-        .set_log_level(RDKafkaLogLevel::Debug);
-    let client = with_overrides(client, config);
-    let producer: BaseProducer<ApiProbe> = client.create_with_context(probe).ok()?;
-    let reached = producer.client().fetch_metadata(None, timeout).is_ok();
-    // The log lines travel through the client's queue: serve it.
-    for _ in 0..3 {
-        producer.poll(Duration::from_millis(50));
-    }
-    let seen = producer
-        .context()
-        .seen
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .clone();
-    if !reached || seen.brokers == 0 {
-        return None;
-    }
-    Some(
-        TRANSACTION_APIS
-            .iter()
-            .all(|api| seen.apis.iter().any(|seen| seen == api)),
+    plumber_kafka_probe::brokers_support_transactions(
+        &with_overrides(common(config), config),
+        timeout,
     )
-}
-
-/// Produce with transactions, commit offsets in them, and end them (KIP-98, KIP-447).
-const TRANSACTION_APIS: [&str; 5] = [
-    "InitProducerId",
-    "AddPartitionsToTxn",
-    "AddOffsetsToTxn",
-    "EndTxn",
-    "TxnOffsetCommit",
-];
-
-#[derive(Default)]
-struct ApiProbe {
-    seen: Mutex<SeenApis>,
-}
-
-#[derive(Default, Clone)]
-struct SeenApis {
-    brokers: usize,
-    apis: Vec<String>,
-}
-
-impl ClientContext for ApiProbe {
-    fn log(&self, _level: RDKafkaLogLevel, facility: &str, message: &str) {
-        if facility != "APIVERSION" {
-            return;
-        }
-        let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
-        if message.ends_with("Broker API support:") {
-            seen.brokers += 1;
-        } else if let Some(api) = api_name(message) {
-            seen.apis.push(api.to_owned());
-        }
-    }
-}
-
-impl RdProducerContext for ApiProbe {
-    type DeliveryOpaque = ();
-    fn delivery(&self, _: &DeliveryResult<'_>, _: ()) {}
-}
-
-/// `…:   ApiKey EndTxn (26) Versions 0..3` → `EndTxn`.
-fn api_name(line: &str) -> Option<&str> {
-    let rest = &line[line.find("ApiKey ")? + "ApiKey ".len()..];
-    rest.split_whitespace().next()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn api_names_are_read_from_librdkafka_feature_lines() {
-        let line = "127.0.0.1:9092/1:   ApiKey EndTxn (26) Versions 0..3";
-        assert_eq!(api_name(line), Some("EndTxn"));
-        assert_eq!(api_name("Broker API support:"), None);
-    }
 }

@@ -30,7 +30,7 @@ use std::time::Duration;
 
 use crate::cutover::{self, CutoverConfig};
 use crate::kafka::{Admin, KafkaAdmin};
-use crate::runtime::Runtime;
+use crate::runtime::{Delivery, Runtime};
 use crate::store::StateDir;
 pub use revisions::{Revision, Revisions};
 use status::Store;
@@ -54,12 +54,23 @@ pub struct DaemonConfig {
     /// partitions after a crash) reads on after a graceful restart, which loses nothing.
     /// Never shorter than the longest time the processor may spend on one record.
     pub stalled_after: Duration,
+    /// How long one record may take in a processor, every attempt included.
+    pub record_timeout: Duration,
     pub cutover: CutoverConfig,
     /// Verifies `POST /hooks/git` when set.
     pub webhook_secret: Option<String>,
 }
 
 impl DaemonConfig {
+    /// How long a group with lag may commit nothing before its processor is restarted: never
+    /// less than the longest a processor may spend on one record, so a record it is still
+    /// retrying is never taken away from it.
+    pub fn stall_threshold(&self) -> Duration {
+        let busiest =
+            self.record_timeout + crate::runtime::RECORD_OVERHEAD + Duration::from_secs(5);
+        self.stalled_after.max(busiest)
+    }
+
     pub fn new(repo: &str, state_dir: PathBuf) -> Self {
         DaemonConfig {
             repo: repo.to_owned(),
@@ -70,6 +81,7 @@ impl DaemonConfig {
             poll_interval: Duration::from_secs(30),
             observe_interval: Duration::from_secs(2),
             stalled_after: Duration::from_secs(60),
+            record_timeout: Duration::from_secs(60),
             cutover: CutoverConfig::default(),
             webhook_secret: None,
         }
@@ -141,6 +153,8 @@ pub struct Context {
     pub store: Store,
     connect: Box<Connect>,
     admins: Mutex<BTreeMap<String, Arc<dyn Admin>>>,
+    /// The delivery mode of each cluster's processors, decided once per cluster.
+    deliveries: Mutex<BTreeMap<String, Delivery>>,
     stopping: AtomicBool,
 }
 
@@ -172,6 +186,7 @@ impl Context {
             store,
             connect,
             admins: Mutex::new(BTreeMap::new()),
+            deliveries: Mutex::new(BTreeMap::new()),
             stopping: AtomicBool::new(false),
         }))
     }
@@ -184,6 +199,39 @@ impl Context {
         let admin = (self.connect)(bootstrap)?;
         admins.insert(bootstrap.to_owned(), admin.clone());
         Ok(admin)
+    }
+
+    /// How the processors of the cluster at `bootstrap` run: exactly-once when its brokers
+    /// support transactions. Decided once, and only on an answer: no answer is an error (the
+    /// caller retries), never a silent at-least-once.
+    fn delivery(&self, bootstrap: &str, admin: &dyn Admin) -> Result<Delivery, Error> {
+        if let Some(known) = self
+            .deliveries
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(bootstrap)
+        {
+            return Ok(*known);
+        }
+        let delivery = if admin.supports_transactions()? {
+            Delivery::ExactlyOnce
+        } else {
+            tracing::warn!(
+                bootstrap,
+                "the cluster does not support transactions: its processors run at-least-once (a crash may duplicate, never lose)"
+            );
+            Delivery::AtLeastOnce
+        };
+        tracing::info!(
+            bootstrap,
+            delivery = delivery.as_str(),
+            "delivery mode decided"
+        );
+        self.deliveries
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(bootstrap.to_owned(), delivery);
+        Ok(delivery)
     }
 
     /// The bootstrap servers of a topology's cluster in a revision.

@@ -15,14 +15,15 @@ use crate::runtime::ProcessorStatus;
 use crate::store::{CutoverStore as _, TopologyRecord};
 
 /// Per running group with lag: how far it got and since when it has not moved.
-#[derive(Default)]
 pub(super) struct Watchdog {
+    /// How long a group with lag may commit nothing ([`super::DaemonConfig::stall_threshold`]).
+    threshold: Duration,
     stalls: Mutex<BTreeMap<String, Stall>>,
 }
 
 /// Refreshes per-step state and lag for status and metrics.
 pub(super) fn observe_loop(context: &Arc<Context>) {
-    let watchdog = Watchdog::default();
+    let watchdog = Watchdog::new(context.config.stall_threshold());
     while !context.is_stopping() {
         observe(context, &watchdog);
         // Sleep in short slices so a shutdown is not held up.
@@ -181,6 +182,13 @@ fn group_of(
 }
 
 impl Watchdog {
+    pub(super) fn new(threshold: Duration) -> Watchdog {
+        Watchdog {
+            threshold,
+            stalls: Mutex::new(BTreeMap::new()),
+        }
+    }
+
     /// Restarts a running group that has lag but whose committed offsets stopped moving.
     pub(super) fn watch(
         &self,
@@ -201,7 +209,7 @@ impl Watchdog {
             .or_insert_with(|| Stall::at(progress.position, now));
         if stall.position != progress.position {
             *stall = Stall::at(progress.position, now);
-        } else if now.duration_since(stall.since) >= context.config.stalled_after {
+        } else if now.duration_since(stall.since) >= self.threshold {
             // Behind transactional writers, a group that read everything still shows a lag:
             // the transaction markers after the last record. Such a group is idle, not stalled.
             let drained = admin
@@ -322,16 +330,30 @@ mod tests {
         fn drained(&self, _: &str, _: &[String]) -> KafkaResult<bool> {
             Ok(self.only_markers)
         }
+        fn supports_transactions(&self) -> KafkaResult<bool> {
+            unreachable!()
+        }
+    }
+
+    #[test]
+    fn a_record_still_in_hand_is_never_taken_for_a_stall() {
+        let mut config = DaemonConfig::new("unused", std::path::PathBuf::from("unused"));
+        // 60 s per record plus what the processor may add: a 60 s stall timeout is too short.
+        assert_eq!(config.stall_threshold(), Duration::from_secs(87));
+        config.stalled_after = Duration::from_secs(300);
+        assert_eq!(config.stall_threshold(), Duration::from_secs(300));
+        config.record_timeout = Duration::from_secs(5);
+        config.stalled_after = Duration::from_secs(15);
+        assert_eq!(config.stall_threshold(), Duration::from_secs(32));
     }
 
     #[test]
     fn a_group_behind_only_transaction_markers_is_idle_not_stalled() {
         let state = tempfile::tempdir().unwrap();
-        let mut config = DaemonConfig::new("unused", state.path().to_owned());
-        config.stalled_after = Duration::ZERO;
+        let config = DaemonConfig::new("unused", state.path().to_owned());
         let runtime = Arc::new(Restarts::default());
         let context = Context::new(config, runtime.clone()).unwrap();
-        let watchdog = Watchdog::default();
+        let watchdog = Watchdog::new(Duration::ZERO);
         let inputs = ["in".to_owned()];
         let unmoved = Progress {
             lag: 1,

@@ -7,6 +7,7 @@ use std::time::Instant;
 use super::status::{CutoverStatus, OutcomeLabels, Phase, TopologyLabel, WaitStatus};
 use super::{Context, Error, Revision};
 use crate::cutover::{self, Advance, Engine, Event, Target, Waits};
+use crate::runtime::{Delivery, Settings};
 use crate::store::CutoverStore as _;
 
 /// What a step did, for the worker's scheduling.
@@ -38,12 +39,28 @@ pub(super) fn reconcile(
         },
     };
     let admin = context.admin(&bootstrap)?;
+    let delivery = context.delivery(&bootstrap, admin.as_ref())?;
+    context
+        .store
+        .topology(name, |t| t.delivery = Some(delivery.as_str().to_owned()));
+    context
+        .store
+        .metrics
+        .exactly_once
+        .get_or_create(&TopologyLabel {
+            topology: name.to_owned(),
+        })
+        .set(i64::from(delivery == Delivery::ExactlyOnce));
     let workdirs = topology.map(|t| desired.workdirs(t)).unwrap_or_default();
     let target = Target {
         commit: &desired.commit,
         topology,
         bootstrap: Some(&bootstrap),
         workdirs: &workdirs,
+        settings: Settings {
+            delivery: Some(delivery),
+            record_timeout: Some(context.config.record_timeout.as_secs().max(1)),
+        },
     };
     let on_event = |event: Event<'_>| show(name, context, event);
     let engine = Engine {

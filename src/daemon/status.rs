@@ -43,6 +43,8 @@ pub struct TopologyStatus {
     pub cutover: Option<CutoverStatus>,
     pub steps: Vec<StepStatus>,
     pub last_error: Option<String>,
+    /// How its processors deliver: `exactly-once` or `at-least-once` (decided per cluster).
+    pub delivery: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -122,6 +124,7 @@ pub struct Metrics {
     pub cutover_actions: Family<TopologyLabel, Counter>,
     pub cutover_seconds: Family<TopologyLabel, Histogram>,
     pub in_cutover: Family<TopologyLabel, Gauge>,
+    pub exactly_once: Family<TopologyLabel, Gauge>,
     pub lag: Family<StepLabels, Gauge>,
     pub instances: Family<StepLabels, Gauge>,
 }
@@ -137,6 +140,7 @@ impl Default for Metrics {
             Histogram::new([0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0])
         });
         let in_cutover = Family::<TopologyLabel, Gauge>::default();
+        let exactly_once = Family::<TopologyLabel, Gauge>::default();
         let lag = Family::<StepLabels, Gauge>::default();
         let instances = Family::<StepLabels, Gauge>::default();
         registry.register(
@@ -166,6 +170,11 @@ impl Default for Metrics {
             in_cutover.clone(),
         );
         registry.register(
+            "exactly_once",
+            "1 when the topology's processors run exactly-once, 0 at-least-once",
+            exactly_once.clone(),
+        );
+        registry.register(
             "processor_lag",
             "Records a processor has not consumed",
             lag.clone(),
@@ -183,6 +192,7 @@ impl Default for Metrics {
             cutover_actions,
             cutover_seconds,
             in_cutover,
+            exactly_once,
             lag,
             instances,
         }

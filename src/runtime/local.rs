@@ -703,6 +703,12 @@ impl Shared {
         for input in &spec.inputs {
             command.arg("--input").arg(input);
         }
+        if let Some(delivery) = spec.settings.delivery {
+            command.arg("--delivery").arg(delivery.as_str());
+        }
+        if let Some(seconds) = spec.settings.record_timeout {
+            command.arg("--record-timeout").arg(seconds.to_string());
+        }
         for output in &spec.outputs {
             command.arg("--output").arg(output);
         }

@@ -32,6 +32,41 @@ pub enum Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// How processors run, decided by the daemon for every step alike.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Settings {
+    /// Decided once per cluster (`--delivery`); `None` leaves it to the processor (`auto`).
+    pub delivery: Option<Delivery>,
+    /// Seconds one record may take, every attempt included (`--record-timeout`).
+    pub record_timeout: Option<u64>,
+}
+
+/// A processor's delivery guarantee.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Delivery {
+    /// Outputs and offsets in one transaction: a crash duplicates nothing.
+    ExactlyOnce,
+    /// Offsets after outputs: a crash may duplicate, never lose.
+    AtLeastOnce,
+}
+
+impl Delivery {
+    /// As `plumber-processor --delivery` spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Delivery::ExactlyOnce => "exactly-once",
+            Delivery::AtLeastOnce => "at-least-once",
+        }
+    }
+}
+
+/// How much longer than its record timeout one record can hold a processor: the retry in
+/// hand, dead-lettering it, the commit and a self-restart (plumber-processor logs the sum as
+/// `max_record_seconds` when it starts).
+pub const RECORD_OVERHEAD: std::time::Duration = std::time::Duration::from_secs(22);
+
 /// One processor identity to run, with everything needed to run it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -51,6 +86,8 @@ pub struct ProcessorSpec {
     /// The commit it was started from (its checkout must stay while it runs).
     #[serde(default)]
     pub commit: Option<String>,
+    #[serde(default)]
+    pub settings: Settings,
     /// The directory of the step's file in a checkout of its commit: `exec` and `http`
     /// commands run there.
     pub workdir: PathBuf,

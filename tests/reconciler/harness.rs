@@ -762,7 +762,7 @@ impl Plumber {
             .arg("--state-dir")
             .arg(world.state.path().join("state"))
             .args(["--listen", &format!("127.0.0.1:{port}")])
-            .args(["--stall-timeout", "15"])
+            .args(["--stall-timeout", "15", "--record-timeout", "5"])
             .env("PLUMBER_PROCESSOR", processor_binary())
             .env("RUST_LOG", "info,librdkafka=warn")
             .stdin(Stdio::null())
