@@ -431,10 +431,11 @@ impl Engine<'_> {
                 topic,
                 partitions,
                 replication,
+                config,
                 ..
             } => {
                 self.admin
-                    .create_topic(topic, *partitions, *replication)
+                    .create_topic(topic, *partitions, *replication, config)
                     .map_err(|e| failed(&e))?;
                 Effect::Done
             }

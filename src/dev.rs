@@ -76,7 +76,7 @@ pub fn run(command: Dev) -> Result<()> {
             topics.sort_unstable();
             topics.dedup();
             for topic in topics {
-                admin.create_topic(topic, partitions, None)?;
+                admin.create_topic(topic, partitions, None, &Default::default())?;
                 println!("{topic}");
             }
             Ok(())

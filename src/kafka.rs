@@ -86,8 +86,14 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// The Kafka operations of a cutover. Each is idempotent.
 pub trait Admin: Send + Sync {
     /// Creates the topic unless it exists with these partitions (another count is an
-    /// error); `replication: None` takes the broker's default.
-    fn create_topic(&self, topic: &str, partitions: u32, replication: Option<u32>) -> Result<()>;
+    /// error); `replication: None` takes the broker's default, `config` are topic settings.
+    fn create_topic(
+        &self,
+        topic: &str,
+        partitions: u32,
+        replication: Option<u32>,
+        config: &BTreeMap<String, String>,
+    ) -> Result<()>;
     /// Deletes the topic if it exists.
     fn delete_topic(&self, topic: &str) -> Result<()>;
     /// The topic's partition count; an error if it does not exist.
@@ -257,7 +263,13 @@ fn base(bootstrap: &str) -> ClientConfig {
 }
 
 impl Admin for KafkaAdmin {
-    fn create_topic(&self, topic: &str, partitions: u32, replication: Option<u32>) -> Result<()> {
+    fn create_topic(
+        &self,
+        topic: &str,
+        partitions: u32,
+        replication: Option<u32>,
+        config: &BTreeMap<String, String>,
+    ) -> Result<()> {
         let topic_error = |message: String| Error::Topic {
             operation: "create",
             topic: topic.to_owned(),
@@ -269,7 +281,10 @@ impl Admin for KafkaAdmin {
             Some(n) => i32::try_from(n).map_err(|e| topic_error(e.to_string()))?,
             None => -1,
         };
-        let new = NewTopic::new(topic, count, TopicReplication::Fixed(replicas));
+        let mut new = NewTopic::new(topic, count, TopicReplication::Fixed(replicas));
+        for (key, value) in config {
+            new = new.set(key, value);
+        }
         let options = AdminOptions::new().operation_timeout(Some(CALL_TIMEOUT));
         let results = self
             .runtime

@@ -225,7 +225,13 @@ fn kafka_error(message: String) -> kafka::Error {
 }
 
 impl Admin for World {
-    fn create_topic(&self, topic: &str, partitions: u32, _: Option<u32>) -> kafka::Result<()> {
+    fn create_topic(
+        &self,
+        topic: &str,
+        partitions: u32,
+        _: Option<u32>,
+        _: &BTreeMap<String, String>,
+    ) -> kafka::Result<()> {
         self.with(Site::Kafka, |w| {
             if !w.topics.contains_key(topic) {
                 assert!(

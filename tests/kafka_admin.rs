@@ -20,11 +20,13 @@ fn topics_offsets_lag_and_drains() {
     let broker = Broker::start();
     let admin = KafkaAdmin::connect(broker.bootstrap()).unwrap();
     let topic = unique("admin");
-    admin.create_topic(&topic, 2, None).unwrap();
-    admin.create_topic(&topic, 2, None).unwrap(); // exists: nothing to do
+    let config =
+        std::collections::BTreeMap::from([("retention.ms".to_owned(), "3600000".to_owned())]);
+    admin.create_topic(&topic, 2, None, &config).unwrap();
+    admin.create_topic(&topic, 2, None, &config).unwrap(); // exists: nothing to do
     assert!(
         matches!(
-            admin.create_topic(&topic, 3, None),
+            admin.create_topic(&topic, 3, None, &config),
             Err(Error::PartitionMismatch {
                 found: 2,
                 wanted: 3,

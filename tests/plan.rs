@@ -159,17 +159,20 @@ fn first_deploy_creates_topics_and_starts_downstream_first() {
 }
 
 #[test]
-fn internal_and_dead_letter_topics_get_the_replication_of_the_defaults() {
+fn internal_and_dead_letter_topics_get_the_replication_and_settings_of_the_defaults() {
     let repo = TestRepo::new();
     repo.commit(
         "main",
         "replicated",
         &[write(
             "plumber.yaml",
-            "clusters: { default: { bootstrap: \"b:9092\" } }\ndefaults: { replication: 3 }\n",
+            "clusters: { default: { bootstrap: \"b:9092\" } }\ndefaults:\n  replication: 3\n  topicConfig: { retention.ms: 86400000, min.insync.replicas: 2 }\n",
         )],
     );
-    let c = linear(&repo, "defaults: { replication: 2 }\n");
+    let c = linear(
+        &repo,
+        "defaults: { replication: 2, topicConfig: { retention.ms: 3600000 } }\n",
+    );
     let p = plan_between(&repo, None, c);
     let replicas: Vec<(String, Option<u32>)> = p.topologies[0]
         .actions
@@ -186,6 +189,17 @@ fn internal_and_dead_letter_topics_get_the_replication_of_the_defaults() {
         replicas.iter().all(|(_, r)| *r == Some(2)),
         "topology.yaml overrides plumber.yaml: {replicas:?}"
     );
+    let Action::CreateTopic { config, .. } = &p.topologies[0].actions[0] else {
+        panic!("the first action creates a topic");
+    };
+    assert_eq!(
+        config,
+        &std::collections::BTreeMap::from([
+            ("min.insync.replicas".to_owned(), "2".to_owned()),
+            ("retention.ms".to_owned(), "3600000".to_owned()),
+        ]),
+        "settings merge, topology.yaml's win"
+    );
     let text = plumber::output::plan::describe(&p.topologies[0].actions[0]);
     assert!(text.contains("2 replicas"), "{text}");
     // Out of range: an error at the key.
@@ -201,6 +215,22 @@ fn internal_and_dead_letter_topics_get_the_replication_of_the_defaults() {
     let error = validation.errors().next().expect("an error");
     assert_eq!(error.file, "topologies/t/topology.yaml");
     assert!(error.to_string().contains("invalid-value"), "{error}");
+    // A compacted internal topic could drop records before their readers saw them.
+    let compacted = repo.commit(
+        "main",
+        "compacted",
+        &[write(
+            "topologies/t/topology.yaml",
+            "defaults:\n  topicConfig:\n    cleanup.policy: compact\n",
+        )],
+    );
+    let validation = validate_commit(&repo, compacted);
+    let error = validation.errors().next().expect("an error");
+    assert_eq!(
+        (error.file.as_str(), error.line),
+        ("topologies/t/topology.yaml", Some(3))
+    );
+    assert!(error.to_string().contains("cleanup.policy"), "{error}");
 }
 
 #[test]

@@ -309,7 +309,13 @@ mod tests {
     }
 
     impl Admin for Behind {
-        fn create_topic(&self, _: &str, _: u32, _: Option<u32>) -> KafkaResult<()> {
+        fn create_topic(
+            &self,
+            _: &str,
+            _: u32,
+            _: Option<u32>,
+            _: &std::collections::BTreeMap<String, String>,
+        ) -> KafkaResult<()> {
             unreachable!()
         }
         fn delete_topic(&self, _: &str) -> KafkaResult<()> {

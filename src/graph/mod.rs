@@ -33,6 +33,8 @@ pub struct Topology {
     pub cluster: String,
     /// Replication factor of its internal and dead-letter topics; `None`: the broker's default.
     pub replication: Option<u32>,
+    /// Topic settings of its internal and dead-letter topics.
+    pub topic_config: BTreeMap<String, String>,
     graph: DiGraph<Step, ()>,
     /// Topological order, ties broken by step name.
     order: Vec<NodeIndex>,
@@ -568,6 +570,7 @@ fn finish(topology: &TopologySpec, checked: Checked) -> Option<Topology> {
         cutover: topology.cutover,
         cluster: cluster.unwrap_or_else(|| DEFAULT_CLUSTER.to_owned()),
         replication: topology.replication,
+        topic_config: topology.topic_config.clone(),
         graph,
         order,
         by_name,

@@ -115,6 +115,9 @@ pub enum Action {
         /// `None`: the broker's default.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         replication: Option<u32>,
+        /// Topic settings over the broker's defaults.
+        #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+        config: BTreeMap<String, String>,
         kind: TopicKind,
     },
     /// Set the group's offsets on each input as given, then run the processor.

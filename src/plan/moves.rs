@@ -272,6 +272,7 @@ pub fn remaining(deployment: &Deployment, target: Option<&Topology>) -> Vec<Pend
                 step: wanted.step.clone(),
                 partitions: *partitions,
                 replication: topology.replication,
+                config: topology.topic_config.clone(),
                 kind: TopicKind::Internal,
             }));
         }
@@ -282,6 +283,7 @@ pub fn remaining(deployment: &Deployment, target: Option<&Topology>) -> Vec<Pend
                 step: wanted.step.clone(),
                 partitions: 1,
                 replication: topology.replication,
+                config: topology.topic_config.clone(),
                 kind: TopicKind::DeadLetter,
             }));
         }

@@ -99,11 +99,14 @@ pub struct ClusterSpec {
 /// The cluster every endpoint uses unless it names another.
 pub const DEFAULT_CLUSTER: &str = "default";
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Defaults {
     pub partitions: u32,
     /// Replication factor of internal and dead-letter topics; `None`: the broker's default.
     pub replication: Option<u32>,
+    /// Topic settings of internal and dead-letter topics (`retention.ms`, …), over the
+    /// broker's defaults.
+    pub topic_config: BTreeMap<String, String>,
     pub scale: Scale,
 }
 
@@ -112,6 +115,7 @@ impl Default for Defaults {
         Defaults {
             partitions: 6,
             replication: None,
+            topic_config: BTreeMap::new(),
             scale: Scale {
                 min: 1,
                 max: 5,
@@ -145,6 +149,8 @@ pub struct TopologySpec {
     pub cutover: CutoverMode,
     /// Replication factor of the topology's internal and dead-letter topics.
     pub replication: Option<u32>,
+    /// Their topic settings.
+    pub topic_config: BTreeMap<String, String>,
     pub steps: Vec<StepSpec>,
 }
 
@@ -290,8 +296,8 @@ fn load_topology(
     }
     let topology_file = format!("{dir}/{TOPOLOGY_FILE}");
     let (cutover, defaults) = match files.iter().find(|f| f.path == topology_file) {
-        Some(file) => settings::topology_settings(file, settings.defaults, diagnostics),
-        None => (CutoverMode::default(), settings.defaults),
+        Some(file) => settings::topology_settings(file, settings.defaults.clone(), diagnostics),
+        None => (CutoverMode::default(), settings.defaults.clone()),
     };
 
     let mut steps: Vec<StepSpec> = Vec::with_capacity(files.len());
@@ -299,7 +305,7 @@ fn load_topology(
     for file in files.iter().filter(|f| f.path != topology_file) {
         let context = step::Context {
             clusters: &settings.clusters,
-            defaults,
+            defaults: &defaults,
         };
         let step = step::load(file, &context, jq_programs, diagnostics);
         if let Some(&first) = first_file_of.get(&step.name) {
@@ -330,6 +336,7 @@ fn load_topology(
         dir,
         cutover,
         replication: defaults.replication,
+        topic_config: defaults.topic_config.clone(),
         steps,
     }
 }

@@ -21,7 +21,12 @@ pub(super) fn repo_settings(file: &SourceFile, diagnostics: &mut Vec<Diagnostic>
     };
     fields.reject_unknown(&["clusters", "defaults"], "plumber.yaml", report);
     if let Some(entry) = fields.get("defaults") {
-        settings.defaults = defaults(&entry.value, entry, settings.defaults, report);
+        settings.defaults = defaults(
+            &entry.value,
+            entry,
+            std::mem::take(&mut settings.defaults),
+            report,
+        );
     }
     if let Some(entry) = fields.get("clusters") {
         // Declared clusters replace the implicit `default` one.
@@ -81,7 +86,7 @@ pub(super) fn topology_settings(
         result.0 = CutoverMode::Ordered;
     }
     if let Some(entry) = fields.get("defaults") {
-        result.1 = defaults(&entry.value, entry, inherited, report);
+        result.1 = defaults(&entry.value, entry, std::mem::take(&mut result.1), report);
     }
     for key in ["description", "owner"] {
         if let Some(entry) = fields.get(key) {
@@ -107,7 +112,7 @@ fn defaults(
         return out;
     };
     fields.reject_unknown(
-        &["partitions", "replication", "scale"],
+        &["partitions", "replication", "topicConfig", "scale"],
         "`defaults`",
         report,
     );
@@ -121,10 +126,59 @@ fn defaults(
     {
         out.replication = Some(n);
     }
+    if let Some(entry) = fields.get("topicConfig") {
+        topic_config(entry, &mut out.topic_config, report);
+    }
     if let Some(s) = fields.get("scale") {
-        out.scale = scale(s, base.scale, report);
+        out.scale = scale(s, out.scale, report);
     }
     out
+}
+
+/// `topicConfig: { retention.ms: 86400000, … }` over `config`: Kafka topic settings of the
+/// topics Plumber creates. A compacted internal topic would drop records no reader has seen
+/// yet, so `cleanup.policy` may only be `delete`.
+fn topic_config(
+    entry: &super::yaml::Entry,
+    config: &mut BTreeMap<String, String>,
+    report: &mut Report,
+) {
+    let Some(fields) = Fields::of(&entry.value, "`topicConfig`", entry.key_pos, report) else {
+        return;
+    };
+    for setting in fields.entries {
+        let legal = !setting.key.is_empty()
+            && setting
+                .key
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '.' || c == '_');
+        if !legal {
+            report.error(
+                Code::InvalidValue,
+                setting.key_pos,
+                format!(
+                    "`{}` is not a Kafka topic setting name (lower-case words joined by dots, like `retention.ms`)",
+                    setting.key
+                ),
+            );
+            continue;
+        }
+        let Some(value) = fields::string(setting, report) else {
+            continue;
+        };
+        if setting.key == "cleanup.policy" && value.value != "delete" {
+            report.error(
+                Code::InvalidValue,
+                setting.key_pos,
+                format!(
+                    "`cleanup.policy: {}` would let Kafka drop records of internal topics before their readers saw them; only `delete` is allowed",
+                    value.value
+                ),
+            );
+            continue;
+        }
+        config.insert(setting.key.clone(), value.value);
+    }
 }
 
 pub(super) fn partitions(entry: &super::yaml::Entry, report: &mut Report) -> Option<u32> {

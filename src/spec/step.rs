@@ -13,7 +13,7 @@ use crate::diagnostic::{Code, Diagnostic};
 
 pub(super) struct Context<'a> {
     pub clusters: &'a BTreeMap<String, ClusterSpec>,
-    pub defaults: Defaults,
+    pub defaults: &'a Defaults,
 }
 
 /// A jq program to compile once all files are read (see [`super::jq::JqChecker::check_all`]).
