@@ -261,13 +261,26 @@ struct Daemon {
 impl Daemon {
     fn start(url: &str, extra: &[&str], env: &[(&str, &Path)]) -> Daemon {
         let state = tempfile::tempdir().unwrap();
+        let dir = state.path().join("state");
+        Daemon::start_in(state, &dir, url, extra, env)
+    }
+
+    /// With the state directory `dir` (`scratch` keeps its log).
+    fn start_in(
+        scratch: tempfile::TempDir,
+        dir: &Path,
+        url: &str,
+        extra: &[&str],
+        env: &[(&str, &Path)],
+    ) -> Daemon {
+        let state = scratch;
         let port = free_port();
         let log = std::fs::File::create(state.path().join("daemon.log")).unwrap();
         let mut command = Command::new(env!("CARGO_BIN_EXE_plumber"));
         command
             .args(["up", url, "--branch", "main", "--bootstrap", "127.0.0.1:1"])
             .arg("--state-dir")
-            .arg(state.path().join("state"))
+            .arg(dir)
             .args(["--listen", &format!("127.0.0.1:{port}")])
             .args(extra)
             .env("RUST_LOG", "info")
@@ -451,6 +464,43 @@ fn a_wrong_ssh_key_fails_quickly_with_an_error_that_names_no_secret() {
     assert!(
         (1..=10).contains(&refusals),
         "the wrong key is offered a bounded number of times: {refusals}"
+    );
+}
+
+#[test]
+fn a_state_directory_of_another_repository_is_refused() {
+    let shared = tempfile::tempdir().unwrap();
+    let first = TestRepo::new();
+    let one = first.commit("main", "one", &[write("README.md", "one")]);
+    {
+        let daemon = Daemon::start_in(
+            tempfile::tempdir().unwrap(),
+            shared.path(),
+            &first.location(),
+            &[],
+            &[],
+        );
+        daemon.wait_commit(one);
+    }
+    // Another repository (its own first commit) on the same state directory.
+    let other = TestRepo::new();
+    other.commit("main", "unrelated", &[write("README.md", "other")]);
+    let daemon = Daemon::start_in(
+        tempfile::tempdir().unwrap(),
+        shared.path(),
+        &other.location(),
+        &[],
+        &[],
+    );
+    daemon.wait_status("the daemon refuses the state directory", |status| {
+        status["lastError"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("belongs to another repository"))
+    });
+    assert_eq!(
+        daemon.status().unwrap()["commit"],
+        Value::Null,
+        "nothing followed"
     );
 }
 
