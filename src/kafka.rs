@@ -24,6 +24,11 @@ use crate::plan::PartitionOffset;
 /// How long one admin or offset call may take.
 const CALL_TIMEOUT: Duration = Duration::from_secs(15);
 
+/// How long describing a group may take. It is asked right after a processor's instances
+/// exited (they left the group as they did), on the path of every cutover, so a broker slow
+/// to answer counts as one that cannot say rather than holding the cutover up.
+const MEMBERS_TIMEOUT: Duration = Duration::from_secs(2);
+
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("cannot create a Kafka client for {bootstrap}: {source}")]
@@ -466,7 +471,7 @@ impl Admin for KafkaAdmin {
     }
 
     fn members(&self, group: &str) -> Result<Option<usize>> {
-        match self.metadata.fetch_group_list(Some(group), CALL_TIMEOUT) {
+        match self.metadata.fetch_group_list(Some(group), MEMBERS_TIMEOUT) {
             Ok(list) => Ok(Some(
                 list.groups()
                     .iter()
