@@ -141,6 +141,13 @@ impl Error {
     }
 }
 
+/// Who uses an admin client (each use has its own).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum AdminUse {
+    Cutover,
+    Observe,
+}
+
 /// Connects to a cluster's admin API, by bootstrap servers.
 pub type Connect = dyn Fn(&str) -> Result<Arc<dyn Admin>, crate::kafka::Error> + Send + Sync;
 
@@ -152,7 +159,10 @@ pub struct Context {
     pub revisions: Revisions,
     pub store: Store,
     connect: Box<Connect>,
-    admins: Mutex<BTreeMap<String, Arc<dyn Admin>>>,
+    /// Per use and cluster: the cutover engine and the observer have clients of their own,
+    /// so the observer's many lag reads (tansu answers each in up to seconds under load)
+    /// never queue in front of a cutover's calls.
+    admins: Mutex<BTreeMap<(AdminUse, String), Arc<dyn Admin>>>,
     /// The delivery mode of each cluster's processors, decided once per cluster.
     deliveries: Mutex<BTreeMap<String, Delivery>>,
     stopping: AtomicBool,
@@ -191,13 +201,14 @@ impl Context {
         }))
     }
 
-    fn admin(&self, bootstrap: &str) -> Result<Arc<dyn Admin>, Error> {
+    fn admin(&self, usage: AdminUse, bootstrap: &str) -> Result<Arc<dyn Admin>, Error> {
         let mut admins = self.admins.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(admin) = admins.get(bootstrap) {
+        let key = (usage, bootstrap.to_owned());
+        if let Some(admin) = admins.get(&key) {
             return Ok(admin.clone());
         }
         let admin = (self.connect)(bootstrap)?;
-        admins.insert(bootstrap.to_owned(), admin.clone());
+        admins.insert(key, admin.clone());
         Ok(admin)
     }
 

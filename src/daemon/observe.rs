@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::Context;
+use super::{AdminUse, Context};
 use super::status::{StepLabels, StepStatus};
 use crate::graph::Kind;
 use crate::kafka::{Admin, Progress};
@@ -69,7 +69,7 @@ fn observe_topology(
     let admin = record
         .bootstrap
         .as_deref()
-        .and_then(|b| context.admin(b).ok());
+        .and_then(|b| context.admin(AdminUse::Observe, b).ok());
     // The graph being moved to during a move, else the one last matched.
     let commit = record
         .moving

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::status::{CutoverStatus, OutcomeLabels, Phase, TopologyLabel, WaitStatus};
-use super::{Context, Error, Revision};
+use super::{AdminUse, Context, Error, Revision};
 use crate::cutover::{self, Advance, Engine, Event, Target, Waits};
 use crate::runtime::{Delivery, Settings};
 use crate::store::CutoverStore as _;
@@ -38,7 +38,7 @@ pub(super) fn reconcile(
             None => return Ok(Step::Removed),
         },
     };
-    let admin = context.admin(&bootstrap)?;
+    let admin = context.admin(AdminUse::Cutover, &bootstrap)?;
     let delivery = context.delivery(&bootstrap, admin.as_ref())?;
     context
         .store
