@@ -257,11 +257,16 @@ impl Engine<'_> {
             if waits.blocks(&key, now) {
                 continue;
             }
-            (self.on_event)(Event::Action {
-                done,
-                remaining: remaining.len(),
-                action: &pending.action,
-            });
+            // Once per action, not per look at a drain or a missing topic.
+            let first_look = !waits.entries.contains_key(&key);
+            if first_look {
+                (self.on_event)(Event::Action {
+                    done,
+                    remaining: remaining.len(),
+                    action: &pending.action,
+                });
+                tracing::info!(topology = self.topology, action = %key, "cutover action");
+            }
             let before = record.clone();
             let outcome = self.execute(&pending.action, &mut record, target);
             if outcome.is_err() && record != before {
@@ -424,7 +429,6 @@ impl Engine<'_> {
         record: &mut TopologyRecord,
         target: &Target<'_>,
     ) -> Result<(), NotYet> {
-        tracing::info!(topology = self.topology, action = %describe(action), "cutover action");
         let failed = |e: &dyn std::fmt::Display| NotYet::Failed(e.to_string());
         let effect = match action {
             Action::CreateTopic {

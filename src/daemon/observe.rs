@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::{AdminUse, Context};
 use super::status::{StepLabels, StepStatus};
+use super::{AdminUse, Context};
 use crate::graph::Kind;
 use crate::kafka::{Admin, Progress};
 use crate::plan::Deployment;
