@@ -865,7 +865,10 @@ impl Compiler<'_> {
             A::Nested(inner) => self.expr(inner, depth),
             A::UnaryOp { op, expr } => match op {
                 UnaryOperator::Minus => {
-                    if let A::Value(v) = expr.as_ref() {
+                    // `-9223372036854775808` is an integer, although its digits alone are not.
+                    if let A::Value(v) = expr.as_ref()
+                        && matches!(v.value, ast::Value::Number(..))
+                    {
                         return self.literal(&v.value, v.span.start, true);
                     }
                     Expr::Neg(self.boxed(expr, depth), snippet(self))
@@ -1127,15 +1130,11 @@ impl Compiler<'_> {
                     }
                 }
             }
-            ast::Value::SingleQuotedString(s) if !negative => Value::Text(s.clone().into()),
-            ast::Value::Boolean(b) if !negative => Value::Bool(*b),
-            ast::Value::Null if !negative => Value::Null,
+            ast::Value::SingleQuotedString(s) => Value::Text(s.clone().into()),
+            ast::Value::Boolean(b) => Value::Bool(*b),
+            ast::Value::Null => Value::Null,
             ast::Value::Placeholder(p) => {
                 self.problem(at, format!("parameters (`{p}`) are not supported"));
-                Value::Null
-            }
-            other if negative => {
-                self.problem(at, format!("cannot negate `{other}`"));
                 Value::Null
             }
             other => {

@@ -252,7 +252,8 @@ fn substr(text: &str, start: i64, length: Option<i64>) -> String {
     let (mut p2, negative) = match length {
         Some(l) if l < 0 => (l.saturating_neg(), true),
         Some(l) => (l, false),
-        None => (len, false),
+        // SQLite takes "everything": its length limit, far past any string.
+        None => (i64::MAX, false),
     };
     if p1 < 0 {
         p1 = p1.saturating_add(len);
@@ -298,19 +299,20 @@ fn round_int(i: i64, digits: i64) -> Result<i64, String> {
     result.ok_or_else(|| "integer overflow".into())
 }
 
-/// Rounds half away from zero at `digits` decimals of the number's shortest decimal form
-/// (the digits the record shows: ROUND(2.675, 2) is 2.68, although the double nearest
-/// 2.675 lies a little below it).
+/// Rounds half away from zero at `digits` decimals of the double's exact value, as SQLite
+/// (and Python) do: ROUND(2.675, 2) is 2.67, because the double nearest 2.675 lies a little
+/// below it; ROUND(0.125, 2) is 0.13, a true tie.
 fn round_float(f: f64, digits: i64) -> f64 {
-    let shortest = format_float(f.abs());
-    let (mantissa, exponent) = match shortest.split_once('e') {
-        Some((m, e)) => (m, e.parse::<i64>().unwrap_or(0)),
-        None => (shortest.as_str(), 0),
-    };
-    let (whole, fraction) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    if f.abs() >= 4_503_599_627_370_496.0 && digits >= 0 {
+        // 2^52 and above: no fraction to round.
+        return f;
+    }
+    // Every double's exact decimal expansion has at most 1074 fractional digits.
+    let exact = format!("{:.1074}", f.abs());
+    let (whole, fraction) = exact.split_once('.').unwrap_or((&exact, ""));
     let mut all: Vec<u8> = whole.bytes().chain(fraction.bytes()).collect();
     // The value is 0.<all> × 10^point.
-    let mut point = i64::try_from(whole.len()).unwrap_or(0) + exponent;
+    let mut point = i64::try_from(whole.len()).unwrap_or(0);
     let lead = all.iter().take_while(|d| **d == b'0').count();
     all.drain(..lead);
     point -= i64::try_from(lead).unwrap_or(0);
@@ -576,6 +578,7 @@ mod tests {
             ("hello", 3, Some(-2), "he"),
             ("hello", -7, Some(4), "he"),
             ("hello", 9, None, ""),
+            ("a", 0, None, "a"),
             ("héllo", 2, Some(1), "é"),
         ];
         for (s, start, len, want) in cases {
@@ -584,11 +587,13 @@ mod tests {
     }
 
     #[test]
-    fn round_uses_the_digits_the_number_shows() {
-        assert_eq!(round_float(2.675, 2), 2.68);
+    fn round_uses_the_exact_value_and_breaks_ties_away_from_zero() {
+        assert_eq!(round_float(2.675, 2), 2.67);
+        assert_eq!(round_float(0.125, 2), 0.13);
+        assert_eq!(round_float(2.345, 2), 2.35);
         assert_eq!(round_float(-2.5, 0), -3.0);
         assert_eq!(round_float(0.5, 0), 1.0);
-        assert_eq!(round_float(1.005, 2), 1.01);
+        assert_eq!(round_float(1.005, 2), 1.0);
         assert_eq!(round_float(9.99, 1), 10.0);
         assert_eq!(round_float(1234.5, -2), 1200.0);
         assert_eq!(round_float(1e-7, 2), 0.0);

@@ -153,7 +153,8 @@ pub fn compare(a: &Value, b: &Value) -> Result<Option<Ordering>, String> {
     Ok(Some(match (a, b) {
         (Value::Null, _) | (_, Value::Null) => return Ok(None),
         (Value::Int(x), Value::Int(y)) => x.cmp(y),
-        (Value::Float(x), Value::Float(y)) => x.total_cmp(y),
+        // Values are finite (no NaN), and -0.0 equals 0.0.
+        (Value::Float(x), Value::Float(y)) => x.partial_cmp(y).unwrap_or(Ordering::Equal),
         (Value::Int(x), Value::Float(y)) => compare_int_float(*x, *y),
         (Value::Float(x), Value::Int(y)) => compare_int_float(*y, *x).reverse(),
         (Value::Text(x), Value::Text(y)) => x.as_bytes().cmp(y.as_bytes()),
@@ -190,7 +191,7 @@ fn compare_int_float(i: i64, f: f64) -> Ordering {
     #[allow(clippy::cast_possible_truncation)]
     let t = whole as i64;
     match i.cmp(&t) {
-        Ordering::Equal => 0.0f64.total_cmp(&(f - whole)),
+        Ordering::Equal => 0.0f64.partial_cmp(&(f - whole)).unwrap_or(Ordering::Equal),
         other => other,
     }
 }
@@ -339,6 +340,10 @@ mod tests {
         assert_eq!(
             compare(&Value::Int(i64::MAX), &Value::Float(1e19)).unwrap(),
             Some(Ordering::Less)
+        );
+        assert_eq!(
+            compare(&Value::Float(-0.0), &Value::Float(0.0)).unwrap(),
+            Some(Ordering::Equal)
         );
         assert_eq!(compare(&Value::Null, &Value::Int(1)).unwrap(), None);
         assert!(compare(&Value::Int(1), &Value::Text("1".into())).is_err());
