@@ -118,7 +118,7 @@ fn compile_here(sql: &str, inputs: Option<&[&str]>) -> Result<Query, Vec<Problem
     let statements = Parser::new(&dialect)
         .with_tokens_with_locations(tokens.clone())
         .parse_statements()
-        .map_err(|e| vec![parser_problem(e, end_of(&tokens))])?;
+        .map_err(|e| vec![hint_quoting(parser_problem(e, end_of(&tokens)), &tokens)])?;
 
     let mut compiler = Compiler {
         sql,
@@ -165,6 +165,34 @@ fn compile_here(sql: &str, inputs: Option<&[&str]>) -> Result<Query, Vec<Problem
         problems.dedup();
         Err(problems)
     }
+}
+
+/// `FROM raw-clicks` reads as a subtraction: say how step names with `-` are written.
+fn hint_quoting(mut problem: Problem, tokens: &[TokenWithSpan]) -> Problem {
+    let significant: Vec<&TokenWithSpan> = tokens
+        .iter()
+        .filter(|t| !matches!(t.token, Token::Whitespace(_)))
+        .collect();
+    let at = significant.iter().position(|t| {
+        (t.span.start.line, t.span.start.column)
+            == (u64::from(problem.line), u64::from(problem.column))
+    });
+    if let Some(at) = at.filter(|&at| at >= 2)
+        && significant[at].token == Token::Minus
+        && let (Token::Word(name), Token::Word(from)) =
+            (&significant[at - 1].token, &significant[at - 2].token)
+        && from.keyword == Keyword::FROM
+    {
+        let next = match significant.get(at + 1).map(|t| &t.token) {
+            Some(Token::Word(w)) => format!("-{}", w.value),
+            _ => String::new(),
+        };
+        problem.message.push_str(&format!(
+            "; a step name with `-` is written in double quotes: FROM \"{}{next}\"",
+            name.value
+        ));
+    }
+    problem
 }
 
 /// Where the last token of the query ends.
@@ -664,8 +692,10 @@ impl Compiler<'_> {
             .zip(&self.arm_names)
             .map(|(arm, (at, _))| (arm.from.clone(), *at))
             .collect();
+        let mut all_inputs = true;
         for (from, at) in &froms {
             if !from.is_empty() && !inputs.contains(&from.as_str()) {
+                all_inputs = false;
                 let at = self.location_of_from(from, *at);
                 self.problem(
                     at,
@@ -676,7 +706,9 @@ impl Compiler<'_> {
                 );
             }
         }
+        // A FROM that names no input is the mistake to report, not the input it misses.
         if let Some((first, first_at)) = froms.first()
+            && all_inputs
             && froms.iter().all(|(from, _)| !from.is_empty())
         {
             for input in inputs {

@@ -204,7 +204,8 @@ fn numbers() {
         ("-speed", "-12.5"),
         ("ABS(-3)", "3"),
         ("ABS(-2.5)", "2.5"),
-        ("ROUND(2.675, 2)", "2.68"),
+        ("ROUND(2.675, 2)", "2.67"),
+        ("ROUND(0.125, 2)", "0.13"),
         ("ROUND(-2.5)", "-3.0"),
         ("ROUND(1234, -2)", "1200"),
         ("FLOOR(-2.5)", "-3.0"),
@@ -442,6 +443,16 @@ fn syntax_errors_point_into_the_query() {
     let (line, column, message) = problem("SELECT id\nFROM t WHERE");
     assert_eq!((line, column), (2, 13), "{message}");
     assert!(message.contains("end of the query"), "{message}");
+    let (_, column, message) = problem("SELECT id FROM raw-clicks");
+    assert_eq!(column, 19);
+    assert!(message.contains(r#"FROM "raw-clicks""#), "{message}");
+    assert!(
+        Query::compile(
+            r#"SELECT "raw-clicks".id FROM "raw-clicks""#,
+            Some(&["raw-clicks"])
+        )
+        .is_ok()
+    );
     let (_, _, message) = problem("");
     assert!(message.contains("empty"), "{message}");
     let (line, column, message) = problem("SELECT id FROM t; SELECT id FROM t");
