@@ -130,6 +130,7 @@ fn compile_here(sql: &str, inputs: Option<&[&str]>) -> Result<Query, Vec<Problem
         arms: Vec::new(),
         arm_names: Vec::new(),
         too_deep: false,
+        select_aliases: Vec::new(),
     };
     match statements.as_slice() {
         [] => compiler.problem(
@@ -247,6 +248,9 @@ struct Compiler<'q> {
     arm_names: Vec<(Location, Option<Vec<String>>)>,
     /// Whether a too deep expression was reported (once is enough).
     too_deep: bool,
+    /// While compiling a WHERE: the names SELECT gives to something other than the field of
+    /// that name, which a bare name in WHERE does not mean.
+    select_aliases: Vec<String>,
 }
 
 impl Compiler<'_> {
@@ -545,6 +549,25 @@ impl Compiler<'_> {
             }
         }
 
+        self.select_aliases = select
+            .projection
+            .iter()
+            .filter_map(|item| match item {
+                SelectItem::ExprWithAlias { expr, alias } => {
+                    let same_field = match expr {
+                        ast::Expr::Identifier(i) => i.value == alias.value,
+                        ast::Expr::CompoundIdentifier(ids) => {
+                            ids.len() == 2
+                                && self.qualifier.as_deref() == Some(ids[0].value.as_str())
+                                && ids[1].value == alias.value
+                        }
+                        _ => false,
+                    };
+                    (!same_field).then(|| alias.value.clone())
+                }
+                _ => None,
+            })
+            .collect();
         let filter = select.selection.as_ref().map(|e| {
             let expr = self.expr(e, 0);
             if let Expr::Literal(v) = &expr
@@ -558,6 +581,7 @@ impl Compiler<'_> {
             expr
         });
         self.qualifier = None;
+        self.select_aliases.clear();
         self.arm_names.push((start, (!star).then(|| names.clone())));
         self.arms.push(Arm {
             from: from.map(|(name, _)| name).unwrap_or_default(),
@@ -801,6 +825,25 @@ impl Compiler<'_> {
             );
             return Expr::Literal(Value::Null);
         }
+        if let [ident] = idents
+            && self.select_aliases.contains(&ident.value)
+        {
+            // SQL evaluates WHERE before SELECT: the name is the record's field, which is
+            // rarely what was meant.
+            let field = match &self.qualifier {
+                Some(q) => format!("{q}.{}", ident.value),
+                None => ident.value.clone(),
+            };
+            self.problem(
+                at,
+                format!(
+                    "`{0}` here is the record's field `{0}`, not the column SELECT names `{0}` \
+                     (WHERE runs before SELECT); repeat the column's expression, or write \
+                     `{field}` to mean the field",
+                    ident.value
+                ),
+            );
+        }
         let qualified = names.len() > 1 && self.qualifier.as_deref() == names.first().copied();
         let rest = if qualified { &names[1..] } else { &names[..] };
         if !qualified {
@@ -938,7 +981,7 @@ impl Compiler<'_> {
                     (Some(Err(cmp)), _) => Expr::Compare(cmp, l, r, snippet(self)),
                     (None, BinaryOperator::And) => Expr::And(l, r, snippet(self)),
                     (None, BinaryOperator::Or) => Expr::Or(l, r, snippet(self)),
-                    (None, _) => Expr::Concat(l, r),
+                    (None, _) => Expr::Concat(l, r, snippet(self)),
                 }
             }
             A::IsNull(e) => Expr::IsNull(self.boxed(e, depth), false),
@@ -1377,7 +1420,7 @@ fn children(expr: &Expr) -> Vec<&Expr> {
         Expr::Neg(e, _) | Expr::Not(e, _) | Expr::IsNull(e, _) => vec![e],
         Expr::Is { expr, .. } | Expr::Cast { expr, .. } => vec![expr],
         Expr::Arith(_, a, b, _)
-        | Expr::Concat(a, b)
+        | Expr::Concat(a, b, _)
         | Expr::Compare(_, a, b, _)
         | Expr::And(a, b, _)
         | Expr::Or(a, b, _)

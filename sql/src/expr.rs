@@ -52,7 +52,7 @@ pub enum Expr {
     Neg(Box<Expr>, Snippet),
     Arith(Arith, Box<Expr>, Box<Expr>, Snippet),
     /// `a || b`: NULL if either is NULL.
-    Concat(Box<Expr>, Box<Expr>),
+    Concat(Box<Expr>, Box<Expr>, Snippet),
     Compare(CmpOp, Box<Expr>, Box<Expr>, Snippet),
     /// `a IS [NOT] DISTINCT FROM b`: equality where NULL equals NULL; never NULL.
     Distinct {
@@ -177,10 +177,13 @@ impl Expr {
                 let (a, b) = (a.eval(row)?, b.eval(row)?);
                 value::arith(*op, &a, &b).map_err(|m| fail(snippet, m))?
             }
-            Expr::Concat(a, b) => {
+            Expr::Concat(a, b, snippet) => {
                 let (a, b) = (a.eval(row)?, b.eval(row)?);
                 match (a.to_text(), b.to_text()) {
-                    (Some(a), Some(b)) => Value::Text(Cow::Owned(a.into_owned() + &b)),
+                    (Some(a), Some(b)) => {
+                        func::check_length(a.len() + b.len()).map_err(|m| fail(snippet, m))?;
+                        Value::Text(Cow::Owned(a.into_owned() + &b))
+                    }
                     _ => Value::Null,
                 }
             }

@@ -114,6 +114,21 @@ impl SqlType {
     }
 }
 
+/// Strings a query builds are limited to this many bytes: nested REPLACE or `||` multiply
+/// lengths, and one record must not exhaust the processor's memory.
+pub const MAX_TEXT_BYTES: usize = 16 * 1024 * 1024;
+
+pub fn check_length(bytes: usize) -> Result<(), String> {
+    if bytes > MAX_TEXT_BYTES {
+        Err(format!(
+            "the result would be longer than {} MiB",
+            MAX_TEXT_BYTES / (1024 * 1024)
+        ))
+    } else {
+        Ok(())
+    }
+}
+
 fn text_arg<'v>(v: &'v Value, what: &str) -> Result<&'v str, String> {
     match v {
         Value::Text(t) => Ok(t),
@@ -140,6 +155,7 @@ pub fn call(func: Func, args: Vec<Value<'_>>) -> Result<Value<'_>, String> {
         let mut out = String::new();
         for arg in &args {
             if let Some(text) = arg.to_text() {
+                check_length(out.len() + text.len())?;
                 out.push_str(&text);
             }
         }
@@ -195,11 +211,13 @@ pub fn call(func: Func, args: Vec<Value<'_>>) -> Result<Value<'_>, String> {
             let text = text_arg(arg(0), "the string")?;
             let from = text_arg(arg(1), "the text to replace")?;
             let to = text_arg(arg(2), "the replacement")?;
-            Value::Text(Cow::Owned(if from.is_empty() {
-                text.to_owned()
+            if from.is_empty() {
+                Value::Text(Cow::Owned(text.to_owned()))
             } else {
-                text.replace(from, to)
-            }))
+                let grows = to.len().saturating_sub(from.len());
+                check_length(text.len() + text.matches(from).count().saturating_mul(grows))?;
+                Value::Text(Cow::Owned(text.replace(from, to)))
+            }
         }
         Func::Abs => match arg(0) {
             Value::Int(i) => Value::Int(i.checked_abs().ok_or("integer overflow")?),

@@ -517,6 +517,16 @@ fn what_needs_more_than_one_record_is_refused_by_name() {
         ("SELECT 1", 1, "add `FROM <input step>`"),
         ("SELECT _key.x FROM t", 8, "has no fields"),
         ("SELECT id FROM u", 16, "FROM `u`: the step reads `t`"),
+        (
+            "SELECT speed * 3.6 AS kmh FROM t WHERE kmh > 40",
+            40,
+            "WHERE runs before SELECT",
+        ),
+        (
+            "SELECT velocity AS speed FROM t WHERE speed > 4",
+            39,
+            "write `t.speed`",
+        ),
     ];
     for (sql, column, needle) in cases {
         let all = problems(sql, &["t"]);
@@ -525,6 +535,33 @@ fn what_needs_more_than_one_record_is_refused_by_name() {
             .find(|p| p.message.contains(needle))
             .unwrap_or_else(|| panic!("{sql}: no problem mentions {needle:?}: {all:?}"));
         assert_eq!((found.line, found.column), (1, column), "{sql}: {found:?}");
+    }
+}
+
+#[test]
+fn where_may_use_the_fields_select_renames() {
+    // Renaming a field to its own name, or qualifying, is no trap.
+    for sql in [
+        "SELECT speed AS speed FROM t WHERE speed > 1",
+        "SELECT t.speed AS speed FROM t WHERE speed > 1",
+        "SELECT speed * 2 AS kmh FROM t WHERE t.kmh > 1",
+    ] {
+        assert!(Query::compile(sql, Some(&["t"])).is_ok(), "{sql}");
+    }
+}
+
+#[test]
+fn strings_cannot_grow_without_bound() {
+    // 3000 characters: one REPLACE of each by the whole makes 9 MB, two of those 18 MB.
+    let record = format!(r#"{{"s": "{}"}}"#, "a".repeat(3000));
+    assert_eq!(eval("LENGTH(REPLACE(s, 'a', s))", &record), "9000000");
+    for q in [
+        "REPLACE(REPLACE(s, 'a', s), 'a', s)",
+        "CONCAT(REPLACE(s, 'a', s), REPLACE(s, 'a', s))",
+        "REPLACE(s, 'a', s) || REPLACE(s, 'a', s)",
+    ] {
+        let message = error(q, &record);
+        assert!(message.contains("longer than 16 MiB"), "{q}: {message}");
     }
 }
 
