@@ -273,3 +273,93 @@ fn cli_reports_sql_errors_at_their_place() {
         "{out}"
     );
 }
+
+/// The local runtime starts a sql step as `--sql QUERY` with `--sql-input STEP=TOPIC` for
+/// each input step (here with a stand-in processor that writes its arguments down).
+#[test]
+fn the_local_runtime_passes_the_query_and_the_topics_of_its_input_steps() {
+    use std::collections::BTreeMap;
+    use std::os::unix::fs::PermissionsExt as _;
+    use std::time::Duration;
+
+    use plumber::runtime::local::{LocalConfig, LocalRuntime};
+    use plumber::runtime::{ProcessorSpec, Runtime};
+    use plumber::spec::Transform;
+
+    let dir = tempfile::tempdir().unwrap();
+    let args = dir.path().join("args");
+    let script = dir.path().join("processor.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/usr/bin/env bash\nprintf '%s\\n' \"$@\" > {0}.tmp && mv {0}.tmp {0}\ntrap 'exit 0' TERM\nwhile true; do sleep 1000 & wait $!; done\n",
+            args.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let runtime = LocalRuntime::open(
+        &dir.path().join("state"),
+        LocalConfig {
+            processor: script,
+            stop_timeout: Duration::from_secs(30),
+            max_backoff: Duration::from_secs(30),
+            max_log_bytes: 64 * 1024,
+        },
+    )
+    .unwrap();
+    let query = "SELECT id FROM cars\nUNION ALL SELECT id FROM trucks";
+    let spec = ProcessorSpec {
+        topology: "t".into(),
+        step: "both".into(),
+        identity: "cd".repeat(32).parse().unwrap(),
+        group: "plumber.t.both.cdcdcdcdcdcd".into(),
+        bootstrap: "127.0.0.1:1".into(),
+        inputs: vec![
+            "cars.raw".into(),
+            "plumber.t.fast-trucks.abababababab".into(),
+        ],
+        input_steps: BTreeMap::from([
+            ("cars".into(), "cars.raw".into()),
+            ("trucks".into(), "plumber.t.fast-trucks.abababababab".into()),
+        ]),
+        outputs: vec!["out".into()],
+        dlq: "plumber.t.both.dlq".into(),
+        transform: Transform::Sql {
+            query: query.into(),
+        },
+        env: BTreeMap::new(),
+        replicas: 1,
+        commit: None,
+        workdir: dir.path().to_path_buf(),
+    };
+    runtime.start(&spec).unwrap();
+    plumber_testkit::wait_until(
+        "the processor wrote its arguments",
+        Duration::from_secs(60),
+        || args.exists(),
+    );
+    let written = std::fs::read_to_string(&args).unwrap();
+    runtime.stop(&spec.group).unwrap();
+    let lines: Vec<&str> = written.lines().collect();
+    let after = |flag: &str| -> Vec<String> {
+        lines
+            .windows(2)
+            .filter(|w| w[0] == flag)
+            .map(|w| w[1].to_owned())
+            .collect()
+    };
+    // The query is one argument, line break and all.
+    assert!(
+        written.contains("--sql\nSELECT id FROM cars\nUNION ALL SELECT id FROM trucks\n"),
+        "{written}"
+    );
+    assert_eq!(
+        after("--sql-input"),
+        ["cars=cars.raw", "trucks=plumber.t.fast-trucks.abababababab"]
+    );
+    assert_eq!(
+        after("--input"),
+        ["cars.raw", "plumber.t.fast-trucks.abababababab"]
+    );
+}
