@@ -78,15 +78,18 @@ const RESERVED: [&str; 27] = [
 const COMPILE_STACK_BYTES: usize = 64 * 1024 * 1024;
 
 pub fn compile(sql: &str, inputs: Option<&[&str]>) -> Result<Query, Vec<Problem>> {
-    let internal = |what: &str| vec![Problem::at(START, format!("internal error: {what}"))];
     std::thread::scope(|scope| {
-        std::thread::Builder::new()
+        let compiling = std::thread::Builder::new()
             .name("sql-compile".into())
             .stack_size(COMPILE_STACK_BYTES)
-            .spawn_scoped(scope, || compile_here(sql, inputs))
-            .map_err(|e| internal(&format!("cannot start the compiler thread: {e}")))?
-            .join()
-            .map_err(|_| internal("the compiler panicked"))?
+            .spawn_scoped(scope, || compile_here(sql, inputs));
+        match compiling {
+            Ok(thread) => thread
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+            // Out of threads or memory: this thread's stack is the best there is.
+            Err(_) => compile_here(sql, inputs),
+        }
     })
 }
 
