@@ -42,12 +42,14 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::graph::Topology;
+use crate::graph::{StepKind, Topology};
 use crate::kafka::{self, Admin};
+use crate::plan::deployment::base_name;
 use crate::plan::{
     Action, Deployment, Effect, PartitionOffset, StartPosition, StartProcessor, moves,
 };
 use crate::runtime::{self, ProcessorSpec, Runtime};
+use crate::spec::Transform;
 use crate::store::{self, CutoverStore, Handover, HistoryEntry, Move, Outcome, TopologyRecord};
 
 #[derive(Debug, thiserror::Error)]
@@ -666,6 +668,7 @@ fn processor_spec(
         group: start.group.clone(),
         bootstrap: bootstrap.to_owned(),
         inputs: start.inputs.iter().map(|i| i.topic.clone()).collect(),
+        input_steps: input_steps(start, target),
         outputs: start.outputs.clone(),
         dlq: start.dlq.clone(),
         transform: start.transform.clone(),
@@ -679,6 +682,41 @@ fn processor_spec(
             .cloned()
             .unwrap_or_else(|| PathBuf::from(".")),
     }
+}
+
+/// The topic each input step of a `sql` step is read from (see [`ProcessorSpec::input_steps`]):
+/// a source's topic, or the internal topic of the processor's life among the start's inputs.
+fn input_steps(start: &StartProcessor, target: &Target<'_>) -> BTreeMap<String, String> {
+    let (Transform::Sql { .. }, Some(topology)) = (&start.transform, target.topology) else {
+        return BTreeMap::new();
+    };
+    let Some(id) = topology.find(&start.step) else {
+        return BTreeMap::new();
+    };
+    let mut steps = BTreeMap::new();
+    for input in topology.inputs(id) {
+        let step = topology.step(input);
+        let topic = match &step.kind {
+            StepKind::Source { topic } => Some(topic.clone()),
+            StepKind::Processor { .. } => {
+                let base = base_name(&topology.name, &step.name, step.identity);
+                start
+                    .inputs
+                    .iter()
+                    .map(|i| &i.topic)
+                    .find(|t| {
+                        t.strip_prefix(&base)
+                            .is_some_and(|life| life.is_empty() || life.starts_with('.'))
+                    })
+                    .cloned()
+            }
+            StepKind::Sink { .. } => None,
+        };
+        if let Some(topic) = topic {
+            steps.insert(step.name.clone(), topic);
+        }
+    }
+    steps
 }
 
 /// A one-line description of an action for logs, status and errors.
@@ -708,4 +746,77 @@ pub fn now() -> u64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::{FileContent, SourceFile};
+
+    fn topology(steps: &[(&str, &str)]) -> Topology {
+        let files: Vec<SourceFile> = steps
+            .iter()
+            .map(|(name, yaml)| SourceFile {
+                path: format!("topologies/t/{name}.yaml"),
+                content: FileContent::Bytes(yaml.as_bytes().to_vec()),
+            })
+            .collect();
+        let validation = crate::validate(&files);
+        let errors: Vec<_> = validation.errors().collect();
+        assert!(errors.is_empty(), "{errors:?}");
+        validation.topologies.unwrap_or_default().remove(0)
+    }
+
+    #[test]
+    fn sql_steps_learn_the_topic_of_each_input_step() {
+        let topology = topology(&[
+            ("cars", "kind: source\ntopic: cars.raw\n"),
+            ("trucks", "kind: source\ntopic: trucks.raw\n"),
+            (
+                "fast-trucks",
+                "kind: processor\ninput: trucks\njq: 'select(.v > 1)'\n",
+            ),
+            (
+                "both",
+                "kind: processor\ninput: [cars, fast-trucks]\nsql: SELECT id FROM cars UNION ALL SELECT id FROM \"fast-trucks\"\n",
+            ),
+            ("out", "kind: sink\ntopic: out\ninput: both\n"),
+        ]);
+        let workdirs = BTreeMap::new();
+        let target = Target {
+            commit: "c",
+            topology: Some(&topology),
+            bootstrap: Some("b:9092"),
+            workdirs: &workdirs,
+            settings: runtime::Settings::default(),
+        };
+        let actions = moves::plan(&Deployment::default(), Some(&topology));
+        let starts: Vec<&StartProcessor> = actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::StartProcessor(start) => Some(&**start),
+                _ => None,
+            })
+            .collect();
+        let both = starts.iter().find(|s| s.step == "both").unwrap();
+        let spec = processor_spec("t", both, "b:9092", &target);
+        let fast = topology.step(topology.find("fast-trucks").unwrap());
+        assert_eq!(
+            spec.input_steps,
+            BTreeMap::from([
+                ("cars".to_owned(), "cars.raw".to_owned()),
+                (
+                    "fast-trucks".to_owned(),
+                    base_name("t", "fast-trucks", fast.identity)
+                ),
+            ])
+        );
+        // Other transforms need no map.
+        let jq = starts.iter().find(|s| s.step == "fast-trucks").unwrap();
+        assert!(
+            processor_spec("t", jq, "b:9092", &target)
+                .input_steps
+                .is_empty()
+        );
+    }
 }

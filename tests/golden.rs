@@ -33,11 +33,15 @@ fn history() -> (TestRepo, String, String) {
     let moving = "topologies/vehicle-telemetry/steps/moving.yaml";
     let head = repo.commit(
         "main",
-        "faster vehicles only, scale desktop, drop mobile, add a counter",
+        "faster vehicles only (jq and SQL), scale desktop, drop mobile, add a counter",
         &[
             write(
                 moving,
                 "kind: processor\ninput: telemetry\njq: 'select(.speed > 20)'\nscale: { min: 1, max: 10, lagThreshold: 500 }\n",
+            ),
+            write(
+                "topologies/vehicle-telemetry/steps/fast-vehicles-sql.yaml",
+                "kind: processor\ninput: telemetry\nsql: |\n  SELECT vehicle, speed\n  FROM telemetry\n  WHERE speed > 20\n",
             ),
             write(
                 "topologies/clicks/steps/desktop.yaml",

@@ -100,6 +100,7 @@ impl Setup {
             .collect();
         vars.insert("EVENTS".into(), self.events_path().display().to_string());
         ProcessorSpec {
+            input_steps: Default::default(),
             topology: "t".into(),
             step: "p".into(),
             identity: "ab".repeat(32).parse().unwrap(),

@@ -9,9 +9,10 @@ use clap::{ArgGroup, Parser, ValueEnum};
 /// results to its output topics and commits.
 #[derive(Debug, Parser)]
 #[command(name = "plumber-processor", version)]
-#[command(group(ArgGroup::new("transform").required(true).args(["jq", "exec", "exec_json", "http"])))]
+#[command(group(ArgGroup::new("transform").required(true).args(["jq", "sql", "exec", "exec_json", "http"])))]
 #[command(after_help = "Examples:\n  \
     plumber-processor --bootstrap localhost:9092 --group g --input in --output out --jq 'select(.ok)'\n  \
+    plumber-processor --bootstrap localhost:9092 --group g --input in --output out --sql 'SELECT id FROM in WHERE ok'\n  \
     plumber-processor --bootstrap localhost:9092 --group g --input in --output out --exec -- python3 step.py\n  \
     plumber-processor --bootstrap localhost:9092 --group g --input in --output out --http http://localhost:8080/score")]
 pub struct Args {
@@ -35,6 +36,21 @@ pub struct Args {
     /// jq program applied to each record's JSON value; each result is one output record.
     #[arg(long, env = "PLUMBER_JQ", value_name = "PROGRAM")]
     pub jq: Option<String>,
+    /// SQL query run on each record's JSON value: `SELECT … FROM <input step> [WHERE …]`;
+    /// each row that passes WHERE is one output record.
+    #[arg(long, env = "PLUMBER_SQL", value_name = "QUERY")]
+    pub sql: Option<String>,
+    /// Which topic an input step of the query's FROM is read from (repeat, or comma-separated
+    /// in PLUMBER_SQL_INPUTS). Needed when the query's SELECTs read several input steps
+    /// (UNION ALL): each runs on the records of its step's topic.
+    #[arg(
+        long = "sql-input",
+        env = "PLUMBER_SQL_INPUTS",
+        value_delimiter = ',',
+        value_name = "STEP=TOPIC",
+        value_parser = parse_property
+    )]
+    pub sql_inputs: Vec<(String, String)>,
     /// Run the command after `--` as a long-lived child speaking the exec line protocol.
     #[arg(long, requires = "command")]
     pub exec: bool,
@@ -132,6 +148,11 @@ pub enum DeliveryMode {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TransformSpec {
     Jq(String),
+    /// The query and, by input step, the topic it is read from.
+    Sql {
+        query: String,
+        inputs: Vec<(String, String)>,
+    },
     Exec(Vec<String>),
     Http(String),
 }
@@ -190,8 +211,16 @@ impl TryFrom<Args> for Config {
     type Error = String;
 
     fn try_from(args: Args) -> Result<Self, String> {
+        if !args.sql_inputs.is_empty() && args.sql.is_none() {
+            return Err("--sql-input goes with --sql".into());
+        }
         let transform = if let Some(program) = args.jq {
             TransformSpec::Jq(program)
+        } else if let Some(query) = args.sql {
+            TransformSpec::Sql {
+                query,
+                inputs: args.sql_inputs,
+            }
         } else if let Some(url) = args.http {
             TransformSpec::Http(url)
         } else if args.exec {
@@ -202,7 +231,7 @@ impl TryFrom<Args> for Config {
             })?;
             TransformSpec::Exec(command)
         } else {
-            return Err("one of --jq, --exec or --http is required".into());
+            return Err("one of --jq, --sql, --exec or --http is required".into());
         };
         if let TransformSpec::Exec(command) = &transform
             && command.first().is_none_or(|program| program.is_empty())
@@ -284,6 +313,29 @@ mod tests {
     fn exactly_one_transform_is_required() {
         assert!(parse(&[]).unwrap_err().contains("required"));
         assert!(parse(&["--jq", ".", "--http", "http://x"]).is_err());
+    }
+
+    #[test]
+    fn sql_takes_a_query_and_the_topics_of_its_input_steps() {
+        let config = parse(&[
+            "--sql",
+            "SELECT id FROM a UNION ALL SELECT id FROM b",
+            "--sql-input",
+            "a=t1",
+            "--sql-input",
+            "b=t2",
+        ])
+        .unwrap();
+        assert_eq!(
+            config.transform,
+            TransformSpec::Sql {
+                query: "SELECT id FROM a UNION ALL SELECT id FROM b".into(),
+                inputs: vec![("a".into(), "t1".into()), ("b".into(), "t2".into())],
+            }
+        );
+        assert!(parse(&["--sql", "SELECT 1", "--jq", "."]).is_err());
+        assert!(parse(&["--jq", ".", "--sql-input", "a=t"]).is_err());
+        assert!(parse(&["--sql", "SELECT * FROM a", "--sql-input", "a"]).is_err());
     }
 
     #[test]

@@ -170,6 +170,10 @@ pub fn processor(parts: &ProcessorParts) -> Identity {
             c.str("jq");
             c.str(program);
         }
+        Transform::Sql { query } => {
+            c.str("sql");
+            c.str(query);
+        }
         Transform::Exec { command, image } => {
             c.str("exec");
             c.count(command.len());

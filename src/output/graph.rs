@@ -13,6 +13,7 @@ pub fn step_detail(topology: &Topology, id: StepId) -> String {
         StepKind::Source { topic } | StepKind::Sink { topic } => topic.clone(),
         StepKind::Processor { transform, .. } => match transform {
             Transform::Jq { .. } => "jq".into(),
+            Transform::Sql { .. } => "sql".into(),
             Transform::Exec { .. } => "exec".into(),
             Transform::Http { .. } => "http".into(),
         },

@@ -10,6 +10,7 @@ use super::short_commit as short;
 use crate::diagnostic::Diagnostic;
 use crate::graph::Topology;
 use crate::plan::{Action, Change, Plan, StartPosition, TopologyPlan};
+use crate::spec::Transform;
 
 /// `{"from","to","valid","errors","topologies"}` (SPEC §5). `plan` is `None` when invalid.
 pub fn json(from: Option<&str>, to: &str, plan: Option<&Plan>, errors: &[Diagnostic]) -> Value {
@@ -74,9 +75,10 @@ pub fn describe(action: &Action) -> String {
                 .collect();
             let outputs: Vec<String> = start.outputs.iter().map(|t| format!("`{t}`")).collect();
             format!(
-                "start `{}` ({}) reading {}; writing {}",
+                "start `{}` ({}) running {} reading {}; writing {}",
                 start.step,
                 start.identity.short(),
+                transform(&start.transform),
                 inputs.join(", "),
                 if outputs.is_empty() {
                     "nothing".to_owned()
@@ -122,6 +124,23 @@ pub fn describe(action: &Action) -> String {
             None => format!("stop `{step}` ({}) gracefully", identity.short()),
         },
         Action::DeleteTopic { topic } => format!("delete topic `{topic}`"),
+    }
+}
+
+/// What a processor runs, on one line: what a reviewer checks first.
+fn transform(transform: &Transform) -> String {
+    let (kind, text) = match transform {
+        Transform::Jq { program } => ("jq", program.clone()),
+        Transform::Sql { query } => ("sql", query.clone()),
+        Transform::Exec { command, .. } => ("exec", command.join(" ")),
+        Transform::Http { image, .. } => ("http", image.clone()),
+    };
+    let text = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    // A code span that holds backticks is delimited by two.
+    if text.contains('`') {
+        format!("{kind} `` {text} ``")
+    } else {
+        format!("{kind} `{text}`")
     }
 }
 

@@ -717,6 +717,12 @@ impl Shared {
             Transform::Jq { program } => {
                 command.arg("--jq").arg(program);
             }
+            Transform::Sql { query } => {
+                command.arg("--sql").arg(query);
+                for (step, topic) in &spec.input_steps {
+                    command.arg("--sql-input").arg(format!("{step}={topic}"));
+                }
+            }
             Transform::Exec { command: argv, .. } => {
                 command.arg("--exec").arg("--").args(argv);
             }

@@ -78,6 +78,10 @@ pub struct ProcessorSpec {
     pub group: String,
     pub bootstrap: String,
     pub inputs: Vec<String>,
+    /// The topic of each input step, by step name: a `sql` step's query of several SELECTs
+    /// runs each on the records of the input its FROM names. Empty for other transforms.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub input_steps: BTreeMap<String, String>,
     pub outputs: Vec<String>,
     pub dlq: String,
     pub transform: Transform,

@@ -9,6 +9,7 @@ pub mod fields;
 pub mod jq;
 pub mod names;
 mod settings;
+mod sql;
 mod step;
 pub mod yaml;
 
@@ -200,6 +201,10 @@ pub struct ProcessorSpec {
 pub enum Transform {
     Jq {
         program: String,
+    },
+    /// A stateless `SELECT … FROM <input step> [WHERE …]` (see `plumber_sql`).
+    Sql {
+        query: String,
     },
     Exec {
         command: Vec<String>,

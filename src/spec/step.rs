@@ -26,9 +26,10 @@ pub(super) struct JqProgram {
 const COMMON: [&str; 3] = ["kind", "description", "owner"];
 const SOURCE_FIELDS: [&str; 2] = ["topic", "cluster"];
 const SINK_FIELDS: [&str; 3] = ["topic", "cluster", "input"];
-const PROCESSOR_FIELDS: [&str; 8] = [
+const PROCESSOR_FIELDS: [&str; 9] = [
     "input",
     "jq",
+    "sql",
     "exec",
     "http",
     "env",
@@ -36,7 +37,7 @@ const PROCESSOR_FIELDS: [&str; 8] = [
     "partitions",
     "startFrom",
 ];
-const TRANSFORMS: [&str; 3] = ["jq", "exec", "http"];
+const TRANSFORMS: [&str; 4] = ["jq", "sql", "exec", "http"];
 
 pub(super) fn load(
     file: &SourceFile,
@@ -76,6 +77,11 @@ pub(super) fn load(
         }
         Err(()) => return step,
     };
+    // Positions inside values (a SQL query's problems) are found in the text as written.
+    let source = match &file.content {
+        super::FileContent::Bytes(bytes) => std::str::from_utf8(bytes).unwrap_or_default(),
+        _ => "",
+    };
     let report = &mut Report {
         file: &file.path,
         diagnostics,
@@ -111,7 +117,14 @@ pub(super) fn load(
         }
         Kind::Processor => {
             fields.reject_unknown(&allowed(&PROCESSOR_FIELDS, &[]), "a processor", report);
-            StepDef::Processor(processor(&fields, node.pos, context, jq_programs, report))
+            StepDef::Processor(processor(
+                &fields,
+                node.pos,
+                context,
+                jq_programs,
+                source,
+                report,
+            ))
         }
     };
     step
@@ -259,12 +272,15 @@ fn processor(
     at: Pos,
     context: &Context,
     jq_programs: &mut Vec<JqProgram>,
+    source: &str,
     report: &mut Report,
 ) -> ProcessorSpec {
     let defaults = context.defaults;
+    let inputs = inputs(fields, at, report);
+    let transform = transform(fields, at, &inputs, jq_programs, source, report);
     ProcessorSpec {
-        inputs: inputs(fields, at, report),
-        transform: transform(fields, at, jq_programs, report),
+        inputs,
+        transform,
         env: fields
             .get("env")
             .map(|e| env(e, report))
@@ -289,7 +305,9 @@ fn processor(
 fn transform(
     fields: &Fields,
     at: Pos,
+    inputs: &[Located<String>],
     jq_programs: &mut Vec<JqProgram>,
+    source: &str,
     report: &mut Report,
 ) -> Option<Transform> {
     let present: Vec<&super::yaml::Entry> = fields
@@ -302,7 +320,7 @@ fn transform(
             report.error(
                 Code::TransformCount,
                 at,
-                "a processor needs one transform: `jq`, `exec` or `http`",
+                "a processor needs one transform: `jq`, `sql`, `exec` or `http`",
             );
             return None;
         }
@@ -330,6 +348,11 @@ fn transform(
             Some(Transform::Jq {
                 program: program.value,
             })
+        }
+        "sql" => {
+            let query = fields::string(entry, report)?;
+            super::sql::check(&query.value, &entry.value, inputs, source, report);
+            Some(Transform::Sql { query: query.value })
         }
         "exec" => {
             let spec = Fields::of(&entry.value, "`exec`", entry.key_pos, report)?;

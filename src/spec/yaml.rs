@@ -51,6 +51,22 @@ pub struct Scalar {
     pub text: String,
     /// Plain (unquoted) scalars may be numbers, booleans or null; quoted ones are strings.
     pub plain: bool,
+    pub style: Style,
+    /// Where the scalar is written, as character indices into the file (end exclusive): what
+    /// [`position_in_scalar`] maps positions inside `text` back through.
+    pub span: (usize, usize),
+}
+
+/// How a scalar is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Style {
+    Plain,
+    SingleQuoted,
+    DoubleQuoted,
+    /// `|`
+    Literal,
+    /// `>`
+    Folded,
 }
 
 impl Scalar {
@@ -148,6 +164,14 @@ pub fn parse(text: &str) -> Result<Option<Node>, SyntaxError> {
                     value: Value::Scalar(Scalar {
                         text: text.into_owned(),
                         plain: style == ScalarStyle::Plain,
+                        style: match style {
+                            ScalarStyle::SingleQuoted => Style::SingleQuoted,
+                            ScalarStyle::DoubleQuoted => Style::DoubleQuoted,
+                            ScalarStyle::Literal => Style::Literal,
+                            ScalarStyle::Folded => Style::Folded,
+                            ScalarStyle::Plain => Style::Plain,
+                        },
+                        span: (span.start.index(), span.end.index()),
                     }),
                 })
             }
@@ -189,6 +213,160 @@ pub fn parse(text: &str) -> Result<Option<Node>, SyntaxError> {
         }
     }
     Ok(root)
+}
+
+/// Where in the file the character at `offset` (counted in characters) of a scalar's value
+/// is written: positions inside a value (a SQL query's error, say) are reported where the
+/// user wrote them, through quotes, escapes, folded lines and block indentation.
+///
+/// The value's characters are matched in order against the characters written; anything
+/// that does not match (a style this misreads) gives `None`, and the caller falls back to
+/// the value's start.
+pub fn position_in_scalar(source: &str, node: &Node, offset: usize) -> Option<Pos> {
+    let Value::Scalar(scalar) = &node.value else {
+        return None;
+    };
+    let (start, end) = scalar.span;
+    let written: Vec<char> = source
+        .chars()
+        .skip(start)
+        .take(end.saturating_sub(start))
+        .collect();
+    let mut cursor = Cursor {
+        chars: &written,
+        at: 0,
+        pos: node.pos,
+    };
+    // Quoted scalars' spans include the opening quote; block scalars' start at their content.
+    if matches!(scalar.style, Style::SingleQuoted | Style::DoubleQuoted) {
+        cursor.advance(1);
+    }
+    let double = scalar.style == Style::DoubleQuoted;
+    let single = scalar.style == Style::SingleQuoted;
+    for (index, wanted) in scalar.text.chars().enumerate() {
+        // Find where `wanted` is written, and how many characters write it.
+        let width = loop {
+            let c = cursor.peek(0)?;
+            if double && c == '\\' {
+                match escape(&written[cursor.at + 1..]) {
+                    // `\` at the end of a line joins it to the next: nothing of the value.
+                    Escape::LineJoin(len) => {
+                        cursor.advance(1 + len);
+                        continue;
+                    }
+                    Escape::Char(decoded, len) if decoded == wanted => break 1 + len,
+                    Escape::Char(decoded, len) if decoded.is_whitespace() => {
+                        cursor.advance(1 + len);
+                        continue;
+                    }
+                    _ => return None,
+                }
+            }
+            if wanted.is_whitespace() && c.is_whitespace() {
+                break 1;
+            }
+            if c.is_whitespace() {
+                // Indentation, or a line break the value folded away.
+                cursor.advance(1);
+                continue;
+            }
+            if single && c == '\'' && wanted == '\'' && cursor.peek(1) == Some('\'') {
+                break 2;
+            }
+            if c == wanted {
+                break 1;
+            }
+            return None;
+        };
+        if index == offset {
+            return Some(cursor.pos);
+        }
+        cursor.advance(width);
+    }
+    // Just past the value's end.
+    (offset == scalar.text.chars().count()).then_some(cursor.pos)
+}
+
+struct Cursor<'a> {
+    chars: &'a [char],
+    at: usize,
+    pos: Pos,
+}
+
+impl Cursor<'_> {
+    fn peek(&self, ahead: usize) -> Option<char> {
+        self.chars.get(self.at + ahead).copied()
+    }
+
+    fn advance(&mut self, n: usize) {
+        for _ in 0..n {
+            match self.peek(0) {
+                Some('\n') => {
+                    self.pos.line += 1;
+                    self.pos.column = 1;
+                }
+                Some(_) => self.pos.column += 1,
+                None => return,
+            }
+            self.at += 1;
+        }
+    }
+}
+
+enum Escape {
+    /// The character an escape stands for, and how many characters follow the backslash.
+    Char(char, usize),
+    /// A backslash before a line break, and the line break with the next line's indentation.
+    LineJoin(usize),
+    Unknown,
+}
+
+/// The escape sequence after a backslash of a double-quoted scalar (YAML 1.2, 5.7).
+fn escape(after: &[char]) -> Escape {
+    let Some(&first) = after.first() else {
+        return Escape::Unknown;
+    };
+    let simple = match first {
+        '0' => '\0',
+        'a' => '\u{7}',
+        'b' => '\u{8}',
+        't' | '\t' => '\t',
+        'n' => '\n',
+        'v' => '\u{b}',
+        'f' => '\u{c}',
+        'r' => '\r',
+        'e' => '\u{1b}',
+        ' ' => ' ',
+        '"' => '"',
+        '/' => '/',
+        '\\' => '\\',
+        'N' => '\u{85}',
+        '_' => '\u{a0}',
+        'L' => '\u{2028}',
+        'P' => '\u{2029}',
+        'x' | 'u' | 'U' => {
+            let digits = match first {
+                'x' => 2,
+                'u' => 4,
+                _ => 8,
+            };
+            let hex: String = after.iter().skip(1).take(digits).collect();
+            return u32::from_str_radix(&hex, 16)
+                .ok()
+                .filter(|_| hex.len() == digits)
+                .and_then(char::from_u32)
+                .map_or(Escape::Unknown, |c| Escape::Char(c, 1 + digits));
+        }
+        '\n' | '\r' => {
+            let indent = after[1..]
+                .iter()
+                .take_while(|c| matches!(c, ' ' | '\t' | '\n' | '\r'))
+                .count();
+            return Escape::LineJoin(1 + indent);
+        }
+        _ => return Escape::Unknown,
+    };
+    Escape::Char(simple, 1)
 }
 
 fn reject_anchor_and_tag(anchor: usize, tagged: bool, span: &Span) -> Result<(), SyntaxError> {
@@ -317,6 +495,58 @@ mod tests {
     fn syntax_errors_point_at_the_problem() {
         let err = parse("kind: source\ntopic: [a, b\n").unwrap_err();
         assert!(err.pos.line >= 2, "{err:?}");
+    }
+
+    /// The character written at `pos` of `text`.
+    fn char_at(text: &str, pos: Pos) -> Option<char> {
+        let line = text.split('\n').nth(usize::try_from(pos.line).ok()? - 1)?;
+        line.chars().nth(usize::try_from(pos.column).ok()? - 1)
+    }
+
+    #[test]
+    fn positions_inside_values_map_back_to_where_they_are_written() {
+        let docs = [
+            "sql: SELECT id FROM t WHERE x > 'a'\n",
+            "sql: 'SELECT id, ''it''''s'' FROM t'\n",
+            r#"sql: "SELECT\tid,\n  \"q\" FROM \x74 \u00e9\
+    WHERE \\ x"
+"#,
+            "sql: SELECT id\n  FROM t\n\n  WHERE x\n",
+            "kind: processor\nsql: |\n  SELECT id,\n     speed\n  FROM t  # not a comment\n  WHERE x > 1\nnext: 1\n",
+            "sql: >-\n    SELECT id\n    FROM t\n\n    WHERE x\n",
+            "sql: |2- # a comment\n   SELECT € FROM t\n",
+            "sql: \"SELECT id\n  FROM t\"\n",
+        ];
+        for doc in docs {
+            let root = parse(doc).unwrap().unwrap();
+            let entry = map(&root).iter().find(|e| e.key == "sql").unwrap();
+            let Value::Scalar(scalar) = &entry.value.value else {
+                panic!()
+            };
+            let chars: Vec<char> = scalar.text.chars().collect();
+            for (offset, c) in chars.iter().enumerate() {
+                let pos = position_in_scalar(doc, &entry.value, offset).unwrap_or_else(|| {
+                    panic!("{doc:?}: offset {offset} ({c:?}) of {:?}", scalar.text)
+                });
+                if c.is_whitespace() {
+                    continue;
+                }
+                let written = char_at(doc, pos);
+                assert!(
+                    written == Some(*c) || written == Some('\\'),
+                    "{doc:?}: offset {offset} ({c:?}) at {pos:?} is {written:?}"
+                );
+            }
+            assert!(position_in_scalar(doc, &entry.value, chars.len()).is_some());
+            assert!(position_in_scalar(doc, &entry.value, chars.len() + 1).is_none());
+        }
+        let doc = "sql: |\n  SELECT\n  FROM t\n";
+        let root = parse(doc).unwrap().unwrap();
+        let value = &map(&root)[0].value;
+        assert_eq!(
+            position_in_scalar(doc, value, 7),
+            Some(Pos { line: 3, column: 3 })
+        );
     }
 
     #[test]

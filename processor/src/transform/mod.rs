@@ -8,6 +8,7 @@ pub mod http;
 pub mod jq;
 mod json_in;
 mod json_out;
+pub mod sql;
 
 use std::time::Instant;
 
@@ -32,6 +33,8 @@ pub enum Outcome {
 pub enum Error {
     #[error("the jq program does not compile: {0}")]
     Jq(String),
+    #[error("the SQL query cannot run: {0}")]
+    Sql(String),
     #[error("cannot start `{command}`: {source}")]
     Spawn {
         command: String,
@@ -95,6 +98,9 @@ fn retries(config: &Config) -> Retries {
 pub fn build(config: &Config, metrics: &Metrics) -> Result<Box<dyn Transform>, Error> {
     Ok(match &config.transform {
         TransformSpec::Jq(program) => Box::new(jq::Jq::compile(program)?),
+        TransformSpec::Sql { query, inputs } => {
+            Box::new(sql::Sql::compile(query, inputs, &config.inputs)?)
+        }
         TransformSpec::Exec(command) => Box::new(exec::Exec::new(
             command.clone(),
             retries(config),
