@@ -26,9 +26,17 @@ def skip($n; f):
   if $n < 0 then error("skip doesn't support negative count") else _plumber_skip($n; f) end;
 def nth($n; f):
   if $n < 0 then error("nth doesn't support negative indices") else first(skip($n; f)) end;
+def _strindices($i): indices($i);
 def until(cond; update): def _until: if cond then . else (update | _until) end; _until;
 
-# Paths
+# Paths: jq bounds what is deep.
+def getpath($path):
+  if $path | length > 10000 then error("Path too deep") else reduce $path[] as $p (.; .[$p]) end;
+def setpath($path; $x):
+  if $path | length > 10000 then error("Path too deep") else getpath($path) = $x end;
+def sort: _plumber_shallow("Comparison too deep") | _plumber_sort;
+def group_by(f): _plumber_shallow("Comparison too deep") | _plumber_group_by(f);
+def unique: _plumber_shallow("Comparison too deep") | unique_by(.);
 def paths(node_filter): . as $dot | paths | select(. as $p | $dot | getpath($p) | node_filter);
 def leaf_paths: paths(scalars);
 def del(f): delpaths([path(f)]);
@@ -68,6 +76,11 @@ def toarray: if type == "array" then . else [.] end;
 def trimstr($x): ltrimstr($x) | rtrimstr($x);
 def split($sep): _plumber_split($sep);
 def ascii: [.] | implode;
+# Broken-down times as short as jq takes them.
+def _plumber_time: if type == "array" and length < 8 then . + [0, 0, 0, 0, 0, 0, 0, 0][length:] else . end;
+def mktime: _plumber_time | _plumber_mktime;
+def strftime(f): _plumber_time | _plumber_strftime(f);
+def strflocaltime(f): _plumber_time | _plumber_strflocaltime(f);
 def todate: strftime("%Y-%m-%dT%H:%M:%SZ");
 def dateadd(u; n): . + n;
 def datesub(u; n): . - n;

@@ -135,7 +135,7 @@ impl Val {
 /// unbounded reader overflowed the stack on a string of 100,000 `[`); jq also reads `nan`.
 fn from_json(value: &Val) -> ValR {
     let text = value.string_bytes()?;
-    if let b"nan" | b"NaN" = text.trim() {
+    if let b"nan" | b"NaN" | b"-nan" | b"-NaN" = text.trim() {
         return Ok(Val::from(f64::NAN));
     }
     json_in::read(text).map_err(|e| {
@@ -153,29 +153,33 @@ fn to_json(value: &Val) -> Val {
     Val::utf8_str(out)
 }
 
-/// jq 1.8's `tonumber`: a number, or a string that is exactly a number literal.
+/// jq 1.8's `tonumber`: a number, or a string that is exactly a number (`+` and a leading
+/// `.` allowed, white space not).
 fn to_number(value: &Val) -> ValR {
-    match value {
-        Val::Num(_) => Ok(value.clone()),
-        Val::TStr(text) | Val::BStr(text) => {
-            let parsed = text
-                .first()
-                .filter(|b| b.is_ascii_digit() || **b == b'-')
-                .and_then(|_| json_in::read(text).ok());
-            match parsed {
-                Some(number @ Val::Num(_)) if !text.last().is_some_and(u8::is_ascii_whitespace) => {
-                    Ok(number)
-                }
-                _ => Err(fail(format_args!(
-                    "{} cannot be parsed as a number",
-                    described(value)
-                ))),
-            }
-        }
-        _ => Err(fail(format_args!(
-            "{} cannot be parsed as a number",
-            described(value)
-        ))),
+    let refuse = || fail(format_args!("{} cannot be parsed as a number", described(value)));
+    let text = match value {
+        Val::Num(_) => return Ok(value.clone()),
+        Val::TStr(text) | Val::BStr(text) => text,
+        _ => return Err(refuse()),
+    };
+    let (negative, digits) = match text.first() {
+        Some(b'-') => (true, &text[1..]),
+        Some(b'+') => (false, &text[1..]),
+        _ => (false, &text[..]),
+    };
+    let mut literal = Vec::with_capacity(text.len() + 2);
+    if negative {
+        literal.push(b'-');
+    }
+    if digits.first() == Some(&b'.') {
+        literal.push(b'0');
+    }
+    literal.extend_from_slice(digits);
+    let whole = literal.first().is_some_and(|b| b.is_ascii_digit() || *b == b'-')
+        && literal.last().is_some_and(u8::is_ascii_digit);
+    match json_in::read(&literal) {
+        Ok(number @ Val::Num(_)) if whole => Ok(number),
+        _ => Err(refuse()),
     }
 }
 
@@ -235,17 +239,77 @@ fn del_paths(value: Val, paths: &Val) -> ValR {
     let Val::Arr(paths) = paths else {
         return Err(fail("Paths must be specified as an array"));
     };
-    let mut paths: Vec<&Val> = paths.iter().collect();
-    paths.sort();
-    paths.dedup();
-    let mut value = value;
-    for path in paths.into_iter().rev() {
+    let mut absolute = Vec::with_capacity(paths.len());
+    for path in paths.iter() {
         let Val::Arr(path) = path else {
             return Err(fail("Path must be specified as an array"));
         };
+        if path.len() > json_in::MAX_DEPTH {
+            return Err(fail("Path too deep"));
+        }
+        absolute.push(absolute_path(&value, path));
+    }
+    // Indices from the end and slices are made absolute against the value first, as in jq.
+    absolute.sort();
+    absolute.dedup();
+    let mut value = value;
+    for path in absolute.iter().rev() {
         value = del_path(value, path)?;
     }
     Ok(value)
+}
+
+/// `path` with indices from the end, and slice bounds, as the indices they stand for in
+/// `value`.
+fn absolute_path(value: &Val, path: &[Val]) -> Vec<Val> {
+    let mut at = Some(value.clone());
+    let mut out = Vec::with_capacity(path.len());
+    for key in path {
+        let here = at.take();
+        let key = match (&here, key) {
+            (Some(Val::Arr(a)), Val::Num(n)) => match n.as_index() {
+                Some(i) if i < 0 => Val::from(i + a.len() as isize),
+                _ => key.clone(),
+            },
+            (Some(Val::Arr(a)), Val::Obj(range)) => {
+                let len = a.len() as f64;
+                let bound = |name: &str, default: f64| {
+                    let b = range
+                        .get(&Val::utf8_str(name.to_owned()))
+                        .and_then(|b| b.as_num().map(|n| n.as_f64()))
+                        .unwrap_or(default);
+                    let b = if b < 0.0 { b + len } else { b };
+                    b.clamp(0.0, len)
+                };
+                let (start, end) = (bound("start", 0.0).floor(), bound("end", len).ceil());
+                let mut m = Map::default();
+                m.insert(Val::utf8_str("start"), Val::from(start));
+                m.insert(Val::utf8_str("end"), Val::from(end.max(start)));
+                Val::obj(m)
+            }
+            _ => key.clone(),
+        };
+        at = here.and_then(|v| v.index_opt(&key).ok().flatten());
+        out.push(key);
+    }
+    out
+}
+
+/// Whether `value` nests more than `limit` arrays and objects, found without recursing.
+pub(crate) fn depth_exceeds(value: &Val, limit: usize) -> bool {
+    let mut pending = vec![(value, 0usize)];
+    while let Some((value, depth)) = pending.pop() {
+        let children: Box<dyn Iterator<Item = &Val>> = match value {
+            Val::Arr(a) => Box::new(a.iter()),
+            Val::Obj(o) => Box::new(o.values()),
+            _ => continue,
+        };
+        if depth + 1 > limit {
+            return true;
+        }
+        pending.extend(children.map(|child| (child, depth + 1)));
+    }
+    false
 }
 
 fn del_path(value: Val, path: &[Val]) -> ValR {
@@ -342,6 +406,11 @@ fn split_string(value: &Val, sep: &Val) -> ValR {
 
 fn trim_prefix(value: Val, prefix: &Val, front: bool) -> ValR {
     match (&value, prefix) {
+        (Val::TStr(_), Val::TStr(_)) => {}
+        _ if front => return Err(fail("startswith() requires string inputs")),
+        _ => return Err(fail("endswith() requires string inputs")),
+    }
+    match (&value, prefix) {
         (Val::TStr(s), Val::TStr(p)) => {
             let rest = if front {
                 s.strip_prefix(&***p)
@@ -422,7 +491,13 @@ fn base<D: for<'a> DataT<V<'a> = Val>>() -> Box<[Filter<RunPtr<D>>]> {
         ("tonumber", v(0), |cv| bome(to_number(&cv.1))),
         ("length", v(0), |cv| bome(cv.1.length())),
         ("contains", v(1), |cv| {
-            unary(cv, |x, y| x.contains(&y).map(Val::from))
+            unary(cv, |x, y| {
+                let limit = json_out::MAX_WRITE_DEPTH;
+                if depth_exceeds(&x, limit) || depth_exceeds(&y, limit) {
+                    return Err(fail("Containment check too deep"));
+                }
+                x.contains(&y).map(Val::from)
+            })
         }),
         ("has", v(1), |cv| unary(cv, |v, k| v.has(&k))),
         ("indices", v(1), |cv| {
@@ -460,6 +535,17 @@ fn base<D: for<'a> DataT<V<'a> = Val>>() -> Box<[Filter<RunPtr<D>>]> {
         }),
         ("_plumber_empty_object", v(0), |_| {
             bome(Ok(Val::obj(Map::default())))
+        }),
+        ("nan", v(0), |_| bome(Ok(Val::from(f64::NAN)))),
+        ("infinite", v(0), |_| bome(Ok(Val::from(f64::INFINITY)))),
+        ("_plumber_shallow", v(1), |cv| {
+            unary(cv, |v, message| {
+                if depth_exceeds(&v, json_out::MAX_WRITE_DEPTH) {
+                    Err(Error::new(message))
+                } else {
+                    Ok(v)
+                }
+            })
         }),
     ])
 }

@@ -29,7 +29,18 @@ pub type Error = jaq_core::Error<Val>;
 type Data = data::JustLut<Val>;
 
 /// jaq's definitions that this crate replaces with natives of its own.
-const REPLACED_DEFS: &[&str] = &["tostring", "delpaths", "tonumber", "env"];
+const REPLACED_DEFS: &[&str] = &["tostring", "delpaths", "tonumber", "env", "nan", "infinite"];
+
+/// jaq's natives that jq's definitions (`defs.jq`) wrap: also given a `_plumber_` name.
+const WRAPPED: &[&str] = &[
+    "limit",
+    "skip",
+    "mktime",
+    "strftime",
+    "strflocaltime",
+    "sort",
+    "group_by",
+];
 
 /// The library: jaq's definitions, then jq's (which shadow them).
 fn defs() -> impl Iterator<Item = Def<&'static str>> {
@@ -54,14 +65,27 @@ fn funs() -> Vec<Fun<Data>> {
         .collect();
     // jaq's own definitions call them by their names.
     all.extend(
-        jaq_core::funs::<Data>().filter_map(|(name, args, f)| match name {
-            "limit" => Some(("_plumber_limit", args, f)),
-            "skip" => Some(("_plumber_skip", args, f)),
-            _ => None,
-        }),
+        jaq_core::funs::<Data>()
+            .chain(jaq_std::funs::<Data>())
+            .filter_map(|(name, args, f)| {
+                let wrapped = *WRAPPED.iter().find(|w| **w == name)?;
+                Some((wrapped_name(wrapped), args, f))
+            }),
     );
     all.extend(ours);
     all
+}
+
+fn wrapped_name(name: &str) -> &'static str {
+    match name {
+        "limit" => "_plumber_limit",
+        "skip" => "_plumber_skip",
+        "mktime" => "_plumber_mktime",
+        "strftime" => "_plumber_strftime",
+        "strflocaltime" => "_plumber_strflocaltime",
+        "sort" => "_plumber_sort",
+        _ => "_plumber_group_by",
+    }
 }
 
 /// The global variables every program sees.

@@ -277,7 +277,8 @@ impl Ord for Num {
         if let (Num::Int(x), Num::Int(y)) = (self, other) {
             return x.cmp(y);
         }
-        if let (Num::Dec(_), Num::Dec(_) | Num::Int(_)) | (Num::Int(_), Num::Dec(_)) = (self, other)
+        // An integer may have been computed: against a literal it compares as a double.
+        if let (Num::Dec(_), Num::Dec(_)) = (self, other)
             && let (Some(x), Some(y)) = (self.decimal(), other.decimal())
         {
             return x.cmp(&y);

@@ -26,6 +26,7 @@ pub fn rewrite(program: &str) -> Result<String, String> {
     refuse_constant_keys(&tokens)?;
     let mut edits = Vec::new();
     locations(&program, &tokens, &mut edits);
+    small_syntax(&program, &tokens, &mut edits);
     program = apply(&program, edits);
     // One alternative at a time: each rewrite copies the body, which may hold more.
     for _ in 0..100 {
@@ -112,6 +113,70 @@ fn refuse_constant_keys(tokens: &[Token<&str>]) -> Result<(), String> {
     found.map_or(Ok(()), Err)
 }
 
+/// `.5` (a number) becomes `0.5`; `{$name: pattern}` in a destructuring pattern becomes
+/// `{$name, "name": pattern}`.
+fn small_syntax(program: &str, tokens: &[Token<&str>], edits: &mut Vec<Edit>) {
+    each_list(tokens, &mut |list| {
+        for (i, token) in list.iter().enumerate() {
+            if let (Token(".", Tok::Sym), Some(number @ Token(_, Tok::Num))) = (token, list.get(i + 1))
+                && span(program, token).end == span(program, number).start
+            {
+                edits.push((span(program, token), "0.".into()));
+            }
+        }
+    });
+    pattern_keys(program, tokens, false, edits);
+    // `reduce E as …` and `foreach E as …` where E is more than a term (`.[] / .[]`), which
+    // jq takes and jaq's parser does not: E in parentheses.
+    each_list(tokens, &mut |list| {
+        for (i, token) in list.iter().enumerate() {
+            if !(is_word(Some(token), "reduce") || is_word(Some(token), "foreach")) {
+                continue;
+            }
+            let Some(as_at) = (i + 1..list.len()).find(|&j| is_word(list.get(j), "as")) else {
+                continue;
+            };
+            if as_at > i + 2 {
+                let (first, last) = (&list[i + 1], &list[as_at - 1]);
+                edits.push((span(program, first).start..span(program, first).start, "(".into()));
+                edits.push((span(program, last).end..span(program, last).end, ")".into()));
+            }
+        }
+    });
+}
+
+fn pattern_keys(program: &str, list: &[Token<&str>], pattern: bool, edits: &mut Vec<Edit>) {
+    for (i, token) in list.iter().enumerate() {
+        match &token.1 {
+            Tok::Block(inner) => {
+                let after_as = i > 0 && is_word(list.get(i - 1), "as")
+                    || i > 1 && is_sym(list.get(i - 1), "//") && is_sym(list.get(i - 2), "?");
+                let pattern = (pattern || after_as) && !token.0.starts_with('(');
+                if pattern && token.0.starts_with('{') {
+                    for (j, entry) in inner.iter().enumerate() {
+                        if let Token(name, Tok::Var) = entry
+                            && is_sym(inner.get(j + 1), ":")
+                            && (j == 0 || is_sym(inner.get(j - 1), ","))
+                        {
+                            let key = format!("{name}, \"{}\"", &name[1..]);
+                            edits.push((span(program, entry), key));
+                        }
+                    }
+                }
+                pattern_keys(program, inner, pattern, edits);
+            }
+            Tok::Str(parts) => {
+                for part in parts {
+                    if let StrPart::Term(Token(_, Tok::Block(inner))) = part {
+                        pattern_keys(program, inner, false, edits);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
 /// Edits that replace every `$__loc__` with its location.
 fn locations(program: &str, tokens: &[Token<&str>], edits: &mut Vec<Edit>) {
     each_list(tokens, &mut |list| {
@@ -180,7 +245,9 @@ fn alternatives_in(program: &str, list: &[Token<&str>]) -> Option<Edit> {
         match token {
             Token("if" | "def", Tok::Word) => depth += 1,
             Token("end", Tok::Word) | Token(";", Tok::Sym) if depth > 0 => depth -= 1,
-            Token("then" | "elif" | "else" | "end" | "catch", Tok::Word) | Token(";", Tok::Sym) => {
+            Token("then" | "elif" | "else" | "end" | "catch", Tok::Word) | Token(";", Tok::Sym)
+                if depth == 0 =>
+            {
                 break;
             }
             _ => {}

@@ -83,19 +83,33 @@ pub fn type_name(v: &Val) -> &'static str {
     }
 }
 
-/// `type (value)` as jq's messages show a value: cut after 11 bytes of its JSON.
+/// `type (value)` as jq's messages show a value: a string's first 24 bytes, or the first 26
+/// of another value's JSON, and `...` when there is more.
 pub fn described(v: &Val) -> String {
-    let mut json = Vec::new();
-    crate::json_out::write_lossy(&mut json, v);
-    let text = String::from_utf8_lossy(&json);
-    let shown: String = if text.len() > 11 {
-        let mut end = 10;
+    let cut = |text: &str, at: usize| {
+        let mut end = at;
         while !text.is_char_boundary(end) {
             end -= 1;
         }
         format!("{}...", &text[..end])
-    } else {
-        text.into_owned()
+    };
+    let shown = match v {
+        Val::TStr(s) | Val::BStr(s) if s.len() > 24 => {
+            let text = String::from_utf8_lossy(s);
+            let mut json = Vec::new();
+            crate::json_out::write_lossy(&mut json, &Val::from(cut(&text, 24)));
+            String::from_utf8_lossy(&json).into_owned()
+        }
+        _ => {
+            let mut json = Vec::new();
+            crate::json_out::write_lossy(&mut json, v);
+            let text = String::from_utf8_lossy(&json);
+            if text.len() > 29 {
+                cut(&text, 26)
+            } else {
+                text.into_owned()
+            }
+        }
     };
     format!("{} ({shown})", type_name(v))
 }
@@ -422,17 +436,17 @@ fn slice_bounds(range: val::Range<&Val>, len: usize) -> Result<(usize, usize), E
         }
     };
     let len_f = len as f64;
-    let clip = |mut x: f64| {
+    let clip = |mut x: f64, nan: f64| {
         if x.is_nan() {
-            x = 0.0;
+            x = nan;
         }
         if x < 0.0 {
             x += len_f;
         }
         x.clamp(0.0, len_f)
     };
-    let start = clip(bound(range.start, 0.0)?).floor();
-    let end = clip(bound(range.end, len_f)?).ceil().max(start);
+    let start = clip(bound(range.start, 0.0)?, 0.0).floor();
+    let end = clip(bound(range.end, len_f)?, len_f).ceil().max(start);
     Ok((start as usize, (end - start) as usize))
 }
 
@@ -512,17 +526,22 @@ impl From<bool> for Val {
 }
 
 impl From<isize> for Val {
+    /// Also integer literals of programs: those beyond a double's precision keep their digits.
     fn from(i: isize) -> Self {
-        Self::Num(Num::Int(i) + Num::Int(0))
+        Self::Num(if (i as i64).unsigned_abs() <= crate::num::MAX_EXACT as u64 {
+            Num::Int(i)
+        } else {
+            Num::Dec(Rc::new(i.to_string()))
+        })
     }
 }
 
 impl From<usize> for Val {
     fn from(i: usize) -> Self {
-        Self::Num(match isize::try_from(i) {
-            Ok(i) => Num::Int(i) + Num::Int(0),
-            Err(_) => Num::Float(i as f64),
-        })
+        match isize::try_from(i) {
+            Ok(i) => Self::from(i),
+            Err(_) => Self::Num(Num::Float(i as f64)),
+        }
     }
 }
 
@@ -633,6 +652,12 @@ impl std::ops::Mul for Val {
             (BStr(s), Num(n)) | (Num(n), BStr(s)) => repeat(&s, &n, Val::byte_str),
             (TStr(s), Num(n)) | (Num(n), TStr(s)) => repeat(&s, &n, Val::utf8_str),
             (Obj(mut l), Obj(r)) => {
+                let too_deep = |o: &Rc<Map>| {
+                    crate::funs::depth_exceeds(&Obj(o.clone()), crate::json_out::MAX_WRITE_DEPTH)
+                };
+                if too_deep(&l) || too_deep(&r) {
+                    return Err(fail("Object merge too deep"));
+                }
                 obj_merge(&mut l, r);
                 Ok(Obj(l))
             }

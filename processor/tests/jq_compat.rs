@@ -305,14 +305,16 @@ fn equal(a: &Json, b: &Json, loose_strings: bool) -> bool {
 
 /// Runs one case; `Err` when its outcome is not a pass, with what it gave.
 fn run(case: &Case) -> (Outcome, String) {
-    let compiled = Jq::compile(&case.program);
+    // The manual's examples read `$ENV.PAGER`, as a step whose `env:` sets it.
+    let env = || [("PAGER".to_owned(), "less".to_owned())];
+    let compiled = Jq::compile_with_env(&case.program, env());
     let (input, expected) = match (&case.kind, compiled) {
         (Kind::MustFail, Ok(_)) => return (Outcome::Compile, "compiles".into()),
         (Kind::MustFail, Err(_)) => return (Outcome::Pass, String::new()),
         (Kind::Run { .. }, Err(e)) => return (Outcome::Compile, e.to_string()),
         (Kind::Run { input, expected }, Ok(_)) => (input, expected),
     };
-    let jq = Jq::compile(&case.program).unwrap();
+    let jq = Jq::compile_with_env(&case.program, env()).unwrap();
     let expected: Vec<Json> = expected
         .iter()
         .map(|e| parse(e).unwrap_or_else(|| panic!("line {}: expected {e:?}", case.line)))
