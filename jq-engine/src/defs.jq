@@ -2,8 +2,6 @@
 # MIT-licensed). Later definitions shadow jaq's of the same name and arity.
 
 def env: $ENV;
-def input: error("No more inputs");
-def inputs: empty;
 def input_filename: null;
 def input_line_number: 0;
 def get_search_list: [];
@@ -66,7 +64,9 @@ def truncate_stream(stream):
 # Arrays and strings
 def join($x): reduce .[] as $i (null;
     (if . == null then "" else . + $x end) +
-    ($i | if . == null then "" elif type == "string" then . else tojson end)
+    ($i | if . == null then "" elif type == "string" then .
+          elif type == "boolean" or type == "number" then tojson
+          else error("Cannot join with \(type)") end)
   ) // "";
 def _flatten($x):
   reduce .[] as $i ([]; if $i | type == "array" and $x != 0 then . + ($i | _flatten($x - 1)) else . + [$i] end);

@@ -156,7 +156,12 @@ fn to_json(value: &Val) -> Val {
 /// jq 1.8's `tonumber`: a number, or a string that is exactly a number (`+` and a leading
 /// `.` allowed, white space not).
 fn to_number(value: &Val) -> ValR {
-    let refuse = || fail(format_args!("{} cannot be parsed as a number", described(value)));
+    let refuse = || {
+        fail(format_args!(
+            "{} cannot be parsed as a number",
+            described(value)
+        ))
+    };
     let text = match value {
         Val::Num(_) => return Ok(value.clone()),
         Val::TStr(text) | Val::BStr(text) => text,
@@ -175,7 +180,9 @@ fn to_number(value: &Val) -> ValR {
         literal.push(b'0');
     }
     literal.extend_from_slice(digits);
-    let whole = literal.first().is_some_and(|b| b.is_ascii_digit() || *b == b'-')
+    let whole = literal
+        .first()
+        .is_some_and(|b| b.is_ascii_digit() || *b == b'-')
         && literal.last().is_some_and(u8::is_ascii_digit);
     match json_in::read(&literal) {
         Ok(number @ Val::Num(_)) if whole => Ok(number),

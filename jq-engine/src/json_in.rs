@@ -446,15 +446,24 @@ mod tests {
     }
 
     #[test]
+    /// On a thread with a stack as large as the processor's processing thread has room for:
+    /// the reader recurses once per level, up to the limit.
     fn deep_nesting_is_refused_not_a_crash() {
-        let nested = |depth: usize| "[".repeat(depth) + &"]".repeat(depth);
-        assert!(read(nested(MAX_DEPTH).as_bytes()).is_ok());
-        let error = read(nested(MAX_DEPTH + 1).as_bytes()).unwrap_err();
-        assert_eq!(error.at, MAX_DEPTH, "{error}");
-        // Deep enough to overflow the stack of a reader without the bound.
-        assert!(read(nested(1_000_000).as_bytes()).is_err());
-        let objects = "{\"a\":".repeat(MAX_DEPTH + 1) + "1" + &"}".repeat(MAX_DEPTH + 1);
-        assert!(read(objects.as_bytes()).is_err());
+        std::thread::Builder::new()
+            .stack_size(256 << 20)
+            .spawn(|| {
+                let nested = |depth: usize| "[".repeat(depth) + &"]".repeat(depth);
+                assert!(read(nested(MAX_DEPTH).as_bytes()).is_ok());
+                let error = read(nested(MAX_DEPTH + 1).as_bytes()).unwrap_err();
+                assert_eq!(error.at, MAX_DEPTH, "{error}");
+                // Deep enough to overflow the stack of a reader without the bound.
+                assert!(read(nested(1_000_000).as_bytes()).is_err());
+                let objects = "{\"a\":".repeat(MAX_DEPTH + 1) + "1" + &"}".repeat(MAX_DEPTH + 1);
+                assert!(read(objects.as_bytes()).is_err());
+            })
+            .unwrap()
+            .join()
+            .unwrap();
     }
 
     fn json_value() -> impl Strategy<Value = serde_json::Value> {
@@ -486,16 +495,22 @@ mod tests {
             } else {
                 serde_json::to_vec(&value).unwrap()
             };
-            prop_assert_eq!(round_trip(&text), value);
+            // Compared with serde_json's reading of the same digits (it does not round every
+            // literal correctly; the literal is kept, in decNumber's notation).
+            prop_assert_eq!(round_trip(&text), serde(&text));
         }
 
-        /// Cut or corrupted JSON is refused whenever serde_json refuses it.
+        /// Cut or corrupted JSON is refused whenever serde_json refuses it, except bytes that
+        /// are not UTF-8 in a string (kept as they are) and numbers beyond a double (kept as
+        /// literals, as jq does).
         #[test]
         fn refuses_what_serde_json_refuses(value in json_value(), cut in any::<prop::sample::Index>(), byte in any::<u8>()) {
             let mut text = serde_json::to_vec(&value).unwrap();
             let at = cut.index(text.len());
             text[at] = byte;
-            if serde_json::from_slice::<serde_json::Value>(&text).is_err() {
+            let refused = serde_json::from_slice::<serde_json::Value>(&text)
+                .is_err_and(|e| !e.to_string().contains("number out of range"));
+            if refused && std::str::from_utf8(&text).is_ok() {
                 prop_assert!(read(&text).is_err());
             }
         }

@@ -479,7 +479,7 @@ mod tests {
             Num::Int(9007199254740992) + Num::Int(1),
             Num::Float(9007199254740992.0)
         );
-        assert!(Num::from_literal("1.5") < Num::from_literal("15e-1") == false);
+        assert_eq!(Num::from_literal("1.5"), Num::from_literal("15e-1"));
         assert!(Num::Float(f64::NAN) < Num::Int(-5));
     }
 }

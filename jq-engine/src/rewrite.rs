@@ -118,7 +118,8 @@ fn refuse_constant_keys(tokens: &[Token<&str>]) -> Result<(), String> {
 fn small_syntax(program: &str, tokens: &[Token<&str>], edits: &mut Vec<Edit>) {
     each_list(tokens, &mut |list| {
         for (i, token) in list.iter().enumerate() {
-            if let (Token(".", Tok::Sym), Some(number @ Token(_, Tok::Num))) = (token, list.get(i + 1))
+            if let (Token(".", Tok::Sym), Some(number @ Token(_, Tok::Num))) =
+                (token, list.get(i + 1))
                 && span(program, token).end == span(program, number).start
             {
                 edits.push((span(program, token), "0.".into()));
@@ -138,7 +139,10 @@ fn small_syntax(program: &str, tokens: &[Token<&str>], edits: &mut Vec<Edit>) {
             };
             if as_at > i + 2 {
                 let (first, last) = (&list[i + 1], &list[as_at - 1]);
-                edits.push((span(program, first).start..span(program, first).start, "(".into()));
+                edits.push((
+                    span(program, first).start..span(program, first).start,
+                    "(".into(),
+                ));
                 edits.push((span(program, last).end..span(program, last).end, ")".into()));
             }
         }

@@ -528,11 +528,13 @@ impl From<bool> for Val {
 impl From<isize> for Val {
     /// Also integer literals of programs: those beyond a double's precision keep their digits.
     fn from(i: isize) -> Self {
-        Self::Num(if (i as i64).unsigned_abs() <= crate::num::MAX_EXACT as u64 {
-            Num::Int(i)
-        } else {
-            Num::Dec(Rc::new(i.to_string()))
-        })
+        Self::Num(
+            if (i as i64).unsigned_abs() <= crate::num::MAX_EXACT as u64 {
+                Num::Int(i)
+            } else {
+                Num::Dec(Rc::new(i.to_string()))
+            },
+        )
     }
 }
 

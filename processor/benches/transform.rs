@@ -22,6 +22,10 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 const RECORD: &[u8] = br#"{"id":12345,"user":"u27","page":"/a/b/c","ms":86415}"#;
 
+/// A vehicle-telemetry record, for the programs of the example topology.
+const TELEMETRY: &[u8] =
+    br#"{"id":"v-1042","ts":1700000000123,"speed":42.5,"lat":52.52,"lon":13.405,"meta":{"fleet":"north"}}"#;
+
 fn bench(c: &mut Criterion) {
     let mut group = c.benchmark_group("transform");
     group.bench_function("copy", |b| b.iter(|| black_box(black_box(RECORD).to_vec())));
@@ -29,6 +33,15 @@ fn bench(c: &mut Criterion) {
         let jq = Jq::compile(program).expect("compiles");
         group.bench_function(format!("jq {program}"), |b| {
             b.iter(|| black_box(jq.run(black_box(RECORD)).expect("runs")))
+        });
+    }
+    group.bench_function("copy (telemetry)", |b| {
+        b.iter(|| black_box(black_box(TELEMETRY).to_vec()))
+    });
+    for program in [".", "select(.speed > 10)", ".meta.source = \"x\""] {
+        let jq = Jq::compile(program).expect("compiles");
+        group.bench_function(format!("jq {program} (telemetry)"), |b| {
+            b.iter(|| black_box(jq.run(black_box(TELEMETRY)).expect("runs")))
         });
     }
 

@@ -397,7 +397,13 @@ fn check_file(name: &str, goal_percent: usize) -> Result<String, String> {
 
     let list_path = fixtures().join(format!("{name}.differences"));
     if std::env::var_os("PLUMBER_JQ_COMPAT_WRITE").is_some() {
-        std::fs::write(&list_path, &listed).unwrap();
+        let header = format!(
+            "# The cases of {name} whose outputs differ from jq 1.8.2's, one a line: how they\n\
+             # differ, a tab, the program. Why: processor/README.md (\"Compatibility with jq\n\
+             # 1.8\"). Written by `PLUMBER_JQ_COMPAT_WRITE=1 cargo test -p plumber-processor\n\
+             # --test jq_compat`; tests/jq_compat.rs fails when they differ otherwise.\n"
+        );
+        std::fs::write(&list_path, header + &listed).unwrap();
     }
     let expected_list = std::fs::read_to_string(&list_path).unwrap_or_default();
     let multiset = |text: &str| {
