@@ -335,3 +335,57 @@ fn syntax(program: &str) -> Result<(), String> {
         .map(drop)
         .map_err(|errors| load_errors(program, &errors))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `defs()` would silently leave out jq's definitions if they did not parse.
+    #[test]
+    fn jq_definitions_parse() {
+        let ours = jaq_core::load::parse(include_str!("defs.jq"), |p| p.defs());
+        let ours: Vec<Def<&str>> = ours.expect("defs.jq parses");
+        assert!(ours.iter().any(|def| def.name == "IN"));
+    }
+
+    fn outputs(program: &str, input: &str) -> Vec<String> {
+        let program = compile(program, Val::Null).unwrap();
+        let input = json_in::read(input.as_bytes()).unwrap();
+        program
+            .run(input)
+            .map(|o| match o {
+                Ok(v) => v.to_string(),
+                Err(Stop::Error(e)) => format!("error: {e}"),
+                Err(Stop::Halt(code)) => format!("halt {code}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn destructuring_alternatives_try_each_pattern() {
+        assert_eq!(outputs(".[] as [$a] ?// $a | $a", "[[1], 2]"), ["1", "2"]);
+        assert_eq!(
+            outputs(
+                ". as {$a, $b: [$c]} | [$a, $b, $c]",
+                r#"{"a": 1, "b": [2]}"#
+            ),
+            ["[1,[2],2]"]
+        );
+    }
+
+    #[test]
+    fn checker_agrees_with_compile() {
+        let programs = [
+            ".a = 1",
+            "$__loc__",
+            "nosuch",
+            "{(1): 2}",
+            ". as [$a] ?// $a | $a",
+        ];
+        let checked = Checker::default().check_all(&programs);
+        for (program, checked) in programs.iter().zip(checked) {
+            let compiled = compile(program, Val::Null).map(drop);
+            assert_eq!(checked.is_ok(), compiled.is_ok(), "{program}: {checked:?}");
+        }
+    }
+}

@@ -29,7 +29,8 @@ pub enum Num {
 impl Num {
     /// A number literal (JSON or jq syntax: `1`, `-0.5`, `1e3`, `.5`).
     pub fn from_literal(text: &str) -> Self {
-        if let Ok(i) = text.parse::<i64>()
+        if !text.contains(['.', 'e', 'E'])
+            && let Ok(i) = text.parse::<i64>()
             && i.unsigned_abs() <= MAX_EXACT as u64
             && let Ok(i) = isize::try_from(i)
             // `-0` is a double's negative zero, as in jq.
@@ -372,6 +373,13 @@ fn write_double(out: &mut Vec<u8>, x: f64) {
 /// A literal as decNumber's to-scientific-string writes it: the digits as written, in plain
 /// notation unless the exponent is positive or the number is smaller than 1E-6.
 fn write_literal(out: &mut Vec<u8>, literal: &str) {
+    // Most literals (`42.5`, a long integer) are already in that form: written as they are.
+    let unsigned = literal.strip_prefix('-').unwrap_or(literal);
+    let tiny = unsigned.starts_with("0.000000");
+    if !tiny && !literal.contains(['e', 'E', '+']) && !unsigned.starts_with("00") {
+        out.extend_from_slice(literal.as_bytes());
+        return;
+    }
     let negative = literal.starts_with('-');
     let body = literal.trim_start_matches(['-', '+']);
     let (mantissa, exponent) = match body.find(['e', 'E']) {
