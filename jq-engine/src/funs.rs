@@ -540,9 +540,6 @@ fn base<D: for<'a> DataT<V<'a> = Val>>() -> Box<[Filter<RunPtr<D>>]> {
             let names = BUILTINS.get().map(Vec::as_slice).unwrap_or_default();
             bome(Ok(names.iter().cloned().map(Val::from).collect()))
         }),
-        ("_plumber_empty_object", v(0), |_| {
-            bome(Ok(Val::obj(Map::default())))
-        }),
         ("nan", v(0), |_| bome(Ok(Val::from(f64::NAN)))),
         ("infinite", v(0), |_| bome(Ok(Val::from(f64::INFINITY)))),
         ("_plumber_shallow", v(1), |cv| {

@@ -181,14 +181,15 @@ fn builtins(funs: &[Fun<Data>]) {
     });
 }
 
+/// What validation says of an undefined name: for jq's that a step cannot have, why, and
+/// what to write instead.
 fn undefined(name: &str, kind: &str) -> String {
     let instead = match name {
-        "input" | "inputs" => " (a step gets one record at a time)",
-        "getpath" | "splits" => "",
-        "$__prog_args" | "$named" | "$positional" => " (a step has no arguments)",
-        "input_filename" => " (records have no file name)",
-        "ltrimstr" | "rtrimstr" => "",
-        "get_prog_origin" | "get_jq_origin" | "modulemeta" => " (a step has no modules)",
+        "input" | "inputs" => " (a step gets one record at a time: there is no next input to read)",
+        "$__prog_args" | "$named" | "$positional" => {
+            " (a step has no arguments: use the step's `env:` and `$ENV`)"
+        }
+        "modulemeta" | "get_prog_origin" | "get_jq_origin" => " (a step has no modules)",
         _ => "",
     };
     format!("undefined {kind} `{name}`{instead}")

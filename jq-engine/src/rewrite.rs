@@ -28,8 +28,18 @@ pub fn rewrite(program: &str) -> Result<String, String> {
     locations(&program, &tokens, &mut edits);
     small_syntax(&program, &tokens, &mut edits);
     program = apply(&program, edits);
-    // One alternative at a time: each rewrite copies the body, which may hold more.
-    for _ in 0..100 {
+    // One alternative at a time: each rewrite copies the body, which may hold more, so nested
+    // alternatives multiply the program: bounded, so that a program cannot exhaust memory.
+    // Every rewrite makes the program longer, so this ends.
+    let most = 16 * program.len() + (64 << 10);
+    loop {
+        if program.len() > most {
+            return Err(
+                "too many nested destructuring alternatives (`?//`): each copies the \
+                        rest of the program; nest fewer"
+                    .into(),
+            );
+        }
         let Ok(tokens) = Lexer::new(program.as_str()).lex() else {
             break;
         };
@@ -329,6 +339,15 @@ mod tests {
             ".[] as $__plumber_alt | . as $__plumber_dot | null as $a | try ($__plumber_alt \
              as [$a] | $a) catch ($__plumber_dot | $__plumber_alt as $a | $a)"
         );
+    }
+
+    #[test]
+    fn nested_alternatives_cannot_grow_without_bound() {
+        let nested = (0..24).fold(String::from("$x0"), |body, i| {
+            format!(". as [$x{i}] ?// $y{i} | ({body})")
+        });
+        let err = rewrite(&nested).unwrap_err();
+        assert!(err.contains("nest fewer"), "{err}");
     }
 
     #[test]

@@ -119,24 +119,11 @@ fn fail(message: impl fmt::Display) -> Error {
 }
 
 fn cannot_index(v: &Val, index: &Val) -> Error {
-    match index {
-        Val::TStr(_) | Val::BStr(_) if !matches!(v, Val::Obj(_)) => fail(format_args!(
-            "Cannot index {} with {}",
-            type_name(v),
-            display_key(index)
-        )),
-        _ => fail(format_args!(
-            "Cannot index {} with {}",
-            type_name(v),
-            described(index)
-        )),
-    }
-}
-
-fn display_key(index: &Val) -> String {
-    let mut json = Vec::new();
-    crate::json_out::write_lossy(&mut json, index);
-    format!("string {}", String::from_utf8_lossy(&json))
+    fail(format_args!(
+        "Cannot index {} with {}",
+        type_name(v),
+        described(index)
+    ))
 }
 
 fn cannot_iterate(v: &Val) -> Error {
