@@ -209,6 +209,13 @@ fn the_daemons_settings_reach_the_processors_command_line() {
         "{argv:?}"
     );
     assert_eq!(after("--record-timeout").as_deref(), Some("7"), "{argv:?}");
+    // What a jq program sees in `$ENV`: the names of the step's `env:`.
+    let jq_env: Vec<&str> = argv
+        .windows(2)
+        .filter(|pair| pair[0] == "--jq-env")
+        .map(|pair| pair[1].as_str())
+        .collect();
+    assert_eq!(jq_env, ["ARGS", "EVENTS"], "{argv:?}");
     runtime.stop(&spec.group).unwrap();
 }
 

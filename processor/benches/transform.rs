@@ -24,6 +24,7 @@ use plumber_processor::transform::sql::Sql;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 const RECORD: &[u8] = br#"{"id":12345,"user":"u27","page":"/a/b/c","ms":86415}"#;
+/// A vehicle-telemetry record, for the example topology's programs and queries.
 const TELEMETRY: &[u8] =
     br#"{"id":12345,"vehicle":"v27","speed":14.2,"lat":52.52,"lon":13.405,"ts":1700000000123}"#;
 
@@ -34,6 +35,15 @@ fn bench(c: &mut Criterion) {
         let jq = Jq::compile(program).expect("compiles");
         group.bench_function(format!("jq {program}"), |b| {
             b.iter(|| black_box(jq.run(black_box(RECORD)).expect("runs")))
+        });
+    }
+    group.bench_function("copy (telemetry)", |b| {
+        b.iter(|| black_box(black_box(TELEMETRY).to_vec()))
+    });
+    for program in [".", "select(.speed > 10)", ".meta.source = \"x\""] {
+        let jq = Jq::compile(program).expect("compiles");
+        group.bench_function(format!("jq {program} (telemetry)"), |b| {
+            b.iter(|| black_box(jq.run(black_box(TELEMETRY)).expect("runs")))
         });
     }
 

@@ -51,6 +51,15 @@ pub struct Args {
         value_parser = parse_property
     )]
     pub sql_inputs: Vec<(String, String)>,
+    /// An environment variable the jq program sees in `$ENV` and `env` (repeat, or
+    /// comma-separated in PLUMBER_JQ_ENV): the step's `env:`. It sees no others.
+    #[arg(
+        long = "jq-env",
+        env = "PLUMBER_JQ_ENV",
+        value_delimiter = ',',
+        value_name = "NAME"
+    )]
+    pub jq_env: Vec<String>,
     /// Run the command after `--` as a long-lived child speaking the exec line protocol.
     #[arg(long, requires = "command")]
     pub exec: bool,
@@ -165,6 +174,8 @@ pub struct Config {
     pub inputs: Vec<String>,
     pub outputs: Vec<String>,
     pub transform: TransformSpec,
+    /// The environment variables a jq program sees (`--jq-env`).
+    pub jq_env: Vec<String>,
     pub dlq: Option<String>,
     pub metrics: Option<SocketAddr>,
     pub delivery: DeliveryChoice,
@@ -258,6 +269,7 @@ impl TryFrom<Args> for Config {
             inputs: args.inputs,
             outputs: args.outputs,
             transform,
+            jq_env: args.jq_env,
             dlq: args.dlq,
             metrics: args.metrics,
             delivery: args.delivery,

@@ -716,6 +716,10 @@ impl Shared {
         match &spec.transform {
             Transform::Jq { program } => {
                 command.arg("--jq").arg(program);
+                // `$ENV` in the program is the step's `env:`, and nothing else.
+                for name in spec.env.keys() {
+                    command.arg("--jq-env").arg(name);
+                }
             }
             Transform::Sql { query } => {
                 command.arg("--sql").arg(query);

@@ -1,12 +1,5 @@
-//! Compiling jq programs with jaq, the engine `plumber-processor` runs them with, so a program
-//! that validates is a program that runs.
-
-use jaq_core::load::parse::Def;
-use jaq_core::load::{Arena, File, Loader};
-use jaq_core::{Compiler, data};
-use jaq_json::Val;
-
-type Data = data::JustLut<Val>;
+//! Compiling jq programs with [`plumber_jq`], the engine `plumber-processor` runs them with,
+//! so a program that validates is a program that runs, with the same meaning.
 
 /// How deeply a jq program may nest, as [`nesting`] counts it. jaq's lexer, parser and
 /// compiler recurse once per level, so a deeper program (a 1 MiB step file holds 500,000
@@ -14,21 +7,11 @@ type Data = data::JustLut<Val>;
 /// [`crate::VALIDATION_STACK_BYTES`] is sized for programs at this limit.
 pub const MAX_NESTING: usize = 256;
 
-/// Compiles programs against the standard library. Parsing that library is the expensive
-/// part, so one checker is built per validation run and reused for every step.
+/// Compiles programs against jq's library. Parsing that library is the expensive part, so
+/// one checker is built per validation run and reused for every step.
+#[derive(Default)]
 pub struct JqChecker {
-    prelude: Vec<Def<&'static str>>,
-}
-
-impl Default for JqChecker {
-    fn default() -> Self {
-        JqChecker {
-            prelude: jaq_core::defs()
-                .chain(jaq_std::defs())
-                .chain(jaq_json::defs())
-                .collect(),
-        }
-    }
+    engine: plumber_jq::Checker,
 }
 
 impl JqChecker {
@@ -38,81 +21,26 @@ impl JqChecker {
     }
 
     /// Checks many programs with one compilation, which is what makes validating thousands
-    /// of steps fast: compiling the standard library dominates, so it is done once.
-    ///
-    /// Each program is first parsed alone (syntax errors name their place in it). The valid
-    /// ones are then compiled together as `def __plumber_N: (PROGRAM);`; a program that parses
-    /// alone is a balanced term, so wrapping cannot change its meaning. Undefined names are
-    /// mapped back to their program by offset.
+    /// of steps fast. Programs nested too deeply are refused before the engine sees them:
+    /// parsing one is what would overflow the stack.
     pub fn check_all(&self, programs: &[&str]) -> Vec<Result<(), String>> {
-        let mut results: Vec<Result<(), String>> = programs
+        let too_deep = |p: &str| nesting(p) > MAX_NESTING;
+        let shallow: Vec<&str> = programs.iter().copied().filter(|p| !too_deep(p)).collect();
+        let mut checked = self.engine.check_all(&shallow).into_iter();
+        programs
             .iter()
             .map(|p| {
-                // Measured before jaq sees it: parsing a too deep program is the crash.
-                if nesting(p) > MAX_NESTING {
-                    return Err(format!(
+                if too_deep(p) {
+                    Err(format!(
                         "it is nested more than {MAX_NESTING} levels deep (each bracket, \
                          string, interpolation, operator and keyword such as `if` or `try` \
                          adds a level); simplify the program"
-                    ));
+                    ))
+                } else {
+                    checked.next().unwrap_or(Ok(()))
                 }
-                syntax(p, std::iter::empty())
             })
-            .collect();
-        let mut code = String::new();
-        let mut spans: Vec<(usize, std::ops::Range<usize>)> = Vec::new();
-        for (i, program) in programs.iter().enumerate() {
-            if results[i].is_ok() {
-                code.push_str(&format!("def __plumber_{i}: (\n"));
-                let start = code.len();
-                code.push_str(program);
-                spans.push((i, start..code.len()));
-                code.push_str("\n);\n");
-            }
-        }
-        if spans.is_empty() {
-            return results;
-        }
-        code.push('.');
-        let arena = Arena::default();
-        let modules = match Loader::new(self.prelude.iter().cloned()).load(
-            &arena,
-            File {
-                code: code.as_str(),
-                path: (),
-            },
-        ) {
-            Ok(modules) => modules,
-            // Cannot happen for programs that parsed alone; answer per program to be sure.
-            Err(_) => {
-                for (i, _) in spans {
-                    results[i] = syntax(programs[i], self.prelude.iter().cloned());
-                }
-                return results;
-            }
-        };
-        let funs = jaq_core::funs::<Data>()
-            .chain(jaq_std::funs::<Data>())
-            .chain(jaq_json::funs::<Data>());
-        let Err(errors) = Compiler::<_, Data>::default()
-            .with_funs(funs)
-            .compile(modules)
-        else {
-            return results;
-        };
-        let mut messages: Vec<Vec<String>> = vec![Vec::new(); programs.len()];
-        for (name, undefined) in errors.iter().flat_map(|(_, undefined)| undefined.iter()) {
-            let at = jaq_core::load::span(&code, name).start;
-            if let Some((i, _)) = spans.iter().find(|(_, range)| range.contains(&at)) {
-                messages[*i].push(format!("undefined {} `{name}`", undefined.as_str()));
-            }
-        }
-        for (i, found) in messages.into_iter().enumerate() {
-            if !found.is_empty() {
-                results[i] = Err(found.join("; "));
-            }
-        }
-        results
+            .collect()
     }
 }
 
@@ -224,59 +152,6 @@ pub fn nesting(program: &str) -> usize {
         .map_or(1, |top| 1 + top.inner + top.deepest_child)
 }
 
-/// Lexes and parses `program` against `prelude` (empty for a syntax-only check).
-fn syntax(
-    program: &str,
-    prelude: impl IntoIterator<Item = Def<&'static str>>,
-) -> Result<(), String> {
-    let arena = Arena::default();
-    Loader::new(prelude)
-        .load(
-            &arena,
-            File {
-                code: program,
-                path: (),
-            },
-        )
-        .map(drop)
-        .map_err(|errors| {
-            let mut messages = Vec::new();
-            for (_, error) in &errors {
-                match error {
-                    jaq_core::load::Error::Io(items) => {
-                        messages.extend(items.iter().map(|(_, msg)| msg.clone()))
-                    }
-                    jaq_core::load::Error::Lex(items) => messages.extend(
-                        items
-                            .iter()
-                            .map(|(expect, at)| near(program, expect.as_str(), at)),
-                    ),
-                    jaq_core::load::Error::Parse(items) => messages.extend(
-                        items
-                            .iter()
-                            .map(|(expect, at)| near(program, expect.as_str(), at)),
-                    ),
-                }
-            }
-            messages.join("; ")
-        })
-}
-
-/// "expected X at character N (`rest…`)", where `at` is a slice of `program`.
-fn near(program: &str, expected: &str, at: &str) -> String {
-    let offset = (at.as_ptr() as usize).saturating_sub(program.as_ptr() as usize);
-    let character = program
-        .get(..offset)
-        .map_or(0, |before| before.chars().count())
-        + 1;
-    let found: String = at.chars().take(20).collect();
-    if found.is_empty() {
-        format!("expected {expected} at the end of the program")
-    } else {
-        format!("expected {expected} at character {character} (found `{found}`)")
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -360,6 +235,30 @@ mod tests {
             err.contains(&format!("more than {MAX_NESTING} levels")),
             "{err}"
         );
+    }
+
+    /// What the processor runs, validation accepts: jq 1.8's syntax and library.
+    #[test]
+    fn jq_programs_validate_as_they_run() {
+        let jq = JqChecker::default();
+        for program in [
+            "{} | .meta.source = \"x\"",
+            ".[] as [$a] ?// $a | $a",
+            "[$__loc__]",
+            "[.a, .b] | @csv",
+            "select(.kind | IN(\"a\", \"b\"))",
+            "INDEX(.id) | tostream",
+            "$ENV.MODEL",
+            "pick(.a) | trimstr(\"x\")",
+        ] {
+            assert_eq!(jq.check(program), Ok(()), "{program}");
+        }
+        let err = jq.check("import \"lib\" as lib; lib::f").unwrap_err();
+        assert!(err.contains("`import` is not supported"), "{err}");
+        let err = jq.check("input").unwrap_err();
+        assert!(err.contains("one record at a time"), "{err}");
+        let err = jq.check("{(0): 1}").unwrap_err();
+        assert!(err.contains("object key"), "{err}");
     }
 
     #[test]

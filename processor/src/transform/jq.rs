@@ -1,124 +1,99 @@
 //! `--jq`: the record value is parsed as JSON, each output of the program becomes one record
-//! with the input's key and headers (SPEC §8). Compiled with jaq, the engine `plumber
-//! validate` checks programs with.
+//! with the input's key and headers (SPEC §8). Programs run on [`plumber_jq`], the engine
+//! `plumber validate` checks them with: jaq with jq 1.8's semantics.
 //!
 //! jaq evaluates on the calling thread and cannot be interrupted: a program that never ends
 //! on a record is ended by the [`crate::overseer`], which dead-letters the record and
-//! restarts the processor. `fromjson`, `tojson` and `tostring` are replaced by the crate's
-//! bounded reader and writer, so what a record carries is parsed at most
+//! restarts the processor. Records are read with the engine's bounded reader and outputs
+//! written with its writer, so what a record carries is parsed at most
 //! [`json_in::MAX_DEPTH`] levels deep and nothing is written deeper; values a program builds
 //! deeper than that cost stack in jaq itself, which the processing thread's large stack
 //! (`pipeline::LOOP_STACK`) absorbs.
 
 use std::time::Instant;
 
-use jaq_core::load::{Arena, File, Loader};
-use jaq_core::native::{Filter, Fun, bome, run, v};
-use jaq_core::{Compiler, Ctx, DataT, RunPtr, Vars, data, unwrap_valr};
-use jaq_json::{Rc, Val, ValR};
+use plumber_jq::{Map, Program, Rc, Stop as Halted, Val, json_in, json_out};
 
-use super::{Error, Outcome, Transform, json_in, json_out};
+use super::{Error, Outcome, Transform};
 use crate::record::{Input, Output, Rejection, display_bounded};
 use crate::stop::Stop;
-
-type Data = data::JustLut<Val>;
 
 /// Refuses programs that would turn one record into an unbounded stream (`repeat(.)`).
 const MAX_OUTPUTS_PER_RECORD: usize = 100_000;
 
 pub struct Jq {
-    filter: jaq_core::Filter<Data>,
+    program: Program,
 }
 
 impl Jq {
+    /// A program that sees no environment variables in `$ENV`.
     pub fn compile(program: &str) -> Result<Self, Error> {
-        let arena = Arena::default();
-        // `tostring` is jaq's `"\(.)"`, its unbounded writer; ours is native (below).
-        let defs = jaq_core::defs()
-            .filter(|def| def.name != "tostring")
-            .chain(jaq_std::defs())
-            .chain(jaq_json::defs());
-        let modules = Loader::new(defs)
-            .load(
-                &arena,
-                File {
-                    code: program,
-                    path: (),
-                },
-            )
-            .map_err(|errors| {
-                let mut messages = Vec::new();
-                for (_, error) in errors {
-                    match error {
-                        jaq_core::load::Error::Io(items) => {
-                            messages.extend(items.into_iter().map(|(_, m)| m))
-                        }
-                        jaq_core::load::Error::Lex(items) => messages.extend(
-                            items
-                                .into_iter()
-                                .map(|(expect, at)| near(program, expect.as_str(), at)),
-                        ),
-                        jaq_core::load::Error::Parse(items) => messages.extend(
-                            items
-                                .into_iter()
-                                .map(|(expect, at)| near(program, expect.as_str(), at)),
-                        ),
-                    }
-                }
-                Error::Jq(messages.join("; "))
-            })?;
-        let funs = jaq_core::funs::<Data>()
-            .chain(jaq_std::funs::<Data>())
-            .chain(
-                jaq_json::funs::<Data>()
-                    .filter(|(name, _, _)| !matches!(*name, "fromjson" | "tojson")),
-            )
-            .chain(bounded_natives::<Data>());
-        let filter = Compiler::default()
-            .with_funs(funs)
-            .compile(modules)
-            .map_err(|errors| {
-                let names: Vec<String> = errors
-                    .into_iter()
-                    .flat_map(|(_, undefined)| undefined)
-                    .map(|(name, kind)| format!("undefined {} `{name}`", kind.as_str()))
-                    .collect();
-                Error::Jq(names.join("; "))
-            })?;
-        Ok(Jq { filter })
+        Self::compile_with_env(program, std::iter::empty())
+    }
+
+    /// A program whose `$ENV` holds `env` (the step's `env:`).
+    pub fn compile_with_env(
+        program: &str,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Self, Error> {
+        let env: Map = env
+            .into_iter()
+            .map(|(name, value)| (Val::from(name), Val::from(value)))
+            .collect();
+        let program = plumber_jq::compile(program, Val::obj(env)).map_err(Error::Jq)?;
+        Ok(Jq { program })
     }
 
     /// The program's outputs for one JSON value, serialised; or the error it raised.
     pub fn run(&self, value: &[u8]) -> Result<Vec<Vec<u8>>, Rejection> {
-        let input = json_in::read(value).map_err(|e| {
-            Rejection::new("invalid-json", format!("the record value is not JSON: {e}"))
-        })?;
-        let ctx = Ctx::<Data>::new(&self.filter.lut, Vars::new([]));
+        match self.run_all(value) {
+            (outputs, None) => Ok(outputs),
+            (_, Some(rejection)) => Err(rejection),
+        }
+    }
+
+    /// The outputs the program gave for one JSON value, serialised, up to the first error it
+    /// raised, and that error. A step dead-letters the record on an error; jq's test runner
+    /// compares what came before it.
+    pub fn run_all(&self, value: &[u8]) -> (Vec<Vec<u8>>, Option<Rejection>) {
+        let input = match json_in::read(value) {
+            Ok(input) => input,
+            Err(e) => {
+                let message = format!("the record value is not JSON: {e}");
+                return (Vec::new(), Some(Rejection::new("invalid-json", message)));
+            }
+        };
         let mut outputs = Vec::new();
-        for output in self.filter.id.run((ctx, input)).map(unwrap_valr) {
-            let output = output.map_err(|e| Rejection::new("jq-error", display_bounded(&e)))?;
+        for output in self.program.run(input) {
+            let output = match output {
+                Ok(output) => output,
+                Err(Halted::Error(e)) => {
+                    let rejection = Rejection::new("jq-error", display_bounded(&e));
+                    return (outputs, Some(rejection));
+                }
+                Err(Halted::Halt(code)) => {
+                    let message = format!("the program halted with exit code {code}");
+                    return (outputs, Some(Rejection::new("jq-error", message)));
+                }
+            };
             if outputs.len() == MAX_OUTPUTS_PER_RECORD {
-                return Err(Rejection::new(
-                    "jq-error",
-                    format!(
-                        "the program gave more than {MAX_OUTPUTS_PER_RECORD} outputs for one record"
-                    ),
-                ));
+                let message = format!(
+                    "the program gave more than {MAX_OUTPUTS_PER_RECORD} outputs for one record"
+                );
+                return (outputs, Some(Rejection::new("jq-error", message)));
             }
             let mut bytes = Vec::with_capacity(value.len());
             if let Err(not_json) = json_out::write(&mut bytes, &output) {
                 drop_iteratively(output);
-                return Err(Rejection::new(
-                    "jq-error",
-                    format!(
-                        "the program gave an output that cannot be written as JSON: {}",
-                        not_json.0
-                    ),
-                ));
+                let message = format!(
+                    "the program gave an output that cannot be written as JSON: {}",
+                    not_json.0
+                );
+                return (outputs, Some(Rejection::new("jq-error", message)));
             }
             outputs.push(bytes);
         }
-        Ok(outputs)
+        (outputs, None)
     }
 }
 
@@ -138,37 +113,6 @@ impl Transform for Jq {
     fn interruptible(&self) -> bool {
         false
     }
-}
-
-/// `fromjson`, `tojson` and `tostring` through the crate's bounded reader and writer.
-fn bounded_natives<D: for<'a> DataT<V<'a> = Val>>() -> impl Iterator<Item = Fun<D>> {
-    let filters: [Filter<RunPtr<D>>; 3] = [
-        ("fromjson", v(0), |cv| bome(from_json(&cv.1))),
-        ("tojson", v(0), |cv| bome(to_json(&cv.1))),
-        ("tostring", v(0), |cv| match cv.1 {
-            text @ Val::TStr(_) => bome(Ok(text)),
-            other => bome(to_json(&other)),
-        }),
-    ];
-    filters.into_iter().map(run::<D>)
-}
-
-/// jq's `fromjson`: exactly one strict JSON value (jaq's reads several, and recurses without
-/// a bound: a string holding 100,000 `[` overflowed the stack).
-fn from_json(value: &Val) -> ValR {
-    let text = value.try_as_utf8_bytes_owned()?;
-    json_in::read(&text).map_err(|e| {
-        let start: String = String::from_utf8_lossy(&text[..text.len().min(40)]).into();
-        let more = if text.len() > 40 { "…" } else { "" };
-        jaq_json::Error::str(format_args!("cannot parse {start:?}{more} as JSON: {e}"))
-    })
-}
-
-fn to_json(value: &Val) -> ValR {
-    let mut out = Vec::new();
-    json_out::write(&mut out, value)
-        .map_err(|e| jaq_json::Error::str(format_args!("cannot write as JSON: {}", e.0)))?;
-    Ok(Val::utf8_str(out))
 }
 
 /// Drops a value that may be nested arbitrarily deep without recursing: dropping a million
@@ -192,16 +136,6 @@ fn drop_iteratively(value: Val) {
             }
             _ => {}
         }
-    }
-}
-
-fn near(program: &str, expected: &str, at: &str) -> String {
-    let offset = (at.as_ptr() as usize).saturating_sub(program.as_ptr() as usize);
-    let shown: String = at.chars().take(20).collect();
-    if shown.is_empty() {
-        format!("expected {expected} at the end of the program")
-    } else {
-        format!("expected {expected} at byte {offset}, near `{shown}`")
     }
 }
 
@@ -229,8 +163,23 @@ mod tests {
         );
     }
 
+    /// On a thread with the processing thread's stack, as in the processor: the reader
+    /// recurses once per level, up to jq's limit of 10,000.
+    fn on_loop_stack(f: impl FnOnce() + Send + 'static) {
+        std::thread::Builder::new()
+            .stack_size(crate::pipeline::LOOP_STACK)
+            .spawn(f)
+            .unwrap()
+            .join()
+            .unwrap();
+    }
+
     #[test]
     fn bad_json_and_program_errors_are_rejections() {
+        on_loop_stack(bad_json_and_program_errors);
+    }
+
+    fn bad_json_and_program_errors() {
         let jq = Jq::compile(r#"if .bad then error("bad record") else . end"#).unwrap();
         assert_eq!(jq.run(b"{nope").unwrap_err().kind, "invalid-json");
         // Deep enough to overflow the stack of an unbounded reader: refused, not a crash.
@@ -245,6 +194,10 @@ mod tests {
 
     #[test]
     fn fromjson_reads_strict_bounded_json() {
+        on_loop_stack(fromjson_strict_bounded);
+    }
+
+    fn fromjson_strict_bounded() {
         let jq = Jq::compile(".s | fromjson").unwrap();
         assert_eq!(
             strings(jq.run(br#"{"s": "[1, {\"a\": 2}]"}"#).unwrap()),
@@ -255,15 +208,18 @@ mod tests {
         let refused = jq.run(record.as_bytes()).unwrap_err();
         assert_eq!(refused.kind, "jq-error");
         assert!(
-            refused.message.contains("512 levels"),
+            refused.message.contains("Exceeds depth limit for parsing"),
             "{}",
             refused.message
         );
         assert!(
-            refused.message.len() < 200,
+            refused.message.len() < 300,
             "the string is not quoted whole"
         );
-        for not_one_value in [r#"{"s": "1 2"}"#, r#"{"s": "NaN"}"#] {
+        // What jq reads in reading JSON: `nan`.
+        let nan = jq.run(br#"{"s": "nan"}"#).unwrap();
+        assert_eq!(strings(nan), ["null"]);
+        for not_one_value in [r#"{"s": "1 2"}"#, r#"{"s": "[1,]"}"#] {
             assert_eq!(
                 jq.run(not_one_value.as_bytes()).unwrap_err().kind,
                 "jq-error"
@@ -280,9 +236,7 @@ mod tests {
             .spawn(|| {
                 let build = "reduce range(100000) as $_ (0; [.])";
                 for (program, what) in [
-                    (build.to_owned(), "512 levels"),
-                    (format!("{build} | tojson"), "512 levels"),
-                    (format!("{build} | tostring"), "512 levels"),
+                    (build.to_owned(), "10001 levels"),
                     (format!("{build} | error"), "cut"),
                 ] {
                     let refused = Jq::compile(&program).unwrap().run(b"null").unwrap_err();
@@ -293,6 +247,14 @@ mod tests {
                         refused.message
                     );
                 }
+                // As jq's, `tojson` and `tostring` write what is too deep as a marker.
+                let skipped = Jq::compile(&format!(
+                    "{build} | tojson, tostring | contains(\"<skipped: too deep>\")"
+                ))
+                .unwrap()
+                .run(b"null")
+                .unwrap();
+                assert_eq!(strings(skipped), ["true", "true"]);
                 let dropped = Jq::compile("reduce range(1000000) as $_ (0; [.]) | length")
                     .unwrap()
                     .run(b"null")
@@ -314,6 +276,77 @@ mod tests {
             .unwrap()
             .join()
             .unwrap();
+    }
+
+    /// The idioms whose jaq meaning dead-lettered records or changed them silently.
+    #[test]
+    fn common_idioms_mean_what_they_mean_in_jq() {
+        for (program, input, expected) in [
+            (".meta.source = \"x\"", "{}", r#"{"meta":{"source":"x"}}"#),
+            (".a = 1", "null", r#"{"a":1}"#),
+            (".[2] = 1", "null", "[null,null,1]"),
+            (".tags += [\"new\"]", "{}", r#"{"tags":["new"]}"#),
+            (
+                "[.[] | join(\",\")]",
+                "[[\"a\", null, 1], [null]]",
+                r#"["a,,1",""]"#,
+            ),
+            (".n + 1", r#"{"n": 9007199254740993}"#, "9007199254740992"),
+            (
+                ".",
+                "100000000000000000000000000001",
+                "100000000000000000000000000001",
+            ),
+            ("1.5 * 2, 1 / 3", "null", "3 0.3333333333333333"),
+            ("[limit(0; 1, 2)], [first(range(10))]", "null", "[] [0]"),
+            ("[.[] | IN(2, 3)]", "[1, 2]", "[false,true]"),
+            ("[1, \"a\"] | @csv, @tsv", "null", r#""1,\"a\"" "1\ta""#),
+            ("{a: 1} | tostream", "null", r#"[["a"],1] [["a"]]"#),
+        ] {
+            let outputs = Jq::compile(program).unwrap().run(input.as_bytes());
+            let outputs = strings(outputs.unwrap_or_else(|e| panic!("{program}: {e:?}")));
+            assert_eq!(outputs.join(" "), expected, "{program}");
+        }
+        for (program, input, error) in [
+            ("1 / 0", "null", "divisor is zero"),
+            (".n % 0", r#"{"n": 5}"#, "divisor is zero"),
+            ("limit(-1; 1)", "null", "negative count"),
+            ("nth(-1; 1)", "null", "negative indices"),
+        ] {
+            let refused = Jq::compile(program)
+                .unwrap()
+                .run(input.as_bytes())
+                .unwrap_err();
+            assert!(
+                refused.message.contains(error),
+                "{program}: {}",
+                refused.message
+            );
+        }
+    }
+
+    /// `halt` ends the outputs; `halt_error` dead-letters; neither ends the processor (jaq's
+    /// `halt` exits the process).
+    #[test]
+    fn halt_does_not_exit_the_processor() {
+        let outputs = Jq::compile("1, halt, 2").unwrap().run(b"null").unwrap();
+        assert_eq!(strings(outputs), ["1"]);
+        let refused = Jq::compile("\"bad\" | halt_error")
+            .unwrap()
+            .run(b"null")
+            .unwrap_err();
+        assert!(
+            refused.message.contains("exit code 5"),
+            "{}",
+            refused.message
+        );
+    }
+
+    #[test]
+    fn env_holds_what_the_step_sets() {
+        let env = [("MODEL".to_owned(), "v3".to_owned())];
+        let jq = Jq::compile_with_env("[$ENV.MODEL, env.MODEL, $ENV.HOME]", env).unwrap();
+        assert_eq!(strings(jq.run(b"null").unwrap()), [r#"["v3","v3",null]"#]);
     }
 
     #[test]

@@ -6,8 +6,6 @@ mod child;
 pub mod exec;
 pub mod http;
 pub mod jq;
-mod json_in;
-mod json_out;
 pub mod sql;
 
 use std::time::Instant;
@@ -97,7 +95,14 @@ fn retries(config: &Config) -> Retries {
 
 pub fn build(config: &Config, metrics: &Metrics) -> Result<Box<dyn Transform>, Error> {
     Ok(match &config.transform {
-        TransformSpec::Jq(program) => Box::new(jq::Jq::compile(program)?),
+        TransformSpec::Jq(program) => Box::new(jq::Jq::compile_with_env(
+            program,
+            // What the step's `env:` set; a name it did not set is left out.
+            config
+                .jq_env
+                .iter()
+                .filter_map(|name| Some((name.clone(), std::env::var(name).ok()?))),
+        )?),
         TransformSpec::Sql { query, inputs } => {
             Box::new(sql::Sql::compile(query, inputs, &config.inputs)?)
         }
