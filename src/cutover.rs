@@ -39,7 +39,7 @@
 //! store returns [`Error`]: nothing can safely happen without it.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::Path;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::graph::{StepKind, Topology};
@@ -139,9 +139,7 @@ pub struct Target<'a> {
     pub topology: Option<&'a Topology>,
     /// The cluster the target runs on; `None` with the topology gone (its lives stay where
     /// they run).
-    pub bootstrap: Option<&'a str>,
-    /// The directory of each step's file in a checkout of the commit.
-    pub workdirs: &'a BTreeMap<String, PathBuf>,
+    pub cluster: Option<&'a runtime::Cluster>,
     /// How the processors started towards it run.
     pub settings: runtime::Settings,
 }
@@ -233,8 +231,10 @@ impl Engine<'_> {
                 .map_err(|e| self.store_error(e))?;
             self.save(&record)?;
         }
-        if let (Some(deployed), Some(wanted)) = (&record.bootstrap, target.bootstrap)
-            && deployed != wanted
+        if let (Some(deployed), Some(wanted)) = (
+            &record.bootstrap,
+            target.cluster.map(|c| c.bootstrap.as_str()),
+        ) && deployed != wanted
             && !record.deployment.is_empty()
         {
             return Err(Error::OtherCluster {
@@ -385,7 +385,7 @@ impl Engine<'_> {
             handovers: Vec::new(),
         });
         if record.bootstrap.is_none() {
-            record.bootstrap = target.bootstrap.map(str::to_owned);
+            record.bootstrap = target.cluster.map(|c| c.bootstrap.clone());
         }
         self.save(record)
     }
@@ -397,8 +397,8 @@ impl Engine<'_> {
         if moved {
             record.deployment.settle();
             record.commit = Some(target.commit.to_owned());
-            if target.bootstrap.is_some() {
-                record.bootstrap = target.bootstrap.map(str::to_owned);
+            if target.cluster.is_some() {
+                record.bootstrap = target.cluster.map(|c| c.bootstrap.clone());
             }
             let entry = record.moving.take().map(|m| finished(self.topology, m));
             // Saved with the entry first: a crash before the history line is written leaves
@@ -457,9 +457,14 @@ impl Engine<'_> {
                 }
                 Effect::Done
             }
-            Action::ScaleProcessor { group, scale, .. } => {
+            Action::UpdateProcessor {
+                group,
+                scale,
+                resources,
+                ..
+            } => {
                 self.runtime
-                    .scale(group, scale.min)
+                    .update(group, scale, resources.as_ref())
                     .map_err(|e| failed(&e))?;
                 Effect::Done
             }
@@ -471,11 +476,7 @@ impl Engine<'_> {
                 Effect::Stopped(self.stop(group, &record.deployment)?)
             }
             Action::StartProcessor(start) => {
-                let Some(bootstrap) = target
-                    .bootstrap
-                    .map(str::to_owned)
-                    .or_else(|| record.bootstrap.clone())
-                else {
+                let Some(cluster) = target.cluster else {
                     return Err(NotYet::Failed("no cluster to start it on".into()));
                 };
                 if record.deployment.life(&start.group).is_none() {
@@ -491,7 +492,7 @@ impl Engine<'_> {
                     // Durable before the processor runs: its offsets are never set again.
                     self.save(record).map_err(|e| failed(&e))?;
                 }
-                let spec = processor_spec(self.topology, start, &bootstrap, target);
+                let spec = processor_spec(self.topology, start, cluster, target);
                 self.runtime.start(&spec).map_err(|e| failed(&e))?;
                 Effect::Done
             }
@@ -658,29 +659,35 @@ fn handovers(
 fn processor_spec(
     topology: &str,
     start: &StartProcessor,
-    bootstrap: &str,
+    cluster: &runtime::Cluster,
     target: &Target<'_>,
 ) -> ProcessorSpec {
+    let dir = target
+        .topology
+        .and_then(|t| t.find(&start.step).map(|id| t.step(id)))
+        .and_then(|step| {
+            Path::new(&step.file)
+                .parent()
+                .map(|d| d.display().to_string())
+        })
+        .unwrap_or_default();
     ProcessorSpec {
         topology: topology.to_owned(),
         step: start.step.clone(),
         identity: start.identity,
         group: start.group.clone(),
-        bootstrap: bootstrap.to_owned(),
+        cluster: cluster.clone(),
         inputs: start.inputs.iter().map(|i| i.topic.clone()).collect(),
         input_steps: input_steps(start, target),
         outputs: start.outputs.clone(),
         dlq: start.dlq.clone(),
         transform: start.transform.clone(),
         env: start.env.clone(),
-        replicas: start.scale.min.max(1),
-        commit: Some(target.commit.to_owned()),
+        scale: start.scale,
+        resources: start.resources.clone(),
+        commit: target.commit.to_owned(),
+        dir,
         settings: target.settings,
-        workdir: target
-            .workdirs
-            .get(&start.step)
-            .cloned()
-            .unwrap_or_else(|| PathBuf::from(".")),
     }
 }
 
@@ -730,8 +737,8 @@ pub fn describe(action: &Action) -> String {
         Action::StartProcessor(start) => {
             format!("start-processor {} as {}", start.step, start.group)
         }
-        Action::ScaleProcessor { group, scale, .. } => {
-            format!("scale-processor {group} to {}", scale.min)
+        Action::UpdateProcessor { group, scale, .. } => {
+            format!("update-processor {group} to {}", scale.min)
         }
         Action::DrainProcessor { group, topics, .. } => {
             format!("drain-processor {group} on {}", topics.join(","))
@@ -782,12 +789,11 @@ mod tests {
             ),
             ("out", "kind: sink\ntopic: out\ninput: both\n"),
         ]);
-        let workdirs = BTreeMap::new();
+        let cluster = runtime::Cluster::at("b:9092");
         let target = Target {
             commit: "c",
             topology: Some(&topology),
-            bootstrap: Some("b:9092"),
-            workdirs: &workdirs,
+            cluster: Some(&cluster),
             settings: runtime::Settings::default(),
         };
         let actions = moves::plan(&Deployment::default(), Some(&topology));
@@ -799,7 +805,7 @@ mod tests {
             })
             .collect();
         let both = starts.iter().find(|s| s.step == "both").unwrap();
-        let spec = processor_spec("t", both, "b:9092", &target);
+        let spec = processor_spec("t", both, &cluster, &target);
         let fast = topology.step(topology.find("fast-trucks").unwrap());
         assert_eq!(
             spec.input_steps,
@@ -814,7 +820,7 @@ mod tests {
         // Other transforms need no map.
         let jq = starts.iter().find(|s| s.step == "fast-trucks").unwrap();
         assert!(
-            processor_spec("t", jq, "b:9092", &target)
+            processor_spec("t", jq, &cluster, &target)
                 .input_steps
                 .is_empty()
         );

@@ -31,6 +31,8 @@ const MEMBERS_TIMEOUT: Duration = Duration::from_secs(2);
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    #[error("cannot use the credentials of {bootstrap}: {message}")]
+    Credentials { bootstrap: String, message: String },
     #[error("cannot create a Kafka client for {bootstrap}: {source}")]
     Client {
         bootstrap: String,
@@ -197,19 +199,57 @@ pub struct KafkaAdmin {
     /// and connections, and the daemon reads every group's offsets every few seconds.
     groups: std::sync::Mutex<BTreeMap<String, Arc<BaseConsumer>>>,
     runtime: tokio::runtime::Runtime,
+    /// What every client of this cluster is created from.
+    client: ClientConfig,
 }
 
 /// Group clients kept at most; beyond, the cache starts over (stopped groups drop out).
 const MAX_GROUP_CLIENTS: usize = 256;
 
 impl KafkaAdmin {
+    /// A client of the cluster at `bootstrap`, with no other settings.
     pub fn connect(bootstrap: &str) -> Result<Self> {
+        KafkaAdmin::connect_to(&crate::runtime::Cluster::at(bootstrap), None)
+    }
+
+    /// A client of `cluster`, with its `properties`, and the credentials files of
+    /// `credentials` when the cluster has some (SPEC §2).
+    pub fn connect_to(
+        cluster: &crate::runtime::Cluster,
+        credentials: Option<&std::path::Path>,
+    ) -> Result<Self> {
+        let bootstrap = cluster.bootstrap.as_str();
         let client_error = |source| Error::Client {
             bootstrap: bootstrap.to_owned(),
             source,
         };
-        let admin = base(bootstrap).create().map_err(client_error)?;
-        let metadata = base(bootstrap).create().map_err(client_error)?;
+        let mut client = base(bootstrap);
+        for (key, value) in &cluster.properties {
+            client.set(key, value);
+        }
+        if let (Some(secret), None) = (&cluster.credentials, credentials) {
+            return Err(Error::Credentials {
+                bootstrap: bootstrap.to_owned(),
+                message: format!(
+                    "the cluster takes its credentials from `{secret}`, but the daemon was given \
+                     none (`plumber up --kafka-credentials DIR`, or the Secret mounted by the \
+                     daemon's config)"
+                ),
+            });
+        }
+        if let (Some(_), Some(dir)) = (&cluster.credentials, credentials) {
+            let properties = plumber_kafka_probe::credentials::properties(dir).map_err(|e| {
+                Error::Credentials {
+                    bootstrap: bootstrap.to_owned(),
+                    message: e.to_string(),
+                }
+            })?;
+            for (key, value) in properties {
+                client.set(key, value);
+            }
+        }
+        let admin = client.create().map_err(client_error)?;
+        let metadata = client.create().map_err(client_error)?;
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -220,6 +260,7 @@ impl KafkaAdmin {
             metadata,
             groups: std::sync::Mutex::new(BTreeMap::new()),
             runtime,
+            client,
         })
     }
 
@@ -235,7 +276,9 @@ impl KafkaAdmin {
         if groups.len() >= MAX_GROUP_CLIENTS {
             groups.clear();
         }
-        let client: BaseConsumer = base(&self.bootstrap)
+        let client: BaseConsumer = self
+            .client
+            .clone()
             .set("group.id", group)
             .set("enable.auto.commit", "false")
             .create()
@@ -397,7 +440,9 @@ impl Admin for KafkaAdmin {
             group: group.to_owned(),
             source,
         };
-        let reader: BaseConsumer = base(&self.bootstrap)
+        let reader: BaseConsumer = self
+            .client
+            .clone()
             .set("group.id", "plumber-drain-check")
             .set("enable.auto.commit", "false")
             .set("isolation.level", "read_committed")
@@ -464,7 +509,7 @@ impl Admin for KafkaAdmin {
     }
 
     fn supports_transactions(&self) -> Result<bool> {
-        plumber_kafka_probe::brokers_support_transactions(&base(&self.bootstrap), CALL_TIMEOUT)
+        plumber_kafka_probe::brokers_support_transactions(&self.client.clone(), CALL_TIMEOUT)
             .ok_or_else(|| Error::NoAnswer {
                 bootstrap: self.bootstrap.clone(),
             })

@@ -107,6 +107,14 @@ enum Command {
         /// File holding the webhook secret; POST /hooks/git must then be signed.
         #[arg(long, env = "PLUMBER_WEBHOOK_SECRET_FILE", value_name = "FILE")]
         webhook_secret_file: Option<std::path::PathBuf>,
+        /// Where `secretKeyRef: { name: N, key: K }` in a step's `env` is read: the file
+        /// DIR/N/K.
+        #[arg(long, env = "PLUMBER_SECRETS", value_name = "DIR")]
+        secrets: Option<std::path::PathBuf>,
+        /// The credentials of clusters with `credentials:` in plumber.yaml, one librdkafka
+        /// property per file (sasl.username, sasl.password, …; ca.crt, tls.crt, tls.key).
+        #[arg(long, env = "PLUMBER_KAFKA_CREDENTIALS", value_name = "DIR")]
+        kafka_credentials: Option<std::path::PathBuf>,
     },
     /// Show what a running daemon is doing: per topology, commit, phase, steps and lag.
     Status {
@@ -257,6 +265,8 @@ fn run(command: Command) -> Result<ExitCode> {
             stall_timeout,
             record_timeout,
             webhook_secret_file,
+            secrets,
+            kafka_credentials,
         } => {
             let branch = match branch {
                 Some(branch) => branch,
@@ -273,7 +283,14 @@ fn run(command: Command) -> Result<ExitCode> {
             config.webhook_secret = webhook_secret_file
                 .map(|file| read_webhook_secret(&file))
                 .transpose()?;
-            up::run(config)?;
+            config.kafka_credentials = kafka_credentials.clone();
+            let local = plumber::runtime::local::LocalConfig {
+                checkouts: plumber::store::checkouts_dir(&config.state_dir),
+                secrets,
+                kafka_credentials,
+                ..plumber::runtime::local::LocalConfig::default()
+            };
+            up::run(config, local)?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Dev(command) => {

@@ -17,15 +17,14 @@ use plumber::daemon::{Context, Daemon, DaemonConfig};
 use plumber::runtime::local::{LocalConfig, LocalRuntime};
 use plumber::store::StateDir;
 
-pub fn run(config: DaemonConfig) -> Result<()> {
+pub fn run(config: DaemonConfig, local: LocalConfig) -> Result<()> {
     init_logging();
     let mut signals = Signals::new([SIGINT, SIGTERM]).context("installing signal handlers")?;
     let _lock = StateDir::open(&config.state_dir)
         .and_then(|state| state.lock())
         .context("taking the state directory")?;
     let runtime = Arc::new(
-        LocalRuntime::open(&config.state_dir, LocalConfig::default())
-            .context("starting the local runtime")?,
+        LocalRuntime::open(&config.state_dir, local).context("starting the local runtime")?,
     );
     let context = Context::new(config, runtime.clone()).context("opening the state directory")?;
     let mut daemon = Daemon::start(context).context("starting the daemon")?;

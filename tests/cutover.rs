@@ -20,7 +20,7 @@ use plumber::graph::Topology;
 use plumber::kafka::{self, Admin};
 use plumber::plan::{PartitionOffset, moves};
 use plumber::runtime::{self, ProcessorSpec, ProcessorStatus, Runtime};
-use plumber::spec::{FileContent, SourceFile};
+use plumber::spec::{FileContent, Resources, Scale, SourceFile};
 use plumber::store::{self, CutoverStore, HistoryEntry, Outcome, StateDir, TopologyRecord};
 
 fn topology(steps: &[(&str, String)]) -> Topology {
@@ -308,6 +308,7 @@ fn runtime_error(message: String) -> runtime::Error {
     runtime::Error::Start {
         group: "-".into(),
         message,
+        retryable: true,
     }
 }
 
@@ -363,10 +364,16 @@ impl Runtime for World {
     fn restart(&self, _group: &str) -> runtime::Result<()> {
         Ok(())
     }
-    fn scale(&self, group: &str, replicas: u32) -> runtime::Result<()> {
+    fn update(
+        &self,
+        group: &str,
+        scale: &Scale,
+        resources: Option<&Resources>,
+    ) -> runtime::Result<()> {
         self.with(Site::Runtime, |w| {
             if let Some(spec) = w.running.get_mut(group) {
-                spec.replicas = replicas;
+                spec.scale = *scale;
+                spec.resources = resources.cloned();
             }
         })
         .map_err(runtime_error)
@@ -405,15 +412,14 @@ impl CutoverStore for Store<'_> {
     }
 }
 
-/// No checkouts: the fake runs no commands.
-static NO_WORKDIRS: BTreeMap<String, PathBuf> = BTreeMap::new();
+static CLUSTER: std::sync::LazyLock<runtime::Cluster> =
+    std::sync::LazyLock::new(|| runtime::Cluster::at("fake:9092"));
 
 fn target<'a>(commit: &'a str, topology: Option<&'a Topology>) -> Target<'a> {
     Target {
         commit,
         topology,
-        bootstrap: topology.map(|_| "fake:9092"),
-        workdirs: &NO_WORKDIRS,
+        cluster: topology.map(|_| &*CLUSTER),
         settings: plumber::runtime::Settings::default(),
     }
 }

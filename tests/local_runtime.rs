@@ -15,13 +15,17 @@ use std::process::{Child, Command};
 use std::time::Duration;
 
 use plumber::runtime::local::{LocalConfig, LocalRuntime};
-use plumber::runtime::{Delivery, ProcessorSpec, Runtime, Settings};
-use plumber::spec::Transform;
+use plumber::runtime::{Cluster, Delivery, ProcessorSpec, Runtime, Settings};
+use plumber::spec::{EnvValue, Scale, SecretRef, Transform};
 use plumber_testkit::wait_until;
 
 const PATIENCE: Duration = Duration::from_secs(60);
 
-/// Records `processor-start|term|exit PID` in `$EVENTS`. On SIGTERM it exits at once, after
+/// The commit the specs run: its checkout is `checkouts/COMMIT` of the setup's directory.
+const COMMIT: &str = "c0ffee";
+
+/// Records `processor-start|term|exit PID` in `$EVENTS`. With `$ARGS` it writes its arguments
+/// there, with `$SECRET_OUT` the value of `$API_KEY`. On SIGTERM it exits at once, after
 /// `$LINGER` seconds (finishing an in-flight record), or never (`$ON_TERM=ignore`). With
 /// `$CHILD` it starts a child (as an exec transform would) and writes its pid there. With
 /// `$LOG_CHUNKS` it writes that many 32 KiB chunks to its log, waiting after each until the
@@ -29,6 +33,7 @@ const PATIENCE: Duration = Duration::from_secs(60);
 const PROCESSOR: &str = r#"#!/usr/bin/env bash
 echo "processor-start $$" >> "$EVENTS"
 if [ -n "$ARGS" ]; then printf '%s\n' "$@" > "$ARGS"; fi
+if [ -n "$SECRET_OUT" ]; then printf '%s' "$API_KEY" > "$SECRET_OUT"; fi
 on_term() {
     echo "processor-term $$" >> "$EVENTS"
     [ "$ON_TERM" = ignore ] && return
@@ -72,7 +77,12 @@ impl Setup {
         let processor = dir.path().join("processor.sh");
         fs::write(&processor, PROCESSOR).unwrap();
         fs::set_permissions(&processor, fs::Permissions::from_mode(0o755)).unwrap();
-        fs::write(dir.path().join("sidecar.sh"), SIDECAR).unwrap();
+        fs::create_dir_all(dir.path().join("checkouts").join(COMMIT)).unwrap();
+        fs::write(
+            dir.path().join("checkouts").join(COMMIT).join("sidecar.sh"),
+            SIDECAR,
+        )
+        .unwrap();
         Setup { dir }
     }
 
@@ -86,6 +96,9 @@ impl Setup {
             stop_timeout,
             max_backoff: Duration::from_secs(30),
             max_log_bytes: 64 * 1024,
+            checkouts: self.dir.path().join("checkouts"),
+            secrets: Some(self.dir.path().join("secrets")),
+            kafka_credentials: None,
         }
     }
 
@@ -94,22 +107,26 @@ impl Setup {
     }
 
     fn spec(&self, sidecar: bool, env: &[(&str, &str)]) -> ProcessorSpec {
-        let mut vars: BTreeMap<String, String> = env
+        let mut vars: BTreeMap<String, EnvValue> = env
             .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .map(|(k, v)| (k.to_string(), EnvValue::Value(v.to_string())))
             .collect();
-        vars.insert("EVENTS".into(), self.events_path().display().to_string());
+        vars.insert(
+            "EVENTS".into(),
+            EnvValue::Value(self.events_path().display().to_string()),
+        );
         ProcessorSpec {
             input_steps: Default::default(),
             topology: "t".into(),
             step: "p".into(),
             identity: "ab".repeat(32).parse().unwrap(),
             group: "plumber.t.p.abababababab".into(),
-            bootstrap: "127.0.0.1:1".into(),
+            cluster: Cluster::at("127.0.0.1:1"),
             inputs: vec!["in".into()],
             outputs: vec!["out".into()],
             dlq: "plumber.t.p.dlq".into(),
-            commit: None,
+            commit: COMMIT.into(),
+            dir: String::new(),
             settings: Settings::default(),
             transform: if sidecar {
                 Transform::Http {
@@ -124,8 +141,12 @@ impl Setup {
                 }
             },
             env: vars,
-            replicas: 1,
-            workdir: self.dir.path().to_path_buf(),
+            scale: Scale {
+                min: 1,
+                max: 1,
+                lag_threshold: 100,
+            },
+            resources: None,
         }
     }
 
@@ -220,6 +241,52 @@ fn the_daemons_settings_reach_the_processors_command_line() {
 }
 
 #[test]
+fn a_secret_reference_is_read_from_the_secrets_directory_and_a_missing_one_is_named() {
+    let setup = Setup::new();
+    let runtime = setup.open(PATIENCE);
+    let out = setup.events_path().with_file_name("secret");
+    let mut spec = setup.spec(false, &[("SECRET_OUT", &out.display().to_string())]);
+    spec.env.insert(
+        "API_KEY".into(),
+        EnvValue::Secret {
+            secret_key_ref: SecretRef {
+                name: "scoring".into(),
+                key: "api-key".into(),
+            },
+        },
+    );
+    // Not there yet: the start fails, naming the file, and can be retried.
+    let error = runtime.start(&spec).unwrap_err();
+    assert!(error.is_retryable(), "{error}");
+    assert!(
+        error.to_string().contains("secrets/scoring/api-key"),
+        "{error}"
+    );
+    assert!(runtime.processors().unwrap().is_empty());
+
+    let secrets = setup.dir.path().join("secrets").join("scoring");
+    fs::create_dir_all(&secrets).unwrap();
+    fs::write(secrets.join("api-key"), "s3cr3t\n").unwrap();
+    runtime.start(&spec).unwrap();
+    wait_until("the processor wrote its secret", PATIENCE, || {
+        fs::read_to_string(&out).is_ok_and(|v| !v.is_empty())
+    });
+    assert_eq!(fs::read_to_string(&out).unwrap(), "s3cr3t");
+    let args = fs::read_to_string(
+        setup
+            .state()
+            .join("processes")
+            .join(format!("{}.json", spec.group)),
+    )
+    .unwrap();
+    assert!(
+        !args.contains("s3cr3t"),
+        "the record keeps the reference only: {args}"
+    );
+    runtime.stop(&spec.group).unwrap();
+}
+
+#[test]
 fn an_http_server_is_stopped_only_after_its_processor_has_exited() {
     let setup = Setup::new();
     let runtime = setup.open(PATIENCE);
@@ -268,7 +335,7 @@ fn a_stop_timeout_kills_the_whole_process_group_and_reaps_it() {
 
     let stopped = runtime.stop(&spec.group);
     assert!(
-        matches!(stopped, Err(plumber::runtime::Error::StopTimeout { .. })),
+        matches!(stopped, Err(plumber::runtime::Error::Stop { .. })),
         "{stopped:?}"
     );
     assert!(setup.position("processor-term", processor).is_some());
@@ -399,7 +466,7 @@ fn logs_are_rotated_at_their_size_keeping_one_previous_file() {
         ("LOG", log.display().to_string()),
         ("LOG_MAX", max.to_string()),
     ] {
-        spec.env.insert(k.into(), v);
+        spec.env.insert(k.into(), EnvValue::Value(v));
     }
     runtime.start(&spec).unwrap();
     setup.wait_event("logged");

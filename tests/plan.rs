@@ -64,7 +64,7 @@ fn script(plan: &Plan) -> Vec<String> {
                     .collect();
                 format!("start {} [{}]", s.step, inputs.join(" "))
             }
-            Action::ScaleProcessor { step, scale, .. } => {
+            Action::UpdateProcessor { step, scale, .. } => {
                 format!("scale {step} {}..{}", scale.min, scale.max)
             }
             Action::DrainProcessor { step, topics, .. } => format!(

@@ -213,7 +213,7 @@ proptest! {
         let plan = plan_of(&before, &after);
         let actions: Vec<&Action> = plan.topologies.iter().flat_map(|t| &t.actions).collect();
         prop_assert_eq!(actions.len(), 1);
-        let is_scale = matches!(actions[0], Action::ScaleProcessor { .. });
+        let is_scale = matches!(actions[0], Action::UpdateProcessor { .. });
         prop_assert!(is_scale);
     }
 
@@ -344,7 +344,7 @@ fn check_plan(old: &[Topology], new: &[Topology]) {
                 }
                 existing_topics.remove(topic);
             }
-            Action::ScaleProcessor { group, .. } => {
+            Action::UpdateProcessor { group, .. } => {
                 assert!(old_groups.contains_key(group) && new_groups.contains_key(group));
             }
         }

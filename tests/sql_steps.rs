@@ -305,16 +305,20 @@ fn the_local_runtime_passes_the_query_and_the_topics_of_its_input_steps() {
             stop_timeout: Duration::from_secs(30),
             max_backoff: Duration::from_secs(30),
             max_log_bytes: 64 * 1024,
+            checkouts: dir.path().to_path_buf(),
+            secrets: None,
+            kafka_credentials: None,
         },
     )
     .unwrap();
+    std::fs::create_dir_all(dir.path().join("c0ffee")).unwrap();
     let query = "SELECT id FROM cars\nUNION ALL SELECT id FROM trucks";
     let spec = ProcessorSpec {
         topology: "t".into(),
         step: "both".into(),
         identity: "cd".repeat(32).parse().unwrap(),
         group: "plumber.t.both.cdcdcdcdcdcd".into(),
-        bootstrap: "127.0.0.1:1".into(),
+        cluster: plumber::runtime::Cluster::at("127.0.0.1:1"),
         inputs: vec![
             "cars.raw".into(),
             "plumber.t.fast-trucks.abababababab".into(),
@@ -329,10 +333,15 @@ fn the_local_runtime_passes_the_query_and_the_topics_of_its_input_steps() {
             query: query.into(),
         },
         env: BTreeMap::new(),
-        replicas: 1,
-        commit: None,
+        scale: plumber::spec::Scale {
+            min: 1,
+            max: 1,
+            lag_threshold: 1,
+        },
+        resources: None,
+        commit: "c0ffee".into(),
+        dir: String::new(),
         settings: Default::default(),
-        workdir: dir.path().to_path_buf(),
     };
     runtime.start(&spec).unwrap();
     plumber_testkit::wait_until(

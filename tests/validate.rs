@@ -417,6 +417,72 @@ fn reserved_plumber_env_names_are_errors_at_the_key() {
     );
 }
 
+#[test]
+fn secrets_credentials_and_resources_are_checked_where_they_are_written() {
+    let repo = TestRepo::new();
+    let good = repo.commit(
+        "main",
+        "secrets",
+        &[
+            write(
+                "plumber.yaml",
+                "clusters:\n  default:\n    bootstrap: k:9092\n    properties:\n      security.protocol: SASL_SSL\n      sasl.mechanism: SCRAM-SHA-512\n    credentials: { secret: kafka-user }\n",
+            ),
+            write("topologies/t/in.yaml", "kind: source\ntopic: in\n"),
+            write(
+                "topologies/t/p.yaml",
+                "kind: processor\ninput: in\njq: .\nenv:\n  MODEL: v3\n  API_KEY: { secretKeyRef: { name: scoring, key: api-key } }\nresources: { cpu: 500m, memory: 256Mi }\n",
+            ),
+            write("topologies/t/out.yaml", "kind: sink\ntopic: out\ninput: p\n"),
+        ],
+    );
+    let validation = validate_commit(&repo, good);
+    assert!(validation.is_valid(), "{:#?}", validation.diagnostics);
+
+    let bad = repo.commit(
+        "main",
+        "bad secrets",
+        &[
+            write(
+                "plumber.yaml",
+                "clusters:\n  default:\n    bootstrap: k:9092\n    properties:\n      sasl.password: hunter2\n      group.id: mine\n    credentials: { secret: Kafka_User }\n",
+            ),
+            write(
+                "topologies/t/p.yaml",
+                "kind: processor\ninput: in\njq: .\nenv:\n  A: { secretKeyRef: { name: scoring } }\n  B: { secretKeyRef: { name: s, key: ../x } }\n  C: { valueFrom: x }\nresources: { cpu: lots, memory: 256MB, gpu: 1 }\n",
+            ),
+        ],
+    );
+    let validation = validate_commit(&repo, bad);
+    assert_eq!(
+        located(&validation.diagnostics),
+        vec![
+            at("invalid-value", "plumber.yaml", 5, 7),
+            at("invalid-value", "plumber.yaml", 6, 7),
+            at("invalid-value", "plumber.yaml", 7, 28),
+            at("missing-field", "topologies/t/p.yaml", 5, 8),
+            at("invalid-value", "topologies/t/p.yaml", 6, 38),
+            at("missing-field", "topologies/t/p.yaml", 7, 3),
+            at("unknown-field", "topologies/t/p.yaml", 7, 8),
+            at("invalid-value", "topologies/t/p.yaml", 8, 19),
+            at("invalid-value", "topologies/t/p.yaml", 8, 33),
+            at("unknown-field", "topologies/t/p.yaml", 8, 40),
+        ],
+        "{:#?}",
+        validation.diagnostics
+    );
+    let messages: Vec<&str> = validation.errors().map(|d| d.message.as_str()).collect();
+    let password = messages
+        .iter()
+        .find(|m| m.contains("sasl.password"))
+        .unwrap();
+    assert!(password.contains("never lives in Git"), "{password}");
+    assert!(
+        !messages.iter().any(|m| m.contains("hunter2")),
+        "{messages:?}"
+    );
+}
+
 /// Programs nested `depth` levels in each way jaq's parser recurses, each under the file cap.
 fn deep_jq_programs(depth: usize) -> Vec<(&'static str, String)> {
     vec![

@@ -1,7 +1,11 @@
-//! What a Kafka cluster supports, asked once by the daemon (per cluster, to decide the
-//! delivery mode of every processor) and by `plumber-processor --delivery auto`.
+//! What the daemon and every processor need alike to be a client of a Kafka cluster: what
+//! the cluster supports, asked once by the daemon (per cluster, to decide the delivery mode
+//! of every processor) and by `plumber-processor --delivery auto`; and the cluster's
+//! [`credentials`], read from files.
 //!
 //! Its own crate because both need it and neither should carry the other's dependencies.
+
+pub mod credentials;
 
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;

@@ -123,6 +123,11 @@ pub struct Args {
     /// Extra librdkafka property for every client, e.g. -X security.protocol=SSL.
     #[arg(short = 'X', long = "kafka", value_name = "KEY=VALUE", value_parser = parse_property)]
     pub kafka: Vec<(String, String)>,
+    /// A directory of the cluster's credentials, one librdkafka property per file
+    /// (`sasl.password`, …; `ca.crt`, `tls.crt`, `tls.key` as certificate files): a mounted
+    /// Kubernetes Secret, or what `plumber up --kafka-credentials` names.
+    #[arg(long, env = "PLUMBER_KAFKA_CREDENTIALS", value_name = "DIR")]
+    pub kafka_credentials: Option<std::path::PathBuf>,
     /// Log format on stderr; `auto` is JSON unless stderr is a terminal.
     #[arg(long, env = "PLUMBER_LOG_FORMAT", value_enum, default_value_t = LogFormat::Auto)]
     pub log_format: LogFormat,
@@ -278,7 +283,16 @@ impl TryFrom<Args> for Config {
             record_timeout: Duration::from_secs(args.record_timeout),
             attempts: args.attempts,
             instance,
-            kafka: args.kafka,
+            kafka: {
+                let mut kafka = args.kafka;
+                if let Some(dir) = &args.kafka_credentials {
+                    kafka.extend(
+                        plumber_kafka_probe::credentials::properties(dir)
+                            .map_err(|e| e.to_string())?,
+                    );
+                }
+                kafka
+            },
         })
     }
 }
@@ -310,6 +324,31 @@ mod tests {
         )
         .map_err(|e| e.to_string())?;
         Config::try_from(args)
+    }
+
+    #[test]
+    fn credentials_files_become_client_properties_and_a_bad_directory_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("sasl.password"), "pw\n").unwrap();
+        let path = dir.path().display().to_string();
+        let config = parse(&[
+            "--jq",
+            ".",
+            "-X",
+            "security.protocol=SASL_SSL",
+            "--kafka-credentials",
+            &path,
+        ])
+        .unwrap();
+        assert_eq!(
+            config.kafka,
+            vec![
+                ("security.protocol".to_owned(), "SASL_SSL".to_owned()),
+                ("sasl.password".to_owned(), "pw".to_owned()),
+            ]
+        );
+        let error = parse(&["--jq", ".", "--kafka-credentials", "/nonexistent/kafka"]).unwrap_err();
+        assert!(error.contains("/nonexistent/kafka"), "{error}");
     }
 
     #[test]

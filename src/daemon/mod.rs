@@ -30,7 +30,7 @@ use std::time::Duration;
 
 use crate::cutover::{self, CutoverConfig};
 use crate::kafka::{Admin, KafkaAdmin};
-use crate::runtime::{Delivery, Runtime};
+use crate::runtime::{Cluster, Delivery, Runtime};
 use crate::store::StateDir;
 pub use revisions::{Revision, Revisions};
 use status::Store;
@@ -45,6 +45,9 @@ pub struct DaemonConfig {
     pub listen: SocketAddr,
     /// Overrides every cluster's bootstrap servers (`plumber up --bootstrap`).
     pub bootstrap: Option<String>,
+    /// The credentials of the clusters that have some, one librdkafka property per file
+    /// (`plumber up --kafka-credentials DIR`; in a cluster, the mounted Secret).
+    pub kafka_credentials: Option<PathBuf>,
     /// How often a remote repository is fetched (a local one is watched instead).
     pub poll_interval: Duration,
     /// How often lag and instances are observed for status and metrics.
@@ -78,6 +81,7 @@ impl DaemonConfig {
             state_dir,
             listen: SocketAddr::from(([127, 0, 0, 1], 7878)),
             bootstrap: None,
+            kafka_credentials: None,
             poll_interval: Duration::from_secs(30),
             observe_interval: Duration::from_secs(2),
             stalled_after: Duration::from_secs(60),
@@ -148,8 +152,8 @@ enum AdminUse {
     Observe,
 }
 
-/// Connects to a cluster's admin API, by bootstrap servers.
-pub type Connect = dyn Fn(&str) -> Result<Arc<dyn Admin>, crate::kafka::Error> + Send + Sync;
+/// Connects to a cluster's admin API.
+pub type Connect = dyn Fn(&Cluster) -> Result<Arc<dyn Admin>, crate::kafka::Error> + Send + Sync;
 
 /// Shared by the follower, the workers and the observer.
 pub struct Context {
@@ -165,15 +169,22 @@ pub struct Context {
     admins: Mutex<BTreeMap<(AdminUse, String), Arc<dyn Admin>>>,
     /// The delivery mode of each cluster's processors, decided once per cluster.
     deliveries: Mutex<BTreeMap<String, Delivery>>,
+    /// The clusters of the revisions seen, by bootstrap servers: what the observer connects
+    /// with, knowing only the bootstrap servers a topology's record keeps.
+    clusters: Mutex<BTreeMap<String, Cluster>>,
     stopping: AtomicBool,
 }
 
 impl Context {
     pub fn new(config: DaemonConfig, runtime: Arc<dyn Runtime>) -> Result<Arc<Self>, Error> {
+        let credentials = config.kafka_credentials.clone();
         Context::with_admin(
             config,
             runtime,
-            Box::new(|bootstrap| Ok(Arc::new(KafkaAdmin::connect(bootstrap)?) as Arc<dyn Admin>)),
+            Box::new(move |cluster| {
+                let admin = KafkaAdmin::connect_to(cluster, credentials.as_deref())?;
+                Ok(Arc::new(admin) as Arc<dyn Admin>)
+            }),
         )
     }
 
@@ -197,6 +208,7 @@ impl Context {
             connect,
             admins: Mutex::new(BTreeMap::new()),
             deliveries: Mutex::new(BTreeMap::new()),
+            clusters: Mutex::new(BTreeMap::new()),
             stopping: AtomicBool::new(false),
         }))
     }
@@ -207,7 +219,14 @@ impl Context {
         if let Some(admin) = admins.get(&key) {
             return Ok(admin.clone());
         }
-        let admin = (self.connect)(bootstrap)?;
+        let cluster = self
+            .clusters
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(bootstrap)
+            .cloned()
+            .unwrap_or_else(|| Cluster::at(bootstrap));
+        let admin = (self.connect)(&cluster)?;
         admins.insert(key, admin.clone());
         Ok(admin)
     }
@@ -245,23 +264,28 @@ impl Context {
         Ok(delivery)
     }
 
-    /// The bootstrap servers of a topology's cluster in a revision.
-    fn bootstrap(
+    /// A topology's cluster in a revision (with `--bootstrap` over its bootstrap servers).
+    fn cluster(
         &self,
         revision: &Revision,
         topology: &crate::graph::Topology,
-    ) -> Result<String, Error> {
-        if let Some(bootstrap) = &self.config.bootstrap {
-            return Ok(bootstrap.clone());
-        }
-        revision
+    ) -> Result<Cluster, Error> {
+        let spec = revision
             .clusters
             .get(&topology.cluster)
-            .map(|c| c.bootstrap.clone())
             .ok_or_else(|| Error::NoCluster {
                 topology: topology.name.clone(),
                 cluster: topology.cluster.clone(),
-            })
+            })?;
+        let mut cluster = Cluster::of(spec);
+        if let Some(bootstrap) = &self.config.bootstrap {
+            cluster.bootstrap = bootstrap.clone();
+        }
+        self.clusters
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(cluster.bootstrap.clone(), cluster.clone());
+        Ok(cluster)
     }
 
     pub fn is_stopping(&self) -> bool {

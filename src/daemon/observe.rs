@@ -295,7 +295,12 @@ mod tests {
             self.0.fetch_add(1, Ordering::SeqCst);
             Ok(())
         }
-        fn scale(&self, _: &str, _: u32) -> RuntimeResult<()> {
+        fn update(
+            &self,
+            _: &str,
+            _: &crate::spec::Scale,
+            _: Option<&crate::spec::Resources>,
+        ) -> RuntimeResult<()> {
             unreachable!("the watchdog only restarts")
         }
         fn processors(&self) -> RuntimeResult<Vec<ProcessorStatus>> {

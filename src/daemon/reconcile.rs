@@ -29,8 +29,9 @@ pub(super) fn reconcile(
     waits: &mut Waits,
 ) -> Result<Step, Error> {
     let topology = desired.topology(name);
-    let bootstrap = match topology {
-        Some(t) => context.bootstrap(desired, t)?,
+    let cluster = topology.map(|t| context.cluster(desired, t)).transpose()?;
+    let bootstrap = match &cluster {
+        Some(cluster) => cluster.bootstrap.clone(),
         // Gone from the repository: its lives and topics are where its record says.
         None => match context.state.load(name)?.bootstrap {
             Some(bootstrap) => bootstrap,
@@ -51,12 +52,10 @@ pub(super) fn reconcile(
             topology: name.to_owned(),
         })
         .set(i64::from(delivery == Delivery::ExactlyOnce));
-    let workdirs = topology.map(|t| desired.workdirs(t)).unwrap_or_default();
     let target = Target {
         commit: &desired.commit,
         topology,
-        bootstrap: Some(&bootstrap),
-        workdirs: &workdirs,
+        cluster: cluster.as_ref(),
         settings: Settings {
             delivery: Some(delivery),
             record_timeout: Some(context.config.record_timeout.as_secs().max(1)),

@@ -2,7 +2,7 @@
 //! processors that run commands next to their step files (`exec`, `http`).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use super::{Error, Source};
@@ -23,20 +23,6 @@ impl Revision {
     pub fn topology(&self, name: &str) -> Option<&Topology> {
         self.topologies.iter().find(|t| t.name == name)
     }
-
-    /// The directory of each step's file in the checkout.
-    pub fn workdirs(&self, topology: &Topology) -> BTreeMap<String, PathBuf> {
-        topology
-            .steps()
-            .map(|(_, step)| {
-                let dir = Path::new(&step.file)
-                    .parent()
-                    .map(|p| self.checkout.join(p))
-                    .unwrap_or_else(|| self.checkout.clone());
-                (step.name.clone(), dir)
-            })
-            .collect()
-    }
 }
 
 /// Revisions kept in memory; a daemon needs a few (applied, in progress, desired) at a time.
@@ -53,7 +39,7 @@ impl Revisions {
     pub fn new(source: Source, state: &StateDir) -> Self {
         Revisions {
             source,
-            checkouts: state.root().join("checkouts"),
+            checkouts: state.checkouts(),
             cache: Mutex::new(BTreeMap::new()),
         }
     }

@@ -18,7 +18,7 @@ use std::fmt;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use sha2::{Digest, Sha256};
 
-use crate::spec::Transform;
+use crate::spec::{EnvValue, Transform};
 
 const VERSION: &[u8] = b"plumber-identity-v1";
 
@@ -155,7 +155,7 @@ pub fn sink(cluster: &str, topic: &str, inputs: &[InputRef]) -> Identity {
 
 pub struct ProcessorParts<'a> {
     pub transform: &'a Transform,
-    pub env: &'a BTreeMap<String, String>,
+    pub env: &'a BTreeMap<String, EnvValue>,
     pub partitions: u32,
     pub inputs: &'a [InputRef<'a>],
     /// (cluster, topic) of each sink this processor feeds.
@@ -198,7 +198,16 @@ pub fn processor(parts: &ProcessorParts) -> Identity {
     c.count(parts.env.len());
     for (name, value) in parts.env {
         c.str(name);
-        c.str(value);
+        match value {
+            EnvValue::Value(value) => c.str(value),
+            EnvValue::Secret { secret_key_ref } => {
+                // A length no string has: plain values (and so every identity computed
+                // before secrets existed) encode as they always did.
+                c.count(usize::MAX);
+                c.str(&secret_key_ref.name);
+                c.str(&secret_key_ref.key);
+            }
+        }
     }
     c.count(parts.partitions as usize);
     c.inputs(parts.inputs);
@@ -226,7 +235,7 @@ mod tests {
 
     fn parts<'a>(
         transform: &'a Transform,
-        env: &'a BTreeMap<String, String>,
+        env: &'a BTreeMap<String, EnvValue>,
         inputs: &'a [InputRef<'a>],
         sinks: &'a [(&'a str, &'a str)],
     ) -> ProcessorParts<'a> {
@@ -272,7 +281,17 @@ mod tests {
     #[test]
     fn every_defining_part_changes_the_identity() {
         let env = BTreeMap::new();
-        let env2 = BTreeMap::from([("A".to_owned(), "1".to_owned())]);
+        let env2 = BTreeMap::from([("A".to_owned(), EnvValue::Value("1".to_owned()))]);
+        let secret = |name: &str, key: &str| EnvValue::Secret {
+            secret_key_ref: crate::spec::SecretRef {
+                name: name.into(),
+                key: key.into(),
+            },
+        };
+        let env3 = BTreeMap::from([("A".to_owned(), secret("s", "k"))]);
+        let env4 = BTreeMap::from([("A".to_owned(), secret("s", "k2"))]);
+        // Not the same as a plain value that happens to spell the reference.
+        let env5 = BTreeMap::from([("A".to_owned(), EnvValue::Value("sk".to_owned()))]);
         let t = jq(".");
         let t2 = jq(". ");
         let input = [InputRef::Source(source("default", "a"))];
@@ -281,6 +300,9 @@ mod tests {
         let variants = [
             processor(&parts(&t2, &env, &input, &[])),
             processor(&parts(&t, &env2, &input, &[])),
+            processor(&parts(&t, &env3, &input, &[])),
+            processor(&parts(&t, &env4, &input, &[])),
+            processor(&parts(&t, &env5, &input, &[])),
             processor(&parts(&t, &env, &other_input, &[])),
             processor(&parts(&t, &env, &input, &[("default", "out")])),
             processor(&ProcessorParts {

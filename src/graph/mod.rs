@@ -18,8 +18,8 @@ use serde::Serialize;
 
 use crate::diagnostic::{Code, Diagnostic};
 use crate::spec::{
-    CutoverMode, DEFAULT_CLUSTER, Endpoint, Located, RepoSpec, Scale, StartFrom, StepDef,
-    TopologySpec, Transform,
+    CutoverMode, DEFAULT_CLUSTER, Endpoint, EnvValue, Located, RepoSpec, Resources, Scale,
+    StartFrom, StepDef, TopologySpec, Transform,
 };
 pub use identity::Identity;
 use identity::InputRef;
@@ -66,9 +66,10 @@ pub enum StepKind {
     },
     Processor {
         transform: Transform,
-        env: BTreeMap<String, String>,
+        env: BTreeMap<String, EnvValue>,
         partitions: u32,
         scale: Scale,
+        resources: Option<Resources>,
         start_from: StartFrom,
     },
     Sink {
@@ -545,6 +546,7 @@ fn finish(topology: &TopologySpec, checked: Checked) -> Option<Topology> {
                     env: p.env.clone(),
                     partitions: p.partitions,
                     scale: p.scale,
+                    resources: p.resources.clone(),
                     start_from: p.start_from,
                 },
                 StepDef::Unknown => return None,

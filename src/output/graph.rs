@@ -152,12 +152,16 @@ fn topology_json(topology: &Topology) -> Value {
                     env,
                     partitions,
                     scale,
+                    resources,
                     start_from,
                 } => {
                     v["transform"] = json!(transform);
                     v["env"] = json!(env);
                     v["partitions"] = json!(partitions);
                     v["scale"] = json!(scale);
+                    if let Some(resources) = resources {
+                        v["resources"] = json!(resources);
+                    }
                     v["startFrom"] = json!(start_from);
                     v["group"] = json!(topology.internal_name(id));
                     v["outputs"] = json!(topology.output_topics(id));

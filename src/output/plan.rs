@@ -87,18 +87,29 @@ pub fn describe(action: &Action) -> String {
                 }
             )
         }
-        Action::ScaleProcessor {
+        Action::UpdateProcessor {
             step,
             identity,
             scale,
+            resources,
             ..
-        } => format!(
-            "scale `{step}` ({}) in place to {}..{} replicas (lag threshold {})",
-            identity.short(),
-            scale.min,
-            scale.max,
-            scale.lag_threshold
-        ),
+        } => {
+            let resources = match resources {
+                Some(r) => format!(
+                    ", cpu {}, memory {}",
+                    r.cpu.as_deref().unwrap_or("unset"),
+                    r.memory.as_deref().unwrap_or("unset")
+                ),
+                None => String::new(),
+            };
+            format!(
+                "update `{step}` ({}) in place: {}..{} replicas (lag threshold {}){resources}",
+                identity.short(),
+                scale.min,
+                scale.max,
+                scale.lag_threshold
+            )
+        }
         Action::DrainProcessor {
             step,
             identity,

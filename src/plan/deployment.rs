@@ -186,9 +186,15 @@ impl Deployment {
                 self.internal_topics.remove(topic);
                 self.fresh_topics.remove(topic);
             }
-            Action::ScaleProcessor { group, scale, .. } => {
+            Action::UpdateProcessor {
+                group,
+                scale,
+                resources,
+                ..
+            } => {
                 if let Some(life) = self.life_mut(group) {
                     life.start.scale = *scale;
+                    life.start.resources = resources.clone();
                 }
             }
             Action::DrainProcessor { group, topics, .. } => {

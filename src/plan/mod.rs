@@ -44,7 +44,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 use crate::graph::{Identity, Kind, Topology};
-use crate::spec::{CutoverMode, Scale, Transform};
+use crate::spec::{CutoverMode, EnvValue, Resources, Scale, Transform};
 pub use deployment::{Deployment, Effect, Life, PartitionOffset, Recorded, TopicKind};
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -123,12 +123,14 @@ pub enum Action {
     /// Set the group's offsets on each input as given, then run the processor.
     #[serde(rename_all = "camelCase")]
     StartProcessor(Box<StartProcessor>),
-    /// Change the replica bounds of a running identity in place.
-    ScaleProcessor {
+    /// Change the replica bounds and resources of a running identity in place.
+    UpdateProcessor {
         step: String,
         identity: Identity,
         group: String,
         scale: Scale,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        resources: Option<Resources>,
     },
     /// Wait until the group has consumed everything on `topics` (their writers have stopped).
     DrainProcessor {
@@ -167,8 +169,10 @@ pub struct StartProcessor {
     pub outputs: Vec<String>,
     pub dlq: String,
     pub transform: Transform,
-    pub env: BTreeMap<String, String>,
+    pub env: BTreeMap<String, EnvValue>,
     pub scale: Scale,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<Resources>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

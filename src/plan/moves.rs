@@ -159,6 +159,7 @@ impl Wanted {
             transform,
             env,
             scale,
+            resources,
             start_from,
             ..
         } = &topology.step(self.id).kind
@@ -184,6 +185,7 @@ impl Wanted {
             transform: transform.clone(),
             env: env.clone(),
             scale: *scale,
+            resources: resources.clone(),
         }
     }
 }
@@ -250,14 +252,17 @@ pub fn remaining(deployment: &Deployment, target: Option<&Topology>) -> Vec<Pend
     // 1. In place.
     for wanted in &resolved.wanted {
         if let Some(k) = wanted.kept
-            && let StepKind::Processor { scale, .. } = &topology.step(wanted.id).kind
-            && lives[k].start.scale != *scale
+            && let StepKind::Processor {
+                scale, resources, ..
+            } = &topology.step(wanted.id).kind
+            && (lives[k].start.scale != *scale || lives[k].start.resources != *resources)
         {
-            out.push(ready(Action::ScaleProcessor {
+            out.push(ready(Action::UpdateProcessor {
                 step: wanted.step.clone(),
                 identity: wanted.identity,
                 group: wanted.group.clone(),
                 scale: *scale,
+                resources: resources.clone(),
             }));
         }
     }

@@ -35,6 +35,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
 
+use super::args::{Placement, plain_env, processor_args};
 use super::{Error, ProcessorSpec, ProcessorStatus, Result, Runtime};
 
 /// Set on every processor and sidecar to the runtime's `processes` directory, so that a later
@@ -48,7 +49,7 @@ pub const INSTANCE_OF_ENV: &str = "PLUMBER_LOCAL_INSTANCE";
 /// How long a process killed with SIGKILL may take to disappear before it is given up on (it
 /// can only be stuck in the kernel, e.g. on a dead network file system).
 const KILL_GRACE: Duration = Duration::from_secs(5);
-use crate::spec::Transform;
+use crate::spec::{EnvValue, Resources, Scale, Transform};
 use crate::store::write_atomically;
 
 /// Settings of the local runtime.
@@ -64,6 +65,14 @@ pub struct LocalConfig {
     /// A log larger than this is rotated (one previous file is kept), so logs take at most
     /// about twice this per instance.
     pub max_log_bytes: u64,
+    /// Where the checkouts of commits are (`<checkouts>/<commit>`): `exec` and `http`
+    /// commands run in their step's directory there.
+    pub checkouts: PathBuf,
+    /// `plumber up --secrets DIR`: the value of `secretKeyRef: { name, key }` is the file
+    /// `DIR/<name>/<key>`.
+    pub secrets: Option<PathBuf>,
+    /// `plumber up --kafka-credentials DIR`: the credentials of every cluster that has some.
+    pub kafka_credentials: Option<PathBuf>,
 }
 
 impl LocalConfig {
@@ -88,6 +97,9 @@ impl Default for LocalConfig {
             stop_timeout: Duration::from_secs(30),
             max_backoff: Duration::from_secs(30),
             max_log_bytes: 16 * 1024 * 1024,
+            checkouts: PathBuf::from("checkouts"),
+            secrets: None,
+            kafka_credentials: None,
         }
     }
 }
@@ -408,17 +420,18 @@ impl LocalRuntime {
         let processes = state_dir.join("processes");
         let logs = state_dir.join("logs");
         for dir in [&processes, &logs] {
-            fs::create_dir_all(dir).map_err(|source| Error::Record {
-                group: "-".into(),
-                path: dir.clone(),
-                source,
+            fs::create_dir_all(dir).map_err(|e| Error::Backend {
+                operation: "record processes in",
+                group: dir.display().to_string(),
+                message: e.to_string(),
+                retryable: false,
             })?;
         }
         // Canonical, as it is also the tag of this runtime's instances (`INSTANCE_ENV`).
         let processes = fs::canonicalize(&processes).unwrap_or(processes);
         let mut managed = BTreeMap::new();
         for spec in recorded_specs(&processes) {
-            let instances = (0..spec.replicas.max(1))
+            let instances = (0..instances_of(&spec))
                 .map(|index| {
                     let running = adopt(&processes, &spec.group, index);
                     if let Some(r) = &running {
@@ -466,6 +479,7 @@ impl LocalRuntime {
                 .map_err(|e| Error::Start {
                     group: "-".into(),
                     message: format!("cannot start the supervisor thread: {e}"),
+                    retryable: false,
                 })?
         };
         Ok(LocalRuntime {
@@ -500,6 +514,11 @@ impl Drop for LocalRuntime {
             let _ = supervisor.join();
         }
     }
+}
+
+/// How many instances run locally: `scale.min`, at least one (nothing scales on lag here).
+fn instances_of(spec: &ProcessorSpec) -> u32 {
+    spec.scale.min.max(1)
 }
 
 fn recorded_specs(processes: &Path) -> Vec<ProcessorSpec> {
@@ -677,7 +696,11 @@ impl Shared {
         let start_error = |message: String| Error::Start {
             group: spec.group.clone(),
             message,
+            retryable: true,
         };
+        let workdir = self.config.checkouts.join(&spec.commit).join(&spec.dir);
+        let env = self.environment(spec)?;
+        let credentials = self.credentials(spec)?;
         let log_path = self.log_path(&spec.group, index);
         let instance_of = format!("{}.{index}", spec.group);
         let log = fs::OpenOptions::new()
@@ -688,90 +711,46 @@ impl Shared {
         let stderr = log
             .try_clone()
             .map_err(|e| start_error(format!("cannot open {}: {e}", log_path.display())))?;
-        let mut command = Command::new(&self.config.processor);
-        command
-            .arg("--bootstrap")
-            .arg(&spec.bootstrap)
-            .arg("--group")
-            .arg(&spec.group)
-            .arg("--dlq")
-            .arg(&spec.dlq)
-            .arg("--instance")
-            .arg(index.to_string())
-            .arg("--log-format")
-            .arg("json");
-        for input in &spec.inputs {
-            command.arg("--input").arg(input);
-        }
-        if let Some(delivery) = spec.settings.delivery {
-            command.arg("--delivery").arg(delivery.as_str());
-        }
-        if let Some(seconds) = spec.settings.record_timeout {
-            command.arg("--record-timeout").arg(seconds.to_string());
-        }
-        for output in &spec.outputs {
-            command.arg("--output").arg(output);
-        }
         let mut sidecar = None;
-        match &spec.transform {
-            Transform::Jq { program } => {
-                command.arg("--jq").arg(program);
-                // `$ENV` in the program is the step's `env:`, and nothing else.
-                for name in spec.env.keys() {
-                    command.arg("--jq-env").arg(name);
-                }
-            }
-            Transform::Sql { query } => {
-                command.arg("--sql").arg(query);
-                for (step, topic) in &spec.input_steps {
-                    command.arg("--sql-input").arg(format!("{step}={topic}"));
-                }
-            }
-            Transform::Exec { command: argv, .. } => {
-                command.arg("--exec").arg("--").args(argv);
-            }
-            Transform::Http {
-                port,
-                path,
-                command: server,
-                ..
-            } => {
-                let port = match server {
-                    // Each instance gets its own server on a free port, given as $PORT.
-                    Some(server) => {
-                        let port =
-                            free_port().map_err(|e| start_error(format!("no free port: {e}")))?;
-                        let (program, args) = server
-                            .split_first()
-                            .ok_or_else(|| start_error("empty http command".into()))?;
-                        let child = Command::new(program)
-                            .args(args)
-                            .current_dir(&spec.workdir)
-                            .envs(&spec.env)
-                            .env("PORT", port.to_string())
-                            .env(INSTANCE_ENV, &self.processes)
-                            .env(INSTANCE_OF_ENV, &instance_of)
-                            .stdin(Stdio::null())
-                            .stdout(log.try_clone().map_err(|e| start_error(e.to_string()))?)
-                            .stderr(log.try_clone().map_err(|e| start_error(e.to_string()))?)
-                            .process_group(0)
-                            .spawn()
-                            .map_err(|e| {
-                                start_error(format!("cannot run the http server {program}: {e}"))
-                            })?;
-                        sidecar = Some(Proc::child(child));
-                        port
-                    }
-                    None => *port,
-                };
-                command
-                    .arg("--http")
-                    .arg(format!("http://127.0.0.1:{port}{path}"));
-            }
+        let mut http_port = None;
+        if let Transform::Http {
+            command: Some(server),
+            ..
+        } = &spec.transform
+        {
+            // Each instance gets its own server on a free port, given as $PORT.
+            let port = free_port().map_err(|e| start_error(format!("no free port: {e}")))?;
+            let (program, args) = server
+                .split_first()
+                .ok_or_else(|| start_error("empty http command".into()))?;
+            let child = Command::new(program)
+                .args(args)
+                .current_dir(&workdir)
+                .envs(&env)
+                .env("PORT", port.to_string())
+                .env(INSTANCE_ENV, &self.processes)
+                .env(INSTANCE_OF_ENV, &instance_of)
+                .stdin(Stdio::null())
+                .stdout(log.try_clone().map_err(|e| start_error(e.to_string()))?)
+                .stderr(log.try_clone().map_err(|e| start_error(e.to_string()))?)
+                .process_group(0)
+                .spawn()
+                .map_err(|e| start_error(format!("cannot run the http server {program}: {e}")))?;
+            sidecar = Some(Proc::child(child));
+            http_port = Some(port);
         }
+        let index_name = index.to_string();
+        let placement = Placement {
+            instance: Some(&index_name),
+            http_port,
+            credentials,
+            metrics: None,
+        };
+        let mut command = Command::new(&self.config.processor);
+        command.args(processor_args(spec, &placement));
         let processor = command
-            .current_dir(&spec.workdir)
-            .envs(&spec.env)
+            .current_dir(&workdir)
+            .envs(&env)
             .env(INSTANCE_ENV, &self.processes)
             .env(INSTANCE_OF_ENV, &instance_of)
             .stdin(Stdio::null())
@@ -826,9 +805,12 @@ impl Shared {
             let _ = fs::remove_file(pid_file(&self.processes, &m.spec.group, instance.index));
         }
         if killed {
-            return Err(Error::StopTimeout {
+            return Err(Error::Stop {
                 group: m.spec.group.clone(),
-                seconds: self.config.stop_timeout.as_secs(),
+                message: format!(
+                    "its instances did not exit within {} s of SIGTERM and were killed",
+                    self.config.stop_timeout.as_secs()
+                ),
             });
         }
         Ok(())
@@ -836,16 +818,62 @@ impl Shared {
 
     fn record(&self, spec: &ProcessorSpec) -> Result<()> {
         let path = self.processes.join(format!("{}.json", spec.group));
-        let bytes = serde_json::to_vec_pretty(spec).map_err(|e| Error::Record {
+        let failed = |message: String| Error::Backend {
+            operation: "record",
             group: spec.group.clone(),
-            path: path.clone(),
-            source: std::io::Error::other(e),
-        })?;
-        write_atomically(&path, &bytes).map_err(|e| Error::Record {
-            group: spec.group.clone(),
-            path,
-            source: std::io::Error::other(e),
-        })
+            message: format!("{}: {message}", path.display()),
+            retryable: true,
+        };
+        let bytes = serde_json::to_vec_pretty(spec).map_err(|e| failed(e.to_string()))?;
+        write_atomically(&path, &bytes).map_err(|e| failed(e.to_string()))
+    }
+
+    /// The credentials directory for the processor's cluster, if it has credentials.
+    fn credentials(&self, spec: &ProcessorSpec) -> Result<Option<&Path>> {
+        match (&spec.cluster.credentials, &self.config.kafka_credentials) {
+            (None, _) => Ok(None),
+            (Some(_), Some(dir)) => Ok(Some(dir.as_path())),
+            (Some(secret), None) => Err(Error::Start {
+                group: spec.group.clone(),
+                message: format!(
+                    "its cluster takes its credentials from `{secret}`: give them to \
+                     `plumber up --kafka-credentials DIR`, one file per property"
+                ),
+                retryable: false,
+            }),
+        }
+    }
+
+    /// The step's `env:` with its secret references read from `--secrets DIR`.
+    fn environment(&self, spec: &ProcessorSpec) -> Result<BTreeMap<String, String>> {
+        let mut env: BTreeMap<String, String> = plain_env(spec)
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect();
+        for (name, value) in &spec.env {
+            let EnvValue::Secret { secret_key_ref } = value else {
+                continue;
+            };
+            let missing = |message: String| Error::Start {
+                group: spec.group.clone(),
+                message,
+                // Creating the file fixes it; no commit needed.
+                retryable: true,
+            };
+            let Some(dir) = &self.config.secrets else {
+                return Err(missing(format!(
+                    "`{name}` comes from secret `{}`: give `plumber up --secrets DIR` with \
+                     the file DIR/{}/{}",
+                    secret_key_ref.name, secret_key_ref.name, secret_key_ref.key
+                )));
+            };
+            let path = dir.join(&secret_key_ref.name).join(&secret_key_ref.key);
+            let value = fs::read_to_string(&path)
+                .map_err(|e| missing(format!("`{name}` comes from {}: {e}", path.display())))?;
+            let value = value.strip_suffix('\n').unwrap_or(&value);
+            env.insert(name.clone(), value.to_owned());
+        }
+        Ok(env)
     }
 }
 
@@ -865,12 +893,17 @@ impl Runtime for LocalRuntime {
             return Err(Error::Start {
                 group: spec.group.clone(),
                 message: "another identity runs under this group name".into(),
+                retryable: false,
             });
         }
+        // What every instance needs is checked here, so the engine sees (and status shows)
+        // why a processor cannot start, instead of instances failing in the background.
+        self.shared.environment(spec)?;
+        self.shared.credentials(spec)?;
         self.shared.record(spec)?;
         let mut m = Managed {
             spec: spec.clone(),
-            instances: (0..spec.replicas.max(1))
+            instances: (0..instances_of(spec))
                 .map(|index| Instance {
                     index,
                     running: None,
@@ -912,16 +945,18 @@ impl Runtime for LocalRuntime {
         Ok(())
     }
 
-    fn scale(&self, group: &str, replicas: u32) -> Result<()> {
-        let replicas = replicas.max(1);
+    fn update(&self, group: &str, scale: &Scale, resources: Option<&Resources>) -> Result<()> {
         let mut removed = Vec::new();
         {
             let mut managed = self.shared.managed();
             let Some(m) = managed.get_mut(group) else {
                 return Ok(());
             };
-            m.spec.replicas = replicas;
+            // Resources mean nothing to local processes; they are kept for the record.
+            m.spec.scale = *scale;
+            m.spec.resources = resources.cloned();
             self.shared.record(&m.spec)?;
+            let replicas = instances_of(&m.spec);
             while m.instances.len() as u32 > replicas {
                 if let Some(instance) = m.instances.pop() {
                     removed.push(instance);
@@ -962,10 +997,10 @@ impl Runtime for LocalRuntime {
                 step: m.spec.step.clone(),
                 identity: m.spec.identity.to_string(),
                 group: m.spec.group.clone(),
-                replicas: m.spec.replicas.max(1),
+                replicas: instances_of(&m.spec),
                 running: m.instances.iter().filter(|i| i.running.is_some()).count() as u32,
                 restarts: m.restarts,
-                commit: m.spec.commit.clone(),
+                commit: Some(m.spec.commit.clone()),
             })
             .collect())
     }

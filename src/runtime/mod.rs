@@ -5,29 +5,50 @@
 //! directory, Kubernetes in its Deployments), so a restarted daemon finds running processors
 //! as they were and never starts a second copy of one.
 
+pub mod args;
 pub mod local;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
 use crate::graph::Identity;
-use crate::spec::Transform;
+use crate::spec::{ClusterSpec, EnvValue, Resources, Scale, Transform};
 
+/// Why a runtime could not do what the engine asked. Every error names the group; whether
+/// trying again can help is part of it ([`Error::is_retryable`]).
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// The processor cannot be started as specified (a missing secret, an image the runtime
+    /// refuses, …).
     #[error("cannot start {group}: {message}")]
-    Start { group: String, message: String },
-    #[error("{group} did not stop within {seconds} s")]
-    StopTimeout { group: String, seconds: u64 },
-    #[error("cannot record {group} in {path}: {source}")]
-    Record {
+    Start {
         group: String,
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        message: String,
+        retryable: bool,
     },
+    /// Its instances did not exit in time, or the runtime could not tell.
+    #[error("cannot stop {group}: {message}")]
+    Stop { group: String, message: String },
+    /// Where the runtime keeps what should run (the state directory, the Kubernetes API)
+    /// refused or could not be reached.
+    #[error("cannot {operation} {group}: {message}")]
+    Backend {
+        operation: &'static str,
+        group: String,
+        message: String,
+        retryable: bool,
+    },
+}
+
+impl Error {
+    /// Whether the same call can succeed later without a change to the repository.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Error::Start { retryable, .. } | Error::Backend { retryable, .. } => *retryable,
+            Error::Stop { .. } => true,
+        }
+    }
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -67,7 +88,38 @@ impl Delivery {
 /// `max_record_seconds` when it starts).
 pub const RECORD_OVERHEAD: std::time::Duration = std::time::Duration::from_secs(22);
 
-/// One processor identity to run, with everything needed to run it.
+/// The Kafka cluster a processor runs on, as every runtime hands it to the processor.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Cluster {
+    pub bootstrap: String,
+    /// librdkafka settings from `plumber.yaml` (never secrets).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub properties: BTreeMap<String, String>,
+    /// The Secret (locally: the directory) the cluster's credentials come from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials: Option<String>,
+}
+
+impl Cluster {
+    pub fn of(spec: &ClusterSpec) -> Cluster {
+        Cluster {
+            bootstrap: spec.bootstrap.clone(),
+            properties: spec.properties.clone(),
+            credentials: spec.credentials.clone(),
+        }
+    }
+
+    /// A cluster reached at `bootstrap` with no other settings.
+    pub fn at(bootstrap: impl Into<String>) -> Cluster {
+        Cluster::of(&ClusterSpec::at(bootstrap))
+    }
+}
+
+/// One processor identity to run, with everything needed to run it, on any runtime. How
+/// many instances run within `scale`, and where a step's files come from, is each runtime's
+/// business (the local one runs `scale.min` instances in a checkout of `commit`; Kubernetes
+/// leaves the count to KEDA and runs images).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ProcessorSpec {
@@ -76,7 +128,7 @@ pub struct ProcessorSpec {
     pub identity: Identity,
     /// Consumer group, also the processor's name in the runtime.
     pub group: String,
-    pub bootstrap: String,
+    pub cluster: Cluster,
     pub inputs: Vec<String>,
     /// The topic of each input step, by step name: a `sql` step's query of several SELECTs
     /// runs each on the records of the input its FROM names. Empty for other transforms.
@@ -85,16 +137,17 @@ pub struct ProcessorSpec {
     pub outputs: Vec<String>,
     pub dlq: String,
     pub transform: Transform,
-    pub env: BTreeMap<String, String>,
-    pub replicas: u32,
-    /// The commit it was started from (its checkout must stay while it runs).
-    #[serde(default)]
-    pub commit: Option<String>,
+    pub env: BTreeMap<String, EnvValue>,
+    pub scale: Scale,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<Resources>,
+    /// The commit it was started from.
+    pub commit: String,
+    /// The directory of the step's file, relative to the repository's root: `exec` and
+    /// `http` commands run there.
+    pub dir: String,
     #[serde(default)]
     pub settings: Settings,
-    /// The directory of the step's file in a checkout of its commit: `exec` and `http`
-    /// commands run there.
-    pub workdir: PathBuf,
 }
 
 /// What a runtime observes about one processor.
@@ -112,17 +165,20 @@ pub struct ProcessorStatus {
     pub commit: Option<String>,
 }
 
+/// Calls block until done (the engine runs one action at a time on its own thread); a
+/// runtime built on an async client runs it on its own executor, as `kafka::KafkaAdmin`
+/// does.
 pub trait Runtime: Send + Sync {
-    /// Runs `spec.replicas` instances of the processor (at least one); does nothing for those
-    /// already running. Returns once the instances are started, not once they consume.
+    /// Runs the processor; does nothing if it already runs. Returns once it is started, not
+    /// once it consumes.
     fn start(&self, spec: &ProcessorSpec) -> Result<()>;
     /// Stops every instance gracefully (SIGTERM: finish, flush, commit) and returns once all
     /// have exited. Stopping a processor that does not run is not an error.
     fn stop(&self, group: &str) -> Result<()>;
     /// Stops every instance gracefully and starts them again with the same spec.
     fn restart(&self, group: &str) -> Result<()>;
-    /// Changes the number of instances of a running processor.
-    fn scale(&self, group: &str, replicas: u32) -> Result<()>;
+    /// Changes the scale bounds and resources of a running processor in place.
+    fn update(&self, group: &str, scale: &Scale, resources: Option<&Resources>) -> Result<()>;
     /// Every processor the runtime runs, by group.
     fn processors(&self) -> Result<Vec<ProcessorStatus>>;
 }

@@ -83,9 +83,7 @@ impl Default for RepoSettings {
         RepoSettings {
             clusters: BTreeMap::from([(
                 DEFAULT_CLUSTER.to_owned(),
-                ClusterSpec {
-                    bootstrap: "localhost:9092".into(),
-                },
+                ClusterSpec::at("localhost:9092"),
             )]),
             defaults: Defaults::default(),
         }
@@ -95,6 +93,25 @@ impl Default for RepoSettings {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ClusterSpec {
     pub bootstrap: String,
+    /// librdkafka settings of every client on this cluster (never secrets: those come from
+    /// `credentials`).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub properties: BTreeMap<String, String>,
+    /// Where the secret settings come from: a Kubernetes Secret of that name, or locally the
+    /// directory of `plumber up --kafka-credentials`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub credentials: Option<String>,
+}
+
+impl ClusterSpec {
+    /// A cluster reached at `bootstrap` with no other settings.
+    pub fn at(bootstrap: impl Into<String>) -> ClusterSpec {
+        ClusterSpec {
+            bootstrap: bootstrap.into(),
+            properties: BTreeMap::new(),
+            credentials: None,
+        }
+    }
 }
 
 /// The cluster every endpoint uses unless it names another.
@@ -189,11 +206,43 @@ pub struct ProcessorSpec {
     pub inputs: Vec<Located<String>>,
     /// `None` only when the file has a `transform-count` error.
     pub transform: Option<Transform>,
-    pub env: BTreeMap<String, String>,
+    pub env: BTreeMap<String, EnvValue>,
     /// After defaults of `topology.yaml` and `plumber.yaml` are applied.
     pub scale: Scale,
+    pub resources: Option<Resources>,
     pub partitions: u32,
     pub start_from: StartFrom,
+}
+
+/// The value of a step's environment variable (SPEC §2).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum EnvValue {
+    /// Written in the step file.
+    Value(String),
+    /// Read where the processor runs: a key of a Kubernetes Secret, or locally the file
+    /// `DIR/<name>/<key>` of `plumber up --secrets DIR`. The value never enters Git, plans or
+    /// identities; the reference does.
+    Secret {
+        #[serde(rename = "secretKeyRef")]
+        secret_key_ref: SecretRef,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct SecretRef {
+    pub name: String,
+    pub key: String,
+}
+
+/// CPU and memory of a step's containers: requests, and the memory limit (SPEC §2). Values
+/// are Kubernetes quantities (`500m`, `256Mi`), checked when the file is read.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Resources {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]

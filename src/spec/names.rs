@@ -101,6 +101,61 @@ pub fn env_name_problem(name: &str) -> Option<String> {
     None
 }
 
+/// Kubernetes Secret names (DNS-1123 subdomains): `secretKeyRef.name`, `credentials.secret`.
+pub fn secret_name_problem(name: &str) -> Option<String> {
+    let valid = !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        });
+    (!valid).then(|| {
+        format!(
+            "`{name}` is not a Secret name (lowercase letters, digits, `-` and `.`, at most 253 \
+             characters, starting and ending with a letter or digit)"
+        )
+    })
+}
+
+/// Keys of a Secret's data (`secretKeyRef.key`); locally also a file name, so never a path.
+pub fn secret_key_problem(key: &str) -> Option<String> {
+    let valid = !key.is_empty()
+        && key.len() <= 253
+        && key != "."
+        && key != ".."
+        && key
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    (!valid).then(|| {
+        format!("`{key}` is not a Secret key (letters, digits, `-`, `_` and `.`, not `.` or `..`)")
+    })
+}
+
+/// Kubernetes quantities as `resources` takes them: a decimal number with an optional
+/// suffix (`500m`, `0.5`, `256Mi`, `1G`).
+pub fn quantity_problem(quantity: &str) -> Option<String> {
+    const SUFFIXES: [&str; 14] = [
+        "", "m", "k", "M", "G", "T", "P", "E", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei",
+    ];
+    let digits_end = quantity
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(quantity.len());
+    let (number, suffix) = quantity.split_at(digits_end);
+    let number_ok = !number.is_empty()
+        && number.matches('.').count() <= 1
+        && number.chars().any(|c| c.is_ascii_digit());
+    (!(number_ok && SUFFIXES.contains(&suffix))).then(|| {
+        format!(
+            "`{quantity}` is not a Kubernetes quantity (a number with an optional suffix, \
+             e.g. `500m` CPU or `256Mi` memory)"
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -124,6 +179,26 @@ mod tests {
         }
         for bad in ["", ".", "..", "a b", "a/b", "plumber.x", &"t".repeat(250)] {
             assert!(topic_problem(bad).is_some(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn secret_names_keys_and_quantities() {
+        assert_eq!(secret_name_problem("kafka-user"), None);
+        assert_eq!(secret_name_problem("a.b-1"), None);
+        for bad in ["", "Kafka", "a_b", "-a", "a..b", "a."] {
+            assert!(secret_name_problem(bad).is_some(), "{bad}");
+        }
+        assert_eq!(secret_key_problem("api-key"), None);
+        assert_eq!(secret_key_problem("tls.crt"), None);
+        for bad in ["", ".", "..", "a/b", "a b"] {
+            assert!(secret_key_problem(bad).is_some(), "{bad}");
+        }
+        for ok in ["500m", "1", "0.5", "256Mi", "1G", "2Gi"] {
+            assert_eq!(quantity_problem(ok), None, "{ok}");
+        }
+        for bad in ["", "m", "1.2.3", "256MB", "-1", "1 Gi", "lots"] {
+            assert!(quantity_problem(bad).is_some(), "{bad}");
         }
     }
 

@@ -39,7 +39,11 @@ pub(super) fn repo_settings(file: &SourceFile, diagnostics: &mut Vec<Diagnostic>
             else {
                 continue;
             };
-            spec.reject_unknown(&["bootstrap"], "a cluster", report);
+            spec.reject_unknown(
+                &["bootstrap", "properties", "credentials"],
+                "a cluster",
+                report,
+            );
             let Some(entry) = spec.get("bootstrap") else {
                 report.error(
                     Code::MissingField,
@@ -48,12 +52,17 @@ pub(super) fn repo_settings(file: &SourceFile, diagnostics: &mut Vec<Diagnostic>
                 );
                 continue;
             };
-            if let Some(bootstrap) = fields::string(entry, report) {
-                let spec = ClusterSpec {
-                    bootstrap: bootstrap.value,
-                };
-                settings.clusters.insert(cluster.key.clone(), spec);
+            let Some(bootstrap) = fields::string(entry, report) else {
+                continue;
+            };
+            let mut out = ClusterSpec::at(bootstrap.value);
+            if let Some(entry) = spec.get("properties") {
+                out.properties = properties(entry, report);
             }
+            if let Some(entry) = spec.get("credentials") {
+                out.credentials = credentials(entry, report);
+            }
+            settings.clusters.insert(cluster.key.clone(), out);
         }
     }
     settings
@@ -179,6 +188,95 @@ fn topic_config(
         }
         config.insert(setting.key.clone(), value.value);
     }
+}
+
+/// Settings Plumber decides itself for every client; a cluster's `properties` cannot change them.
+const RESERVED_PROPERTIES: [&str; 9] = [
+    "bootstrap.servers",
+    "group.id",
+    "group.instance.id",
+    "enable.auto.commit",
+    "enable.auto.offset.store",
+    "auto.offset.reset",
+    "isolation.level",
+    "transactional.id",
+    "enable.idempotence",
+];
+
+/// A property whose value is a secret, or names a file only the runtime can provide.
+fn is_credential_property(key: &str) -> bool {
+    key.contains("password")
+        || key.contains("secret")
+        || key == "sasl.username"
+        || key == "sasl.jaas.config"
+        || key == "sasl.oauthbearer.config"
+        || key.ends_with(".pem")
+        || key.ends_with(".location")
+}
+
+/// `properties:` of a cluster: librdkafka settings as strings, never secrets.
+fn properties(entry: &super::yaml::Entry, report: &mut Report) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    let Some(props) = Fields::of(&entry.value, "`properties`", entry.key_pos, report) else {
+        return out;
+    };
+    for prop in props.entries {
+        let key = prop.key.as_str();
+        if RESERVED_PROPERTIES.contains(&key) {
+            report.error(
+                Code::InvalidValue,
+                prop.key_pos,
+                format!("`{key}` is set by Plumber itself; remove it from `properties`"),
+            );
+            continue;
+        }
+        if is_credential_property(key) {
+            report.error(
+                Code::InvalidValue,
+                prop.key_pos,
+                format!(
+                    "`{key}` is a credential and never lives in Git: put it in the Secret \
+                     named by the cluster's `credentials` (locally: a file `{key}` in the \
+                     directory of `plumber up --kafka-credentials`)"
+                ),
+            );
+            continue;
+        }
+        match &prop.value.value {
+            super::yaml::Value::Scalar(s) if !s.is_null() => {
+                out.insert(key.to_owned(), s.text.clone());
+            }
+            _ => report.error(
+                Code::InvalidValue,
+                prop.key_pos,
+                format!(
+                    "property `{key}` must be a string, found {}",
+                    prop.value.type_name()
+                ),
+            ),
+        }
+    }
+    out
+}
+
+/// `credentials: { secret: NAME }` of a cluster.
+fn credentials(entry: &super::yaml::Entry, report: &mut Report) -> Option<String> {
+    let fields = Fields::of(&entry.value, "`credentials`", entry.key_pos, report)?;
+    fields.reject_unknown(&["secret"], "`credentials`", report);
+    let Some(secret) = fields.get("secret") else {
+        report.error(
+            Code::MissingField,
+            entry.key_pos,
+            "`credentials` needs `secret: NAME` (the Secret holding the cluster's credentials)",
+        );
+        return None;
+    };
+    let name = fields::string(secret, report)?;
+    if let Some(problem) = super::names::secret_name_problem(&name.value) {
+        report.error(Code::InvalidValue, name.pos, problem);
+        return None;
+    }
+    Some(name.value)
 }
 
 pub(super) fn partitions(entry: &super::yaml::Entry, report: &mut Report) -> Option<u32> {

@@ -6,8 +6,8 @@ use super::fields::{self, Fields, Located, Report};
 use super::settings;
 use super::yaml::{Node, Pos, Value};
 use super::{
-    ClusterSpec, DEFAULT_CLUSTER, Defaults, Endpoint, ProcessorSpec, SourceFile, StartFrom,
-    StepDef, StepSpec, Transform, names,
+    ClusterSpec, DEFAULT_CLUSTER, Defaults, Endpoint, EnvValue, ProcessorSpec, Resources,
+    SecretRef, SourceFile, StartFrom, StepDef, StepSpec, Transform, names,
 };
 use crate::diagnostic::{Code, Diagnostic};
 
@@ -26,13 +26,14 @@ pub(super) struct JqProgram {
 const COMMON: [&str; 3] = ["kind", "description", "owner"];
 const SOURCE_FIELDS: [&str; 2] = ["topic", "cluster"];
 const SINK_FIELDS: [&str; 3] = ["topic", "cluster", "input"];
-const PROCESSOR_FIELDS: [&str; 9] = [
+const PROCESSOR_FIELDS: [&str; 10] = [
     "input",
     "jq",
     "sql",
     "exec",
     "http",
     "env",
+    "resources",
     "scale",
     "partitions",
     "startFrom",
@@ -288,6 +289,7 @@ fn processor(
         scale: fields.get("scale").map_or(defaults.scale, |e| {
             settings::scale(e, defaults.scale, report)
         }),
+        resources: fields.get("resources").and_then(|e| resources(e, report)),
         partitions: fields
             .get("partitions")
             .and_then(|e| settings::partitions(e, report))
@@ -440,7 +442,7 @@ fn command(
     Some(command)
 }
 
-fn env(entry: &super::yaml::Entry, report: &mut Report) -> BTreeMap<String, String> {
+fn env(entry: &super::yaml::Entry, report: &mut Report) -> BTreeMap<String, EnvValue> {
     let mut out = BTreeMap::new();
     let Some(vars) = Fields::of(&entry.value, "`env`", entry.key_pos, report) else {
         return out;
@@ -451,13 +453,23 @@ fn env(entry: &super::yaml::Entry, report: &mut Report) -> BTreeMap<String, Stri
             continue;
         }
         if let Some(value) = env_value(&var.value) {
-            out.insert(var.key.clone(), value);
+            out.insert(var.key.clone(), EnvValue::Value(value));
+        } else if let Value::Mapping(_) = &var.value.value {
+            if let Some(secret) = secret_ref(var, report) {
+                out.insert(
+                    var.key.clone(),
+                    EnvValue::Secret {
+                        secret_key_ref: secret,
+                    },
+                );
+            }
         } else {
             report.error(
                 Code::InvalidValue,
                 var.key_pos,
                 format!(
-                    "environment variable `{}` must be a string, found {}",
+                    "environment variable `{}` must be a string or \
+                     `{{ secretKeyRef: {{ name: SECRET, key: KEY }} }}`, found {}",
                     var.key,
                     var.value.type_name()
                 ),
@@ -465,6 +477,64 @@ fn env(entry: &super::yaml::Entry, report: &mut Report) -> BTreeMap<String, Stri
         }
     }
     out
+}
+
+/// `NAME: { secretKeyRef: { name: SECRET, key: KEY } }` in `env`.
+fn secret_ref(var: &super::yaml::Entry, report: &mut Report) -> Option<SecretRef> {
+    let what = format!("environment variable `{}`", var.key);
+    let outer = Fields::of(&var.value, &what, var.key_pos, report)?;
+    outer.reject_unknown(&["secretKeyRef"], &what, report);
+    let Some(inner) = outer.get("secretKeyRef") else {
+        report.error(
+            Code::MissingField,
+            var.key_pos,
+            format!(
+                "{what} must be a string or `{{ secretKeyRef: {{ name: SECRET, key: KEY }} }}`"
+            ),
+        );
+        return None;
+    };
+    let fields = Fields::of(&inner.value, "`secretKeyRef`", inner.key_pos, report)?;
+    fields.reject_unknown(&["name", "key"], "`secretKeyRef`", report);
+    let mut part = |field: &str, problem: fn(&str) -> Option<String>| {
+        let Some(entry) = fields.get(field) else {
+            report.error(
+                Code::MissingField,
+                inner.key_pos,
+                format!("`secretKeyRef` of {what} needs `{field}`"),
+            );
+            return None;
+        };
+        let value = fields::string(entry, report)?;
+        if let Some(problem) = problem(&value.value) {
+            report.error(Code::InvalidValue, value.pos, problem);
+            return None;
+        }
+        Some(value.value)
+    };
+    let name = part("name", names::secret_name_problem);
+    let key = part("key", names::secret_key_problem);
+    Some(SecretRef {
+        name: name?,
+        key: key?,
+    })
+}
+
+/// `resources: { cpu: 500m, memory: 256Mi }`.
+fn resources(entry: &super::yaml::Entry, report: &mut Report) -> Option<Resources> {
+    let fields = Fields::of(&entry.value, "`resources`", entry.key_pos, report)?;
+    fields.reject_unknown(&["cpu", "memory"], "`resources`", report);
+    let mut quantity = |field: &str| {
+        let value = fields::string(fields.get(field)?, report)?;
+        if let Some(problem) = names::quantity_problem(&value.value) {
+            report.error(Code::InvalidValue, value.pos, problem);
+            return None;
+        }
+        Some(value.value)
+    };
+    let cpu = quantity("cpu");
+    let memory = quantity("memory");
+    (cpu.is_some() || memory.is_some()).then_some(Resources { cpu, memory })
 }
 
 /// Scalars as written (`N: 5` is "5"); null, lists and mappings are not values.

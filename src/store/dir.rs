@@ -46,6 +46,11 @@ impl StateDir {
         &self.root
     }
 
+    /// Where the checkouts of commits are, one directory per commit.
+    pub fn checkouts(&self) -> PathBuf {
+        checkouts_dir(&self.root)
+    }
+
     /// Takes the directory for this process until the lock is dropped (or the process dies):
     /// two daemons on one state directory would both adopt and restart the same processors.
     pub fn lock(&self) -> Result<StateLock> {
@@ -294,6 +299,11 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
     fs::File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(write_error)
+}
+
+/// The checkouts of the state directory at `root` (see [`StateDir::checkouts`]).
+pub fn checkouts_dir(root: &Path) -> PathBuf {
+    root.join("checkouts")
 }
 
 #[cfg(test)]

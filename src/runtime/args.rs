@@ -1,0 +1,271 @@
+//! The processor's command line, built once for every runtime: what a local process is
+//! started with is what a pod's container runs (SPEC §5).
+//!
+//! Only where the processor runs differs between runtimes, and that is a [`Placement`]: the
+//! instance name, how it reaches an `http` step's server, where the cluster's credentials
+//! are mounted and where it serves `/metrics` and `/healthz`.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use super::ProcessorSpec;
+use crate::spec::{EnvValue, Transform};
+
+/// Where one instance of a processor runs.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Placement<'a> {
+    /// The instance's name in logs, metrics and its transactional id; `None` leaves it to
+    /// `PLUMBER_INSTANCE` (a pod's name, from the downward API).
+    pub instance: Option<&'a str>,
+    /// The port an `http` step's server listens on beside the processor (default: the
+    /// step's `port`; the local runtime picks a free one per instance).
+    pub http_port: Option<u16>,
+    /// The directory holding the cluster's credentials, one file per librdkafka property.
+    pub credentials: Option<&'a Path>,
+    /// Where the processor serves `/metrics` and `/healthz`.
+    pub metrics: Option<&'a str>,
+}
+
+/// The arguments of `plumber-processor` (without the program name).
+pub fn processor_args(spec: &ProcessorSpec, placement: &Placement<'_>) -> Vec<String> {
+    let mut args = Vec::new();
+    let mut flag = |name: &str, value: &str| {
+        args.push(format!("--{name}"));
+        args.push(value.to_owned());
+    };
+    flag("bootstrap", &spec.cluster.bootstrap);
+    flag("group", &spec.group);
+    flag("dlq", &spec.dlq);
+    if let Some(instance) = placement.instance {
+        flag("instance", instance);
+    }
+    flag("log-format", "json");
+    for input in &spec.inputs {
+        flag("input", input);
+    }
+    for output in &spec.outputs {
+        flag("output", output);
+    }
+    if let Some(delivery) = spec.settings.delivery {
+        flag("delivery", delivery.as_str());
+    }
+    if let Some(seconds) = spec.settings.record_timeout {
+        flag("record-timeout", &seconds.to_string());
+    }
+    for (key, value) in &spec.cluster.properties {
+        flag("kafka", &format!("{key}={value}"));
+    }
+    if let Some(dir) = placement.credentials {
+        flag("kafka-credentials", &dir.display().to_string());
+    }
+    if let Some(metrics) = placement.metrics {
+        flag("metrics", metrics);
+    }
+    match &spec.transform {
+        Transform::Jq { program } => {
+            flag("jq", program);
+            // `$ENV` in the program is the step's `env:`, and nothing else.
+            for name in spec.env.keys() {
+                flag("jq-env", name);
+            }
+        }
+        Transform::Sql { query } => {
+            flag("sql", query);
+            for (step, topic) in &spec.input_steps {
+                flag("sql-input", &format!("{step}={topic}"));
+            }
+        }
+        Transform::Http { port, path, .. } => {
+            let port = placement.http_port.unwrap_or(*port);
+            flag("http", &format!("http://127.0.0.1:{port}{path}"));
+        }
+        Transform::Exec { command, .. } => {
+            args.push("--exec".into());
+            args.push("--".into());
+            args.extend(command.iter().cloned());
+        }
+    }
+    args
+}
+
+/// The step's environment variables with values written in the file; secret references are
+/// the runtime's to resolve (a file locally, `secretKeyRef` in a pod).
+pub fn plain_env(spec: &ProcessorSpec) -> BTreeMap<&str, &str> {
+    spec.env
+        .iter()
+        .filter_map(|(name, value)| match value {
+            EnvValue::Value(value) => Some((name.as_str(), value.as_str())),
+            EnvValue::Secret { .. } => None,
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use clap::Parser;
+    use plumber_processor::config::{Args, Config, DeliveryChoice, TransformSpec};
+
+    use super::*;
+    use crate::runtime::{Cluster, Delivery, Settings};
+    use crate::spec::{Scale, SecretRef};
+
+    fn spec(transform: Transform) -> ProcessorSpec {
+        ProcessorSpec {
+            topology: "t".into(),
+            step: "s".into(),
+            identity: "ab".repeat(32).parse().unwrap(),
+            group: "plumber.t.s.abababababab.2".into(),
+            cluster: Cluster {
+                bootstrap: "k1:9092,k2:9092".into(),
+                properties: BTreeMap::from([
+                    ("security.protocol".into(), "SASL_SSL".into()),
+                    ("sasl.mechanism".into(), "SCRAM-SHA-512".into()),
+                ]),
+                credentials: Some("kafka-user".into()),
+            },
+            inputs: vec!["a".into(), "plumber.t.up.cdcdcdcdcdcd".into()],
+            input_steps: BTreeMap::from([
+                ("raw".into(), "a".into()),
+                ("up".into(), "plumber.t.up.cdcdcdcdcdcd".into()),
+            ]),
+            outputs: vec!["plumber.t.s.abababababab.2".into(), "sink".into()],
+            dlq: "plumber.t.s.dlq".into(),
+            transform,
+            env: BTreeMap::from([
+                ("MODEL".into(), EnvValue::Value("v3 --jq x".into())),
+                (
+                    "API_KEY".into(),
+                    EnvValue::Secret {
+                        secret_key_ref: SecretRef {
+                            name: "scoring".into(),
+                            key: "api-key".into(),
+                        },
+                    },
+                ),
+            ]),
+            scale: Scale {
+                min: 0,
+                max: 3,
+                lag_threshold: 10,
+            },
+            resources: None,
+            commit: "c0ffee".into(),
+            dir: "topologies/t/steps".into(),
+            settings: Settings {
+                delivery: Some(Delivery::ExactlyOnce),
+                record_timeout: Some(7),
+            },
+        }
+    }
+
+    /// What the processor itself makes of the arguments: the test that what a runtime
+    /// renders is what `plumber-processor` runs.
+    fn parsed(spec: &ProcessorSpec, placement: &Placement<'_>) -> Config {
+        let mut argv = vec!["plumber-processor".to_owned()];
+        argv.extend(processor_args(spec, placement));
+        let args = Args::try_parse_from(&argv).unwrap_or_else(|e| panic!("{argv:?}: {e}"));
+        Config::try_from(args).unwrap_or_else(|e| panic!("{argv:?}: {e}"))
+    }
+
+    #[test]
+    fn every_setting_reaches_the_processor_as_it_parses_them() {
+        let credentials = PathBuf::from("/etc/plumber/kafka");
+        let sql = spec(Transform::Sql {
+            query: "SELECT * FROM raw UNION ALL SELECT * FROM up".into(),
+        });
+        let placement = Placement {
+            instance: Some("3"),
+            metrics: Some("0.0.0.0:9400"),
+            ..Placement::default()
+        };
+        let config = parsed(&sql, &placement);
+        assert_eq!(config.bootstrap, "k1:9092,k2:9092");
+        assert_eq!(config.group, sql.group);
+        assert_eq!(config.inputs, sql.inputs);
+        assert_eq!(config.outputs, sql.outputs);
+        assert_eq!(config.dlq.as_deref(), Some("plumber.t.s.dlq"));
+        assert_eq!(config.instance, "3");
+        assert_eq!(config.delivery, DeliveryChoice::ExactlyOnce);
+        assert_eq!(config.record_timeout.as_secs(), 7);
+        assert_eq!(config.metrics.map(|a| a.port()), Some(9400));
+        assert!(
+            config
+                .kafka
+                .contains(&("security.protocol".into(), "SASL_SSL".into()))
+        );
+        assert_eq!(
+            config.transform,
+            TransformSpec::Sql {
+                query: "SELECT * FROM raw UNION ALL SELECT * FROM up".into(),
+                inputs: vec![
+                    ("raw".into(), "a".into()),
+                    ("up".into(), "plumber.t.up.cdcdcdcdcdcd".into())
+                ],
+            }
+        );
+        // Only where the credentials are, never what they are, is on the command line.
+        let with_credentials = processor_args(
+            &sql,
+            &Placement {
+                credentials: Some(&credentials),
+                ..placement
+            },
+        );
+        let joined = with_credentials.join(" ");
+        assert!(
+            joined.contains("--kafka-credentials /etc/plumber/kafka"),
+            "{joined}"
+        );
+    }
+
+    #[test]
+    fn jq_sees_the_names_of_the_steps_env_and_values_stay_out_of_the_arguments() {
+        let jq = spec(Transform::Jq {
+            program: ".v = $ENV.MODEL".into(),
+        });
+        let config = parsed(&jq, &Placement::default());
+        assert_eq!(
+            config.transform,
+            TransformSpec::Jq(".v = $ENV.MODEL".into())
+        );
+        assert_eq!(
+            config.jq_env,
+            vec!["API_KEY".to_owned(), "MODEL".to_owned()]
+        );
+        let args = processor_args(&jq, &Placement::default()).join(" ");
+        assert!(!args.contains("v3 --jq x"), "{args}");
+        assert_eq!(plain_env(&jq), BTreeMap::from([("MODEL", "v3 --jq x")]));
+    }
+
+    #[test]
+    fn exec_and_http_commands_pass_through_untouched() {
+        let exec = spec(Transform::Exec {
+            command: vec!["python3".into(), "--output".into(), "x.py".into()],
+            image: None,
+        });
+        assert_eq!(
+            parsed(&exec, &Placement::default()).transform,
+            TransformSpec::Exec(vec!["python3".into(), "--output".into(), "x.py".into()])
+        );
+        let http = spec(Transform::Http {
+            image: "score:2".into(),
+            port: 8080,
+            path: "/score".into(),
+            command: None,
+        });
+        assert_eq!(
+            parsed(&http, &Placement::default()).transform,
+            TransformSpec::Http("http://127.0.0.1:8080/score".into())
+        );
+        let moved = Placement {
+            http_port: Some(41234),
+            ..Placement::default()
+        };
+        assert_eq!(
+            parsed(&http, &moved).transform,
+            TransformSpec::Http("http://127.0.0.1:41234/score".into())
+        );
+    }
+}
