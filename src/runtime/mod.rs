@@ -5,6 +5,7 @@
 //! directory, Kubernetes in its Deployments), so a restarted daemon finds running processors
 //! as they were and never starts a second copy of one.
 
+pub mod kube;
 pub mod local;
 
 use std::collections::BTreeMap;
