@@ -81,7 +81,10 @@ fn rendered() -> Vec<Value> {
 fn the<T: serde::de::DeserializeOwned>(objects: &[Value], kind: &str) -> T {
     let found: Vec<&Value> = objects.iter().filter(|o| o["kind"] == kind).collect();
     let [object] = found.as_slice() else {
-        panic!("deploy/ should render exactly one {kind}, renders {}", found.len());
+        panic!(
+            "deploy/ should render exactly one {kind}, renders {}",
+            found.len()
+        );
     };
     serde_json::from_value((*object).clone())
         .unwrap_or_else(|e| panic!("the {kind} of deploy/ does not read as one: {e}"))
@@ -158,7 +161,10 @@ fn the_daemon_pod_is_locked_down() {
         "two replicas, one holding the lease"
     );
     assert_eq!(pod.service_account_name.as_deref(), Some("plumber"));
-    let pod_security = pod.security_context.as_ref().expect("a pod securityContext");
+    let pod_security = pod
+        .security_context
+        .as_ref()
+        .expect("a pod securityContext");
     assert_eq!(pod_security.run_as_non_root, Some(true));
     assert!(pod_security.run_as_user.is_some_and(|uid| uid != 0));
     assert_eq!(
@@ -189,8 +195,18 @@ fn the_daemon_pod_is_locked_down() {
             .is_some_and(|c| c.add.is_none())
     );
     let resources = container.resources.as_ref().expect("resources");
-    assert!(resources.requests.as_ref().is_some_and(|r| r.contains_key("cpu")));
-    assert!(resources.limits.as_ref().is_some_and(|l| l.contains_key("memory")));
+    assert!(
+        resources
+            .requests
+            .as_ref()
+            .is_some_and(|r| r.contains_key("cpu"))
+    );
+    assert!(
+        resources
+            .limits
+            .as_ref()
+            .is_some_and(|l| l.contains_key("memory"))
+    );
     // Everything the daemon writes goes to volumes: the root filesystem is read-only.
     let mounts: BTreeSet<&str> = container
         .volume_mounts
@@ -228,13 +244,21 @@ fn the_daemon_is_probed_and_served_on_its_api_port() {
             .and_then(|p| p.http_get.as_ref())
             .unwrap_or_else(|| panic!("an HTTP {which} probe"));
         assert_eq!(get.path.as_deref(), Some(HEALTH_PATH), "{which} probe");
-        assert_eq!(get.port, IntOrString::String("http".into()), "{which} probe");
+        assert_eq!(
+            get.port,
+            IntOrString::String("http".into()),
+            "{which} probe"
+        );
     }
     let service: Service = the(&objects, "Service");
     let service_spec = service.spec.expect("a Service spec");
     let labels = pod_labels(&objects);
     for (key, value) in service_spec.selector.iter().flatten() {
-        assert_eq!(labels.get(key), Some(value), "the Service selects the daemon");
+        assert_eq!(
+            labels.get(key),
+            Some(value),
+            "the Service selects the daemon"
+        );
     }
     let [service_port] = service_spec.ports.as_deref().unwrap_or_default() else {
         panic!("the Service has one port");
@@ -244,7 +268,10 @@ fn the_daemon_is_probed_and_served_on_its_api_port() {
         Some(IntOrString::String("http".into()))
     );
     let budget: PodDisruptionBudget = the(&objects, "PodDisruptionBudget");
-    let selector = budget.spec.and_then(|s| s.selector).expect("a PDB selector");
+    let selector = budget
+        .spec
+        .and_then(|s| s.selector)
+        .expect("a PDB selector");
     for (key, value) in selector.match_labels.iter().flatten() {
         assert_eq!(labels.get(key), Some(value), "the PDB selects the daemon");
     }
@@ -304,7 +331,10 @@ fn the_daemon_reads_the_config_it_is_given() {
         ]
     );
     let config = daemon_config(&objects);
-    assert!(config.kubernetes.kubeconfig.is_none(), "the in-cluster client");
+    assert!(
+        config.kubernetes.kubeconfig.is_none(),
+        "the in-cluster client"
+    );
     // Whatever daemon.yaml names as files must be where the pod mounts something.
     let mounts: Vec<&str> = container
         .volume_mounts
@@ -365,7 +395,12 @@ fn the_role_grants_exactly_what_the_daemon_needs() {
     let manage = ["get", "list", "watch", "create", "patch", "delete"];
     let expected = BTreeSet::from([
         rule("plumber.dev", "topologies", &[], &manage),
-        rule("plumber.dev", "topologies/status", &[], &["get", "patch", "update"]),
+        rule(
+            "plumber.dev",
+            "topologies/status",
+            &[],
+            &["get", "patch", "update"],
+        ),
         rule("events.k8s.io", "events", &[], &["create", "patch"]),
         rule("apps", "deployments", &[], &manage),
         rule("keda.sh", "scaledobjects", &[], &manage),
@@ -381,7 +416,11 @@ fn the_role_grants_exactly_what_the_daemon_needs() {
     ]);
     assert_eq!(granted, expected);
     // No Secrets: the daemon's are mounted, processors and KEDA only name theirs.
-    assert!(!granted.iter().any(|(_, resource, _, _)| resource == "secrets"));
+    assert!(
+        !granted
+            .iter()
+            .any(|(_, resource, _, _)| resource == "secrets")
+    );
 
     let binding: RoleBinding = the(&objects, "RoleBinding");
     assert_eq!(binding.role_ref.kind, "Role");
