@@ -133,6 +133,9 @@ enum Command {
         #[arg(long, value_enum, default_value_t = TextOrJson::Text)]
         format: TextOrJson,
     },
+    /// Print the CustomResourceDefinition of the Topology resource as YAML
+    /// (`plumber crd | kubectl apply -f -`).
+    Crd,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -306,6 +309,10 @@ fn run(command: Command) -> Result<ExitCode> {
             format,
             output::status::history_text,
         ),
+        Command::Crd => {
+            print(&plumber::runtime::kube::crd::yaml()?)?;
+            Ok(ExitCode::SUCCESS)
+        }
     }
 }
 

@@ -6,6 +6,7 @@
 //! as they were and never starts a second copy of one.
 
 pub mod args;
+pub mod kube;
 pub mod local;
 
 use std::collections::BTreeMap;

@@ -1,0 +1,497 @@
+//! The configuration file of `plumber daemon --config FILE` (SPEC §7), YAML, usually mounted
+//! from a ConfigMap (`deploy/daemon.yaml` is the one `deploy/` ships).
+//!
+//! Secrets are never in it: it names the files where the pod mounts them (git credentials,
+//! the daemon's own Kafka credentials, the webhook secret) and the Secret names that
+//! processors and KEDA reference. So the daemon itself needs no permission to read Secrets,
+//! and a rotated Secret reaches it through the kubelet's mount. Unknown keys are errors, like
+//! in step files: a misspelt setting must not be silently ignored.
+//!
+//! ```yaml
+//! kubernetes:
+//!   namespace: plumber            # default: the namespace of the daemon's service account
+//! repository:
+//!   url: https://github.com/acme/topologies.git
+//!   branch: main
+//!   credentials: { passwordFile: /var/run/secrets/plumber/git/password }
+//! kafka:
+//!   clusters:
+//!     default:                    # a cluster name of plumber.yaml
+//!       bootstrap: kafka-bootstrap.kafka:9092
+//!       credentials: { secret: kafka-user, dir: /var/run/secrets/plumber/kafka/default }
+//! images:
+//!   processor: ghcr.io/plumber-dev/plumber-processor:0.1.0
+//! listen: 0.0.0.0:7878
+//! cacheDir: /var/lib/plumber     # the git mirror and checkouts (an emptyDir)
+//! ```
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot read the daemon configuration {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: {source}")]
+    Parse {
+        path: PathBuf,
+        #[source]
+        source: Box<serde_saphyr::Error>,
+    },
+    #[error("{path}: `{field}`: {message}")]
+    Invalid {
+        path: PathBuf,
+        field: String,
+        message: String,
+    },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything `plumber daemon` is configured with.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Config {
+    /// How the daemon reaches the Kubernetes API, and where it acts.
+    #[serde(default)]
+    pub kubernetes: Kubernetes,
+    /// The topology repository it follows.
+    pub repository: Repository,
+    /// Per Kafka cluster of `plumber.yaml`, what differs in this environment.
+    #[serde(default)]
+    pub kafka: Kafka,
+    /// The images processors run.
+    pub images: Images,
+    /// The address of the HTTP API (status, metrics, webhook, health): all interfaces by
+    /// default, since probes and the Service reach the pod on its own address.
+    #[serde(default = "default_listen")]
+    pub listen: SocketAddr,
+    /// Verification of `POST /hooks/git`; absent: unsigned webhooks are accepted.
+    #[serde(default)]
+    pub webhook: Option<Webhook>,
+    /// Where the daemon keeps its git mirror and checkouts: a cache, rebuilt after a restart
+    /// (what must survive one is in the Topology statuses).
+    #[serde(default = "default_cache_dir")]
+    pub cache_dir: PathBuf,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Kubernetes {
+    /// A kubeconfig file, for a daemon running outside the cluster; absent: the in-cluster
+    /// client (the pod's service account token and the API server of its environment).
+    #[serde(default)]
+    pub kubeconfig: Option<PathBuf>,
+    /// The namespace of the Topologies, processors and lease; absent: the client's default
+    /// (in the cluster, the namespace of the daemon's service account).
+    #[serde(default)]
+    pub namespace: Option<String>,
+    /// The `coordination.k8s.io` Lease that elects the one replica that acts (the Role in
+    /// `deploy/` grants this name only).
+    #[serde(default = "default_lease")]
+    pub lease: String,
+}
+
+impl Default for Kubernetes {
+    fn default() -> Self {
+        Kubernetes {
+            kubeconfig: None,
+            namespace: None,
+            lease: default_lease(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Repository {
+    /// The repository's URL (https, ssh or file://), without credentials.
+    pub url: String,
+    /// The branch to follow.
+    #[serde(default = "default_branch")]
+    pub branch: String,
+    /// How often it is fetched (`30s`, `2m`); `POST /hooks/git` fetches at once.
+    #[serde(default = "default_poll", deserialize_with = "duration")]
+    pub poll_interval: Duration,
+    /// Where the pod mounts the git credentials.
+    #[serde(default)]
+    pub credentials: GitCredentials,
+}
+
+/// Git credentials, as files of a mounted Secret (read at each fetch, so a rotated Secret
+/// takes effect without a restart).
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct GitCredentials {
+    /// The https user (default `git`); not a secret.
+    #[serde(default)]
+    pub username: Option<String>,
+    /// A file holding the https password or token.
+    #[serde(default)]
+    pub password_file: Option<PathBuf>,
+    /// A private key file for ssh.
+    #[serde(default)]
+    pub ssh_key_file: Option<PathBuf>,
+    /// The known_hosts file ssh host keys are checked against.
+    #[serde(default)]
+    pub known_hosts_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Kafka {
+    /// By cluster name of `plumber.yaml` (`default` when it names none).
+    #[serde(default)]
+    pub clusters: BTreeMap<String, Cluster>,
+}
+
+/// What a Kafka cluster of `plumber.yaml` is in this environment.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Cluster {
+    /// Bootstrap servers instead of `plumber.yaml`'s (which usually name a developer's
+    /// broker).
+    #[serde(default)]
+    pub bootstrap: Option<String>,
+    /// librdkafka settings added to `plumber.yaml`'s, key by key; never secrets (those go in
+    /// `credentials`).
+    #[serde(default)]
+    pub properties: BTreeMap<String, String>,
+    /// The cluster's credentials, instead of `plumber.yaml`'s `credentials`.
+    #[serde(default)]
+    pub credentials: Option<KafkaCredentials>,
+}
+
+/// A Secret whose keys are librdkafka property names (`sasl.username`, `sasl.password`, …;
+/// `ca.crt`, `tls.crt`, `tls.key` for the `ssl.*.location` settings), SPEC §2.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct KafkaCredentials {
+    /// The Secret's name, in the daemon's namespace: processors and the KEDA
+    /// TriggerAuthentication of every ScaledObject reference it.
+    pub secret: String,
+    /// Where the daemon's own pod mounts that Secret: its admin client reads the same keys as
+    /// files there (as `plumber up --kafka-credentials DIR` does).
+    pub dir: PathBuf,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Images {
+    /// The `plumber-processor` image: jq and sql steps run it, http steps run it beside the
+    /// user's image, exec steps copy its binary into the user's image with an init container.
+    pub processor: String,
+    /// The pull policy of the processors' containers; absent: Kubernetes' default.
+    #[serde(default)]
+    pub pull_policy: Option<PullPolicy>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub enum PullPolicy {
+    Always,
+    IfNotPresent,
+    Never,
+}
+
+impl PullPolicy {
+    /// As a container's `imagePullPolicy` spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PullPolicy::Always => "Always",
+            PullPolicy::IfNotPresent => "IfNotPresent",
+            PullPolicy::Never => "Never",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Webhook {
+    /// A file holding the webhook secret (GitHub's, GitLab's token, or Plumber's HMAC key).
+    pub secret_file: PathBuf,
+}
+
+fn default_listen() -> SocketAddr {
+    SocketAddr::from(([0, 0, 0, 0], 7878))
+}
+
+fn default_cache_dir() -> PathBuf {
+    PathBuf::from("/var/lib/plumber")
+}
+
+fn default_lease() -> String {
+    "plumber".into()
+}
+
+fn default_branch() -> String {
+    "main".into()
+}
+
+fn default_poll() -> Duration {
+    Duration::from_secs(30)
+}
+
+fn duration<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
+    let text = String::deserialize(deserializer)?;
+    humantime::parse_duration(&text)
+        .map_err(|e| serde::de::Error::custom(format!("`{text}` is not a duration ({e})")))
+}
+
+impl Config {
+    /// Reads, parses and checks the file.
+    pub fn load(path: &Path) -> Result<Config> {
+        let text = std::fs::read_to_string(path).map_err(|source| Error::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Config::parse(&text, path)
+    }
+
+    /// Parses and checks the text of the file at `path` (named in errors).
+    pub fn parse(text: &str, path: &Path) -> Result<Config> {
+        let config: Config = serde_saphyr::from_str(text).map_err(|source| Error::Parse {
+            path: path.to_owned(),
+            source: Box::new(source),
+        })?;
+        config.check(path)?;
+        Ok(config)
+    }
+
+    /// What serde cannot say: names Kubernetes would refuse, secrets where none belong.
+    fn check(&self, path: &Path) -> Result<()> {
+        let invalid = |field: &str, message: String| Error::Invalid {
+            path: path.to_owned(),
+            field: field.to_owned(),
+            message,
+        };
+        if let Some(namespace) = &self.kubernetes.namespace
+            && let Some(problem) = name_problem(namespace, 63, false)
+        {
+            return Err(invalid("kubernetes.namespace", problem));
+        }
+        if let Some(problem) = name_problem(&self.kubernetes.lease, 253, true) {
+            return Err(invalid("kubernetes.lease", problem));
+        }
+        if self.repository.url.trim().is_empty() {
+            return Err(invalid("repository.url", "the URL is empty".into()));
+        }
+        if has_password(&self.repository.url) {
+            return Err(invalid(
+                "repository.url",
+                "the URL carries a password; mount it from a Secret and name the file in \
+                 repository.credentials.passwordFile"
+                    .into(),
+            ));
+        }
+        if self.repository.branch.trim().is_empty() {
+            return Err(invalid("repository.branch", "the branch is empty".into()));
+        }
+        if self.repository.poll_interval.is_zero() {
+            return Err(invalid(
+                "repository.pollInterval",
+                "the interval must be longer than 0 s".into(),
+            ));
+        }
+        for (name, cluster) in &self.kafka.clusters {
+            if let Some(key) = cluster.properties.keys().find(|k| looks_secret(k)) {
+                return Err(invalid(
+                    &format!("kafka.clusters.{name}.properties.{key}"),
+                    "secrets do not belong in a ConfigMap; put them in the credentials Secret \
+                     under that key"
+                        .into(),
+                ));
+            }
+            if let Some(credentials) = &cluster.credentials
+                && let Some(problem) = name_problem(&credentials.secret, 253, true)
+            {
+                return Err(invalid(
+                    &format!("kafka.clusters.{name}.credentials.secret"),
+                    problem,
+                ));
+            }
+        }
+        if self.images.processor.trim().is_empty() {
+            return Err(invalid("images.processor", "the image is empty".into()));
+        }
+        Ok(())
+    }
+}
+
+/// Why `name` is not a DNS-1123 label (`dots: false`) or subdomain (`dots: true`) of at most
+/// `max` characters, as Kubernetes requires of object names.
+fn name_problem(name: &str, max: usize, dots: bool) -> Option<String> {
+    let well_formed = |part: &str| {
+        !part.is_empty()
+            && part
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !part.starts_with('-')
+            && !part.ends_with('-')
+    };
+    let parts_ok = if dots {
+        name.split('.').all(well_formed)
+    } else {
+        well_formed(name)
+    };
+    if name.is_empty() || name.len() > max || !parts_ok {
+        Some(format!(
+            "`{name}` is not a Kubernetes name: lowercase letters, digits and `-`{}, starting \
+             and ending with a letter or digit, at most {max} characters",
+            if dots { " (and `.`)" } else { "" }
+        ))
+    } else {
+        None
+    }
+}
+
+/// Whether an http(s) URL has `user:password@` in it.
+fn has_password(url: &str) -> bool {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return false;
+    };
+    if !scheme.starts_with("http") {
+        return false;
+    }
+    let authority = rest.split('/').next().unwrap_or_default();
+    authority
+        .rsplit_once('@')
+        .is_some_and(|(userinfo, _)| userinfo.contains(':'))
+}
+
+/// librdkafka settings that hold secrets (`sasl.password`, `ssl.key.password`,
+/// `sasl.oauthbearer.client.secret`, `ssl.key.pem`, …).
+fn looks_secret(key: &str) -> bool {
+    key.contains("password") || key.contains("secret") || key.ends_with(".pem")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config> {
+        Config::parse(text, Path::new("daemon.yaml"))
+    }
+
+    const MINIMAL: &str = "\
+repository: { url: 'https://git.example/acme/topologies.git' }
+images: { processor: 'plumber-processor:dev' }
+";
+
+    #[test]
+    fn the_shipped_configuration_parses() -> anyhow::Result<()> {
+        let config = parse(include_str!("../../../deploy/daemon.yaml"))?;
+        assert_eq!(config.listen, default_listen());
+        assert!(config.kubernetes.kubeconfig.is_none(), "in-cluster client");
+        assert!(config.kafka.clusters.contains_key("default"));
+        Ok(())
+    }
+
+    #[test]
+    fn a_minimal_configuration_takes_the_defaults() -> anyhow::Result<()> {
+        let config = parse(MINIMAL)?;
+        assert_eq!(config.repository.branch, "main");
+        assert_eq!(config.repository.poll_interval, Duration::from_secs(30));
+        assert_eq!(config.repository.credentials, GitCredentials::default());
+        assert_eq!(config.kubernetes, Kubernetes::default());
+        assert_eq!(config.kubernetes.lease, "plumber");
+        assert_eq!(config.listen, SocketAddr::from(([0, 0, 0, 0], 7878)));
+        assert!(config.kafka.clusters.is_empty() && config.webhook.is_none());
+        assert_eq!(config.cache_dir, Path::new("/var/lib/plumber"));
+        Ok(())
+    }
+
+    #[test]
+    fn a_full_configuration_reads_every_field() -> anyhow::Result<()> {
+        let config = parse(
+            "\
+kubernetes: { kubeconfig: /home/me/.kube/config, namespace: streams, lease: plumber-a }
+repository:
+  url: ssh://git@git.example/acme/topologies.git
+  branch: production
+  pollInterval: 2m
+  credentials:
+    sshKeyFile: /var/run/secrets/plumber/git/ssh-privatekey
+    knownHostsFile: /var/run/secrets/plumber/git/known_hosts
+kafka:
+  clusters:
+    default:
+      bootstrap: kafka:9093
+      properties: { security.protocol: SASL_SSL }
+      credentials: { secret: kafka-user, dir: /var/run/secrets/plumber/kafka/default }
+images: { processor: 'registry.example/plumber-processor:1', pullPolicy: IfNotPresent }
+listen: 127.0.0.1:8080
+webhook: { secretFile: /var/run/secrets/plumber/webhook/secret }
+cacheDir: /cache
+",
+        )?;
+        assert_eq!(config.kubernetes.namespace.as_deref(), Some("streams"));
+        assert_eq!(config.repository.poll_interval, Duration::from_secs(120));
+        let cluster = &config.kafka.clusters["default"];
+        assert_eq!(cluster.bootstrap.as_deref(), Some("kafka:9093"));
+        assert_eq!(
+            cluster.credentials.as_ref().map(|c| c.secret.as_str()),
+            Some("kafka-user")
+        );
+        assert_eq!(config.images.pull_policy, Some(PullPolicy::IfNotPresent));
+        assert_eq!(config.listen.port(), 8080);
+        assert_eq!(config.cache_dir, Path::new("/cache"));
+        Ok(())
+    }
+
+    #[test]
+    fn unknown_and_missing_keys_are_errors() {
+        let unknown = parse(&format!("{MINIMAL}listen_address: 0.0.0.0:80\n"));
+        assert!(
+            matches!(&unknown, Err(Error::Parse { .. }))
+                && unknown
+                    .as_ref()
+                    .err()
+                    .is_some_and(|e| e.to_string().contains("listen_address")),
+            "{unknown:?}"
+        );
+        let nested = parse(&MINIMAL.replace("url:", "uri:"));
+        assert!(matches!(nested, Err(Error::Parse { .. })), "{nested:?}");
+        let missing = parse("repository: { url: x }\n");
+        assert!(matches!(missing, Err(Error::Parse { .. })), "{missing:?}");
+    }
+
+    #[test]
+    fn secrets_and_bad_names_are_refused() {
+        let invalid_field = |text: &str| match parse(text) {
+            Err(Error::Invalid { field, .. }) => field,
+            other => format!("not refused: {other:?}"),
+        };
+        assert_eq!(
+            invalid_field(&MINIMAL.replace("https://", "https://me:token@")),
+            "repository.url"
+        );
+        assert_eq!(
+            invalid_field(&format!(
+                "{MINIMAL}kafka: {{ clusters: {{ default: {{ properties: {{ sasl.password: x }} }} }} }}\n"
+            )),
+            "kafka.clusters.default.properties.sasl.password"
+        );
+        assert_eq!(
+            invalid_field(&format!("{MINIMAL}kubernetes: {{ namespace: Streams }}\n")),
+            "kubernetes.namespace"
+        );
+        assert_eq!(
+            invalid_field(&MINIMAL.replace(
+                "repository: { url: 'https://git.example/acme/topologies.git' }",
+                "repository: { url: 'https://git.example/t.git', pollInterval: 0s }"
+            )),
+            "repository.pollInterval"
+        );
+        // A user name alone is not a secret (ssh://git@…, https://ci@…).
+        assert!(has_password("https://me:t@host/x") && !has_password("https://me@host/x"));
+        assert!(!has_password("ssh://git@host:22/x"));
+    }
+}
