@@ -656,7 +656,9 @@ fn handovers(
         .collect()
 }
 
-fn processor_spec(
+/// What a start action runs on `cluster`, towards `target` (also what `plumber render`
+/// renders).
+pub fn processor_spec(
     topology: &str,
     start: &StartProcessor,
     cluster: &runtime::Cluster,

@@ -136,7 +136,34 @@ enum Command {
     /// Print the CustomResourceDefinition of the Topology resource as YAML
     /// (`plumber crd | kubectl apply -f -`).
     Crd,
+    /// Print the Kubernetes objects of a revision as YAML: per topology its Topology, then
+    /// each processor's Deployment, KEDA ScaledObject and TriggerAuthentication, as the
+    /// daemon applies them when it deploys the revision from nothing.
+    Render {
+        #[arg(default_value = ".")]
+        repo: String,
+        #[arg(long, default_value = "HEAD")]
+        rev: String,
+        /// The namespace the daemon runs in.
+        #[arg(long, default_value = "plumber")]
+        namespace: String,
+        /// The plumber-processor image.
+        #[arg(long, default_value = DEFAULT_PROCESSOR_IMAGE, value_name = "IMAGE")]
+        processor_image: String,
+        /// The repository URL the Topology resources name (default: REPO as given).
+        #[arg(long, value_name = "URL")]
+        repository: Option<String>,
+        /// The branch the Topology resources name.
+        #[arg(long, default_value = "main")]
+        branch: String,
+    },
 }
+
+/// Where `deploy/docker/processor.Dockerfile`'s image is published, at this version.
+const DEFAULT_PROCESSOR_IMAGE: &str = concat!(
+    "ghcr.io/plumber-dev/plumber-processor:",
+    env!("CARGO_PKG_VERSION")
+);
 
 #[derive(Clone, Copy, ValueEnum)]
 enum TextOrJson {
@@ -311,6 +338,44 @@ fn run(command: Command) -> Result<ExitCode> {
         ),
         Command::Crd => {
             print(&plumber::runtime::kube::crd::yaml()?)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Render {
+            repo,
+            rev,
+            namespace,
+            processor_image,
+            repository,
+            branch,
+        } => {
+            use plumber::runtime::kube::render;
+            let opened = Repository::open(&repo)?;
+            let (commit, validation) = validate_rev(&opened, &rev)?;
+            let Some(topologies) = &validation.topologies else {
+                eprint!("{}", output::validation_text(&commit, &validation));
+                return Ok(ExitCode::from(INVALID));
+            };
+            let objects = render::revision(
+                &commit,
+                topologies,
+                &validation.clusters,
+                &render::Source {
+                    repository: repository.unwrap_or(repo),
+                    git_ref: branch,
+                },
+                &render::RenderConfig {
+                    namespace,
+                    processor_image,
+                    pull_policy: None,
+                    owner: None,
+                },
+            )?;
+            let mut text = String::new();
+            for object in &objects {
+                text.push_str("---\n");
+                text.push_str(&serde_saphyr::to_string(object).context("encoding YAML")?);
+            }
+            print(&text)?;
             Ok(ExitCode::SUCCESS)
         }
     }

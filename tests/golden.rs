@@ -95,6 +95,21 @@ fn graph_outputs() {
 }
 
 #[test]
+fn render_outputs() {
+    let (repo, base, _) = history();
+    let (code, stdout, stderr) = run(&[
+        "render",
+        &repo.location(),
+        "--rev",
+        &base,
+        "--repository",
+        "https://git.example.com/data/topologies.git",
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    check("render.yaml", &stdout);
+}
+
+#[test]
 fn validation_outputs() {
     let (repo, _, _) = history();
     let broken = repo.commit(

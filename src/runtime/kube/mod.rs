@@ -1,7 +1,9 @@
 //! The Kubernetes runtime (SPEC §7), for `plumber daemon`: the [`crd::Topology`] resource that
-//! carries each topology's status and durable cutover record, and [`config`], the daemon's
-//! configuration file. Rendering the processors' objects, applying them and the lease come
-//! with the runtime itself.
+//! carries each topology's status and durable cutover record, [`config`], the daemon's
+//! configuration file, and [`render`], the objects of each processor identity (a Deployment
+//! and KEDA's [`keda`] objects). Applying them and the lease come with the runtime itself.
 
 pub mod config;
 pub mod crd;
+pub mod keda;
+pub mod render;

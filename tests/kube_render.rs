@@ -1,0 +1,488 @@
+//! The Kubernetes objects of processors (SPEC §7): each rendered object checked for content and
+//! against the schema the API server would enforce (k8s-openapi's types, KEDA's own CRDs from
+//! `../shared/schemas/keda`, copied into `tests/fixtures/keda` with their licence, and the
+//! Topology CRD).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Container;
+use plumber::runtime::kube::render::{self, Objects, RenderConfig};
+use plumber::runtime::{Cluster, ProcessorSpec, Settings};
+use plumber::spec::{EnvValue, Resources, Scale, SecretRef, Transform};
+use serde_json::Value;
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/keda")
+        .join(name)
+}
+
+/// `spec.versions[0].schema.openAPIV3Schema` of a CRD file, as a validator.
+fn crd_validator(crd: &Value) -> jsonschema::Validator {
+    let schema = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"];
+    assert!(schema.is_object(), "no openAPIV3Schema in {crd}");
+    jsonschema::validator_for(schema).unwrap()
+}
+
+fn keda(name: &str) -> jsonschema::Validator {
+    let text = std::fs::read_to_string(fixture(name)).unwrap();
+    crd_validator(&serde_saphyr::from_str::<Value>(&text).unwrap())
+}
+
+fn assert_valid(validator: &jsonschema::Validator, object: &Value) {
+    let errors: Vec<String> = validator
+        .iter_errors(object)
+        .map(|e| format!("{} at {}", e, e.instance_path()))
+        .collect();
+    assert!(errors.is_empty(), "{errors:#?}\n{object:#}");
+}
+
+fn config() -> RenderConfig {
+    RenderConfig {
+        namespace: "data".into(),
+        processor_image: "ghcr.io/plumber-dev/plumber-processor:0.1.0".into(),
+        pull_policy: Some("IfNotPresent".into()),
+        owner: None,
+    }
+}
+
+fn spec(transform: Transform) -> ProcessorSpec {
+    // Names at their longest (40 characters) and a later life: labels must stay valid.
+    let topology = "t".repeat(40);
+    let step = "s".repeat(40);
+    ProcessorSpec {
+        group: format!("plumber.{topology}.{step}.abababababab.12"),
+        topology,
+        step,
+        identity: "ab".repeat(32).parse().unwrap(),
+        cluster: Cluster {
+            bootstrap: "kafka-0:9093,kafka-1:9093".into(),
+            properties: BTreeMap::from([
+                ("security.protocol".into(), "SASL_SSL".into()),
+                ("sasl.mechanism".into(), "SCRAM-SHA-512".into()),
+            ]),
+            credentials: Some("kafka-user".into()),
+        },
+        inputs: vec!["cars.raw".into(), "trucks.raw".into()],
+        input_steps: BTreeMap::new(),
+        outputs: vec!["out".into()],
+        dlq: "plumber.t.s.dlq".into(),
+        transform,
+        env: BTreeMap::from([
+            ("MODEL".into(), EnvValue::Value("v3".into())),
+            (
+                "API_KEY".into(),
+                EnvValue::Secret {
+                    secret_key_ref: SecretRef {
+                        name: "scoring".into(),
+                        key: "api-key".into(),
+                    },
+                },
+            ),
+        ]),
+        scale: Scale {
+            min: 0,
+            max: 10,
+            lag_threshold: 500,
+        },
+        resources: Some(Resources {
+            cpu: Some("500m".into()),
+            memory: Some("256Mi".into()),
+        }),
+        commit: "0123456789abcdef0123456789abcdef01234567".into(),
+        dir: "topologies/t/steps".into(),
+        settings: Settings::default(),
+    }
+}
+
+fn jq() -> Transform {
+    Transform::Jq {
+        program: "select(.ok)".into(),
+    }
+}
+
+fn rendered(spec: &ProcessorSpec) -> Objects {
+    render::processor(spec, &config()).unwrap()
+}
+
+fn containers(deployment: &Deployment) -> Vec<Container> {
+    let pod = deployment.spec.template.spec.as_ref().unwrap();
+    pod.containers
+        .iter()
+        .chain(pod.init_containers.iter().flatten())
+        .cloned()
+        .collect()
+}
+
+#[test]
+fn scaled_objects_and_trigger_authentications_pass_kedas_own_schemas() {
+    let scaled_objects = keda("keda.sh_scaledobjects.yaml");
+    let authentications = keda("keda.sh_triggerauthentications.yaml");
+    for transform in [
+        jq(),
+        Transform::Http {
+            image: "ghcr.io/acme/score:2".into(),
+            port: 8080,
+            path: "/score".into(),
+            command: None,
+        },
+    ] {
+        let objects = rendered(&spec(transform));
+        assert_valid(
+            &scaled_objects,
+            &serde_json::to_value(&objects.scaled_object).unwrap(),
+        );
+        assert_valid(
+            &authentications,
+            &serde_json::to_value(objects.trigger_authentication.as_ref().unwrap()).unwrap(),
+        );
+    }
+    // The schema is a real check: a ScaledObject without its target is refused.
+    let mut broken = serde_json::to_value(&rendered(&spec(jq())).scaled_object).unwrap();
+    broken["spec"]
+        .as_object_mut()
+        .unwrap()
+        .remove("scaleTargetRef");
+    assert!(!scaled_objects.is_valid(&broken));
+}
+
+#[test]
+fn the_scaled_object_scales_the_deployment_on_its_groups_lag_per_input_topic() {
+    let spec = spec(jq());
+    let objects = rendered(&spec);
+    let so = serde_json::to_value(&objects.scaled_object).unwrap();
+    assert_eq!(so["apiVersion"], "keda.sh/v1alpha1");
+    assert_eq!(so["kind"], "ScaledObject");
+    assert_eq!(so["spec"]["scaleTargetRef"]["name"], spec.group.as_str());
+    assert_eq!(
+        objects.deployment.metadata.name.as_deref(),
+        Some(spec.group.as_str())
+    );
+    assert_eq!(so["spec"]["minReplicaCount"], 0, "min: 0 scales to zero");
+    assert_eq!(so["spec"]["maxReplicaCount"], 10);
+    let triggers = so["spec"]["triggers"].as_array().unwrap();
+    let topics: Vec<&str> = triggers
+        .iter()
+        .map(|t| t["metadata"]["topic"].as_str().unwrap())
+        .collect();
+    assert_eq!(topics, ["cars.raw", "trucks.raw"]);
+    for trigger in triggers {
+        assert_eq!(trigger["type"], "kafka");
+        let metadata = &trigger["metadata"];
+        assert_eq!(metadata["consumerGroup"], spec.group.as_str());
+        assert_eq!(metadata["bootstrapServers"], "kafka-0:9093,kafka-1:9093");
+        assert_eq!(metadata["lagThreshold"], "500");
+        assert_eq!(metadata["sasl"], "scram_sha512");
+        assert_eq!(metadata["tls"], "enable");
+        assert_eq!(trigger["authenticationRef"]["name"], spec.group.as_str());
+    }
+    // Credentials by reference to the cluster's Secret, keyed by librdkafka property names.
+    let auth = serde_json::to_value(objects.trigger_authentication.unwrap()).unwrap();
+    let refs: Vec<(String, String, String)> = auth["spec"]["secretTargetRef"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["parameter"].as_str().unwrap().to_owned(),
+                r["name"].as_str().unwrap().to_owned(),
+                r["key"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        refs,
+        [
+            (
+                "username".into(),
+                "kafka-user".into(),
+                "sasl.username".into()
+            ),
+            (
+                "password".into(),
+                "kafka-user".into(),
+                "sasl.password".into()
+            ),
+            ("ca".into(), "kafka-user".into(), "ca.crt".into()),
+        ]
+    );
+    // No credentials: no TriggerAuthentication, and no reference to one.
+    let mut plain = spec.clone();
+    plain.cluster = Cluster::at("kafka:9092");
+    let objects = rendered(&plain);
+    assert!(objects.trigger_authentication.is_none());
+    let so = serde_json::to_value(&objects.scaled_object).unwrap();
+    assert!(so["spec"]["triggers"][0].get("authenticationRef").is_none());
+    assert!(so["spec"]["triggers"][0]["metadata"].get("sasl").is_none());
+}
+
+#[test]
+fn labels_say_what_runs_and_stay_valid_at_the_longest_names() {
+    let spec = spec(jq());
+    let objects = rendered(&spec);
+    let labels = objects.deployment.metadata.labels.clone().unwrap();
+    assert_eq!(labels["app.kubernetes.io/managed-by"], "plumber");
+    assert_eq!(labels["plumber.dev/topology"], spec.topology);
+    assert_eq!(labels["plumber.dev/step"], spec.step);
+    assert_eq!(labels["plumber.dev/identity"], "abababababab");
+    assert_eq!(labels["plumber.dev/commit"], "0123456789ab");
+    assert_eq!(labels["plumber.dev/life"], "12");
+    for (key, value) in &labels {
+        assert!(value.len() <= 63, "{key}={value}");
+        assert!(
+            value
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)),
+            "{key}={value}"
+        );
+    }
+    // The selector picks this life's pods only, and the template carries it.
+    let selector = objects
+        .deployment
+        .spec
+        .selector
+        .match_labels
+        .clone()
+        .unwrap();
+    let template = objects
+        .deployment
+        .spec
+        .template
+        .metadata
+        .clone()
+        .unwrap()
+        .labels
+        .unwrap();
+    for (key, value) in &selector {
+        assert_eq!(template.get(key), Some(value), "{key}");
+    }
+    assert!(!selector.contains_key("plumber.dev/commit"));
+    // Replicas are KEDA's: plumber's apply never sets them.
+    assert_eq!(objects.deployment.spec.replicas, None);
+    // What runs is readable back from the Deployment, secrets by reference only.
+    let annotation = &objects.deployment.metadata.annotations.unwrap()["plumber.dev/processor"];
+    let back: ProcessorSpec = serde_json::from_str(annotation).unwrap();
+    assert_eq!(back, spec);
+}
+
+#[test]
+fn every_container_is_locked_down_and_the_processor_is_probed() {
+    let transforms = [
+        jq(),
+        Transform::Sql {
+            query: "SELECT id FROM cars".into(),
+        },
+        Transform::Http {
+            image: "ghcr.io/acme/score:2".into(),
+            port: 8080,
+            path: "/score".into(),
+            command: Some(vec!["python3".into(), "serve.py".into()]),
+        },
+        Transform::Exec {
+            command: vec!["python3".into(), "enrich.py".into()],
+            image: Some("ghcr.io/acme/enrich:1.4".into()),
+        },
+    ];
+    for transform in transforms {
+        let objects = rendered(&spec(transform.clone()));
+        // The API server's own types read it back unchanged.
+        let json = serde_json::to_value(&objects.deployment).unwrap();
+        let back: Deployment = serde_json::from_value(json.clone()).unwrap();
+        assert_eq!(serde_json::to_value(&back).unwrap(), json);
+        let pod = objects.deployment.spec.template.spec.as_ref().unwrap();
+        let pod_security = pod.security_context.as_ref().unwrap();
+        assert_eq!(pod_security.run_as_non_root, Some(true));
+        assert_eq!(
+            pod_security.seccomp_profile.as_ref().unwrap().type_,
+            "RuntimeDefault"
+        );
+        for container in containers(&objects.deployment) {
+            let security = container.security_context.as_ref().unwrap();
+            assert_eq!(security.run_as_non_root, Some(true), "{}", container.name);
+            assert_eq!(security.read_only_root_filesystem, Some(true));
+            assert_eq!(security.allow_privilege_escalation, Some(false));
+            assert_eq!(
+                security.capabilities.as_ref().unwrap().drop.as_deref(),
+                Some(&["ALL".to_owned()][..])
+            );
+        }
+        let runs_processor: Vec<Container> = containers(&objects.deployment)
+            .into_iter()
+            .filter(|c| {
+                c.args
+                    .as_ref()
+                    .is_some_and(|a| a.contains(&"--group".into()))
+            })
+            .collect();
+        assert_eq!(runs_processor.len(), 1, "{transform:?}");
+        let processor = &runs_processor[0];
+        for probe in [&processor.liveness_probe, &processor.readiness_probe] {
+            let get = probe.as_ref().unwrap().http_get.as_ref().unwrap();
+            assert_eq!(get.path.as_deref(), Some("/healthz"));
+        }
+        let args = processor.args.as_ref().unwrap();
+        assert!(
+            args.windows(2)
+                .any(|w| w[0] == "--metrics" && w[1] == "0.0.0.0:9400"),
+            "{args:?}"
+        );
+        assert!(
+            args.windows(2)
+                .any(|w| w[0] == "--kafka-credentials" && w[1] == "/etc/plumber/kafka"),
+            "{args:?}"
+        );
+        // The credentials are the mounted Secret; secret env values are references.
+        let mounts = processor.volume_mounts.as_ref().unwrap();
+        assert!(mounts.iter().any(|m| m.mount_path == "/etc/plumber/kafka"));
+        let env = processor.env.as_ref().unwrap();
+        let api_key = env.iter().find(|e| e.name == "API_KEY").unwrap();
+        assert_eq!(api_key.value, None);
+        let selector = api_key
+            .value_from
+            .as_ref()
+            .unwrap()
+            .secret_key_ref
+            .as_ref()
+            .unwrap();
+        assert_eq!(
+            (selector.name.as_str(), selector.key.as_str()),
+            ("scoring", "api-key")
+        );
+        let resources = processor.resources.as_ref().unwrap();
+        assert_eq!(resources.requests.as_ref().unwrap()["cpu"].0, "500m");
+        assert_eq!(resources.limits.as_ref().unwrap()["memory"].0, "256Mi");
+        assert!(!resources.limits.as_ref().unwrap().contains_key("cpu"));
+    }
+}
+
+#[test]
+fn each_transform_runs_where_spec_7_says() {
+    let images = |objects: &Objects| -> Vec<(String, String)> {
+        containers(&objects.deployment)
+            .into_iter()
+            .map(|c| (c.name, c.image.unwrap()))
+            .collect()
+    };
+    let processor_image = config().processor_image;
+    assert_eq!(
+        images(&rendered(&spec(jq()))),
+        [("processor".to_owned(), processor_image.clone())]
+    );
+    let http = rendered(&spec(Transform::Http {
+        image: "ghcr.io/acme/score:2".into(),
+        port: 8080,
+        path: "/score".into(),
+        command: None,
+    }));
+    assert_eq!(
+        images(&http),
+        [
+            ("processor".to_owned(), processor_image.clone()),
+            ("step".to_owned(), "ghcr.io/acme/score:2".to_owned())
+        ]
+    );
+    let exec = rendered(&spec(Transform::Exec {
+        command: vec!["python3".into(), "enrich.py".into()],
+        image: Some("ghcr.io/acme/enrich:1.4".into()),
+    }));
+    assert_eq!(
+        images(&exec),
+        [
+            ("step".to_owned(), "ghcr.io/acme/enrich:1.4".to_owned()),
+            ("install-processor".to_owned(), processor_image)
+        ]
+    );
+    let pod = exec.deployment.spec.template.spec.unwrap();
+    let step = &pod.containers[0];
+    assert_eq!(
+        step.command.as_deref(),
+        Some(&["/plumber/plumber-processor".to_owned()][..])
+    );
+    let args = step.args.as_ref().unwrap();
+    assert_eq!(
+        &args[args.len() - 4..],
+        ["--exec", "--", "python3", "enrich.py"]
+    );
+    let init = &pod.init_containers.unwrap()[0];
+    assert_eq!(
+        init.command.as_deref(),
+        Some(
+            &[
+                "cp".to_owned(),
+                "/plumber-processor".to_owned(),
+                "/plumber/plumber-processor".to_owned()
+            ][..]
+        )
+    );
+    // Without an image there is nothing to run the command in.
+    let error = render::processor(
+        &spec(Transform::Exec {
+            command: vec!["python3".into(), "enrich.py".into()],
+            image: None,
+        }),
+        &config(),
+    )
+    .unwrap_err();
+    assert!(error.to_string().contains("`image`"), "{error}");
+}
+
+#[test]
+fn plumber_render_prints_the_objects_of_the_example_repository() {
+    let repo = common::TestRepo::new();
+    let commit = repo.commit_snapshot("main", "example", &common::example_files());
+    let (code, out, err) = common::run(&[
+        "render",
+        &repo.location(),
+        "--rev",
+        &commit.to_string(),
+        "--repository",
+        "https://git.example.com/data/topologies.git",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let documents: Vec<Value> = out
+        .split("\n---\n")
+        .map(|d| d.trim_start_matches("---\n"))
+        .filter(|d| !d.trim().is_empty())
+        .map(|d| serde_saphyr::from_str(d).unwrap())
+        .collect();
+    let kinds: Vec<&str> = documents
+        .iter()
+        .map(|d| d["kind"].as_str().unwrap())
+        .collect();
+    let count = |kind: &str| kinds.iter().filter(|k| **k == kind).count();
+    assert_eq!(count("Topology"), 2, "{kinds:?}");
+    assert_eq!(count("Deployment"), count("ScaledObject"));
+    assert!(count("Deployment") >= 5, "{kinds:?}");
+    let topology_crd = serde_json::to_value(plumber::runtime::kube::crd::definition()).unwrap();
+    let topologies = crd_validator(&topology_crd);
+    let scaled_objects = keda("keda.sh_scaledobjects.yaml");
+    for document in &documents {
+        match document["kind"].as_str().unwrap() {
+            "Topology" => assert_valid(&topologies, document),
+            "ScaledObject" => assert_valid(&scaled_objects, document),
+            "Deployment" => {
+                let _: Deployment = serde_json::from_value(document.clone()).unwrap();
+            }
+            other => panic!("unexpected {other}"),
+        }
+        assert_eq!(document["metadata"]["namespace"], "plumber");
+    }
+    // Invalid commits render nothing, as `plan` and `graph` do.
+    let bad = repo.commit(
+        "main",
+        "broken",
+        &[common::write(
+            "topologies/clicks/steps/normalize.yaml",
+            "kind: processor\n",
+        )],
+    );
+    let (code, out, _) = common::run(&["render", &repo.location(), "--rev", &bad.to_string()]);
+    assert_eq!(code, 1);
+    assert!(out.is_empty(), "{out}");
+}
