@@ -35,6 +35,9 @@ pub(super) fn observe_loop(context: &Arc<Context>) {
 }
 
 fn observe(context: &Context, watchdog: &Watchdog) {
+    if let Err(error) = context.runtime.repair() {
+        tracing::warn!(%error, "cannot repair the runtime's processors");
+    }
     let running: BTreeMap<String, ProcessorStatus> = match context.runtime.processors() {
         Ok(processors) => processors
             .into_iter()

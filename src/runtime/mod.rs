@@ -182,4 +182,10 @@ pub trait Runtime: Send + Sync {
     fn update(&self, group: &str, scale: &Scale, resources: Option<&Resources>) -> Result<()>;
     /// Every processor the runtime runs, by group.
     fn processors(&self) -> Result<Vec<ProcessorStatus>>;
+    /// Puts back what was changed outside the runtime and removes what it does not run
+    /// (the observer calls it at every look). The local runtime's supervisor does this on
+    /// its own.
+    fn repair(&self) -> Result<()> {
+        Ok(())
+    }
 }

@@ -3,9 +3,11 @@
 //! writer; everything else reads it.
 //!
 //! [`CutoverStore`] is what the engine needs; [`dir::StateDir`] keeps it in the state
-//! directory of `plumber up`.
+//! directory of `plumber up`, [`topology::TopologyStore`] in the status of each `Topology`
+//! resource for `plumber daemon`.
 
 pub mod dir;
+pub mod topology;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -54,12 +56,30 @@ pub enum Error {
         recorded: String,
         found: String,
     },
+    #[error(
+        "the record of {topology} was written by another daemon replica since this one read it; reading it again"
+    )]
+    Conflict { topology: String },
+    #[error("not writing the record of {topology}: this daemon replica does not hold the lease")]
+    NotLeader { topology: String },
+    #[error("cannot {operation} Topology {topology}: {message}")]
+    Api {
+        operation: &'static str,
+        topology: String,
+        message: String,
+        retryable: bool,
+    },
 }
 
 impl Error {
     /// Whether trying again can help (an I/O error may pass; a damaged or foreign file not).
     pub fn is_retryable(&self) -> bool {
-        matches!(self, Error::Write { .. } | Error::Read { .. })
+        match self {
+            Error::Write { .. } | Error::Read { .. } | Error::Conflict { .. } => true,
+            Error::NotLeader { .. } => true,
+            Error::Api { retryable, .. } => *retryable,
+            _ => false,
+        }
     }
 }
 

@@ -153,7 +153,8 @@ pub struct TopologyStatus {
     /// their internal topics, the cutover offsets stopped lives recorded and the move in
     /// progress. Opaque here (its format is the engine's, versioned inside it); it lives in
     /// the status so that a daemon replica that takes over resumes a cutover where the
-    /// previous one stopped. Not for editing by hand.
+    /// previous one stopped; beside it the topology's last moves, for `plumber history`. Not
+    /// for editing by hand.
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "opaque_object")]
     pub record: Option<serde_json::Value>,

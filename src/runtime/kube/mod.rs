@@ -3,6 +3,7 @@
 //! configuration file, and [`render`], the objects of each processor identity (a Deployment
 //! and KEDA's [`keda`] objects). Applying them and the lease come with the runtime itself.
 
+pub mod apply;
 pub mod config;
 pub mod crd;
 pub mod keda;

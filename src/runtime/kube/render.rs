@@ -169,7 +169,7 @@ pub fn labels(spec: &ProcessorSpec) -> BTreeMap<String, String> {
 }
 
 /// What selects the pods of one life of an identity.
-fn selector(spec: &ProcessorSpec) -> BTreeMap<String, String> {
+pub fn selector(spec: &ProcessorSpec) -> BTreeMap<String, String> {
     BTreeMap::from([
         (TOPOLOGY.into(), spec.topology.clone()),
         (STEP.into(), spec.step.clone()),

@@ -1,0 +1,280 @@
+//! The [`CutoverStore`] of `plumber daemon`: each topology's record in the status of its
+//! `Topology` resource (`status.record`), so a daemon replica that takes the lease over
+//! resumes a cutover where the previous holder stopped.
+//!
+//! # Guarantees
+//! - **Never a lost update.** A save reads the object, checks that the record in it is still
+//!   the one this store last read or wrote, and replaces the status with the object's
+//!   `resourceVersion` as a precondition. A record another replica wrote meanwhile is a
+//!   [`Error::Conflict`]: nothing is written, and the engine's next step starts from a fresh
+//!   load. A conflict with another writer of the same status (the observer) that left the
+//!   record alone is retried at once.
+//! - **Only the lease holder writes**: every write first asks the guard it was given.
+//! - The topology's last [`HISTORY_KEPT`] moves are kept beside the record, for
+//!   `plumber history`.
+//!
+//! Calls block, on the store's own executor.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use kube::Client;
+use kube::api::{Api, ListParams, PostParams};
+use serde::{Deserialize, Serialize};
+
+use super::{CutoverStore, Error, FORMAT, HistoryEntry, Result, TopologyRecord};
+use crate::runtime::kube::crd::{Topology, TopologySpec, TopologyStatus};
+use crate::runtime::kube::render::{MANAGED_BY, Source, TOPOLOGY};
+
+/// Moves kept per topology.
+pub const HISTORY_KEPT: usize = 100;
+
+/// Conflicts with other writers of the status retried in one save.
+const STATUS_RETRIES: usize = 5;
+
+/// What `status.record` holds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct StatusRecord {
+    #[serde(flatten)]
+    record: TopologyRecord,
+    #[serde(default)]
+    history: Vec<HistoryEntry>,
+}
+
+/// Whether this daemon replica may write (it holds the lease).
+pub type Guard = dyn Fn() -> bool + Send + Sync;
+
+pub struct TopologyStore {
+    client: Client,
+    namespace: String,
+    source: Source,
+    guard: Arc<Guard>,
+    executor: tokio::runtime::Runtime,
+    /// The record of each topology as this store last read or wrote it.
+    known: Mutex<BTreeMap<String, Option<serde_json::Value>>>,
+}
+
+impl TopologyStore {
+    pub fn new(client: Client, namespace: &str, source: Source, guard: Arc<Guard>) -> Result<Self> {
+        let executor = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| api("start a client for", "-", e.to_string(), false))?;
+        Ok(TopologyStore {
+            client,
+            namespace: namespace.to_owned(),
+            source,
+            guard,
+            executor,
+            known: Mutex::new(BTreeMap::new()),
+        })
+    }
+
+    fn api(&self) -> Api<Topology> {
+        Api::namespaced(self.client.clone(), &self.namespace)
+    }
+
+    fn get(&self, topology: &str) -> Result<Option<Topology>> {
+        self.executor
+            .block_on(self.api().get_opt(topology))
+            .map_err(|e| kube_error("read", topology, e))
+    }
+
+    fn remember(&self, topology: &str, record: Option<serde_json::Value>) {
+        self.known
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(topology.to_owned(), record);
+    }
+
+    fn read(&self, topology: &str) -> Result<StatusRecord> {
+        let object = self.get(topology)?;
+        let raw = object
+            .as_ref()
+            .and_then(|o| o.status.as_ref())
+            .and_then(|s| s.record.clone());
+        self.remember(topology, raw.clone());
+        parse(topology, raw)
+    }
+
+    /// Read, change and write the status record of `topology`, with the guarantees above.
+    fn write(&self, topology: &str, change: impl Fn(&mut StatusRecord)) -> Result<()> {
+        if !(self.guard)() {
+            return Err(Error::NotLeader {
+                topology: topology.to_owned(),
+            });
+        }
+        let known = self
+            .known
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(topology)
+            .cloned();
+        for _ in 0..STATUS_RETRIES {
+            let mut object = match self.get(topology)? {
+                Some(object) => object,
+                None => self.create(topology)?,
+            };
+            let raw = object.status.as_ref().and_then(|s| s.record.clone());
+            if let Some(known) = &known
+                && *known != raw
+            {
+                return Err(Error::Conflict {
+                    topology: topology.to_owned(),
+                });
+            }
+            let mut record = parse(topology, raw)?;
+            change(&mut record);
+            let value = serde_json::to_value(&record)
+                .map_err(|e| api("encode the record of", topology, e.to_string(), false))?;
+            object
+                .status
+                .get_or_insert_with(TopologyStatus::default)
+                .record = Some(value.clone());
+            match self.executor.block_on(self.api().replace_status(
+                topology,
+                &PostParams::default(),
+                &object,
+            )) {
+                Ok(_) => {
+                    self.remember(topology, Some(value));
+                    return Ok(());
+                }
+                // Someone wrote the object between our read and write: look again.
+                Err(kube::Error::Api(status)) if status.code == 409 => continue,
+                Err(error) => return Err(kube_error("write the record of", topology, error)),
+            }
+        }
+        Err(api(
+            "write the record of",
+            topology,
+            format!("its status changed {STATUS_RETRIES} times while writing"),
+            true,
+        ))
+    }
+
+    fn create(&self, topology: &str) -> Result<Topology> {
+        let mut object = Topology::new(
+            topology,
+            TopologySpec {
+                topology: topology.to_owned(),
+                repository: self.source.repository.clone(),
+                git_ref: self.source.git_ref.clone(),
+            },
+        );
+        object.metadata.labels = Some(BTreeMap::from([
+            (MANAGED_BY.to_owned(), "plumber".to_owned()),
+            (TOPOLOGY.to_owned(), topology.to_owned()),
+        ]));
+        match self
+            .executor
+            .block_on(self.api().create(&PostParams::default(), &object))
+        {
+            Ok(created) => Ok(created),
+            Err(kube::Error::Api(status)) if status.code == 409 => self
+                .get(topology)?
+                .ok_or_else(|| api("create", topology, "created and gone".into(), true)),
+            Err(error) => Err(kube_error("create", topology, error)),
+        }
+    }
+}
+
+fn parse(topology: &str, raw: Option<serde_json::Value>) -> Result<StatusRecord> {
+    let Some(raw) = raw else {
+        return Ok(StatusRecord {
+            record: TopologyRecord::default(),
+            history: Vec::new(),
+        });
+    };
+    let found = raw.get("format").and_then(serde_json::Value::as_u64);
+    if found != Some(u64::from(FORMAT)) {
+        return Err(Error::Format {
+            path: format!("Topology {topology} status.record").into(),
+            found: found.and_then(|f| u32::try_from(f).ok()).unwrap_or(0),
+        });
+    }
+    serde_json::from_value(raw).map_err(|source| Error::Damaged {
+        path: format!("Topology {topology} status.record").into(),
+        source,
+    })
+}
+
+fn api(operation: &'static str, topology: &str, message: String, retryable: bool) -> Error {
+    Error::Api {
+        operation,
+        topology: topology.to_owned(),
+        message,
+        retryable,
+    }
+}
+
+fn kube_error(operation: &'static str, topology: &str, error: kube::Error) -> Error {
+    let retryable = match &error {
+        kube::Error::Api(status) => !matches!(status.code, 400 | 403 | 404 | 422),
+        _ => true,
+    };
+    api(operation, topology, error.to_string(), retryable)
+}
+
+impl CutoverStore for TopologyStore {
+    fn load(&self, topology: &str) -> Result<TopologyRecord> {
+        Ok(self.read(topology)?.record)
+    }
+
+    fn save(&self, topology: &str, record: &TopologyRecord) -> Result<()> {
+        self.write(topology, |status| status.record = record.clone())
+    }
+
+    fn topologies(&self) -> Result<BTreeMap<String, Result<TopologyRecord>>> {
+        let list = self
+            .executor
+            .block_on(
+                self.api()
+                    .list(&ListParams::default().labels(&format!("{MANAGED_BY}=plumber"))),
+            )
+            .map_err(|e| kube_error("list", "-", e))?;
+        Ok(list
+            .items
+            .into_iter()
+            .filter_map(|object| {
+                let name = object.metadata.name.clone()?;
+                let raw = object.status.and_then(|s| s.record);
+                let record = parse(&name, raw).map(|s| s.record);
+                Some((name, record))
+            })
+            .collect())
+    }
+
+    fn append_history(&self, entry: &HistoryEntry) -> Result<()> {
+        self.write(&entry.topology, |status| {
+            if status.history.iter().rev().any(|e| e.same_move(entry)) {
+                return;
+            }
+            status.history.push(entry.clone());
+            let excess = status.history.len().saturating_sub(HISTORY_KEPT);
+            status.history.drain(..excess);
+        })
+    }
+
+    fn history(&self) -> Result<Vec<HistoryEntry>> {
+        let list = self
+            .executor
+            .block_on(
+                self.api()
+                    .list(&ListParams::default().labels(&format!("{MANAGED_BY}=plumber"))),
+            )
+            .map_err(|e| kube_error("list", "-", e))?;
+        let mut entries: Vec<HistoryEntry> = list
+            .items
+            .into_iter()
+            .filter_map(|object| {
+                let name = object.metadata.name.clone()?;
+                parse(&name, object.status.and_then(|s| s.record)).ok()
+            })
+            .flat_map(|status| status.history)
+            .collect();
+        entries.sort_by_key(|e| e.finished_at);
+        Ok(entries)
+    }
+}
