@@ -269,6 +269,12 @@ impl Engine<'_> {
                 });
                 tracing::info!(topology = self.topology, action = %key, "cutover action");
             }
+            // Only the lease holder acts: a replica that lost it stops before the next action.
+            if !self.store.may_act() {
+                return Err(self.store_error(store::Error::NotLeader {
+                    topology: self.topology.to_owned(),
+                }));
+            }
             let before = record.clone();
             let outcome = self.execute(&pending.action, &mut record, target);
             if outcome.is_err() && record != before {

@@ -198,4 +198,9 @@ pub trait CutoverStore: Send + Sync {
     fn append_history(&self, entry: &HistoryEntry) -> Result<()>;
     /// Moves, oldest first.
     fn history(&self) -> Result<Vec<HistoryEntry>>;
+    /// Whether this daemon may act on what the store holds now (it holds the lease where
+    /// several replicas share one store). The engine asks before every action.
+    fn may_act(&self) -> bool {
+        true
+    }
 }

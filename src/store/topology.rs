@@ -257,6 +257,10 @@ impl CutoverStore for TopologyStore {
         })
     }
 
+    fn may_act(&self) -> bool {
+        (self.guard)()
+    }
+
     fn history(&self) -> Result<Vec<HistoryEntry>> {
         let list = self
             .executor

@@ -1,0 +1,477 @@
+//! The Kubernetes runtime and the Topology-status store on the in-memory API server of
+//! `plumber_testkit::kube_api` (a real `kube::Client` in front of it): the requests they make
+//! (apply patch type, field manager, order, selectors), stop ordering, drift repair, garbage
+//! collection, a restarted daemon, and never a lost update of the cutover record. KEDA's own
+//! CRD schemas validate what is applied, as the API server would.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Pod;
+use kube::core::{ApiResource, GroupVersionKind};
+use plumber::runtime::kube::apply::{KubeConfig, KubeRuntime};
+use plumber::runtime::kube::crd;
+use plumber::runtime::kube::render::{RenderConfig, Source};
+use plumber::runtime::{Cluster, ProcessorSpec, Runtime, Settings};
+use plumber::spec::{EnvValue, Resources, Scale, Transform};
+use plumber::store::topology::{HISTORY_KEPT, TopologyStore};
+use plumber::store::{CutoverStore, HistoryEntry, Outcome, TopologyRecord};
+use plumber_testkit::kube_api::{FakeApi, PodStart, Verb};
+
+const NS: &str = "data";
+
+fn keda_crd(name: &str) -> String {
+    std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/keda")
+            .join(name),
+    )
+    .unwrap()
+}
+
+fn fake() -> FakeApi {
+    FakeApi::new()
+        .with_deployment_controller(PodStart::Ready)
+        .with_crd_yaml(&keda_crd("keda.sh_scaledobjects.yaml"))
+        .with_crd_yaml(&keda_crd("keda.sh_triggerauthentications.yaml"))
+        .with_crd(&serde_json::to_value(crd::definition()).unwrap())
+}
+
+fn config() -> KubeConfig {
+    KubeConfig {
+        stop_timeout: Duration::from_secs(2),
+        poll: Duration::from_millis(20),
+        ..KubeConfig::new(RenderConfig {
+            namespace: NS.into(),
+            processor_image: "ghcr.io/plumber-dev/plumber-processor:0.1.0".into(),
+            pull_policy: None,
+            owner: None,
+        })
+    }
+}
+
+fn runtime(fake: &FakeApi) -> KubeRuntime {
+    KubeRuntime::connect(fake.client(NS), config()).unwrap()
+}
+
+fn spec(step: &str, id: &str) -> ProcessorSpec {
+    ProcessorSpec {
+        topology: "shop".into(),
+        step: step.into(),
+        identity: id.repeat(32).parse().unwrap(),
+        group: format!("plumber.shop.{step}.{}", id.repeat(6)),
+        cluster: Cluster {
+            bootstrap: "kafka:9093".into(),
+            properties: BTreeMap::from([
+                ("security.protocol".into(), "SASL_SSL".into()),
+                ("sasl.mechanism".into(), "SCRAM-SHA-512".into()),
+            ]),
+            credentials: Some("kafka-user".into()),
+        },
+        inputs: vec!["orders".into()],
+        input_steps: BTreeMap::new(),
+        outputs: vec!["orders.valid".into()],
+        dlq: format!("plumber.shop.{step}.dlq"),
+        transform: Transform::Jq {
+            program: "select(.ok)".into(),
+        },
+        env: BTreeMap::from([("MODEL".into(), EnvValue::Value("v3".into()))]),
+        scale: Scale {
+            min: 1,
+            max: 4,
+            lag_threshold: 100,
+        },
+        resources: None,
+        commit: "0123456789abcdef0123456789abcdef01234567".into(),
+        dir: "topologies/shop".into(),
+        settings: Settings::default(),
+    }
+}
+
+fn keda(kind: &str, plural: &str) -> ApiResource {
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("keda.sh", "v1alpha1", kind), plural)
+}
+
+fn scaled_objects() -> ApiResource {
+    keda("ScaledObject", "scaledobjects")
+}
+
+fn pods_of(fake: &FakeApi, spec: &ProcessorSpec) -> usize {
+    fake.list::<Pod>(NS)
+        .iter()
+        .filter(|p| {
+            p.metadata.labels.as_ref().is_some_and(|l| {
+                l.get("plumber.dev/identity") == Some(&spec.identity.short())
+            })
+        })
+        .count()
+}
+
+/// Mutating requests as `VERB resource`, in order.
+fn writes(fake: &FakeApi) -> Vec<(Verb, String)> {
+    fake.requests()
+        .into_iter()
+        .filter(|r| !matches!(r.verb(), Verb::Get | Verb::List))
+        .map(|r| (r.verb(), r.resource().unwrap_or("-").to_owned()))
+        .collect()
+}
+
+#[test]
+fn a_start_applies_authentication_deployment_then_scaled_object_as_plumber() {
+    let fake = fake();
+    let runtime = runtime(&fake);
+    fake.clear_requests();
+    let spec = spec("validate", "ab");
+    runtime.start(&spec).unwrap();
+    assert_eq!(
+        writes(&fake),
+        [
+            (Verb::Apply, "triggerauthentications".to_owned()),
+            (Verb::Apply, "deployments".to_owned()),
+            (Verb::Apply, "scaledobjects".to_owned()),
+        ]
+    );
+    for request in fake.requests().iter().filter(|r| r.verb() == Verb::Apply) {
+        assert_eq!(
+            request.content_type.as_deref(),
+            Some("application/apply-patch+yaml")
+        );
+        assert_eq!(request.field_manager(), Some("plumber"));
+        assert!(request.force(), "{}", request.summary());
+        assert_eq!(request.namespace(), Some(NS));
+    }
+    let deployment: Deployment = fake.get(NS, &spec.group).unwrap();
+    assert_eq!(
+        deployment.metadata.labels.unwrap()["plumber.dev/step"],
+        "validate"
+    );
+    wait_for(|| pods_of(&fake, &spec) == 1);
+    // Starting what runs changes nothing.
+    let before: Deployment = fake.get(NS, &spec.group).unwrap();
+    runtime.start(&spec).unwrap();
+    let after: Deployment = fake.get(NS, &spec.group).unwrap();
+    assert_eq!(after.metadata.resource_version, before.metadata.resource_version);
+    assert_eq!(after.metadata.generation, Some(1));
+}
+
+fn wait_for(mut condition: impl FnMut() -> bool) {
+    plumber_testkit::wait_until("the fake API settles", Duration::from_secs(30), || {
+        condition()
+    });
+}
+
+#[test]
+fn a_stop_deletes_the_scaled_object_first_and_returns_once_no_pod_is_left() {
+    let fake = fake();
+    let runtime = runtime(&fake);
+    let spec = spec("validate", "ab");
+    runtime.start(&spec).unwrap();
+    wait_for(|| pods_of(&fake, &spec) == 1);
+    fake.clear_requests();
+    runtime.stop(&spec.group).unwrap();
+    let deletes: Vec<String> = writes(&fake)
+        .into_iter()
+        .filter(|(verb, _)| *verb == Verb::Delete)
+        .map(|(_, resource)| resource)
+        .collect();
+    assert_eq!(
+        deletes,
+        ["scaledobjects", "triggerauthentications", "deployments"],
+        "KEDA must not scale back what is stopping"
+    );
+    let deployment_delete = fake
+        .requests()
+        .into_iter()
+        .find(|r| r.verb() == Verb::Delete && r.resource() == Some("deployments"))
+        .unwrap();
+    assert_eq!(deployment_delete.propagation_policy(), Some("Foreground"));
+    assert_eq!(pods_of(&fake, &spec), 0);
+    // Stopping what does not run is not an error.
+    runtime.stop(&spec.group).unwrap();
+    runtime.stop("plumber.shop.never.cdcdcdcdcdcd").unwrap();
+}
+
+#[test]
+fn a_stop_whose_pods_do_not_go_is_an_error_naming_them() {
+    let fake = FakeApi::new(); // no controller: nothing removes the pod below
+    let runtime = runtime(&fake);
+    let spec = spec("validate", "ab");
+    runtime.start(&spec).unwrap();
+    let mut pod = Pod::default();
+    pod.metadata.name = Some("stuck".into());
+    pod.metadata.namespace = Some(NS.into());
+    pod.metadata.labels = Some(plumber::runtime::kube::render::selector(&spec));
+    fake.put(&pod);
+    let error = runtime.stop(&spec.group).unwrap_err();
+    assert!(error.to_string().contains("1 pods still exist"), "{error}");
+    assert!(error.is_retryable());
+}
+
+#[test]
+fn repair_puts_back_what_was_deleted_or_edited_by_hand_and_deletes_what_nothing_runs() {
+    let fake = fake();
+    let mut config = config();
+    config.full_repair_interval = Duration::ZERO;
+    let runtime = KubeRuntime::connect(fake.client(NS), config).unwrap();
+    let spec = spec("validate", "ab");
+    runtime.start(&spec).unwrap();
+    // By hand: the Deployment deleted, the ScaledObject's bound changed.
+    assert!(fake.delete::<Deployment>(NS, &spec.group));
+    fake.patch_dynamic(
+        &scaled_objects(),
+        NS,
+        &spec.group,
+        serde_json::json!({"spec": {"maxReplicaCount": 99}}),
+    );
+    // An object of plumber's that no identity runs.
+    let mut orphan = fake
+        .get_dynamic(&scaled_objects(), NS, &spec.group)
+        .unwrap();
+    orphan["metadata"] = serde_json::json!({
+        "name": "plumber.shop.gone.cdcdcdcdcdcd",
+        "namespace": NS,
+        "labels": {"app.kubernetes.io/managed-by": "plumber"},
+    });
+    fake.put_dynamic(&scaled_objects(), orphan);
+    runtime.repair().unwrap();
+    assert!(fake.get::<Deployment>(NS, &spec.group).is_some());
+    let so = fake
+        .get_dynamic(&scaled_objects(), NS, &spec.group)
+        .unwrap();
+    assert_eq!(so["spec"]["maxReplicaCount"], 4);
+    assert!(
+        fake.get_dynamic(&scaled_objects(), NS, "plumber.shop.gone.cdcdcdcdcdcd")
+            .is_none()
+    );
+    // Objects that are not plumber's are never touched.
+    let mut theirs = Deployment::default();
+    theirs.metadata.name = Some("theirs".into());
+    theirs.metadata.namespace = Some(NS.into());
+    fake.put(&theirs);
+    runtime.repair().unwrap();
+    assert!(fake.get::<Deployment>(NS, "theirs").is_some());
+}
+
+#[test]
+fn without_a_full_repair_due_only_missing_objects_are_applied() {
+    let fake = fake();
+    let runtime = runtime(&fake); // full repair every 10 minutes: the first is now
+    let spec = spec("validate", "ab");
+    runtime.start(&spec).unwrap();
+    runtime.repair().unwrap();
+    fake.clear_requests();
+    runtime.repair().unwrap();
+    assert!(
+        writes(&fake).is_empty(),
+        "nothing changed, nothing applied: {:?}",
+        writes(&fake)
+    );
+    assert!(fake.delete::<Deployment>(NS, &spec.group));
+    runtime.repair().unwrap();
+    assert!(fake.get::<Deployment>(NS, &spec.group).is_some());
+}
+
+#[test]
+fn an_update_changes_scale_and_resources_in_place() {
+    let fake = fake();
+    let runtime = runtime(&fake);
+    let spec = spec("validate", "ab");
+    runtime.start(&spec).unwrap();
+    fake.clear_requests();
+    let scale = Scale {
+        min: 0,
+        max: 9,
+        lag_threshold: 50,
+    };
+    let resources = Resources {
+        cpu: Some("250m".into()),
+        memory: Some("128Mi".into()),
+    };
+    runtime
+        .update(&spec.group, &scale, Some(&resources))
+        .unwrap();
+    assert!(
+        writes(&fake).iter().all(|(verb, _)| *verb == Verb::Apply),
+        "{:?}",
+        writes(&fake)
+    );
+    let so = fake
+        .get_dynamic(&scaled_objects(), NS, &spec.group)
+        .unwrap();
+    assert_eq!(so["spec"]["minReplicaCount"], 0);
+    assert_eq!(so["spec"]["maxReplicaCount"], 9);
+    assert_eq!(so["spec"]["triggers"][0]["metadata"]["lagThreshold"], "50");
+    let deployment: Deployment = fake.get(NS, &spec.group).unwrap();
+    let container = &deployment.spec.template.spec.unwrap().containers[0];
+    assert_eq!(
+        container.resources.as_ref().unwrap().requests.as_ref().unwrap()["cpu"].0,
+        "250m"
+    );
+}
+
+#[test]
+fn a_new_daemon_knows_what_runs_from_the_deployments() {
+    let fake = fake();
+    let first = runtime(&fake);
+    let a = spec("validate", "ab");
+    let b = spec("enrich", "cd");
+    first.start(&a).unwrap();
+    first.start(&b).unwrap();
+    drop(first);
+    let second = runtime(&fake);
+    let mut groups: Vec<String> = second
+        .processors()
+        .unwrap()
+        .into_iter()
+        .map(|p| {
+            assert_eq!(p.commit.as_deref(), Some(a.commit.as_str()));
+            p.group
+        })
+        .collect();
+    groups.sort();
+    let mut expected = vec![a.group.clone(), b.group.clone()];
+    expected.sort();
+    assert_eq!(groups, expected);
+    // It repairs and stops them as its own.
+    assert!(fake.delete::<Deployment>(NS, &b.group));
+    second.repair().unwrap();
+    assert!(fake.get::<Deployment>(NS, &b.group).is_some());
+    second.stop(&a.group).unwrap();
+    assert!(fake.get::<Deployment>(NS, &a.group).is_none());
+}
+
+fn store(fake: &FakeApi, leader: &Arc<AtomicBool>) -> TopologyStore {
+    let leader = leader.clone();
+    TopologyStore::new(
+        fake.client(NS),
+        NS,
+        Source {
+            repository: "https://git.example.com/data/topologies.git".into(),
+            git_ref: "main".into(),
+        },
+        Arc::new(move || leader.load(Ordering::SeqCst)),
+    )
+    .unwrap()
+}
+
+fn moved(commit: &str) -> TopologyRecord {
+    TopologyRecord {
+        commit: Some(commit.into()),
+        bootstrap: Some("kafka:9093".into()),
+        ..TopologyRecord::default()
+    }
+}
+
+#[test]
+fn the_record_lives_in_the_topology_status_and_a_second_replica_resumes_from_it() {
+    let fake = fake();
+    let leader = Arc::new(AtomicBool::new(true));
+    let first = store(&fake, &leader);
+    assert_eq!(first.load("shop").unwrap(), TopologyRecord::default());
+    first.save("shop", &moved("aaa")).unwrap();
+    let object: crd::Topology = fake.get(NS, "shop").unwrap();
+    assert_eq!(object.spec.topology, "shop");
+    assert_eq!(object.spec.git_ref, "main");
+    assert_eq!(object.status.unwrap().record.unwrap()["commit"], "aaa");
+    let status_write = fake
+        .requests()
+        .into_iter()
+        .find(|r| r.subresource() == Some("status") && r.verb() == Verb::Replace)
+        .expect("the record is written to the status subresource");
+    assert!(status_write.body.is_some());
+    let second = store(&fake, &leader);
+    assert_eq!(second.load("shop").unwrap(), moved("aaa"));
+    assert_eq!(
+        second.topologies().unwrap().keys().collect::<Vec<_>>(),
+        ["shop"]
+    );
+}
+
+#[test]
+fn a_record_written_by_another_replica_since_it_was_read_is_never_overwritten() {
+    let fake = fake();
+    let leader = Arc::new(AtomicBool::new(true));
+    let old = store(&fake, &leader);
+    let new = store(&fake, &leader);
+    old.save("shop", &moved("aaa")).unwrap();
+    new.load("shop").unwrap();
+    new.save("shop", &moved("bbb")).unwrap();
+    let error = old.save("shop", &moved("stale")).unwrap_err();
+    assert!(error.to_string().contains("another daemon replica"), "{error}");
+    assert!(error.is_retryable());
+    assert_eq!(new.load("shop").unwrap(), moved("bbb"));
+    // Read again, the old one may write.
+    assert_eq!(old.load("shop").unwrap(), moved("bbb"));
+    old.save("shop", &moved("ccc")).unwrap();
+    assert_eq!(new.load("shop").unwrap(), moved("ccc"));
+}
+
+#[test]
+fn another_writer_of_the_status_is_no_conflict_and_keeps_its_fields() {
+    let fake = fake();
+    let leader = Arc::new(AtomicBool::new(true));
+    let store = store(&fake, &leader);
+    store.save("shop", &moved("aaa")).unwrap();
+    // The observer's fields, written beside the record.
+    let mut object: crd::Topology = fake.get(NS, "shop").unwrap();
+    object.status.as_mut().unwrap().phase = Some(crd::Phase::Cutover);
+    fake.put(&object);
+    store.save("shop", &moved("bbb")).unwrap();
+    let object: crd::Topology = fake.get(NS, "shop").unwrap();
+    let status = object.status.unwrap();
+    assert_eq!(status.phase, Some(crd::Phase::Cutover));
+    assert_eq!(status.record.unwrap()["commit"], "bbb");
+}
+
+#[test]
+fn a_replica_without_the_lease_neither_acts_nor_writes() {
+    let fake = fake();
+    let leader = Arc::new(AtomicBool::new(true));
+    let store = store(&fake, &leader);
+    store.save("shop", &moved("aaa")).unwrap();
+    leader.store(false, Ordering::SeqCst);
+    assert!(!store.may_act());
+    fake.clear_requests();
+    let error = store.save("shop", &moved("bbb")).unwrap_err();
+    assert!(error.to_string().contains("lease"), "{error}");
+    assert!(
+        fake.requests().iter().all(|r| r.verb() != Verb::Replace),
+        "no write without the lease"
+    );
+    leader.store(true, Ordering::SeqCst);
+    assert!(store.may_act());
+}
+
+#[test]
+fn history_keeps_each_move_once_and_the_newest_few() {
+    let fake = fake();
+    let leader = Arc::new(AtomicBool::new(true));
+    let store = store(&fake, &leader);
+    store.load("shop").unwrap();
+    let entry = |n: u64| HistoryEntry {
+        topology: "shop".into(),
+        from: None,
+        to: format!("c{n}"),
+        outcome: Outcome::Applied,
+        started_at: n,
+        finished_at: n + 1,
+        actions: 3,
+        handovers: Vec::new(),
+    };
+    store.append_history(&entry(1)).unwrap();
+    store.append_history(&entry(1)).unwrap();
+    assert_eq!(store.history().unwrap(), [entry(1)]);
+    for n in 2..=(HISTORY_KEPT as u64 + 5) {
+        store.append_history(&entry(n)).unwrap();
+    }
+    let history = store.history().unwrap();
+    assert_eq!(history.len(), HISTORY_KEPT);
+    assert_eq!(history.last(), Some(&entry(HISTORY_KEPT as u64 + 5)));
+    // The record beside it is untouched.
+    assert_eq!(store.load("shop").unwrap(), TopologyRecord::default());
+}
