@@ -1,5 +1,6 @@
 //! The fake Kubernetes API server, through a real `kube::Client`: typed and dynamic `Api`s,
 //! what the server stores and answers, and what it records.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly
 
 use std::sync::{Arc, Mutex};
 

@@ -306,14 +306,11 @@ impl Ownership {
         owned.api_version = meta.0.to_string();
         owned.time = meta.1.to_string();
         for path in changed {
-            match get(&new, &path) {
-                Some(value) => {
-                    let mut prefix = path.clone();
-                    let mut found = Vec::new();
-                    leaves(value, &mut prefix, &mut found);
-                    owned.fields.extend(found.into_iter().map(|(p, _)| p));
-                }
-                None => {}
+            if let Some(value) = get(&new, &path) {
+                let mut prefix = path.clone();
+                let mut found = Vec::new();
+                leaves(value, &mut prefix, &mut found);
+                owned.fields.extend(found.into_iter().map(|(p, _)| p));
             }
         }
         self.entries.retain(|_, owned| !owned.fields.is_empty());

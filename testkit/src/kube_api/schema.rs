@@ -16,9 +16,11 @@ use serde_json::{Map, Value, json};
 /// The compiled schemas of kinds, by `(group, kind)` and optionally version.
 #[derive(Default)]
 pub(crate) struct Schemas {
-    /// `(group, kind)` to `(version or None for every version, schema)`.
-    kinds: BTreeMap<(String, String), Vec<(Option<String>, Compiled)>>,
+    kinds: BTreeMap<(String, String), Vec<Versioned>>,
 }
+
+/// A schema, of one version or (`None`) of every version.
+type Versioned = (Option<String>, Compiled);
 
 struct Compiled {
     raw: Value,
