@@ -587,7 +587,8 @@ impl FakeApi {
     // ---- the request log ----
 
     /// Every request received so far (since the last [`FakeApi::take_requests`] or
-    /// [`FakeApi::clear_requests`]), in arrival order.
+    /// [`FakeApi::clear_requests`]), in arrival order. The handle's and the controllers'
+    /// changes are not requests and are not in it.
     pub fn requests(&self) -> Vec<RecordedRequest> {
         self.lock().requests.clone()
     }

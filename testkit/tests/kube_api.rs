@@ -500,6 +500,49 @@ async fn deletes_are_recorded_in_order_with_their_propagation_policy() {
 }
 
 #[tokio::test]
+async fn delete_collection_dry_run_and_generate_name() {
+    let fake = FakeApi::new();
+    let api: Api<ConfigMap> = Api::namespaced(fake.client(NS), NS);
+    for labels in [
+        json!({"step": "a"}),
+        json!({"step": "a"}),
+        json!({"step": "b"}),
+    ] {
+        let cm =
+            serde_json::from_value(json!({"metadata": {"generateName": "cm-", "labels": labels}}))
+                .unwrap();
+        let created = api.create(&PostParams::default(), &cm).await.unwrap();
+        assert!(created.metadata.name.unwrap().starts_with("cm-"));
+    }
+
+    let dry = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    let cm = serde_json::from_value(json!({"metadata": {"name": "dry"}})).unwrap();
+    api.create(&dry, &cm).await.unwrap();
+    assert!(
+        fake.get::<ConfigMap>(NS, "dry").is_none(),
+        "a dry run stores nothing"
+    );
+
+    let deleted = api
+        .delete_collection(
+            &DeleteParams::default(),
+            &ListParams::default().labels("step=a"),
+        )
+        .await
+        .unwrap();
+    let deleted = deleted.left().expect("the list of deleted objects");
+    assert_eq!(deleted.items.len(), 2);
+    assert_eq!(fake.list::<ConfigMap>(NS).len(), 1);
+    assert_eq!(
+        fake.requests().last().unwrap().verb(),
+        Verb::DeleteCollection
+    );
+}
+
+#[tokio::test]
 async fn finalizers_hold_a_deleted_object_until_they_are_removed() {
     let fake = FakeApi::new();
     let api: Api<ConfigMap> = Api::namespaced(fake.client(NS), NS);
