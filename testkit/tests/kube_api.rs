@@ -9,7 +9,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch,
-    PatchParams, PostParams, WatchParams,
+    PatchParams, PostParams, Preconditions, WatchParams,
 };
 use kube::core::Status;
 use plumber_testkit::kube_api::{FakeApi, Fault, HAND_MANAGER, PodChange, PodStart, Verb};
@@ -463,6 +463,22 @@ async fn deletes_are_recorded_in_order_with_their_propagation_policy() {
         .patch("web", &apply(), &Patch::Apply(scaled_object("web")))
         .await
         .unwrap();
+    fake.clear_requests();
+
+    let stale = DeleteParams {
+        preconditions: Some(Preconditions {
+            resource_version: Some("1".to_string()),
+            uid: None,
+        }),
+        ..DeleteParams::default()
+    };
+    let status = api_error(scaled.delete("web", &stale).await);
+    assert_eq!((status.code, status.reason.as_str()), (409, "Conflict"));
+    assert!(
+        status.message.contains("Precondition failed"),
+        "{}",
+        status.message
+    );
     fake.clear_requests();
 
     let gone = scaled

@@ -420,9 +420,10 @@ impl Context<'_> {
     fn store(&mut self, key: &Key, object: Value, ownership: Ownership, code: u16) -> Answer {
         self.validate(&object, &key.name)?;
         if self.dry_run() {
-            return Ok(Reply::read(object)).map(|mut r| {
-                r.code = code;
-                r
+            return Ok(Reply {
+                code,
+                body: object,
+                mutated: false,
             });
         }
         let stored = self.store.commit(key, object, ownership);
@@ -727,15 +728,14 @@ impl Context<'_> {
             .stored(&key)
             .cloned()
             .ok_or_else(|| ApiError::not_found(&self.resource(), name))?;
-        for (field, pointer) in [
-            ("UID", "/metadata/uid"),
-            ("ResourceVersion", "/metadata/resourceVersion"),
+        for (field, option, pointer) in [
+            ("UID", "uid", "/metadata/uid"),
+            (
+                "ResourceVersion",
+                "resourceVersion",
+                "/metadata/resourceVersion",
+            ),
         ] {
-            let option = if field == "UID" {
-                "uid"
-            } else {
-                "resourceVersion"
-            };
             if let Some(wanted) = options
                 .pointer(&format!("/preconditions/{option}"))
                 .and_then(Value::as_str)
