@@ -5,7 +5,11 @@
 //! starts tansu (an Apache Kafka compatible broker) with SQLite storage on a free loopback
 //! port, in a temporary directory removed afterwards. Every helper panics with a message
 //! saying what it waited for: a harness failure must fail the test, loudly.
+//!
+//! [`kube_api`] is an in-memory Kubernetes API server behind a real `kube::Client`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+pub mod kube_api;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::TcpListener;
