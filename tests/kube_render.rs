@@ -1,6 +1,6 @@
 //! The Kubernetes objects of processors (SPEC §7): each rendered object checked for content and
 //! against the schema the API server would enforce (k8s-openapi's types, KEDA's own CRDs from
-//! `../shared/schemas/keda`, copied into `tests/fixtures/keda` with their licence, and the
+//! `../shared/schemas/keda`, copied into `testkit/fixtures/keda` with their licence, and the
 //! Topology CRD).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly
@@ -8,20 +8,14 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Container;
 use plumber::runtime::kube::render::{self, Objects, RenderConfig};
 use plumber::runtime::{Cluster, ProcessorSpec, Settings};
 use plumber::spec::{EnvValue, Resources, Scale, SecretRef, Transform};
+use plumber_testkit::kube_api::{KEDA_SCALED_OBJECT_CRD, KEDA_TRIGGER_AUTHENTICATION_CRD};
 use serde_json::Value;
-
-fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/keda")
-        .join(name)
-}
 
 /// `spec.versions[0].schema.openAPIV3Schema` of a CRD file, as a validator.
 fn crd_validator(crd: &Value) -> jsonschema::Validator {
@@ -30,9 +24,8 @@ fn crd_validator(crd: &Value) -> jsonschema::Validator {
     jsonschema::validator_for(schema).unwrap()
 }
 
-fn keda(name: &str) -> jsonschema::Validator {
-    let text = std::fs::read_to_string(fixture(name)).unwrap();
-    crd_validator(&serde_saphyr::from_str::<Value>(&text).unwrap())
+fn keda(crd: &str) -> jsonschema::Validator {
+    crd_validator(&serde_saphyr::from_str::<Value>(crd).unwrap())
 }
 
 fn assert_valid(validator: &jsonschema::Validator, object: &Value) {
@@ -122,8 +115,8 @@ fn containers(deployment: &Deployment) -> Vec<Container> {
 
 #[test]
 fn scaled_objects_and_trigger_authentications_pass_kedas_own_schemas() {
-    let scaled_objects = keda("keda.sh_scaledobjects.yaml");
-    let authentications = keda("keda.sh_triggerauthentications.yaml");
+    let scaled_objects = keda(KEDA_SCALED_OBJECT_CRD);
+    let authentications = keda(KEDA_TRIGGER_AUTHENTICATION_CRD);
     for transform in [
         jq(),
         Transform::Http {
@@ -461,7 +454,7 @@ fn plumber_render_prints_the_objects_of_the_example_repository() {
     assert!(count("Deployment") >= 5, "{kinds:?}");
     let topology_crd = serde_json::to_value(plumber::runtime::kube::crd::definition()).unwrap();
     let topologies = crd_validator(&topology_crd);
-    let scaled_objects = keda("keda.sh_scaledobjects.yaml");
+    let scaled_objects = keda(KEDA_SCALED_OBJECT_CRD);
     for document in &documents {
         match document["kind"].as_str().unwrap() {
             "Topology" => assert_valid(&topologies, document),

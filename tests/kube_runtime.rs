@@ -21,24 +21,17 @@ use plumber::runtime::{Cluster, ProcessorSpec, Runtime, Settings};
 use plumber::spec::{EnvValue, Resources, Scale, Transform};
 use plumber::store::topology::{HISTORY_KEPT, TopologyStore};
 use plumber::store::{CutoverStore, HistoryEntry, Outcome, TopologyRecord};
-use plumber_testkit::kube_api::{FakeApi, PodStart, Verb};
+use plumber_testkit::kube_api::{
+    FakeApi, Fault, KEDA_SCALED_OBJECT_CRD, KEDA_TRIGGER_AUTHENTICATION_CRD, PodStart, Verb,
+};
 
 const NS: &str = "data";
-
-fn keda_crd(name: &str) -> String {
-    std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/fixtures/keda")
-            .join(name),
-    )
-    .unwrap()
-}
 
 fn fake() -> FakeApi {
     FakeApi::new()
         .with_deployment_controller(PodStart::Ready)
-        .with_crd_yaml(&keda_crd("keda.sh_scaledobjects.yaml"))
-        .with_crd_yaml(&keda_crd("keda.sh_triggerauthentications.yaml"))
+        .with_crd_yaml(KEDA_SCALED_OBJECT_CRD)
+        .with_crd_yaml(KEDA_TRIGGER_AUTHENTICATION_CRD)
         .with_crd(&serde_json::to_value(crd::definition()).unwrap())
 }
 
@@ -56,7 +49,7 @@ fn config() -> KubeConfig {
 }
 
 fn runtime(fake: &FakeApi) -> KubeRuntime {
-    KubeRuntime::connect(fake.client(NS), config()).unwrap()
+    KubeRuntime::connect(|| fake.client(NS), config()).unwrap()
 }
 
 fn spec(step: &str, id: &str) -> ProcessorSpec {
@@ -105,9 +98,10 @@ fn pods_of(fake: &FakeApi, spec: &ProcessorSpec) -> usize {
     fake.list::<Pod>(NS)
         .iter()
         .filter(|p| {
-            p.metadata.labels.as_ref().is_some_and(|l| {
-                l.get("plumber.dev/identity") == Some(&spec.identity.short())
-            })
+            p.metadata
+                .labels
+                .as_ref()
+                .is_some_and(|l| l.get("plumber.dev/identity") == Some(&spec.identity.short()))
         })
         .count()
 }
@@ -155,7 +149,10 @@ fn a_start_applies_authentication_deployment_then_scaled_object_as_plumber() {
     let before: Deployment = fake.get(NS, &spec.group).unwrap();
     runtime.start(&spec).unwrap();
     let after: Deployment = fake.get(NS, &spec.group).unwrap();
-    assert_eq!(after.metadata.resource_version, before.metadata.resource_version);
+    assert_eq!(
+        after.metadata.resource_version,
+        before.metadata.resource_version
+    );
     assert_eq!(after.metadata.generation, Some(1));
 }
 
@@ -217,7 +214,7 @@ fn repair_puts_back_what_was_deleted_or_edited_by_hand_and_deletes_what_nothing_
     let fake = fake();
     let mut config = config();
     config.full_repair_interval = Duration::ZERO;
-    let runtime = KubeRuntime::connect(fake.client(NS), config).unwrap();
+    let runtime = KubeRuntime::connect(|| fake.client(NS), config).unwrap();
     let spec = spec("validate", "ab");
     runtime.start(&spec).unwrap();
     // By hand: the Deployment deleted, the ScaledObject's bound changed.
@@ -309,7 +306,14 @@ fn an_update_changes_scale_and_resources_in_place() {
     let deployment: Deployment = fake.get(NS, &spec.group).unwrap();
     let container = &deployment.spec.template.spec.unwrap().containers[0];
     assert_eq!(
-        container.resources.as_ref().unwrap().requests.as_ref().unwrap()["cpu"].0,
+        container
+            .resources
+            .as_ref()
+            .unwrap()
+            .requests
+            .as_ref()
+            .unwrap()["cpu"]
+            .0,
         "250m"
     );
 }
@@ -348,7 +352,7 @@ fn a_new_daemon_knows_what_runs_from_the_deployments() {
 fn store(fake: &FakeApi, leader: &Arc<AtomicBool>) -> TopologyStore {
     let leader = leader.clone();
     TopologyStore::new(
-        fake.client(NS),
+        || fake.client(NS),
         NS,
         Source {
             repository: "https://git.example.com/data/topologies.git".into(),
@@ -402,7 +406,10 @@ fn a_record_written_by_another_replica_since_it_was_read_is_never_overwritten() 
     new.load("shop").unwrap();
     new.save("shop", &moved("bbb")).unwrap();
     let error = old.save("shop", &moved("stale")).unwrap_err();
-    assert!(error.to_string().contains("another daemon replica"), "{error}");
+    assert!(
+        error.to_string().contains("another daemon replica"),
+        "{error}"
+    );
     assert!(error.is_retryable());
     assert_eq!(new.load("shop").unwrap(), moved("bbb"));
     // Read again, the old one may write.
@@ -421,7 +428,22 @@ fn another_writer_of_the_status_is_no_conflict_and_keeps_its_fields() {
     let mut object: crd::Topology = fake.get(NS, "shop").unwrap();
     object.status.as_mut().unwrap().phase = Some(crd::Phase::Cutover);
     fake.put(&object);
+    // And a write between the store's read and its write: answered 409 once.
+    fake.fail_next(
+        1,
+        |r| r.subresource() == Some("status") && r.verb() == Verb::Replace,
+        Fault::conflict(),
+    );
     store.save("shop", &moved("bbb")).unwrap();
+    let status_writes = fake
+        .requests()
+        .iter()
+        .filter(|r| r.subresource() == Some("status") && r.verb() == Verb::Replace)
+        .count();
+    assert_eq!(
+        status_writes, 3,
+        "the first save, the refused write, its retry"
+    );
     let object: crd::Topology = fake.get(NS, "shop").unwrap();
     let status = object.status.unwrap();
     assert_eq!(status.phase, Some(crd::Phase::Cutover));

@@ -56,11 +56,22 @@ pub struct TopologyStore {
 }
 
 impl TopologyStore {
-    pub fn new(client: Client, namespace: &str, source: Source, guard: Arc<Guard>) -> Result<Self> {
+    /// A store on the client `client` makes (inside the store's own executor, which drives
+    /// it).
+    pub fn new(
+        client: impl FnOnce() -> Client,
+        namespace: &str,
+        source: Source,
+        guard: Arc<Guard>,
+    ) -> Result<Self> {
         let executor = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .map_err(|e| api("start a client for", "-", e.to_string(), false))?;
+        let client = {
+            let _inside = executor.enter();
+            client()
+        };
         Ok(TopologyStore {
             client,
             namespace: namespace.to_owned(),

@@ -117,6 +117,14 @@ mod store;
 
 pub use server::Target;
 
+/// KEDA's own `ScaledObject` CRD (v2.20.2, Apache-2.0; see `fixtures/keda/README.md`), for
+/// [`FakeApi::with_crd_yaml`].
+pub const KEDA_SCALED_OBJECT_CRD: &str =
+    include_str!("../fixtures/keda/keda.sh_scaledobjects.yaml");
+/// KEDA's own `TriggerAuthentication` CRD.
+pub const KEDA_TRIGGER_AUTHENTICATION_CRD: &str =
+    include_str!("../fixtures/keda/keda.sh_triggerauthentications.yaml");
+
 use std::collections::BTreeMap;
 use std::fmt;
 use std::future::Future;

@@ -934,7 +934,7 @@ async fn watches_are_refused() {
 
 #[tokio::test]
 async fn scaled_objects_are_validated_against_kedas_crd() {
-    let crd = include_str!("fixtures/keda/keda.sh_scaledobjects.yaml");
+    let crd = plumber_testkit::kube_api::KEDA_SCALED_OBJECT_CRD;
     let fake = FakeApi::new().with_crd_yaml(crd);
     let api: Api<DynamicObject> =
         Api::namespaced_with(fake.client(NS), NS, &scaled_object_resource());

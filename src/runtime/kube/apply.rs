@@ -83,12 +83,17 @@ fn managed() -> String {
 }
 
 impl KubeRuntime {
-    /// A runtime on `client` that knows what runs from the Deployments it finds.
-    pub fn connect(client: Client, config: KubeConfig) -> Result<KubeRuntime> {
+    /// A runtime on the client `client` makes (inside the runtime's own executor, which
+    /// drives it), knowing what runs from the Deployments it finds.
+    pub fn connect(client: impl FnOnce() -> Client, config: KubeConfig) -> Result<KubeRuntime> {
         let executor = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .map_err(|e| backend("start the Kubernetes client of", "-", e.to_string(), false))?;
+        let client = {
+            let _inside = executor.enter();
+            client()
+        };
         let runtime = KubeRuntime {
             client,
             config,

@@ -110,7 +110,9 @@ fn unknown_fields(
             let properties = schema.get("properties").and_then(Value::as_object);
             let additional = schema.get("additionalProperties");
             for (key, child) in map {
-                if top && key == "metadata" {
+                // The API server knows these of every object, declared in a CRD's schema
+                // or not.
+                if top && matches!(key.as_str(), "metadata" | "apiVersion" | "kind") {
                     continue;
                 }
                 let child_path = if path.is_empty() {
