@@ -12,10 +12,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::coordination::v1::Lease as LeaseObject;
 use k8s_openapi::api::core::v1::Pod;
 use kube::core::{ApiResource, GroupVersionKind};
 use plumber::runtime::kube::apply::{KubeConfig, KubeRuntime};
 use plumber::runtime::kube::crd;
+use plumber::runtime::kube::lease::{Lease, LeaseConfig};
 use plumber::runtime::kube::render::{RenderConfig, Source};
 use plumber::runtime::{Cluster, ProcessorSpec, Runtime, Settings};
 use plumber::spec::{EnvValue, Resources, Scale, Transform};
@@ -48,8 +50,26 @@ fn config() -> KubeConfig {
     }
 }
 
+/// The tokio runtime the clients live on, as `plumber daemon` has one.
+static TOKIO: std::sync::LazyLock<tokio::runtime::Runtime> = std::sync::LazyLock::new(|| {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+});
+
+fn handle() -> tokio::runtime::Handle {
+    TOKIO.handle().clone()
+}
+
+fn client(fake: &FakeApi) -> kube::Client {
+    let _inside = TOKIO.enter();
+    fake.client(NS)
+}
+
 fn runtime(fake: &FakeApi) -> KubeRuntime {
-    KubeRuntime::connect(|| fake.client(NS), config()).unwrap()
+    KubeRuntime::connect(client(fake), handle(), config()).unwrap()
 }
 
 fn spec(step: &str, id: &str) -> ProcessorSpec {
@@ -214,7 +234,7 @@ fn repair_puts_back_what_was_deleted_or_edited_by_hand_and_deletes_what_nothing_
     let fake = fake();
     let mut config = config();
     config.full_repair_interval = Duration::ZERO;
-    let runtime = KubeRuntime::connect(|| fake.client(NS), config).unwrap();
+    let runtime = KubeRuntime::connect(client(&fake), handle(), config).unwrap();
     let spec = spec("validate", "ab");
     runtime.start(&spec).unwrap();
     // By hand: the Deployment deleted, the ScaledObject's bound changed.
@@ -352,7 +372,8 @@ fn a_new_daemon_knows_what_runs_from_the_deployments() {
 fn store(fake: &FakeApi, leader: &Arc<AtomicBool>) -> TopologyStore {
     let leader = leader.clone();
     TopologyStore::new(
-        || fake.client(NS),
+        client(fake),
+        handle(),
         NS,
         Source {
             repository: "https://git.example.com/data/topologies.git".into(),
@@ -496,4 +517,58 @@ fn history_keeps_each_move_once_and_the_newest_few() {
     assert_eq!(history.last(), Some(&entry(HISTORY_KEPT as u64 + 5)));
     // The record beside it is untouched.
     assert_eq!(store.load("shop").unwrap(), TopologyRecord::default());
+}
+
+fn lease(fake: &FakeApi, identity: &str) -> Lease {
+    let config = LeaseConfig {
+        duration: Duration::from_secs(3),
+        grace: Duration::from_secs(1),
+        check: Duration::from_millis(100),
+        ..LeaseConfig::new("plumber", NS, identity)
+    };
+    Lease::seek(client(fake), &handle(), config)
+}
+
+fn holder(fake: &FakeApi) -> Option<String> {
+    fake.get::<LeaseObject>(NS, "plumber")
+        .and_then(|l| l.spec)
+        .and_then(|s| s.holder_identity)
+}
+
+#[test]
+fn one_replica_holds_the_lease_and_another_takes_over_when_it_is_released() {
+    let fake = fake();
+    let a = lease(&fake, "daemon-a");
+    wait_for(|| a.held());
+    assert_eq!(holder(&fake).as_deref(), Some("daemon-a"));
+    let b = lease(&fake, "daemon-b");
+    // B's manager has looked at the Lease once it exists and names A.
+    wait_for(|| {
+        fake.requests()
+            .iter()
+            .filter(|r| r.resource() == Some("leases"))
+            .count()
+            > 4
+    });
+    assert!(!b.held(), "two holders");
+    let guard = a.guard();
+    a.release(Duration::from_secs(10));
+    assert!(!guard(), "a released lease guards nothing");
+    wait_for(|| b.held());
+    assert_eq!(holder(&fake).as_deref(), Some("daemon-b"));
+}
+
+#[test]
+fn a_holder_that_no_longer_finds_itself_in_the_lease_stops_acting() {
+    let fake = fake();
+    let a = lease(&fake, "daemon-a");
+    wait_for(|| a.held());
+    // Another writer (a replica that took it over while this one could not renew) names
+    // itself holder.
+    fake.patch::<LeaseObject>(
+        NS,
+        "plumber",
+        serde_json::json!({"spec": {"holderIdentity": "daemon-z", "renewTime": "2099-01-01T00:00:00.000000Z"}}),
+    );
+    wait_for(|| !a.held());
 }

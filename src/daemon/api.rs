@@ -21,7 +21,6 @@ use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
 use super::{Context, Error, Trigger};
-use crate::store::CutoverStore as _;
 
 #[derive(Clone)]
 struct Api {
@@ -116,7 +115,7 @@ async fn status(State(api): State<Api>) -> Response {
 }
 
 async fn history(State(api): State<Api>) -> Response {
-    match api.context.state.history() {
+    match api.context.records.history() {
         Ok(entries) => axum::Json(entries).into_response(),
         Err(error) => (StatusCode::INTERNAL_SERVER_ERROR, error.to_string()).into_response(),
     }

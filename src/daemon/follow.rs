@@ -9,7 +9,6 @@ use super::status::LastError;
 use super::worker::Worker;
 use super::{Context, Error, Revision, Trigger};
 use crate::cutover;
-use crate::store::CutoverStore as _;
 
 pub(super) fn follow(context: &Arc<Context>, receiver: &Receiver<Trigger>) {
     let mut workers: BTreeMap<String, Worker> = BTreeMap::new();
@@ -64,7 +63,7 @@ fn desire(
     revision: &Arc<Revision>,
 ) {
     let mut names: BTreeSet<String> = revision.topologies.iter().map(|t| t.name.clone()).collect();
-    match context.state.topologies() {
+    match context.records.topologies() {
         // A retired topology needs no worker until it comes back.
         Ok(known) => names.extend(
             known
@@ -101,7 +100,7 @@ const RECENT_DESIRED: usize = 8;
 /// or moves to, and of every running processor.
 fn collect_checkouts(context: &Context, recent: &VecDeque<String>) {
     let mut keep: BTreeSet<String> = recent.iter().cloned().collect();
-    let Ok(records) = context.state.topologies() else {
+    let Ok(records) = context.records.topologies() else {
         return;
     };
     for record in records.into_values() {

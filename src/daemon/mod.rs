@@ -31,7 +31,7 @@ use std::time::Duration;
 use crate::cutover::{self, CutoverConfig};
 use crate::kafka::{Admin, KafkaAdmin};
 use crate::runtime::{Cluster, Delivery, Runtime};
-use crate::store::StateDir;
+use crate::store::{CutoverStore, StateDir};
 pub use revisions::{Revision, Revisions};
 use status::Store;
 pub use watch::{Source, Trigger};
@@ -46,8 +46,15 @@ pub struct DaemonConfig {
     /// Overrides every cluster's bootstrap servers (`plumber up --bootstrap`).
     pub bootstrap: Option<String>,
     /// The credentials of the clusters that have some, one librdkafka property per file
-    /// (`plumber up --kafka-credentials DIR`; in a cluster, the mounted Secret).
+    /// (`plumber up --kafka-credentials DIR`).
     pub kafka_credentials: Option<PathBuf>,
+    /// Where the daemon's pod mounts each credentials Secret, by the Secret's name (over
+    /// `kafka_credentials`).
+    pub credential_dirs: BTreeMap<String, PathBuf>,
+    /// What differs per cluster of `plumber.yaml` in this environment, by cluster name.
+    pub clusters: BTreeMap<String, ClusterOverride>,
+    /// Git credentials instead of the `PLUMBER_GIT_*` variables.
+    pub git_auth: Option<watch::GitAuth>,
     /// How often a remote repository is fetched (a local one is watched instead).
     pub poll_interval: Duration,
     /// How often lag and instances are observed for status and metrics.
@@ -82,6 +89,9 @@ impl DaemonConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 7878)),
             bootstrap: None,
             kafka_credentials: None,
+            credential_dirs: BTreeMap::new(),
+            clusters: BTreeMap::new(),
+            git_auth: None,
             poll_interval: Duration::from_secs(30),
             observe_interval: Duration::from_secs(2),
             stalled_after: Duration::from_secs(60),
@@ -152,13 +162,28 @@ enum AdminUse {
     Observe,
 }
 
+/// A cluster of `plumber.yaml` as this environment reaches it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClusterOverride {
+    pub bootstrap: Option<String>,
+    /// Added to the cluster's own, key by key.
+    pub properties: BTreeMap<String, String>,
+    /// The Secret of its credentials, instead of `plumber.yaml`'s.
+    pub credentials: Option<String>,
+}
+
 /// Connects to a cluster's admin API.
 pub type Connect = dyn Fn(&Cluster) -> Result<Arc<dyn Admin>, crate::kafka::Error> + Send + Sync;
 
 /// Shared by the follower, the workers and the observer.
 pub struct Context {
     pub config: DaemonConfig,
-    pub state: StateDir,
+    /// The state directory: the repository's claim, the mirror and the checkouts (and, for
+    /// `plumber up`, the cutover records).
+    pub state: Arc<StateDir>,
+    /// Where the cutover engine keeps its records: the state directory for `plumber up`, the
+    /// Topology statuses for `plumber daemon`.
+    pub records: Arc<dyn CutoverStore>,
     pub runtime: Arc<dyn Runtime>,
     pub revisions: Revisions,
     pub store: Store,
@@ -177,15 +202,28 @@ pub struct Context {
 
 impl Context {
     pub fn new(config: DaemonConfig, runtime: Arc<dyn Runtime>) -> Result<Arc<Self>, Error> {
-        let credentials = config.kafka_credentials.clone();
-        Context::with_admin(
-            config,
-            runtime,
-            Box::new(move |cluster| {
-                let admin = KafkaAdmin::connect_to(cluster, credentials.as_deref())?;
-                Ok(Arc::new(admin) as Arc<dyn Admin>)
-            }),
-        )
+        Context::with_records(config, runtime, None)
+    }
+
+    /// As [`Context::new`], with the cutover records kept in `records` instead of the state
+    /// directory.
+    pub fn with_records(
+        config: DaemonConfig,
+        runtime: Arc<dyn Runtime>,
+        records: Option<Arc<dyn CutoverStore>>,
+    ) -> Result<Arc<Self>, Error> {
+        let any = config.kafka_credentials.clone();
+        let by_secret = config.credential_dirs.clone();
+        let connect: Box<Connect> = Box::new(move |cluster| {
+            let dir = cluster
+                .credentials
+                .as_ref()
+                .and_then(|secret| by_secret.get(secret))
+                .or(any.as_ref());
+            let admin = KafkaAdmin::connect_to(cluster, dir.map(PathBuf::as_path))?;
+            Ok(Arc::new(admin) as Arc<dyn Admin>)
+        });
+        Context::build(config, runtime, records, connect)
     }
 
     /// As [`Context::new`], with another way to reach Kafka's admin API (a test's broker
@@ -195,14 +233,28 @@ impl Context {
         runtime: Arc<dyn Runtime>,
         connect: Box<Connect>,
     ) -> Result<Arc<Self>, Error> {
-        let state = StateDir::open(&config.state_dir)?;
-        let source = Source::new(&config.repo, &config.state_dir);
+        Context::build(config, runtime, None, connect)
+    }
+
+    fn build(
+        config: DaemonConfig,
+        runtime: Arc<dyn Runtime>,
+        records: Option<Arc<dyn CutoverStore>>,
+        connect: Box<Connect>,
+    ) -> Result<Arc<Self>, Error> {
+        let state = Arc::new(StateDir::open(&config.state_dir)?);
+        let records = records.unwrap_or_else(|| state.clone() as Arc<dyn CutoverStore>);
+        let mut source = Source::new(&config.repo, &config.state_dir);
+        if let Some(auth) = &config.git_auth {
+            source = source.with_auth(auth.clone());
+        }
         let store = Store::default();
         store.write().branch = config.branch.clone();
         Ok(Arc::new(Context {
             revisions: Revisions::new(source, &state),
             config,
             state,
+            records,
             runtime,
             store,
             connect,
@@ -278,6 +330,15 @@ impl Context {
                 cluster: topology.cluster.clone(),
             })?;
         let mut cluster = Cluster::of(spec);
+        if let Some(over) = self.config.clusters.get(&topology.cluster) {
+            if let Some(bootstrap) = &over.bootstrap {
+                cluster.bootstrap = bootstrap.clone();
+            }
+            cluster.properties.extend(over.properties.clone());
+            if over.credentials.is_some() {
+                cluster.credentials = over.credentials.clone();
+            }
+        }
         if let Some(bootstrap) = &self.config.bootstrap {
             cluster.bootstrap = bootstrap.clone();
         }

@@ -12,7 +12,7 @@ use crate::graph::Kind;
 use crate::kafka::{Admin, Progress};
 use crate::plan::Deployment;
 use crate::runtime::ProcessorStatus;
-use crate::store::{CutoverStore as _, TopologyRecord};
+use crate::store::TopologyRecord;
 
 /// Per running group with lag: how far it got and since when it has not moved.
 pub(super) struct Watchdog {
@@ -35,7 +35,10 @@ pub(super) fn observe_loop(context: &Arc<Context>) {
 }
 
 fn observe(context: &Context, watchdog: &Watchdog) {
-    if let Err(error) = context.runtime.repair() {
+    // Only the replica that may act repairs (the others would fight it).
+    if context.records.may_act()
+        && let Err(error) = context.runtime.repair()
+    {
         tracing::warn!(%error, "cannot repair the runtime's processors");
     }
     let running: BTreeMap<String, ProcessorStatus> = match context.runtime.processors() {
@@ -48,7 +51,7 @@ fn observe(context: &Context, watchdog: &Watchdog) {
             return;
         }
     };
-    let Ok(records) = context.state.topologies() else {
+    let Ok(records) = context.records.topologies() else {
         return;
     };
     for (name, record) in records {

@@ -8,7 +8,6 @@ use super::status::{CutoverStatus, OutcomeLabels, Phase, TopologyLabel, WaitStat
 use super::{AdminUse, Context, Error, Revision};
 use crate::cutover::{self, Advance, Engine, Event, Target, Waits};
 use crate::runtime::{Delivery, Settings};
-use crate::store::CutoverStore as _;
 
 /// What a step did, for the worker's scheduling.
 pub(super) enum Step {
@@ -33,7 +32,7 @@ pub(super) fn reconcile(
     let bootstrap = match &cluster {
         Some(cluster) => cluster.bootstrap.clone(),
         // Gone from the repository: its lives and topics are where its record says.
-        None => match context.state.load(name)?.bootstrap {
+        None => match context.records.load(name)?.bootstrap {
             Some(bootstrap) => bootstrap,
             // Never deployed anywhere: nothing to retire.
             None => return Ok(Step::Removed),
@@ -66,7 +65,7 @@ pub(super) fn reconcile(
         topology: name,
         admin: admin.as_ref(),
         runtime: context.runtime.as_ref(),
-        store: &context.state,
+        store: context.records.as_ref(),
         config: &context.config.cutover,
         on_event: &on_event,
     };

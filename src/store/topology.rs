@@ -13,7 +13,7 @@
 //! - The topology's last [`HISTORY_KEPT`] moves are kept beside the record, for
 //!   `plumber history`.
 //!
-//! Calls block, on the store's own executor.
+//! Calls block the calling thread on the tokio runtime the client lives on.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -50,34 +50,28 @@ pub struct TopologyStore {
     namespace: String,
     source: Source,
     guard: Arc<Guard>,
-    executor: tokio::runtime::Runtime,
+    /// The tokio runtime the client lives on (its connection tasks run there).
+    handle: tokio::runtime::Handle,
     /// The record of each topology as this store last read or wrote it.
     known: Mutex<BTreeMap<String, Option<serde_json::Value>>>,
 }
 
 impl TopologyStore {
-    /// A store on the client `client` makes (inside the store's own executor, which drives
-    /// it).
+    /// A store on `client`, whose tasks run on the tokio runtime of `handle` (see
+    /// [`KubeRuntime::connect`](crate::runtime::kube::apply::KubeRuntime::connect)).
     pub fn new(
-        client: impl FnOnce() -> Client,
+        client: Client,
+        handle: tokio::runtime::Handle,
         namespace: &str,
         source: Source,
         guard: Arc<Guard>,
     ) -> Result<Self> {
-        let executor = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| api("start a client for", "-", e.to_string(), false))?;
-        let client = {
-            let _inside = executor.enter();
-            client()
-        };
         Ok(TopologyStore {
             client,
             namespace: namespace.to_owned(),
             source,
             guard,
-            executor,
+            handle,
             known: Mutex::new(BTreeMap::new()),
         })
     }
@@ -87,7 +81,7 @@ impl TopologyStore {
     }
 
     fn get(&self, topology: &str) -> Result<Option<Topology>> {
-        self.executor
+        self.handle
             .block_on(self.api().get_opt(topology))
             .map_err(|e| kube_error("read", topology, e))
     }
@@ -143,7 +137,7 @@ impl TopologyStore {
                 .status
                 .get_or_insert_with(TopologyStatus::default)
                 .record = Some(value.clone());
-            match self.executor.block_on(self.api().replace_status(
+            match self.handle.block_on(self.api().replace_status(
                 topology,
                 &PostParams::default(),
                 &object,
@@ -179,7 +173,7 @@ impl TopologyStore {
             (TOPOLOGY.to_owned(), topology.to_owned()),
         ]));
         match self
-            .executor
+            .handle
             .block_on(self.api().create(&PostParams::default(), &object))
         {
             Ok(created) => Ok(created),
@@ -239,7 +233,7 @@ impl CutoverStore for TopologyStore {
 
     fn topologies(&self) -> Result<BTreeMap<String, Result<TopologyRecord>>> {
         let list = self
-            .executor
+            .handle
             .block_on(
                 self.api()
                     .list(&ListParams::default().labels(&format!("{MANAGED_BY}=plumber"))),
@@ -274,7 +268,7 @@ impl CutoverStore for TopologyStore {
 
     fn history(&self) -> Result<Vec<HistoryEntry>> {
         let list = self
-            .executor
+            .handle
             .block_on(
                 self.api()
                     .list(&ListParams::default().labels(&format!("{MANAGED_BY}=plumber"))),

@@ -19,8 +19,8 @@
 //! annotation went with it); the engine's record still lists the life, and status shows it
 //! without instances.
 //!
-//! Calls block: they run on this runtime's own single-threaded executor, as
-//! [`crate::kafka::KafkaAdmin`] does for rdkafka.
+//! Calls block the calling thread (the engine's, the observer's) on the tokio runtime the
+//! client lives on.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -67,7 +67,8 @@ impl KubeConfig {
 pub struct KubeRuntime {
     client: Client,
     config: KubeConfig,
-    executor: tokio::runtime::Runtime,
+    /// The tokio runtime the client lives on (its connection tasks run there).
+    handle: tokio::runtime::Handle,
     /// What this runtime runs, by group: what repair puts back.
     running: Mutex<BTreeMap<String, ProcessorSpec>>,
     /// When repair last re-applied everything.
@@ -83,21 +84,18 @@ fn managed() -> String {
 }
 
 impl KubeRuntime {
-    /// A runtime on the client `client` makes (inside the runtime's own executor, which
-    /// drives it), knowing what runs from the Deployments it finds.
-    pub fn connect(client: impl FnOnce() -> Client, config: KubeConfig) -> Result<KubeRuntime> {
-        let executor = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| backend("start the Kubernetes client of", "-", e.to_string(), false))?;
-        let client = {
-            let _inside = executor.enter();
-            client()
-        };
+    /// A runtime on `client`, whose tasks run on the tokio runtime of `handle` (a
+    /// multi-threaded one: calls block this thread while its workers drive the connection),
+    /// knowing what runs from the Deployments it finds.
+    pub fn connect(
+        client: Client,
+        handle: tokio::runtime::Handle,
+        config: KubeConfig,
+    ) -> Result<KubeRuntime> {
         let runtime = KubeRuntime {
             client,
             config,
-            executor,
+            handle,
             running: Mutex::new(BTreeMap::new()),
             last_full_repair: Mutex::new(None),
             changing: Mutex::new(()),
@@ -132,7 +130,7 @@ impl KubeRuntime {
     fn deployments(&self) -> Result<Vec<Deployment>> {
         let api: Api<Deployment> = self.api();
         let list = self
-            .executor
+            .handle
             .block_on(api.list(&ListParams::default().labels(&managed())))
             .map_err(|e| api_error("list the Deployments of", "-", e))?;
         Ok(list.items)
@@ -168,7 +166,7 @@ impl KubeRuntime {
     {
         let api: Api<K> = self.api();
         let params = PatchParams::apply(FIELD_MANAGER).force();
-        self.executor
+        self.handle
             .block_on(api.patch(group, &params, &Patch::Apply(object)))
             .map(|_| ())
             .map_err(|e| api_error("apply", group, e))
@@ -184,7 +182,7 @@ impl KubeRuntime {
         <K as Resource>::DynamicType: Default,
     {
         let api: Api<K> = self.api();
-        match self.executor.block_on(api.delete(group, params)) {
+        match self.handle.block_on(api.delete(group, params)) {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
             Err(error) => Err(api_error("delete", group, error)),
@@ -200,7 +198,7 @@ impl KubeRuntime {
             .join(",");
         let api: Api<Pod> = self.api();
         let pods = self
-            .executor
+            .handle
             .block_on(api.list(&ListParams::default().labels(&selector)))
             .map_err(|e| api_error("list the pods of", &spec.group, e))?;
         Ok(pods.items.len())
@@ -213,7 +211,7 @@ impl KubeRuntime {
         }
         let api: Api<Deployment> = self.api();
         let found = self
-            .executor
+            .handle
             .block_on(api.get_opt(group))
             .map_err(|e| api_error("read", group, e))?;
         Ok(found.as_ref().and_then(spec_of))
@@ -317,11 +315,10 @@ impl Runtime for KubeRuntime {
             }}}}
         });
         let api: Api<Deployment> = self.api();
-        match self.executor.block_on(api.patch(
-            group,
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )) {
+        match self
+            .handle
+            .block_on(api.patch(group, &PatchParams::default(), &Patch::Merge(&patch)))
+        {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
             Err(error) => Err(api_error("restart", group, error)),
@@ -412,7 +409,7 @@ impl KubeRuntime {
     {
         let api: Api<K> = self.api();
         let list = self
-            .executor
+            .handle
             .block_on(api.list(&ListParams::default().labels(&managed())))
             .map_err(|e| api_error("list the objects of", "-", e))?;
         let mut kept = BTreeSet::new();

@@ -7,4 +7,5 @@ pub mod apply;
 pub mod config;
 pub mod crd;
 pub mod keda;
+pub mod lease;
 pub mod render;

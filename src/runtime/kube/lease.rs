@@ -1,0 +1,215 @@
+//! The `coordination.k8s.io` Lease that elects the one daemon replica that acts (SPEC §7),
+//! with kube-lease-manager.
+//!
+//! # Guarantees
+//! A replica counts as holding the lease only while kube-lease-manager says it is the holder
+//! **and** it has itself seen, within [`LeaseConfig::validity`], the Lease name it as holder
+//! with a renew time it had not seen before. kube-lease-manager keeps reporting "leader" when
+//! it cannot reach the API server (it logs the error and backs off); the second condition
+//! makes a cut-off replica stop acting `duration - validity` before another one can take the
+//! lease over, measured on its own clock only.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::Lease as LeaseObject;
+use kube::{Api, Client};
+use kube_lease_manager::LeaseManagerBuilder;
+
+use crate::store::topology::Guard;
+
+#[derive(Debug, Clone)]
+pub struct LeaseConfig {
+    pub name: String,
+    pub namespace: String,
+    /// This replica's name in the Lease (its pod's name).
+    pub identity: String,
+    /// How long a lease lasts without a renewal.
+    pub duration: Duration,
+    /// How long before it lapses the holder renews it.
+    pub grace: Duration,
+    /// How often this replica reads the Lease to confirm it still holds it.
+    pub check: Duration,
+}
+
+impl LeaseConfig {
+    /// 30 s leases renewed 10 s before they lapse, confirmed every second.
+    pub fn new(name: &str, namespace: &str, identity: &str) -> Self {
+        LeaseConfig {
+            name: name.to_owned(),
+            namespace: namespace.to_owned(),
+            identity: identity.to_owned(),
+            duration: Duration::from_secs(30),
+            grace: Duration::from_secs(10),
+            check: Duration::from_secs(1),
+        }
+    }
+
+    /// How long after it saw its own renewal a replica acts: the lease's duration less one
+    /// check (the renewal happened before it was seen) and a margin for the other replicas'
+    /// clocks.
+    pub fn validity(&self) -> Duration {
+        let margin = self.grace / 2;
+        self.duration
+            .saturating_sub(self.check)
+            .saturating_sub(margin)
+    }
+}
+
+#[derive(Default)]
+struct State {
+    /// What kube-lease-manager last said.
+    elected: AtomicBool,
+    /// When this replica last saw a renewal of its own, and the renew time it saw.
+    confirmed: Mutex<Option<(Instant, String)>>,
+}
+
+/// Held (or sought) for as long as it lives; [`Lease::release`] gives it up for another
+/// replica at once, dropping it lets it lapse.
+pub struct Lease {
+    state: Arc<State>,
+    validity: Duration,
+    stop: tokio::sync::watch::Sender<bool>,
+    manager: Option<tokio::task::JoinHandle<()>>,
+    confirmer: tokio::task::JoinHandle<()>,
+    handle: tokio::runtime::Handle,
+}
+
+impl Lease {
+    /// Starts seeking the lease, on the tokio runtime of `handle`.
+    pub fn seek(client: Client, handle: &tokio::runtime::Handle, config: LeaseConfig) -> Lease {
+        let state = Arc::new(State::default());
+        let validity = config.validity();
+        let (stop, mut stopping) = tokio::sync::watch::channel(false);
+        let duration = config.duration.as_secs().max(2);
+        let grace = config.grace.as_secs().clamp(1, duration - 1);
+        let manager = {
+            let client = client.clone();
+            let config = config.clone();
+            let state = state.clone();
+            handle.spawn(async move {
+                let built = LeaseManagerBuilder::new(client, &config.name)
+                    .with_namespace(&config.namespace)
+                    .with_identity(&config.identity)
+                    .with_duration(duration)
+                    .with_grace(grace)
+                    .build()
+                    .await;
+                let manager = match built {
+                    Ok(manager) => manager,
+                    Err(error) => {
+                        tracing::error!(%error, lease = %config.name, "cannot seek the lease");
+                        return;
+                    }
+                };
+                let (mut elected, task) = manager.watch().await;
+                loop {
+                    tokio::select! {
+                        changed = elected.changed() => {
+                            if changed.is_err() {
+                                break;
+                            }
+                            let now = *elected.borrow_and_update();
+                            state.elected.store(now, Ordering::SeqCst);
+                            tracing::info!(lease = %config.name, identity = %config.identity, holder = now, "lease changed");
+                        }
+                        _ = stopping.changed() => break,
+                    }
+                }
+                state.elected.store(false, Ordering::SeqCst);
+                // Closing the channel makes the manager release the lease and end.
+                drop(elected);
+                let _ = task.await;
+            })
+        };
+        let confirmer = {
+            let state = state.clone();
+            handle.spawn(async move {
+                let api: Api<LeaseObject> = Api::namespaced(client, &config.namespace);
+                loop {
+                    match api.get_opt(&config.name).await {
+                        Ok(lease) => confirm(&state, lease.as_ref(), &config.identity),
+                        Err(error) => {
+                            tracing::debug!(%error, "cannot read the lease; not confirming it")
+                        }
+                    }
+                    tokio::time::sleep(config.check).await;
+                }
+            })
+        };
+        Lease {
+            state,
+            validity,
+            stop,
+            manager: Some(manager),
+            confirmer,
+            handle: handle.clone(),
+        }
+    }
+
+    /// Whether this replica may act now.
+    pub fn held(&self) -> bool {
+        held(&self.state, self.validity)
+    }
+
+    /// [`Lease::held`], for the stores and runtimes that must not act without it.
+    pub fn guard(&self) -> Arc<Guard> {
+        let state = self.state.clone();
+        let validity = self.validity;
+        Arc::new(move || held(&state, validity))
+    }
+
+    /// Stops acting and gives the lease up (waits up to `timeout` for the API server), so
+    /// another replica takes over without waiting for it to lapse. Call it from outside the
+    /// tokio runtime.
+    pub fn release(mut self, timeout: Duration) {
+        self.state.elected.store(false, Ordering::SeqCst);
+        let _ = self.stop.send(true);
+        if let Some(manager) = self.manager.take() {
+            let _ = self
+                .handle
+                .block_on(async { tokio::time::timeout(timeout, manager).await });
+        }
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.state.elected.store(false, Ordering::SeqCst);
+        let _ = self.stop.send(true);
+        self.confirmer.abort();
+    }
+}
+
+fn held(state: &State, validity: Duration) -> bool {
+    state.elected.load(Ordering::SeqCst)
+        && state
+            .confirmed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .is_some_and(|(at, _)| at.elapsed() < validity)
+}
+
+/// Takes note of a renewal of this replica's lease, or forgets the last one when the Lease
+/// names another holder.
+fn confirm(state: &State, lease: Option<&LeaseObject>, identity: &str) {
+    let spec = lease.and_then(|l| l.spec.as_ref());
+    let holder = spec.and_then(|s| s.holder_identity.as_deref());
+    let mut confirmed = state
+        .confirmed
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    if holder != Some(identity) {
+        *confirmed = None;
+        return;
+    }
+    let renewed = spec
+        .and_then(|s| s.renew_time.as_ref())
+        .map(|t| format!("{:?}", t.0))
+        .unwrap_or_default();
+    if confirmed.as_ref().is_none_or(|(_, seen)| *seen != renewed) {
+        *confirmed = Some((Instant::now(), renewed));
+    }
+}
