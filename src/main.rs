@@ -12,6 +12,7 @@ use plumber::graph::Topology;
 use plumber::repo::{MergePreview, Repository};
 use plumber::{Validation, output, plan, validate};
 
+mod cluster;
 mod dev;
 mod up;
 
@@ -132,6 +133,13 @@ enum Command {
         server: String,
         #[arg(long, value_enum, default_value_t = TextOrJson::Text)]
         format: TextOrJson,
+    },
+    /// The daemon in a Kubernetes cluster: follows the repository, runs processors as
+    /// Deployments scaled by KEDA, keeps cutover state in each Topology's status, and acts
+    /// only while it holds the Lease. FILE as deploy/daemon.yaml.
+    Daemon {
+        #[arg(long, value_name = "FILE", default_value = "/etc/plumber/daemon.yaml")]
+        config: std::path::PathBuf,
     },
     /// Print the CustomResourceDefinition of the Topology resource as YAML
     /// (`plumber crd | kubectl apply -f -`).
@@ -336,6 +344,10 @@ fn run(command: Command) -> Result<ExitCode> {
             format,
             output::status::history_text,
         ),
+        Command::Daemon { config } => {
+            cluster::run(&config)?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Crd => {
             print(&plumber::runtime::kube::crd::yaml()?)?;
             Ok(ExitCode::SUCCESS)
@@ -399,7 +411,7 @@ fn ask(
 
 /// The secret of `--webhook-secret-file`. An empty one is an error: it would sign nothing,
 /// and a file left empty by mistake must not turn verification off.
-fn read_webhook_secret(file: &std::path::Path) -> Result<String> {
+pub(crate) fn read_webhook_secret(file: &std::path::Path) -> Result<String> {
     let secret = std::fs::read_to_string(file)
         .with_context(|| format!("reading the webhook secret from {}", file.display()))?;
     let secret = secret.trim_end();

@@ -59,7 +59,7 @@ pub fn run(config: DaemonConfig, local: LocalConfig) -> Result<()> {
     Ok(())
 }
 
-fn init_logging() {
+pub(crate) fn init_logging() {
     let filter = EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| EnvFilter::new("info,librdkafka=warn"));
     let builder = tracing_subscriber::fmt()

@@ -34,7 +34,7 @@ use crate::runtime::{Cluster, Delivery, Runtime};
 use crate::store::{CutoverStore, StateDir};
 pub use revisions::{Revision, Revisions};
 use status::Store;
-pub use watch::{Source, Trigger};
+pub use watch::{GitAuth, Source, Trigger};
 
 /// Settings of the daemon.
 #[derive(Debug, Clone)]
