@@ -96,8 +96,14 @@ pub fn run(path: &Path) -> Result<()> {
         branch = %config.repository.branch,
         "plumber daemon starting; acting once it holds the lease"
     );
-    let context = Context::with_records(daemon_config, Arc::new(runtime), Some(Arc::new(records)))
-        .context("opening the cache directory")?;
+    let records = Arc::new(records);
+    let context = Context::with_records(
+        daemon_config,
+        Arc::new(runtime),
+        Some(records.clone()),
+        Some(records),
+    )
+    .context("opening the cache directory")?;
     let mut daemon = Daemon::start(context).context("starting the daemon")?;
     if let Some(signal) = signals.forever().next() {
         tracing::info!(

@@ -572,3 +572,67 @@ fn a_holder_that_no_longer_finds_itself_in_the_lease_stops_acting() {
     );
     wait_for(|| !a.held());
 }
+
+#[test]
+fn observed_status_is_published_beside_the_record_and_only_when_it_changed() {
+    use plumber::daemon::StatusSink as _;
+    use plumber::daemon::status::{Phase, StepStatus, TopologyStatus};
+    let fake = fake();
+    let leader = Arc::new(AtomicBool::new(true));
+    let store = store(&fake, &leader);
+    store.save("shop", &moved("aaa")).unwrap();
+    let step = |name: &str, kind: &str, state: &str, lag| StepStatus {
+        name: name.into(),
+        kind: kind.into(),
+        identity: None,
+        group: None,
+        state: state.into(),
+        lag,
+    };
+    let observed = TopologyStatus {
+        name: "shop".into(),
+        commit: Some("0123456789abcdef0123456789abcdef01234567".into()),
+        phase: Phase::Idle,
+        cutover: None,
+        steps: vec![
+            step("orders", "source", "external", None),
+            step("validate", "processor", "running", Some(3)),
+            step("enrich", "processor", "starting", Some(4)),
+            step("valid", "sink", "external", None),
+        ],
+        last_error: None,
+        delivery: Some("exactly-once".into()),
+    };
+    store.publish(&observed);
+    let status = fake
+        .get::<crd::Topology>(NS, "shop")
+        .unwrap()
+        .status
+        .unwrap();
+    assert_eq!(status.phase, Some(crd::Phase::Idle));
+    assert_eq!(status.short_commit.as_deref(), Some("0123456789ab"));
+    assert_eq!(status.steps_ready.as_deref(), Some("1/2"));
+    assert_eq!(status.lag, Some(7));
+    assert_eq!(status.steps.len(), 4);
+    assert_eq!(
+        status.record.unwrap()["commit"],
+        "aaa",
+        "the record is kept"
+    );
+    // The record written after keeps the observed fields.
+    store.save("shop", &moved("bbb")).unwrap();
+    let status = fake
+        .get::<crd::Topology>(NS, "shop")
+        .unwrap()
+        .status
+        .unwrap();
+    assert_eq!(status.phase, Some(crd::Phase::Idle));
+    // Nothing changed: nothing written.
+    fake.clear_requests();
+    store.publish(&observed);
+    assert!(
+        fake.requests().iter().all(|r| r.verb() != Verb::Replace),
+        "{:?}",
+        fake.writes()
+    );
+}

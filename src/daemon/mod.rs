@@ -162,6 +162,12 @@ enum AdminUse {
     Observe,
 }
 
+/// Where the observed status of each topology is published beside `GET /api/status` (the
+/// Topology resources of `plumber daemon`). Called after every look of the observer.
+pub trait StatusSink: Send + Sync {
+    fn publish(&self, topology: &status::TopologyStatus);
+}
+
 /// A cluster of `plumber.yaml` as this environment reaches it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ClusterOverride {
@@ -184,6 +190,8 @@ pub struct Context {
     /// Where the cutover engine keeps its records: the state directory for `plumber up`, the
     /// Topology statuses for `plumber daemon`.
     pub records: Arc<dyn CutoverStore>,
+    /// Where observed status goes besides the API (set before [`Daemon::start`]).
+    pub status_sink: Option<Arc<dyn StatusSink>>,
     pub runtime: Arc<dyn Runtime>,
     pub revisions: Revisions,
     pub store: Store,
@@ -202,15 +210,16 @@ pub struct Context {
 
 impl Context {
     pub fn new(config: DaemonConfig, runtime: Arc<dyn Runtime>) -> Result<Arc<Self>, Error> {
-        Context::with_records(config, runtime, None)
+        Context::with_records(config, runtime, None, None)
     }
 
     /// As [`Context::new`], with the cutover records kept in `records` instead of the state
-    /// directory.
+    /// directory, and observed status published to `sink` too.
     pub fn with_records(
         config: DaemonConfig,
         runtime: Arc<dyn Runtime>,
         records: Option<Arc<dyn CutoverStore>>,
+        sink: Option<Arc<dyn StatusSink>>,
     ) -> Result<Arc<Self>, Error> {
         let any = config.kafka_credentials.clone();
         let by_secret = config.credential_dirs.clone();
@@ -223,7 +232,7 @@ impl Context {
             let admin = KafkaAdmin::connect_to(cluster, dir.map(PathBuf::as_path))?;
             Ok(Arc::new(admin) as Arc<dyn Admin>)
         });
-        Context::build(config, runtime, records, connect)
+        Context::build(config, runtime, records, sink, connect)
     }
 
     /// As [`Context::new`], with another way to reach Kafka's admin API (a test's broker
@@ -233,13 +242,14 @@ impl Context {
         runtime: Arc<dyn Runtime>,
         connect: Box<Connect>,
     ) -> Result<Arc<Self>, Error> {
-        Context::build(config, runtime, None, connect)
+        Context::build(config, runtime, None, None, connect)
     }
 
     fn build(
         config: DaemonConfig,
         runtime: Arc<dyn Runtime>,
         records: Option<Arc<dyn CutoverStore>>,
+        status_sink: Option<Arc<dyn StatusSink>>,
         connect: Box<Connect>,
     ) -> Result<Arc<Self>, Error> {
         let state = Arc::new(StateDir::open(&config.state_dir)?);
@@ -255,6 +265,7 @@ impl Context {
             config,
             state,
             records,
+            status_sink,
             runtime,
             store,
             connect,

@@ -63,6 +63,14 @@ fn observe(context: &Context, watchdog: &Watchdog) {
             }),
         }
     }
+    if let Some(sink) = &context.status_sink
+        && context.records.may_act()
+    {
+        let topologies = context.store.read().topologies.clone();
+        for topology in &topologies {
+            sink.publish(topology);
+        }
+    }
 }
 
 fn observe_topology(

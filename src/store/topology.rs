@@ -23,6 +23,7 @@ use kube::api::{Api, ListParams, PostParams};
 use serde::{Deserialize, Serialize};
 
 use super::{CutoverStore, Error, FORMAT, HistoryEntry, Result, TopologyRecord};
+use crate::daemon::{StatusSink, status};
 use crate::runtime::kube::crd::{Topology, TopologySpec, TopologyStatus};
 use crate::runtime::kube::render::{MANAGED_BY, Source, TOPOLOGY};
 
@@ -54,6 +55,8 @@ pub struct TopologyStore {
     handle: tokio::runtime::Handle,
     /// The record of each topology as this store last read or wrote it.
     known: Mutex<BTreeMap<String, Option<serde_json::Value>>>,
+    /// The observed status last published of each topology.
+    published: Mutex<BTreeMap<String, TopologyStatus>>,
 }
 
 impl TopologyStore {
@@ -73,6 +76,7 @@ impl TopologyStore {
             guard,
             handle,
             known: Mutex::new(BTreeMap::new()),
+            published: Mutex::new(BTreeMap::new()),
         })
     }
 
@@ -182,6 +186,145 @@ impl TopologyStore {
                 .ok_or_else(|| api("create", topology, "created and gone".into(), true)),
             Err(error) => Err(kube_error("create", topology, error)),
         }
+    }
+}
+
+impl TopologyStore {
+    /// Writes the observed fields of a topology's status, keeping its record; nothing when
+    /// they did not change since the last write.
+    fn publish_status(&self, topology: &str, observed: TopologyStatus) -> Result<()> {
+        let mut published = self
+            .published
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if published.get(topology) == Some(&observed) {
+            return Ok(());
+        }
+        for _ in 0..STATUS_RETRIES {
+            let mut object = match self.get(topology)? {
+                Some(object) => object,
+                None => self.create(topology)?,
+            };
+            let record = object.status.as_ref().and_then(|s| s.record.clone());
+            object.status = Some(TopologyStatus {
+                observed_generation: object.metadata.generation,
+                record,
+                ..observed.clone()
+            });
+            match self.handle.block_on(self.api().replace_status(
+                topology,
+                &PostParams::default(),
+                &object,
+            )) {
+                Ok(_) => {
+                    published.insert(topology.to_owned(), observed);
+                    return Ok(());
+                }
+                Err(kube::Error::Api(status)) if status.code == 409 => continue,
+                Err(error) => return Err(kube_error("write the status of", topology, error)),
+            }
+        }
+        Err(api(
+            "write the status of",
+            topology,
+            format!("it changed {STATUS_RETRIES} times while writing"),
+            true,
+        ))
+    }
+}
+
+impl StatusSink for TopologyStore {
+    fn publish(&self, topology: &status::TopologyStatus) {
+        if let Err(error) = self.publish_status(&topology.name, observed(topology)) {
+            tracing::warn!(topology = %topology.name, %error, "cannot publish the topology's status");
+        }
+    }
+}
+
+/// The daemon's status of a topology as its Topology resource shows it.
+fn observed(topology: &status::TopologyStatus) -> TopologyStatus {
+    use crate::runtime::kube::crd::{
+        CutoverStatus, Delivery, LastError, Phase, StepKind, StepState, StepStatus, WaitStatus,
+    };
+    use status::Phase as DaemonPhase;
+    let steps: Vec<StepStatus> = topology
+        .steps
+        .iter()
+        .map(|s| StepStatus {
+            name: s.name.clone(),
+            kind: match s.kind.as_str() {
+                "source" => Some(StepKind::Source),
+                "processor" => Some(StepKind::Processor),
+                "sink" => Some(StepKind::Sink),
+                _ => None,
+            },
+            state: match s.state.as_str() {
+                "external" => Some(StepState::External),
+                "running" => Some(StepState::Running),
+                "starting" => Some(StepState::Starting),
+                "stopped" => Some(StepState::Stopped),
+                _ => None,
+            },
+            identity: s.identity.clone(),
+            group: s.group.clone(),
+            replicas: None,
+            running: None,
+            lag: s.lag,
+        })
+        .collect();
+    let processors = steps
+        .iter()
+        .filter(|s| s.kind == Some(StepKind::Processor))
+        .count();
+    let ready = steps
+        .iter()
+        .filter(|s| s.kind == Some(StepKind::Processor) && s.state == Some(StepState::Running))
+        .count();
+    let lags: Vec<i64> = steps.iter().filter_map(|s| s.lag).collect();
+    let count = |n: usize| i32::try_from(n).unwrap_or(i32::MAX);
+    TopologyStatus {
+        observed_generation: None,
+        commit: topology.commit.clone(),
+        short_commit: topology
+            .commit
+            .as_ref()
+            .map(|c| c.chars().take(12).collect()),
+        phase: Some(match topology.phase {
+            DaemonPhase::Idle => Phase::Idle,
+            DaemonPhase::Cutover => Phase::Cutover,
+            DaemonPhase::Error => Phase::Error,
+        }),
+        steps_ready: Some(format!("{ready}/{processors}")),
+        lag: (!lags.is_empty()).then(|| lags.iter().sum()),
+        delivery: match topology.delivery.as_deref() {
+            Some("exactly-once") => Some(Delivery::ExactlyOnce),
+            Some("at-least-once") => Some(Delivery::AtLeastOnce),
+            _ => None,
+        },
+        steps,
+        cutover: topology.cutover.as_ref().map(|c| CutoverStatus {
+            from: None,
+            to: Some(c.to.clone()),
+            started: None,
+            done: Some(count(c.done)),
+            remaining: Some(count(c.remaining)),
+            current: c.current.clone(),
+            waiting: c
+                .waiting
+                .iter()
+                .map(|w| WaitStatus {
+                    action: w.action.clone(),
+                    reason: w.reason.clone(),
+                    failures: i32::try_from(w.failures).unwrap_or(i32::MAX),
+                })
+                .collect(),
+        }),
+        last_error: topology.last_error.as_ref().map(|message| LastError {
+            message: message.clone(),
+            ..LastError::default()
+        }),
+        conditions: Vec::new(),
+        record: None,
     }
 }
 
