@@ -636,3 +636,46 @@ fn observed_status_is_published_beside_the_record_and_only_when_it_changed() {
         fake.writes()
     );
 }
+
+#[test]
+fn each_cutover_step_is_an_event_of_its_topology() {
+    use plumber::daemon::{CutoverEvent, StatusSink as _};
+    let fake = fake();
+    let leader = Arc::new(AtomicBool::new(true));
+    let store = store(&fake, &leader);
+    store.save("shop", &moved("aaa")).unwrap();
+    for (reason, note) in [
+        ("CutoverStarted", "moving from aaa to bbb"),
+        (
+            "CutoverAction",
+            "stop-processor plumber.shop.validate.abababababab (3 done, 4 left)",
+        ),
+        ("CutoverFinished", "runs bbb"),
+    ] {
+        store.event(
+            "shop",
+            &CutoverEvent {
+                reason,
+                note: note.into(),
+            },
+        );
+    }
+    let events = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("events.k8s.io", "v1", "Event"),
+        "events",
+    );
+    let recorded = fake.list_dynamic(&events, NS);
+    let reasons: Vec<&str> = recorded
+        .iter()
+        .map(|e| e["reason"].as_str().unwrap())
+        .collect();
+    assert_eq!(reasons.len(), 3, "{recorded:#?}");
+    for reason in ["CutoverStarted", "CutoverAction", "CutoverFinished"] {
+        assert!(reasons.contains(&reason), "{reasons:?}");
+    }
+    for event in &recorded {
+        assert_eq!(event["regarding"]["kind"], "Topology");
+        assert_eq!(event["regarding"]["name"], "shop");
+        assert_eq!(event["reportingController"], "plumber");
+    }
+}

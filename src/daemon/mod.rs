@@ -166,6 +166,16 @@ enum AdminUse {
 /// Topology resources of `plumber daemon`). Called after every look of the observer.
 pub trait StatusSink: Send + Sync {
     fn publish(&self, topology: &status::TopologyStatus);
+    /// A step of a cutover, as `kubectl describe topology` lists Events.
+    fn event(&self, topology: &str, event: &CutoverEvent);
+}
+
+/// What [`StatusSink::event`] reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CutoverEvent {
+    /// `CutoverStarted`, `CutoverAction`, `CutoverFinished`.
+    pub reason: &'static str,
+    pub note: String,
 }
 
 /// A cluster of `plumber.yaml` as this environment reaches it.

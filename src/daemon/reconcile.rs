@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::status::{CutoverStatus, OutcomeLabels, Phase, TopologyLabel, WaitStatus};
-use super::{AdminUse, Context, Error, Revision};
+use super::{AdminUse, Context, CutoverEvent, Error, Revision};
 use crate::cutover::{self, Advance, Engine, Event, Target, Waits};
 use crate::runtime::{Delivery, Settings};
 
@@ -97,6 +97,9 @@ pub(super) fn reconcile(
 
 /// Status and metrics of the engine's events.
 fn show(name: &str, context: &Context, event: Event<'_>) {
+    if let Some(sink) = &context.status_sink {
+        sink.event(name, &describe_event(&event));
+    }
     let label = TopologyLabel {
         topology: name.to_owned(),
     };
@@ -151,5 +154,45 @@ fn show(name: &str, context: &Context, event: Event<'_>) {
             });
             context.store.clear_error_of(name);
         }
+    }
+}
+
+/// A cutover's event as the cluster's Events show it.
+fn describe_event(event: &Event<'_>) -> CutoverEvent {
+    let short = |commit: &str| commit.chars().take(12).collect::<String>();
+    match event {
+        Event::Started {
+            from,
+            to,
+            superseded,
+        } => CutoverEvent {
+            reason: "CutoverStarted",
+            note: match (from, superseded) {
+                (_, Some(older)) => format!(
+                    "moving to {} instead of {}, from where the move stands",
+                    short(to),
+                    short(older)
+                ),
+                (Some(from), None) => format!("moving from {} to {}", short(from), short(to)),
+                (None, None) => format!("deploying {}", short(to)),
+            },
+        },
+        Event::Action {
+            done,
+            remaining,
+            action,
+        } => CutoverEvent {
+            reason: "CutoverAction",
+            note: format!(
+                "{} ({} done, {} left)",
+                cutover::describe(action),
+                done,
+                remaining
+            ),
+        },
+        Event::Finished { to, .. } => CutoverEvent {
+            reason: "CutoverFinished",
+            note: format!("runs {}", short(to)),
+        },
     }
 }

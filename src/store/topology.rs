@@ -23,9 +23,11 @@ use kube::api::{Api, ListParams, PostParams};
 use serde::{Deserialize, Serialize};
 
 use super::{CutoverStore, Error, FORMAT, HistoryEntry, Result, TopologyRecord};
-use crate::daemon::{StatusSink, status};
+use crate::daemon::{CutoverEvent, StatusSink, status};
 use crate::runtime::kube::crd::{Topology, TopologySpec, TopologyStatus};
 use crate::runtime::kube::render::{MANAGED_BY, Source, TOPOLOGY};
+use kube::Resource as _;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 
 /// Moves kept per topology.
 pub const HISTORY_KEPT: usize = 100;
@@ -57,6 +59,8 @@ pub struct TopologyStore {
     known: Mutex<BTreeMap<String, Option<serde_json::Value>>>,
     /// The observed status last published of each topology.
     published: Mutex<BTreeMap<String, TopologyStatus>>,
+    /// Who the cutover Events say reported them.
+    reporter: Reporter,
 }
 
 impl TopologyStore {
@@ -77,6 +81,10 @@ impl TopologyStore {
             handle,
             known: Mutex::new(BTreeMap::new()),
             published: Mutex::new(BTreeMap::new()),
+            reporter: Reporter {
+                controller: "plumber".into(),
+                instance: std::env::var("HOSTNAME").ok(),
+            },
         })
     }
 
@@ -237,6 +245,28 @@ impl StatusSink for TopologyStore {
     fn publish(&self, topology: &status::TopologyStatus) {
         if let Err(error) = self.publish_status(&topology.name, observed(topology)) {
             tracing::warn!(topology = %topology.name, %error, "cannot publish the topology's status");
+        }
+    }
+
+    fn event(&self, topology: &str, event: &CutoverEvent) {
+        // The Topology exists once the engine saved anything; an event before is dropped.
+        let Ok(Some(object)) = self.get(topology) else {
+            return;
+        };
+        let reference = object.object_ref(&());
+        let recorder = Recorder::new(self.client.clone(), self.reporter.clone());
+        let published = self.handle.block_on(recorder.publish(
+            &Event {
+                type_: EventType::Normal,
+                reason: event.reason.into(),
+                note: Some(event.note.chars().take(1000).collect()),
+                action: "Cutover".into(),
+                secondary: None,
+            },
+            &reference,
+        ));
+        if let Err(error) = published {
+            tracing::warn!(topology, %error, "cannot record an event of the cutover");
         }
     }
 }
