@@ -679,3 +679,37 @@ fn each_cutover_step_is_an_event_of_its_topology() {
         assert_eq!(event["reportingController"], "plumber");
     }
 }
+
+#[test]
+fn processors_are_owned_by_their_topology_once_it_exists() {
+    let fake = fake();
+    let leader = Arc::new(AtomicBool::new(true));
+    let runtime = runtime(&fake);
+    let lone = spec("validate", "ab");
+    runtime.start(&lone).unwrap();
+    let deployment: Deployment = fake.get(NS, &lone.group).unwrap();
+    assert!(deployment.metadata.owner_references.is_none());
+    // The engine saves the topology's record (creating its Topology) before its first start.
+    store(&fake, &leader).save("shop", &moved("aaa")).unwrap();
+    let topology: crd::Topology = fake.get(NS, "shop").unwrap();
+    let owned = spec("enrich", "cd");
+    runtime.start(&owned).unwrap();
+    for name in [&owned.group] {
+        let deployment: Deployment = fake.get(NS, name).unwrap();
+        let owners = deployment.metadata.owner_references.unwrap();
+        assert_eq!(owners.len(), 1);
+        assert_eq!(owners[0].kind, "Topology");
+        assert_eq!(owners[0].name, "shop");
+        assert_eq!(Some(&owners[0].uid), topology.metadata.uid.as_ref());
+        assert_eq!(owners[0].controller, Some(true));
+        let so = fake.get_dynamic(&scaled_objects(), NS, name).unwrap();
+        assert_eq!(so["metadata"]["ownerReferences"][0]["name"], "shop");
+    }
+    // A full repair gives the first one its owner too.
+    runtime.repair().unwrap();
+    let deployment: Deployment = fake.get(NS, &lone.group).unwrap();
+    assert_eq!(
+        deployment.metadata.owner_references.unwrap()[0].name,
+        "shop"
+    );
+}

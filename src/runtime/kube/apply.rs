@@ -33,10 +33,12 @@ use kube::{Client, Resource};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use super::crd::Topology;
 use super::keda::{ScaledObject, TriggerAuthentication};
 use super::render::{self, MANAGED_BY, Objects, RenderConfig, SPEC_ANNOTATION};
 use crate::runtime::{Error, ProcessorSpec, ProcessorStatus, Result, Runtime};
 use crate::spec::{Resources, Scale};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
 /// The field manager of every apply (SPEC §7).
 pub const FIELD_MANAGER: &str = "plumber";
@@ -76,6 +78,8 @@ pub struct KubeRuntime {
     /// Held while objects are applied or deleted, so a repair never puts back what a stop
     /// is deleting.
     changing: Mutex<()>,
+    /// The owner reference of each Topology, by name.
+    owners: Mutex<BTreeMap<String, OwnerReference>>,
 }
 
 /// The label selector of every object Plumber manages.
@@ -99,6 +103,7 @@ impl KubeRuntime {
             running: Mutex::new(BTreeMap::new()),
             last_full_repair: Mutex::new(None),
             changing: Mutex::new(()),
+            owners: Mutex::new(BTreeMap::new()),
         };
         let found = runtime.deployments()?;
         let mut running = runtime.running();
@@ -136,8 +141,50 @@ impl KubeRuntime {
         Ok(list.items)
     }
 
+    /// The owner reference to the processor's Topology, when it exists: deleting the
+    /// Topology deletes its processors' objects with it.
+    fn owner(&self, topology: &str) -> Result<Option<OwnerReference>> {
+        if let Some(owner) = self.owners().get(topology) {
+            return Ok(Some(owner.clone()));
+        }
+        let api: Api<Topology> = self.api();
+        let found = self
+            .handle
+            .block_on(api.get_opt(topology))
+            .map_err(|e| api_error("read the Topology of", topology, e))?;
+        let owner = found.as_ref().and_then(owner_of);
+        if let Some(owner) = &owner {
+            self.owners().insert(topology.to_owned(), owner.clone());
+        }
+        Ok(owner)
+    }
+
+    fn owners(&self) -> MutexGuard<'_, BTreeMap<String, OwnerReference>> {
+        self.owners.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Reads every Topology's uid again (one that was deleted and made again has another).
+    fn refresh_owners(&self) -> Result<()> {
+        let api: Api<Topology> = self.api();
+        let list = self
+            .handle
+            .block_on(api.list(&ListParams::default().labels(&managed())))
+            .map_err(|e| api_error("list the Topologies of", "-", e))?;
+        let owners = list
+            .items
+            .iter()
+            .filter_map(|t| Some((t.metadata.name.clone()?, owner_of(t)?)))
+            .collect();
+        *self.owners() = owners;
+        Ok(())
+    }
+
     fn objects(&self, spec: &ProcessorSpec) -> Result<Objects> {
-        render::processor(spec, &self.config.render).map_err(|e| Error::Start {
+        let config = RenderConfig {
+            owner: self.owner(&spec.topology)?,
+            ..self.config.render.clone()
+        };
+        render::processor(spec, &config).map_err(|e| Error::Start {
             group: spec.group.clone(),
             message: e.to_string(),
             retryable: false,
@@ -216,6 +263,13 @@ impl KubeRuntime {
             .map_err(|e| api_error("read", group, e))?;
         Ok(found.as_ref().and_then(spec_of))
     }
+}
+
+fn owner_of(topology: &Topology) -> Option<OwnerReference> {
+    let mut owner = topology.controller_owner_ref(&())?;
+    // Deleting a processor's objects never waits on its Topology.
+    owner.block_owner_deletion = Some(false);
+    Some(owner)
 }
 
 /// What a Deployment of Plumber's runs, from its annotation.
@@ -378,6 +432,9 @@ impl Runtime for KubeRuntime {
             }
             due
         };
+        if full {
+            self.refresh_owners()?;
+        }
         let deployments = self.collect::<Deployment>(&keep)?;
         let scaled_objects = self.collect::<ScaledObject>(&keep)?;
         let authentications = self.collect::<TriggerAuthentication>(&keep)?;
