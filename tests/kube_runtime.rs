@@ -694,17 +694,16 @@ fn processors_are_owned_by_their_topology_once_it_exists() {
     let topology: crd::Topology = fake.get(NS, "shop").unwrap();
     let owned = spec("enrich", "cd");
     runtime.start(&owned).unwrap();
-    for name in [&owned.group] {
-        let deployment: Deployment = fake.get(NS, name).unwrap();
-        let owners = deployment.metadata.owner_references.unwrap();
-        assert_eq!(owners.len(), 1);
-        assert_eq!(owners[0].kind, "Topology");
-        assert_eq!(owners[0].name, "shop");
-        assert_eq!(Some(&owners[0].uid), topology.metadata.uid.as_ref());
-        assert_eq!(owners[0].controller, Some(true));
-        let so = fake.get_dynamic(&scaled_objects(), NS, name).unwrap();
-        assert_eq!(so["metadata"]["ownerReferences"][0]["name"], "shop");
-    }
+    let name = &owned.group;
+    let deployment: Deployment = fake.get(NS, name).unwrap();
+    let owners = deployment.metadata.owner_references.unwrap();
+    assert_eq!(owners.len(), 1);
+    assert_eq!(owners[0].kind, "Topology");
+    assert_eq!(owners[0].name, "shop");
+    assert_eq!(Some(&owners[0].uid), topology.metadata.uid.as_ref());
+    assert_eq!(owners[0].controller, Some(true));
+    let so = fake.get_dynamic(&scaled_objects(), NS, name).unwrap();
+    assert_eq!(so["metadata"]["ownerReferences"][0]["name"], "shop");
     // A full repair gives the first one its owner too.
     runtime.repair().unwrap();
     let deployment: Deployment = fake.get(NS, &lone.group).unwrap();
