@@ -116,6 +116,13 @@ pub struct Args {
     #[arg(long, env = "PLUMBER_ATTEMPTS", default_value_t = 4, value_name = "N",
           value_parser = clap::value_parser!(u32).range(1..=100))]
     pub attempts: u32,
+    /// How the group hands partitions over when members come and go: `cooperative`
+    /// (KIP-429, librdkafka's cooperative-sticky assignor) moves only the partitions that
+    /// change owner, the others keep flowing; `eager` (librdkafka's default range,roundrobin)
+    /// stops every member of the group at every change. All members of a group must use the
+    /// same one.
+    #[arg(long, env = "PLUMBER_ASSIGNOR", value_enum, default_value_t = Assignor::Cooperative)]
+    pub assignor: Assignor,
     /// Identifies this instance in the transactional id (default: $HOSTNAME, else the pid).
     /// A restarted instance with the same id fences its predecessor.
     #[arg(long, env = "PLUMBER_INSTANCE")]
@@ -138,6 +145,27 @@ pub enum DeliveryChoice {
     Auto,
     ExactlyOnce,
     AtLeastOnce,
+}
+
+/// The rebalance protocol of the consumer group, by the assignors that implement it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Assignor {
+    /// KIP-429: incremental revocations and assignments.
+    Cooperative,
+    /// Every rebalance revokes every partition of every member first.
+    Eager,
+}
+
+impl Assignor {
+    /// `partition.assignment.strategy`. librdkafka refuses to mix eager and cooperative
+    /// assignors in one list, so there is no list that migrates a running group.
+    pub fn strategy(self) -> &'static str {
+        match self {
+            Assignor::Cooperative => "cooperative-sticky",
+            // librdkafka's default, what the processor used before it chose.
+            Assignor::Eager => "range,roundrobin",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -188,6 +216,7 @@ pub struct Config {
     pub transform_timeout: Duration,
     pub record_timeout: Duration,
     pub attempts: u32,
+    pub assignor: Assignor,
     pub instance: String,
     pub kafka: Vec<(String, String)>,
 }
@@ -282,6 +311,7 @@ impl TryFrom<Args> for Config {
             transform_timeout: Duration::from_secs(args.transform_timeout),
             record_timeout: Duration::from_secs(args.record_timeout),
             attempts: args.attempts,
+            assignor: args.assignor,
             instance,
             kafka: {
                 let mut kafka = args.kafka;
@@ -387,6 +417,16 @@ mod tests {
         assert!(parse(&["--sql", "SELECT 1", "--jq", "."]).is_err());
         assert!(parse(&["--jq", ".", "--sql-input", "a=t"]).is_err());
         assert!(parse(&["--sql", "SELECT * FROM a", "--sql-input", "a"]).is_err());
+    }
+
+    #[test]
+    fn the_assignor_is_cooperative_unless_eager_is_asked_for() {
+        let config = parse(&["--jq", "."]).unwrap();
+        assert_eq!(config.assignor, Assignor::Cooperative);
+        assert_eq!(config.assignor.strategy(), "cooperative-sticky");
+        let config = parse(&["--jq", ".", "--assignor", "eager"]).unwrap();
+        assert_eq!(config.assignor, Assignor::Eager);
+        assert!(parse(&["--jq", ".", "--assignor", "sticky"]).is_err());
     }
 
     #[test]

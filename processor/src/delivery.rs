@@ -23,7 +23,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer as _};
-use rdkafka::error::KafkaError;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::Producer;
 use rdkafka::{Offset, TopicPartitionList};
 
@@ -33,6 +33,9 @@ use crate::metrics::Metrics;
 
 /// How long a flush, a commit or a transaction call may take.
 pub const KAFKA_CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long to wait before committing again while the group rebalances.
+const REBALANCE_RETRY: Duration = Duration::from_millis(100);
 
 /// Transactions aborted in a row (each followed by processing its records again) before the
 /// processor gives up: the cause is then not a record but the brokers.
@@ -337,7 +340,7 @@ impl Committer {
                 }
                 state.requested = false;
             }
-            if let Err(error) = self.commit_offsets(consumer, &self.committing()) {
+            if let Err(error) = self.commit_offsets(consumer, &self.committing(), Instant::now()) {
                 self.books.metrics.commit_failures.inc();
                 tracing::warn!(%error, "offset commit failed; retrying at the next interval");
             }
@@ -482,6 +485,10 @@ impl Committer {
     /// Commits when the interval has passed: at-least-once asks the background thread,
     /// exactly-once commits the transaction here (it must not overlap the loop's sends).
     pub fn maybe_commit(&self, consumer: &Consumer) -> Result<(), Error> {
+        if self.needs_recovery() {
+            // The transaction is to be aborted, not committed: the loop does that next.
+            return Ok(());
+        }
         let due = {
             let mut last = self
                 .last_commit
@@ -508,13 +515,20 @@ impl Committer {
     /// Commits what is done now. At-least-once commits what is acknowledged (without waiting
     /// for the rest); exactly-once commits the open transaction.
     pub fn commit(&self, consumer: &Consumer) -> Result<(), Error> {
-        self.commit_locked(consumer, &self.committing())
+        self.commit_locked(
+            consumer,
+            &self.committing(),
+            Instant::now() + KAFKA_CALL_TIMEOUT,
+        )
     }
 
+    /// `until`: how long an offset commit the coordinator answers with REBALANCE_IN_PROGRESS
+    /// is tried again.
     fn commit_locked(
         &self,
         consumer: &Consumer,
         committing: &MutexGuard<'_, ()>,
+        until: Instant,
     ) -> Result<(), Error> {
         *self
             .last_commit
@@ -524,17 +538,25 @@ impl Committer {
             return Err(Error::Delivery(why.to_owned()));
         }
         match self.mode {
-            DeliveryMode::AtLeastOnce => self.commit_offsets(consumer, committing),
+            DeliveryMode::AtLeastOnce => self.commit_offsets(consumer, committing, until),
             DeliveryMode::ExactlyOnce => self.commit_transaction(consumer),
         }
     }
 
     /// Commits the offsets done since the last commit; `_committing` proves the caller holds
     /// the commit lock.
+    ///
+    /// A coordinator refuses commits with REBALANCE_IN_PROGRESS between a rebalance's
+    /// JoinGroup and SyncGroup (Kafka; librdkafka's mock for the whole rebalance): it takes
+    /// them again once the group has its new generation, which librdkafka joins by itself.
+    /// The cooperative protocol rebalances in two rounds and each member rejoins, so a stop
+    /// often comes in such a moment; its commit is tried again until `until`, or its records
+    /// would be processed twice. A periodic commit passes `until` now: the next covers it.
     fn commit_offsets(
         &self,
         consumer: &Consumer,
         _committing: &MutexGuard<'_, ()>,
+        until: Instant,
     ) -> Result<(), Error> {
         let due = self.books.tracker().committable();
         if due.is_empty() {
@@ -547,9 +569,18 @@ impl Committer {
                 .map_err(Error::Commit)?;
         }
         let started = Instant::now();
-        consumer
-            .commit(&offsets, CommitMode::Sync)
-            .map_err(Error::Commit)?;
+        loop {
+            match consumer.commit(&offsets, CommitMode::Sync) {
+                Ok(()) => break,
+                Err(KafkaError::ConsumerCommit(RDKafkaErrorCode::RebalanceInProgress))
+                    if Instant::now() + REBALANCE_RETRY < until =>
+                {
+                    tracing::debug!("the group is rebalancing; committing again");
+                    std::thread::sleep(REBALANCE_RETRY);
+                }
+                Err(error) => return Err(Error::Commit(error)),
+            }
+        }
         self.books
             .metrics
             .commit_seconds
@@ -643,7 +674,7 @@ impl Committer {
                 tracing::warn!(in_flight, "deliveries still pending on stop");
             }
         }
-        self.commit_locked(consumer, committing)
+        self.commit_locked(consumer, committing, until)
     }
 
     /// After a fatal error: commit what is certainly done (at-least-once) or abort the open
@@ -652,7 +683,8 @@ impl Committer {
         match self.mode {
             DeliveryMode::AtLeastOnce => {
                 self.await_deliveries(KAFKA_CALL_TIMEOUT);
-                if let Err(error) = self.commit_offsets(consumer, &self.committing()) {
+                let until = Instant::now() + KAFKA_CALL_TIMEOUT;
+                if let Err(error) = self.commit_offsets(consumer, &self.committing(), until) {
                     tracing::warn!(%error, "commit after failure failed");
                 }
             }
@@ -670,14 +702,40 @@ impl Committer {
     }
 
     /// Partitions are being taken away: everything done on them is committed first, so their
-    /// next owner starts right after it.
-    pub fn revoke(&self, consumer: &Consumer, partitions: &TopicPartitionList) {
+    /// next owner starts right after it. Under the cooperative protocol these are only the
+    /// partitions that change owner; the commit covers every partition anyway (it is one
+    /// call, and the records of the kept ones are as done), and the loop goes on with the
+    /// kept ones. It runs inside the loop's poll, between two records, so it covers whole
+    /// records.
+    ///
+    /// `lost`: the group gave them to other members already (this one missed its session or
+    /// its generation). Their offsets cannot be committed any more (the coordinator refuses
+    /// a stale generation), and their next owner starts from the last commit: at-least-once
+    /// forgets them; exactly-once aborts the open transaction, whose records of those
+    /// partitions their next owner processes again, and rewinds the partitions it keeps.
+    pub fn revoke(&self, consumer: &Consumer, partitions: &TopicPartitionList, lost: bool) {
         let committing = self.committing();
-        let result = match self.mode {
-            DeliveryMode::AtLeastOnce => {
-                self.finish_locked(consumer, &committing, Instant::now() + KAFKA_CALL_TIMEOUT)
+        let until = Instant::now() + KAFKA_CALL_TIMEOUT;
+        let result = match (self.mode, lost) {
+            (DeliveryMode::AtLeastOnce, false) => self.finish_locked(consumer, &committing, until),
+            (DeliveryMode::ExactlyOnce, false) => self.commit_locked(consumer, &committing, until),
+            (DeliveryMode::AtLeastOnce, true) => {
+                tracing::warn!(
+                    partitions = partitions.count(),
+                    "partitions lost: what was done on them since the last commit is processed again by their next owner"
+                );
+                Ok(())
             }
-            DeliveryMode::ExactlyOnce => self.commit_locked(consumer, &committing),
+            (DeliveryMode::ExactlyOnce, true) => {
+                if self.transaction().open {
+                    tracing::warn!(
+                        partitions = partitions.count(),
+                        "partitions lost: the open transaction is aborted, their next owner processes its records again"
+                    );
+                    self.needs_recovery.store(true, Ordering::SeqCst);
+                }
+                Ok(())
+            }
         };
         match result {
             Ok(()) => {}

@@ -6,11 +6,12 @@ use std::time::{Duration, Instant};
 
 use rdkafka::client::ClientContext;
 use rdkafka::config::RDKafkaLogLevel;
-use rdkafka::consumer::{BaseConsumer, Consumer as _, Rebalance};
+use rdkafka::consumer::{BaseConsumer, Consumer as _, RebalanceProtocol};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{DeliveryResult, OwnedMessage};
 use rdkafka::producer::{BaseProducer, Producer, ProducerContext as RdProducerContext};
 use rdkafka::statistics::Statistics;
+use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientConfig, Message as _, Offset, TopicPartitionList};
 
 use crate::config::Config;
@@ -178,17 +179,85 @@ impl ClientContext for ConsumerContext {
     }
 }
 
+/// The rebalance protocol as logs name it.
+fn protocol_name(protocol: &RebalanceProtocol) -> &'static str {
+    match protocol {
+        RebalanceProtocol::Cooperative => "cooperative",
+        RebalanceProtocol::Eager => "eager",
+        RebalanceProtocol::None => "none",
+    }
+}
+
 impl rdkafka::consumer::ConsumerContext for ConsumerContext {
-    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
-        match rebalance {
-            Rebalance::Revoke(partitions) => {
-                tracing::info!(partitions = partitions.count(), "partitions revoked");
-                self.committer.revoke(consumer, partitions);
+    /// Replaces rust-rdkafka's default, which picks the same calls (incremental under the
+    /// cooperative protocol, whole assignments under eager) but drops their errors: a
+    /// partition the group gave this member that librdkafka did not take would then sit
+    /// unread, and one it did not let go would be read twice.
+    fn rebalance(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        event: RDKafkaRespErr,
+        partitions: &mut TopicPartitionList,
+    ) {
+        // What librdkafka itself checks the calls against; None before the first join, when
+        // either call is accepted.
+        let protocol = consumer.rebalance_protocol();
+        let incremental = matches!(protocol, RebalanceProtocol::Cooperative);
+        let protocol = protocol_name(&protocol);
+        let count = partitions.count();
+        let (call, result) = match event {
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
+                let result = if incremental {
+                    consumer.incremental_assign(partitions)
+                } else {
+                    consumer.assign(partitions)
+                };
+                let owned = consumer.assignment().map_or(0, |a| a.count());
+                tracing::info!(partitions = count, owned, protocol, "partitions assigned");
+                ("assign", result)
             }
-            Rebalance::Assign(partitions) => {
-                tracing::info!(partitions = partitions.count(), "partitions assigned");
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
+                // Lost: the group already gave them to others (this member missed its
+                // session or its generation), so they are not committed.
+                let lost = consumer.assignment_lost();
+                // Under the cooperative protocol a member keeps what does not move.
+                let kept = consumer
+                    .assignment()
+                    .map_or(0, |a| a.count())
+                    .saturating_sub(count);
+                tracing::info!(
+                    partitions = count,
+                    kept,
+                    lost,
+                    protocol,
+                    "partitions revoked"
+                );
+                self.committer.revoke(consumer, partitions, lost);
+                let result = if incremental {
+                    consumer.incremental_unassign(partitions)
+                } else {
+                    consumer.unassign()
+                };
+                ("unassign", result)
             }
-            Rebalance::Error(error) => tracing::warn!(%error, "rebalance error"),
+            other => {
+                // librdkafka only ever calls with one of the two above.
+                tracing::error!(event = ?other, protocol, "unexpected rebalance event");
+                let result = if incremental {
+                    consumer.incremental_unassign(partitions)
+                } else {
+                    consumer.unassign()
+                };
+                ("unassign", result)
+            }
+        };
+        if let Err(error) = result {
+            tracing::error!(%error, call, partitions = count, protocol, "the rebalance could not be applied");
+            // The group and this member would disagree on what it reads: stop (exit 1) and let
+            // a fresh start join again.
+            self.books
+                .tracker()
+                .fail(format!("the rebalance's {call} failed: {error}"));
         }
     }
 }
@@ -256,6 +325,7 @@ pub fn consumer(
     let mut client = common(config);
     client
         .set("group.id", &config.group)
+        .set("partition.assignment.strategy", config.assignor.strategy())
         .set("enable.auto.commit", "false")
         // The engine always sets a group's offsets before it starts; a partition without any
         // (added later) is read from its start rather than skipped.

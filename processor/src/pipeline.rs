@@ -898,6 +898,12 @@ impl Pipeline<'_> {
                 next_housekeeping = finished + HOUSEKEEPING_INTERVAL;
             }
         }
+        if self.committer.needs_recovery() {
+            // A transaction to abort (its partitions were lost, or a commit found it
+            // abortable) is aborted before the final commit, which then commits what came
+            // before it: the group's next owner processes its records again.
+            self.recover("the transaction must be aborted before the stop", None)?;
+        }
         Ok(())
     }
 

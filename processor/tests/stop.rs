@@ -5,53 +5,11 @@
 
 mod common;
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::thread::JoinHandle;
-
-use common::{STOP_PROMISE, Step, counts, ids, numbered};
+use common::{Load, STOP_PROMISE, Step, counts, ids, numbered};
 use nix::sys::signal::Signal;
 use std::collections::BTreeSet;
 
 use plumber_testkit::{Broker, PATIENCE, Process, TestRecord, unique, wait_until};
-
-/// Writes numbered records to `topic` in acknowledged batches until told to stop.
-struct Load {
-    running: Arc<AtomicBool>,
-    written: Arc<AtomicU32>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl Load {
-    fn start(bootstrap: &str, topic: &str) -> Load {
-        let running = Arc::new(AtomicBool::new(true));
-        let written = Arc::new(AtomicU32::new(0));
-        let (flag, count) = (running.clone(), written.clone());
-        let (bootstrap, topic) = (bootstrap.to_owned(), topic.to_owned());
-        let thread = std::thread::spawn(move || {
-            let broker = Broker::external(bootstrap);
-            while flag.load(Ordering::SeqCst) {
-                let from = count.load(Ordering::SeqCst);
-                broker.produce(&topic, &numbered(from..from + 200));
-                count.store(from + 200, Ordering::SeqCst);
-            }
-        });
-        Load {
-            running,
-            written,
-            thread: Some(thread),
-        }
-    }
-
-    /// Stops writing; returns how many records were written.
-    fn finish(mut self) -> u32 {
-        self.running.store(false, Ordering::SeqCst);
-        if let Some(thread) = self.thread.take() {
-            thread.join().expect("load thread");
-        }
-        self.written.load(Ordering::SeqCst)
-    }
-}
 
 /// Starts a processor and waits until the group gave it partitions.
 ///

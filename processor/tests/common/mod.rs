@@ -3,6 +3,9 @@
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::thread::JoinHandle;
 use std::time::Duration;
 
 use plumber_testkit::{Broker, Process, TestRecord};
@@ -86,6 +89,44 @@ impl Step {
 
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+}
+
+/// Writes numbered records to `topic` in acknowledged batches until told to stop.
+pub struct Load {
+    running: Arc<AtomicBool>,
+    written: Arc<AtomicU32>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Load {
+    pub fn start(bootstrap: &str, topic: &str) -> Load {
+        let running = Arc::new(AtomicBool::new(true));
+        let written = Arc::new(AtomicU32::new(0));
+        let (flag, count) = (running.clone(), written.clone());
+        let (bootstrap, topic) = (bootstrap.to_owned(), topic.to_owned());
+        let thread = std::thread::spawn(move || {
+            let broker = Broker::external(bootstrap);
+            while flag.load(Ordering::SeqCst) {
+                let from = count.load(Ordering::SeqCst);
+                broker.produce(&topic, &numbered(from..from + 200));
+                count.store(from + 200, Ordering::SeqCst);
+            }
+        });
+        Load {
+            running,
+            written,
+            thread: Some(thread),
+        }
+    }
+
+    /// Stops writing; returns how many records were written.
+    pub fn finish(mut self) -> u32 {
+        self.running.store(false, Ordering::SeqCst);
+        if let Some(thread) = self.thread.take() {
+            thread.join().expect("load thread");
+        }
+        self.written.load(Ordering::SeqCst)
     }
 }
 
