@@ -112,6 +112,10 @@ enum Command {
         /// DIR/N/K.
         #[arg(long, env = "PLUMBER_SECRETS", value_name = "DIR")]
         secrets: Option<std::path::PathBuf>,
+        /// The rebalance protocol of the processors started from now on: `cooperative`
+        /// (KIP-429) or `eager`. tansu 0.6 recovers crashed members only under `eager`.
+        #[arg(long, env = "PLUMBER_ASSIGNOR", value_enum, default_value_t = AssignorChoice::Cooperative)]
+        assignor: AssignorChoice,
         /// The credentials of clusters with `credentials:` in plumber.yaml, one librdkafka
         /// property per file (sasl.username, sasl.password, …; ca.crt, tls.crt, tls.key).
         #[arg(long, env = "PLUMBER_KAFKA_CREDENTIALS", value_name = "DIR")]
@@ -172,6 +176,12 @@ const DEFAULT_PROCESSOR_IMAGE: &str = concat!(
     "ghcr.io/plumber-dev/plumber-processor:",
     env!("CARGO_PKG_VERSION")
 );
+
+#[derive(Clone, Copy, ValueEnum)]
+enum AssignorChoice {
+    Cooperative,
+    Eager,
+}
 
 #[derive(Clone, Copy, ValueEnum)]
 enum TextOrJson {
@@ -305,6 +315,7 @@ fn run(command: Command) -> Result<ExitCode> {
             webhook_secret_file,
             secrets,
             kafka_credentials,
+            assignor,
         } => {
             let branch = match branch {
                 Some(branch) => branch,
@@ -322,6 +333,10 @@ fn run(command: Command) -> Result<ExitCode> {
                 .map(|file| read_webhook_secret(&file))
                 .transpose()?;
             config.kafka_credentials = kafka_credentials.clone();
+            config.assignor = match assignor {
+                AssignorChoice::Cooperative => plumber::runtime::Assignor::Cooperative,
+                AssignorChoice::Eager => plumber::runtime::Assignor::Eager,
+            };
             let local = plumber::runtime::local::LocalConfig {
                 checkouts: plumber::store::checkouts_dir(&config.state_dir),
                 secrets,

@@ -15,7 +15,7 @@ use std::process::{Child, Command};
 use std::time::Duration;
 
 use plumber::runtime::local::{LocalConfig, LocalRuntime};
-use plumber::runtime::{Cluster, Delivery, ProcessorSpec, Runtime, Settings};
+use plumber::runtime::{Assignor, Cluster, Delivery, ProcessorSpec, Runtime, Settings};
 use plumber::spec::{EnvValue, Scale, SecretRef, Transform};
 use plumber_testkit::wait_until;
 
@@ -207,6 +207,7 @@ fn the_daemons_settings_reach_the_processors_command_line() {
     spec.settings = Settings {
         delivery: Some(Delivery::ExactlyOnce),
         record_timeout: Some(7),
+        assignor: Some(Assignor::Eager),
     };
     runtime.start(&spec).unwrap();
     wait_until("the processor ran", PATIENCE, || args.exists());
@@ -230,6 +231,7 @@ fn the_daemons_settings_reach_the_processors_command_line() {
         "{argv:?}"
     );
     assert_eq!(after("--record-timeout").as_deref(), Some("7"), "{argv:?}");
+    assert_eq!(after("--assignor").as_deref(), Some("eager"), "{argv:?}");
     // What a jq program sees in `$ENV`: the names of the step's `env:`.
     let jq_env: Vec<&str> = argv
         .windows(2)

@@ -66,6 +66,9 @@ pub struct DaemonConfig {
     pub stalled_after: Duration,
     /// How long one record may take in a processor, every attempt included.
     pub record_timeout: Duration,
+    /// The rebalance protocol of the groups of lives started from now on (a life keeps the
+    /// one it started with).
+    pub assignor: crate::runtime::Assignor,
     pub cutover: CutoverConfig,
     /// Verifies `POST /hooks/git` when set.
     pub webhook_secret: Option<String>,
@@ -96,6 +99,7 @@ impl DaemonConfig {
             observe_interval: Duration::from_secs(2),
             stalled_after: Duration::from_secs(60),
             record_timeout: Duration::from_secs(60),
+            assignor: crate::runtime::Assignor::default(),
             cutover: CutoverConfig::default(),
             webhook_secret: None,
         }

@@ -58,6 +58,7 @@ pub(super) fn reconcile(
         settings: Settings {
             delivery: Some(delivery),
             record_timeout: Some(context.config.record_timeout.as_secs().max(1)),
+            assignor: Some(context.config.assignor),
         },
     };
     let on_event = |event: Event<'_>| show(name, context, event);

@@ -52,6 +52,9 @@ pub fn processor_args(spec: &ProcessorSpec, placement: &Placement<'_>) -> Vec<St
     if let Some(seconds) = spec.settings.record_timeout {
         flag("record-timeout", &seconds.to_string());
     }
+    if let Some(assignor) = spec.settings.assignor {
+        flag("assignor", assignor.as_str());
+    }
     for (key, value) in &spec.cluster.properties {
         flag("kafka", &format!("{key}={value}"));
     }
@@ -108,7 +111,7 @@ mod tests {
     use plumber_processor::config::{Args, Config, DeliveryChoice, TransformSpec};
 
     use super::*;
-    use crate::runtime::{Cluster, Delivery, Settings};
+    use crate::runtime::{Assignor, Cluster, Delivery, Settings};
     use crate::spec::{Scale, SecretRef};
 
     fn spec(transform: Transform) -> ProcessorSpec {
@@ -156,6 +159,7 @@ mod tests {
             settings: Settings {
                 delivery: Some(Delivery::ExactlyOnce),
                 record_timeout: Some(7),
+                assignor: Some(Assignor::Eager),
             },
         }
     }
@@ -189,6 +193,7 @@ mod tests {
         assert_eq!(config.instance, "3");
         assert_eq!(config.delivery, DeliveryChoice::ExactlyOnce);
         assert_eq!(config.record_timeout.as_secs(), 7);
+        assert_eq!(config.assignor, plumber_processor::config::Assignor::Eager);
         assert_eq!(config.metrics.map(|a| a.port()), Some(9400));
         assert!(
             config

@@ -62,6 +62,33 @@ pub struct Settings {
     pub delivery: Option<Delivery>,
     /// Seconds one record may take, every attempt included (`--record-timeout`).
     pub record_timeout: Option<u64>,
+    /// The rebalance protocol of the group (`--assignor`). Recorded with each life, so
+    /// every instance of a group runs the same one: brokers refuse a member that offers
+    /// another protocol than the group's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub assignor: Option<Assignor>,
+}
+
+/// A consumer group's rebalance protocol.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Assignor {
+    /// Incremental (KIP-429, cooperative-sticky): a replica coming or going moves only the
+    /// partitions it takes or gives.
+    #[default]
+    Cooperative,
+    /// Every member gives up every partition at each rebalance (range, roundrobin).
+    Eager,
+}
+
+impl Assignor {
+    /// As `plumber-processor --assignor` spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Assignor::Cooperative => "cooperative",
+            Assignor::Eager => "eager",
+        }
+    }
 }
 
 /// A processor's delivery guarantee.

@@ -771,7 +771,7 @@ impl Plumber {
             .stderr(log);
         if world.broker.is_tansu() {
             command.arg("--keep-topics");
-            // Its processors inherit it. On tansu a processor restarted after a kill -9 got
+            // `plumber up --assignor`, passed to every processor. On tansu a processor restarted after a kill -9 got
             // no partitions under the cooperative assignor, restart after restart (README,
             // tansu); the eager one recovers.
             command.env("PLUMBER_ASSIGNOR", "eager");
