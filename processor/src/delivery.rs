@@ -238,8 +238,9 @@ pub enum Error {
         #[source]
         source: KafkaError,
     },
-    #[error("an output record could not be delivered: {0}")]
-    Delivery(String),
+    /// What the delivery callbacks or a rebalance recorded (the message says which).
+    #[error("{0}")]
+    Failed(String),
     #[error("the consumer has no group metadata for the transaction")]
     NoGroupMetadata,
     #[error("{MAX_ABORTS_IN_A_ROW} transactions in a row had to be aborted; the last: {0}")]
@@ -535,7 +536,7 @@ impl Committer {
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = Instant::now();
         if let Some(why) = self.books.tracker().failure() {
-            return Err(Error::Delivery(why.to_owned()));
+            return Err(Error::Failed(why.to_owned()));
         }
         match self.mode {
             DeliveryMode::AtLeastOnce => self.commit_offsets(consumer, committing, until),

@@ -143,7 +143,10 @@ impl RdProducerContext for ProducerContext {
                     });
                     return;
                 }
-                let why = format!("to {} failed: {error}", message.topic());
+                let why = format!(
+                    "an output record could not be delivered to {}: {error}",
+                    message.topic()
+                );
                 tracing::error!(%error, topic = message.topic(), "delivery failed");
                 self.books.tracker().fail(why);
             }

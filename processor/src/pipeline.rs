@@ -798,7 +798,7 @@ impl Pipeline<'_> {
         let mut next_housekeeping = Instant::now() + HOUSEKEEPING_INTERVAL;
         while !stop.requested() {
             if let Some(why) = self.books.tracker().failure() {
-                return Err(delivery::Error::Delivery(why.to_owned()).into());
+                return Err(delivery::Error::Failed(why.to_owned()).into());
             }
             if self.committer.needs_recovery() {
                 self.recover("a commit found the transaction abortable", None)?;
