@@ -369,6 +369,39 @@ fn a_new_daemon_knows_what_runs_from_the_deployments() {
     assert!(fake.get::<Deployment>(NS, &a.group).is_none());
 }
 
+/// A standby replica connects while the holder of the lease runs `a`; the holder then starts
+/// `b` and stops `a`. Once the standby resyncs (as its observer does when it takes the lease
+/// over), its repair keeps `b` and does not bring `a` back.
+#[test]
+fn a_standby_that_resyncs_repairs_what_the_other_replica_left_running() {
+    let fake = fake();
+    let holder = runtime(&fake);
+    let a = spec("validate", "ab");
+    let b = spec("enrich", "cd");
+    holder.start(&a).unwrap();
+    let standby = runtime(&fake);
+    holder.start(&b).unwrap();
+    holder.stop(&a.group).unwrap();
+    drop(holder);
+    standby.resync().unwrap();
+    standby.repair().unwrap();
+    assert!(
+        fake.get::<Deployment>(NS, &b.group).is_some(),
+        "what the other replica started keeps running"
+    );
+    assert!(
+        fake.get::<Deployment>(NS, &a.group).is_none(),
+        "what the other replica stopped stays stopped"
+    );
+    let groups: Vec<String> = standby
+        .processors()
+        .unwrap()
+        .into_iter()
+        .map(|p| p.group)
+        .collect();
+    assert_eq!(groups, [b.group.clone()]);
+}
+
 fn store(fake: &FakeApi, leader: &Arc<AtomicBool>) -> TopologyStore {
     let leader = leader.clone();
     TopologyStore::new(

@@ -12,7 +12,9 @@
 //!   KEDA's `replicas` among them) and deletes Plumber's objects of identities it does not run.
 //! - **Restarts of the daemon**: what runs is read back from the Deployments' annotation
 //!   ([`SPEC_ANNOTATION`]), so a new daemon replica knows every processor without a record
-//!   of its own.
+//!   of its own; and read again ([`Runtime::resync`]) whenever a replica starts acting, so a
+//!   standby that takes the lease over repairs what the previous holder left running, not
+//!   what ran when the standby started.
 //!
 //! # Caveats
 //! A Deployment deleted by hand while no daemon runs is not recreated by the next one (its
@@ -100,14 +102,7 @@ impl KubeRuntime {
             last_full_repair: Mutex::new(None),
             changing: Mutex::new(()),
         };
-        let found = runtime.deployments()?;
-        let mut running = runtime.running();
-        for deployment in &found {
-            if let Some(spec) = spec_of(deployment) {
-                running.insert(spec.group.clone(), spec);
-            }
-        }
-        drop(running);
+        runtime.resync()?;
         Ok(runtime)
     }
 
@@ -361,6 +356,19 @@ impl Runtime for KubeRuntime {
                 }
             })
             .collect())
+    }
+
+    fn resync(&self) -> Result<()> {
+        // Under `changing`: a start or stop of this runtime is wholly before or after it.
+        let _changing = self.changing();
+        let found: BTreeMap<String, ProcessorSpec> = self
+            .deployments()?
+            .iter()
+            .filter_map(spec_of)
+            .map(|spec| (spec.group.clone(), spec))
+            .collect();
+        *self.running() = found;
+        Ok(())
     }
 
     fn repair(&self) -> Result<()> {
