@@ -64,6 +64,9 @@ impl Worker {
 /// Backoff of failed reconcile steps: from the first to the longest delay.
 const BACKOFF: (Duration, Duration) = (Duration::from_secs(1), Duration::from_secs(60));
 
+/// How often a replica without the lease looks again.
+const STANDBY_RETRY: Duration = Duration::from_secs(1);
+
 fn work(name: &str, context: &Arc<Context>, slot: &(Mutex<Slot>, Condvar)) {
     let (lock, wake) = slot;
     let mut backoff = BACKOFF.0;
@@ -96,6 +99,12 @@ fn work(name: &str, context: &Arc<Context>, slot: &(Mutex<Slot>, Condvar)) {
                 Ok(Step::Waiting(until)) => {
                     backoff = BACKOFF.0;
                     Some(until)
+                }
+                // A standby: look again soon, so that it takes over a move within moments
+                // of getting the lease, not after a backoff grown while it waited.
+                Err(error) if error.is_not_leader() => {
+                    tracing::debug!(topology = name, "not the lease holder; looking again soon");
+                    Some(Instant::now() + STANDBY_RETRY)
                 }
                 Err(error) => {
                     // What retrying cannot mend waits for a new commit (which wakes the
