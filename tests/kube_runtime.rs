@@ -229,6 +229,29 @@ fn a_stop_whose_pods_do_not_go_is_an_error_naming_them() {
     assert!(error.is_retryable());
 }
 
+/// A replica deleted the Deployment and crashed while its pod was still terminating (its
+/// process finishing); the replica that takes over stops the same life again, knowing nothing
+/// of it but its group: the stop still waits for the pod, found by the group's name.
+#[test]
+fn a_stop_after_the_deployment_went_still_waits_for_its_terminating_pods() {
+    const KUBELET: &str = "test.plumber.dev/kubelet";
+    let fake = FakeApi::new()
+        .with_deployment_controller(PodStart::Ready)
+        .with_pod_finalizer(KUBELET);
+    let crashed = runtime(&fake);
+    let spec = spec("validate", "ab");
+    crashed.start(&spec).unwrap();
+    assert!(fake.delete::<Deployment>(NS, &spec.group));
+    drop(crashed);
+    assert_eq!(pods_of(&fake, &spec), 1, "the pod terminates");
+    let other = runtime(&fake);
+    let error = other.stop(&spec.group).unwrap_err();
+    assert!(error.to_string().contains("1 pods still exist"), "{error}");
+    let pod = fake.list::<Pod>(NS).remove(0).metadata.name.unwrap();
+    assert!(fake.finish_termination(NS, &pod, KUBELET));
+    other.stop(&spec.group).unwrap();
+}
+
 #[test]
 fn repair_puts_back_what_was_deleted_or_edited_by_hand_and_deletes_what_nothing_runs() {
     let fake = fake();

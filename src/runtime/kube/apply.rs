@@ -185,8 +185,8 @@ impl KubeRuntime {
     }
 
     /// The pods of one life (by its Deployment's selector labels).
-    fn pods(&self, spec: &ProcessorSpec) -> Result<usize> {
-        let selector = render::selector(spec)
+    fn pods(&self, group: &str, selector: &BTreeMap<String, String>) -> Result<usize> {
+        let selector = selector
             .iter()
             .map(|(k, v)| format!("{k}={v}"))
             .collect::<Vec<_>>()
@@ -195,7 +195,7 @@ impl KubeRuntime {
         let pods = self
             .handle
             .block_on(api.list(&ListParams::default().labels(&selector)))
-            .map_err(|e| api_error("list the pods of", &spec.group, e))?;
+            .map_err(|e| api_error("list the pods of", group, e))?;
         Ok(pods.items.len())
     }
 
@@ -278,12 +278,19 @@ impl Runtime for KubeRuntime {
             self.delete::<TriggerAuthentication>(group, &DeleteParams::default())?;
             self.delete::<Deployment>(group, &DeleteParams::foreground())?;
         }
-        let Some(spec) = spec else {
+        // Without a spec (its Deployment was deleted already, by a replica that crashed
+        // before its pods were gone) the pods are found by the group's name: terminating
+        // pods may still be processing, and the engine reads the group's offsets next.
+        let Some(selector) = spec
+            .as_ref()
+            .map(render::selector)
+            .or_else(|| render::selector_of_group(group))
+        else {
             return Ok(());
         };
         let deadline = Instant::now() + self.config.stop_timeout;
         loop {
-            let left = self.pods(&spec)?;
+            let left = self.pods(group, &selector)?;
             if left == 0 {
                 tracing::info!(group, "processor stopped: no pod left");
                 return Ok(());
