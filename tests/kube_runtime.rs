@@ -422,7 +422,7 @@ fn a_standby_that_resyncs_repairs_what_the_other_replica_left_running() {
         .into_iter()
         .map(|p| p.group)
         .collect();
-    assert_eq!(groups, [b.group.clone()]);
+    assert_eq!(groups, std::slice::from_ref(&b.group));
 }
 
 fn store(fake: &FakeApi, leader: &Arc<AtomicBool>) -> TopologyStore {
