@@ -411,7 +411,8 @@ impl World {
             }
             let spec: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
             let group = spec["group"].as_str().unwrap().to_owned();
-            let replicas = spec["replicas"].as_u64().unwrap();
+            // The local runtime runs `scale.min` instances, at least one.
+            let replicas = spec["scale"]["min"].as_u64().unwrap().max(1);
             wait_until(
                 &format!("{group} runs {replicas} instances"),
                 PATIENCE,
