@@ -82,6 +82,9 @@ fn work(name: &str, context: &Arc<Context>, slot: &(Mutex<Slot>, Condvar)) {
         // Nothing to move to yet (the branch is not read yet): wait for it.
         let until = match desired {
             None => None,
+            // A standby replica: the holder of the lease moves the topology. Look again soon,
+            // so that a takeover resumes a move within moments of getting the lease.
+            Some(_) if !context.records.may_act() => Some(Instant::now() + STANDBY_RETRY),
             Some(desired) => match reconcile(name, context, &desired, &mut waits) {
                 Ok(Step::Progressed) => {
                     backoff = BACKOFF.0;
@@ -100,8 +103,7 @@ fn work(name: &str, context: &Arc<Context>, slot: &(Mutex<Slot>, Condvar)) {
                     backoff = BACKOFF.0;
                     Some(until)
                 }
-                // A standby: look again soon, so that it takes over a move within moments
-                // of getting the lease, not after a backoff grown while it waited.
+                // The lease went in the middle of the step: not a failure of the topology.
                 Err(error) if error.is_not_leader() => {
                     tracing::debug!(topology = name, "not the lease holder; looking again soon");
                     Some(Instant::now() + STANDBY_RETRY)
