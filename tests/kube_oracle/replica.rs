@@ -119,12 +119,12 @@ impl Replica {
             .unwrap_or_default()
     }
 
-    /// The replica dies where it stands: its tokio runtime goes (the lease manager stops
-    /// renewing without giving the lease up, and every Kubernetes call it makes from now
-    /// on fails), and its threads do nothing more that reaches the API. A thread inside a
-    /// request the API server holds stays there: the request reached the server, whose
-    /// answer, once released, nobody acts on. What is left is reaped with
-    /// [`Crashed::reap`] once those requests were let go.
+    /// The replica dies where it stands: its tokio runtime goes, so the lease manager stops
+    /// renewing without giving the lease up and every Kubernetes call it makes from now on
+    /// fails (its engine starts each step by reading the record, so it does not act on Kafka
+    /// either). A thread inside a request the API server holds stays there: the request
+    /// reached the server, and is answered once the test lets it go. What is left is reaped
+    /// with [`Crashed::reap`] once those requests were let go.
     pub fn crash(mut self) -> Crashed {
         if let Some(tokio) = self.tokio.take() {
             tokio.shutdown_background();

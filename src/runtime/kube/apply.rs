@@ -5,8 +5,10 @@
 //! - **Start** applies the TriggerAuthentication, the Deployment, then the ScaledObject:
 //!   KEDA never scales a Deployment that does not exist, nor one it cannot authenticate for.
 //! - **Stop** deletes the ScaledObject first (else KEDA scales the Deployment back up), then
-//!   the Deployment (foreground), and returns only once no pod of it is left. The engine then
-//!   waits until the group has no members: pods gone is not group empty (SPEC §4.2).
+//!   the Deployment (foreground), and returns only once no pod of it is left (pods found by
+//!   the group's name when the Deployment is gone already), so its processes have exited. The
+//!   engine then waits until the group has no members where the broker can say (SPEC §4.2;
+//!   tansu 0.6 cannot, and there this wait is all that protects the cutover offsets).
 //! - **Drift**: [`Runtime::repair`] re-applies every processor this runtime runs (an object
 //!   edited or deleted by hand is put back; server-side apply leaves fields of other managers,
 //!   KEDA's `replicas` among them) and deletes Plumber's objects of identities it does not run.
