@@ -60,11 +60,11 @@ fn cluster() -> FakeApi {
         .with_crd(&serde_json::to_value(crd::definition()).unwrap())
 }
 
-/// The daemons' logs (both tests', interleaved), in one file per test process.
+/// The daemons' logs (every test's, interleaved), replaced by each run.
 fn daemon_log() -> &'static PathBuf {
     static LOG: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     LOG.get_or_init(|| {
-        let path = std::env::temp_dir().join(format!("kube_oracle-{}.log", std::process::id()));
+        let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("kube_oracle.log");
         let file = std::fs::File::create(&path).unwrap();
         tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::new(
