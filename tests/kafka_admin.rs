@@ -1,6 +1,6 @@
 //! The Kafka operations of a cutover against a real broker (tansu, or
 //! `PLUMBER_TEST_BOOTSTRAP`): idempotent topic creation, missing topics, setting and reading a
-//! group's offsets, lag and drains.
+//! group's offsets, lag and drains; what group membership says.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly
 
 use plumber::kafka::{Admin, Error, KafkaAdmin};
@@ -76,4 +76,49 @@ fn topics_offsets_lag_and_drains() {
         .unwrap();
     assert_eq!(admin.lag(&group, &topics).unwrap(), 0);
     assert!(admin.drained(&group, &topics).unwrap());
+}
+
+/// The engine's stop reads a stopped life's offsets once `members` says its group is empty,
+/// or cannot say (SPEC §4.2): a group with a live member must never read as empty. tansu 0.6
+/// cannot describe a group that has members (DescribeGroups fails: a transport error or a
+/// timeout), so there the runtime's own wait for the instances to exit is all that protects
+/// a cutover (the Kubernetes runtime's stop waits until the pods are gone).
+#[test]
+fn a_group_with_a_live_member_never_reads_as_empty() {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use std::time::{Duration, Instant};
+
+    let broker = Broker::start();
+    let admin = KafkaAdmin::connect(broker.bootstrap()).unwrap();
+    let topic = unique("members");
+    broker.create_topic(&topic, 2);
+    let group = unique("members-group");
+    assert!(
+        matches!(admin.members(&group), Ok(None | Some(0))),
+        "nobody joined yet"
+    );
+    let consumer: BaseConsumer = broker
+        .client()
+        .set("group.id", &group)
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    consumer.subscribe(&[&topic]).unwrap();
+    plumber_testkit::wait_until(
+        "the consumer has its partitions",
+        plumber_testkit::PATIENCE,
+        || {
+            let _ = consumer.poll(Duration::from_millis(100));
+            consumer.assignment().is_ok_and(|a| a.count() == 2)
+        },
+    );
+    let until = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < until {
+        let _ = consumer.poll(Duration::from_millis(100));
+        let members = admin.members(&group);
+        assert!(
+            !matches!(members, Ok(Some(0))),
+            "a group with a live member read as empty: {members:?}"
+        );
+    }
 }

@@ -256,6 +256,27 @@ fn labels_say_what_runs_and_stay_valid_at_the_longest_names() {
         assert_eq!(template.get(key), Some(value), "{key}");
     }
     assert!(!selector.contains_key("plumber.dev/commit"));
+    // The same selector from the group's name alone (a stop after the Deployment went).
+    assert_eq!(
+        render::selector_of_group(&spec.group),
+        Some(selector.clone())
+    );
+    let first_life = ProcessorSpec {
+        group: format!("plumber.{}.{}.abababababab", spec.topology, spec.step),
+        ..spec.clone()
+    };
+    assert_eq!(
+        render::selector_of_group(&first_life.group),
+        Some(render::selector(&first_life))
+    );
+    for other in [
+        "orders",
+        "plumber.t.s",
+        "plumber.t.s.nothex000000",
+        "plumber.t.s.abababababab.x",
+    ] {
+        assert_eq!(render::selector_of_group(other), None, "{other}");
+    }
     // Replicas are KEDA's: plumber's apply never sets them.
     assert_eq!(objects.deployment.spec.replicas, None);
     // What runs is readable back from the Deployment, secrets by reference only.

@@ -229,6 +229,29 @@ fn a_stop_whose_pods_do_not_go_is_an_error_naming_them() {
     assert!(error.is_retryable());
 }
 
+/// A replica deleted the Deployment and crashed while its pod was still terminating (its
+/// process finishing); the replica that takes over stops the same life again, knowing nothing
+/// of it but its group: the stop still waits for the pod, found by the group's name.
+#[test]
+fn a_stop_after_the_deployment_went_still_waits_for_its_terminating_pods() {
+    const KUBELET: &str = "test.plumber.dev/kubelet";
+    let fake = FakeApi::new()
+        .with_deployment_controller(PodStart::Ready)
+        .with_pod_finalizer(KUBELET);
+    let crashed = runtime(&fake);
+    let spec = spec("validate", "ab");
+    crashed.start(&spec).unwrap();
+    assert!(fake.delete::<Deployment>(NS, &spec.group));
+    drop(crashed);
+    assert_eq!(pods_of(&fake, &spec), 1, "the pod terminates");
+    let other = runtime(&fake);
+    let error = other.stop(&spec.group).unwrap_err();
+    assert!(error.to_string().contains("1 pods still exist"), "{error}");
+    let pod = fake.list::<Pod>(NS).remove(0).metadata.name.unwrap();
+    assert!(fake.finish_termination(NS, &pod, KUBELET));
+    other.stop(&spec.group).unwrap();
+}
+
 #[test]
 fn repair_puts_back_what_was_deleted_or_edited_by_hand_and_deletes_what_nothing_runs() {
     let fake = fake();
@@ -367,6 +390,39 @@ fn a_new_daemon_knows_what_runs_from_the_deployments() {
     assert!(fake.get::<Deployment>(NS, &b.group).is_some());
     second.stop(&a.group).unwrap();
     assert!(fake.get::<Deployment>(NS, &a.group).is_none());
+}
+
+/// A standby replica connects while the holder of the lease runs `a`; the holder then starts
+/// `b` and stops `a`. Once the standby resyncs (as its observer does when it takes the lease
+/// over), its repair keeps `b` and does not bring `a` back.
+#[test]
+fn a_standby_that_resyncs_repairs_what_the_other_replica_left_running() {
+    let fake = fake();
+    let holder = runtime(&fake);
+    let a = spec("validate", "ab");
+    let b = spec("enrich", "cd");
+    holder.start(&a).unwrap();
+    let standby = runtime(&fake);
+    holder.start(&b).unwrap();
+    holder.stop(&a.group).unwrap();
+    drop(holder);
+    standby.resync().unwrap();
+    standby.repair().unwrap();
+    assert!(
+        fake.get::<Deployment>(NS, &b.group).is_some(),
+        "what the other replica started keeps running"
+    );
+    assert!(
+        fake.get::<Deployment>(NS, &a.group).is_none(),
+        "what the other replica stopped stays stopped"
+    );
+    let groups: Vec<String> = standby
+        .processors()
+        .unwrap()
+        .into_iter()
+        .map(|p| p.group)
+        .collect();
+    assert_eq!(groups, std::slice::from_ref(&b.group));
 }
 
 fn store(fake: &FakeApi, leader: &Arc<AtomicBool>) -> TopologyStore {

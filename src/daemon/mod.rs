@@ -143,6 +143,19 @@ pub enum Error {
 }
 
 impl Error {
+    /// Whether this daemon replica did nothing because another one holds the lease: not a
+    /// failure of the topology, and over as soon as the lease comes its way.
+    pub fn is_not_leader(&self) -> bool {
+        matches!(
+            self,
+            Error::Store(crate::store::Error::NotLeader { .. })
+                | Error::Cutover(cutover::Error::Store {
+                    source: crate::store::Error::NotLeader { .. },
+                    ..
+                })
+        )
+    }
+
     /// Whether trying again can help without a new commit or a person (a network or broker
     /// hiccup can pass; a damaged state file or an undeclared cluster does not).
     pub fn is_retryable(&self) -> bool {
@@ -454,4 +467,28 @@ fn spawn(name: &str, body: impl FnOnce() + Send + 'static) -> Result<JoinHandle<
             name: name.into(),
             source,
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn not_holding_the_lease_is_told_apart_from_failures() {
+        let not_leader = || crate::store::Error::NotLeader {
+            topology: "t".into(),
+        };
+        assert!(Error::Store(not_leader()).is_not_leader());
+        assert!(
+            Error::Cutover(cutover::Error::Store {
+                topology: "t".into(),
+                source: not_leader(),
+            })
+            .is_not_leader()
+        );
+        let conflict = Error::Store(crate::store::Error::Conflict {
+            topology: "t".into(),
+        });
+        assert!(!conflict.is_not_leader());
+    }
 }

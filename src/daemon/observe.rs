@@ -24,8 +24,9 @@ pub(super) struct Watchdog {
 /// Refreshes per-step state and lag for status and metrics.
 pub(super) fn observe_loop(context: &Arc<Context>) {
     let watchdog = Watchdog::new(context.config.stall_threshold());
+    let mut acting = false;
     while !context.is_stopping() {
-        observe(context, &watchdog);
+        observe(context, &watchdog, &mut acting);
         // Sleep in short slices so a shutdown is not held up.
         let deadline = Instant::now() + context.config.observe_interval;
         while Instant::now() < deadline && !context.is_stopping() {
@@ -34,11 +35,22 @@ pub(super) fn observe_loop(context: &Arc<Context>) {
     }
 }
 
-fn observe(context: &Context, watchdog: &Watchdog) {
-    // Only the replica that may act repairs (the others would fight it).
-    if context.records.may_act()
-        && let Err(error) = context.runtime.repair()
-    {
+/// `acting`: whether this daemon acted at the last look (held the lease).
+fn observe(context: &Context, watchdog: &Watchdog, acting: &mut bool) {
+    // Only the replica that may act repairs (the others would fight it), and only from what
+    // runs now: when it starts acting, what it knew may be another replica's past.
+    let may_act = context.records.may_act();
+    if may_act && !*acting {
+        match context.runtime.resync() {
+            Ok(()) => *acting = true,
+            Err(error) => {
+                tracing::warn!(%error, "cannot read what runs; not repairing until it can")
+            }
+        }
+    } else if !may_act {
+        *acting = false;
+    }
+    if *acting && let Err(error) = context.runtime.repair() {
         tracing::warn!(%error, "cannot repair the runtime's processors");
     }
     let running: BTreeMap<String, ProcessorStatus> = match context.runtime.processors() {

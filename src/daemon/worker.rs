@@ -64,6 +64,9 @@ impl Worker {
 /// Backoff of failed reconcile steps: from the first to the longest delay.
 const BACKOFF: (Duration, Duration) = (Duration::from_secs(1), Duration::from_secs(60));
 
+/// How often a replica without the lease looks again.
+const STANDBY_RETRY: Duration = Duration::from_secs(1);
+
 fn work(name: &str, context: &Arc<Context>, slot: &(Mutex<Slot>, Condvar)) {
     let (lock, wake) = slot;
     let mut backoff = BACKOFF.0;
@@ -79,6 +82,9 @@ fn work(name: &str, context: &Arc<Context>, slot: &(Mutex<Slot>, Condvar)) {
         // Nothing to move to yet (the branch is not read yet): wait for it.
         let until = match desired {
             None => None,
+            // A standby replica: the holder of the lease moves the topology. Look again soon,
+            // so that a takeover resumes a move within moments of getting the lease.
+            Some(_) if !context.records.may_act() => Some(Instant::now() + STANDBY_RETRY),
             Some(desired) => match reconcile(name, context, &desired, &mut waits) {
                 Ok(Step::Progressed) => {
                     backoff = BACKOFF.0;
@@ -96,6 +102,11 @@ fn work(name: &str, context: &Arc<Context>, slot: &(Mutex<Slot>, Condvar)) {
                 Ok(Step::Waiting(until)) => {
                     backoff = BACKOFF.0;
                     Some(until)
+                }
+                // The lease went in the middle of the step: not a failure of the topology.
+                Err(error) if error.is_not_leader() => {
+                    tracing::debug!(topology = name, "not the lease holder; looking again soon");
+                    Some(Instant::now() + STANDBY_RETRY)
                 }
                 Err(error) => {
                     // What retrying cannot mend waits for a new commit (which wakes the

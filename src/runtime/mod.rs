@@ -215,4 +215,12 @@ pub trait Runtime: Send + Sync {
     fn repair(&self) -> Result<()> {
         Ok(())
     }
+    /// Forgets what the runtime believes runs and reads it again from where processors run.
+    /// The observer calls it whenever this daemon starts acting (its first look, and each
+    /// time it takes the lease over): another daemon replica may have started and stopped
+    /// processors since this one last looked, and [`Runtime::repair`] must neither remove
+    /// what that replica started nor put back what it stopped.
+    fn resync(&self) -> Result<()> {
+        Ok(())
+    }
 }

@@ -74,7 +74,8 @@
 //! authentication or RBAC, no admission (webhooks, defaulting, Pod Security), no validation of
 //! built-in kinds, no garbage collection beyond the deployment controller's Pods (owner
 //! references of other kinds are not followed, `Foreground` deletion is not modelled), no
-//! graceful Pod termination, no `scale` or other subresources, no YAML request bodies, no
+//! graceful Pod termination unless a test's kubelet models it with a finalizer
+//! ([`FakeApi::with_pod_finalizer`]), no `scale` or other subresources, no YAML request bodies, no
 //! protobuf. It is a test double, not an API server: what passes here can still fail on a
 //! cluster.
 //!
@@ -93,10 +94,13 @@
 //! them when the Deployment goes or its template changes (and replaces them), and writes the
 //! Deployment's status. It runs synchronously after every request or handle call that
 //! changed something, before the response is sent, so a test sees its effects at once; with
-//! [`FakeApi::with_manual_settle`] it runs only on [`FakeApi::settle`]. Pods added and
-//! deleted (by anyone) are events: [`FakeApi::on_pods_changed`] calls back, and
-//! [`FakeApi::take_pod_events`] drains the log, so a test "kubelet" can start and stop a
-//! process per Pod and report readiness with [`FakeApi::set_pod_ready`].
+//! [`FakeApi::with_manual_settle`] it runs only on [`FakeApi::settle`]. Pods added, marked
+//! for deletion and deleted (by anyone) are events: [`FakeApi::on_pods_changed`] calls back,
+//! and [`FakeApi::take_pod_events`] drains the log, so a test "kubelet" can start and stop a
+//! process per Pod and report readiness with [`FakeApi::set_pod_ready`]. Deleting a Pod that
+//! has finalizers only marks it, by request or by the controller; with
+//! [`FakeApi::with_pod_finalizer`] every Pod it creates has one, which the kubelet removes
+//! once the Pod's processes exited ([`FakeApi::finish_termination`]): graceful termination.
 //!
 //! # Runtimes
 //!
@@ -163,11 +167,14 @@ pub enum PodStart {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PodChange {
     Added,
+    /// Marked for deletion (it has finalizers: see [`FakeApi::with_pod_finalizer`]); a
+    /// `Deleted` follows once they are removed.
+    Terminating,
     Deleted,
 }
 
-/// A Pod added to or deleted from the store, by the deployment controller, a request or
-/// the handle.
+/// A Pod added to, marked for deletion in or deleted from the store, by the deployment
+/// controller, a request or the handle.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PodEvent {
     pub change: PodChange,
@@ -468,6 +475,8 @@ struct State {
     holds: Vec<HoldRule>,
     next_hold: u64,
     controller: Option<PodStart>,
+    /// The finalizer the controller's Pods carry ([`FakeApi::with_pod_finalizer`]).
+    pod_finalizer: Option<String>,
     auto_settle: bool,
     pod_log: Vec<PodEvent>,
 }
@@ -524,6 +533,7 @@ impl FakeApi {
                     holds: Vec::new(),
                     next_hold: 0,
                     controller: None,
+                    pod_finalizer: None,
                     auto_settle: true,
                     pod_log: Vec::new(),
                 }),
@@ -545,6 +555,51 @@ impl FakeApi {
         self.lock().controller = Some(start);
         self.settle();
         self
+    }
+
+    /// Graceful Pod termination, for a test's kubelet: the deployment controller's Pods carry
+    /// `finalizer`, so deleting one (the controller does when its Deployment goes or its
+    /// template changes; a request may) only marks it for deletion (`deletionTimestamp`, a
+    /// [`PodChange::Terminating`] event) and it stays, `Terminating`, until the finalizer is
+    /// removed ([`FakeApi::finish_termination`], once its processes exited), as a Pod stays
+    /// until its kubelet saw its containers stop. A replacement of a terminating Pod (same
+    /// name) is created once it is gone.
+    pub fn with_pod_finalizer(self, finalizer: &str) -> FakeApi {
+        self.lock().pod_finalizer = Some(finalizer.to_owned());
+        self
+    }
+
+    /// Removes `finalizer` from a Pod (it is gone once no finalizer is left, if it was being
+    /// deleted); whether there was such a Pod.
+    pub fn finish_termination(&self, namespace: &str, name: &str, finalizer: &str) -> bool {
+        let key = Key {
+            resource: Resource::new("", "pods"),
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+        };
+        let mut state = self.lock();
+        let Some(stored) = state.store.stored(&key).cloned() else {
+            return false;
+        };
+        let mut object = stored.object.clone();
+        if let Some(finalizers) = object
+            .pointer_mut("/metadata/finalizers")
+            .and_then(Value::as_array_mut)
+        {
+            finalizers.retain(|f| f != finalizer);
+        }
+        let mut ownership = stored.ownership.clone();
+        let time = now();
+        ownership.update(
+            "kubelet",
+            Scope::Main,
+            &stored.object,
+            &object,
+            ("v1", &time),
+        );
+        state.store.commit(&key, object, ownership);
+        self.finish(state, true);
+        true
     }
 
     /// Runs controllers only on [`FakeApi::settle`], not after every change.
@@ -818,7 +873,8 @@ impl FakeApi {
     pub fn settle(&self) {
         let mut state = self.lock();
         if let Some(start) = state.controller {
-            controller::settle(&mut state.store, start);
+            let finalizer = state.pod_finalizer.clone();
+            controller::settle(&mut state.store, start, finalizer.as_deref());
         }
         self.finish_events(state);
     }
@@ -893,7 +949,8 @@ impl FakeApi {
             && state.auto_settle
             && let Some(start) = state.controller
         {
-            controller::settle(&mut state.store, start);
+            let finalizer = state.pod_finalizer.clone();
+            controller::settle(&mut state.store, start, finalizer.as_deref());
         }
         self.finish_events(state);
     }

@@ -698,6 +698,77 @@ async fn the_deployment_controller_maintains_pods() {
     );
 }
 
+/// With a kubelet's finalizer, a Pod the controller deletes stays, terminating, until the
+/// kubelet says its processes exited; its replacement (same name) comes only then.
+#[tokio::test]
+async fn pods_with_the_kubelet_finalizer_terminate_gracefully() {
+    const KUBELET: &str = "test.plumber.dev/kubelet";
+    let fake = FakeApi::new()
+        .with_deployment_controller(PodStart::Ready)
+        .with_pod_finalizer(KUBELET);
+    let events = Arc::new(Mutex::new(Vec::new()));
+    let seen = events.clone();
+    fake.on_pods_changed(move |e| seen.lock().unwrap().push((e.change, e.name.clone())));
+    let client = fake.client(NS);
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), NS);
+    let pods: Api<Pod> = Api::namespaced(client, NS);
+    deployments
+        .patch(
+            "web",
+            &apply(),
+            &Patch::Apply(deployment("web", Some(1), "img:1")),
+        )
+        .await
+        .unwrap();
+    let first = fake.get::<Pod>(NS, "web-0").unwrap();
+    assert_eq!(first.metadata.finalizers, Some(vec![KUBELET.to_string()]));
+
+    // A new template: the old Pod is marked, and no new one comes while it terminates.
+    deployments
+        .patch(
+            "web",
+            &apply(),
+            &Patch::Apply(deployment("web", Some(1), "img:2")),
+        )
+        .await
+        .unwrap();
+    let terminating = fake.get::<Pod>(NS, "web-0").unwrap();
+    assert_eq!(terminating.metadata.uid, first.metadata.uid);
+    assert!(terminating.metadata.deletion_timestamp.is_some());
+    let status = deployments.get("web").await.unwrap().status.unwrap();
+    assert_eq!(
+        status.ready_replicas,
+        Some(0),
+        "a terminating Pod is not ready"
+    );
+    assert!(fake.finish_termination(NS, "web-0", KUBELET));
+    let second = fake.get::<Pod>(NS, "web-0").expect("the replacement");
+    assert_ne!(second.metadata.uid, first.metadata.uid);
+    assert!(second.metadata.deletion_timestamp.is_none());
+
+    // The Deployment deleted: its Pod stays until the kubelet is done with it.
+    deployments
+        .delete("web", &DeleteParams::foreground())
+        .await
+        .unwrap();
+    let listed = pods.list(&ListParams::default()).await.unwrap().items;
+    assert_eq!(listed.len(), 1);
+    assert!(listed[0].metadata.deletion_timestamp.is_some());
+    assert!(fake.finish_termination(NS, "web-0", KUBELET));
+    assert!(fake.get::<Pod>(NS, "web-0").is_none());
+    assert_eq!(
+        *events.lock().unwrap(),
+        [
+            (PodChange::Added, "web-0".to_string()),
+            (PodChange::Terminating, "web-0".to_string()),
+            (PodChange::Deleted, "web-0".to_string()),
+            (PodChange::Added, "web-0".to_string()),
+            (PodChange::Terminating, "web-0".to_string()),
+            (PodChange::Deleted, "web-0".to_string()),
+        ]
+    );
+}
+
 #[tokio::test]
 async fn pending_pods_become_ready_when_the_test_kubelet_says_so() {
     let fake = FakeApi::new()

@@ -242,6 +242,27 @@ impl World {
         t.internal_name(t.find(step).expect("the step is in the model"))
     }
 
+    /// The identity of every processor of `model`, by step name.
+    #[allow(dead_code)] // for tests/kube_oracle, which shares this harness
+    pub fn identities(&self, model: &Model) -> BTreeMap<String, String> {
+        let files: Vec<plumber::spec::SourceFile> = model
+            .files(self)
+            .into_iter()
+            .map(|(path, content)| plumber::spec::SourceFile {
+                path,
+                content: plumber::spec::FileContent::Bytes(content.into_bytes()),
+            })
+            .collect();
+        let topologies = plumber::validate(&files)
+            .topologies
+            .expect("the model is a valid revision");
+        topologies[0]
+            .steps()
+            .filter(|(_, s)| model.procs.contains_key(&s.name))
+            .map(|(_, s)| (s.name.clone(), s.identity.to_string()))
+            .collect()
+    }
+
     /// Points `main` at `commit` (a force-push) and drops what is no longer reachable from
     /// the repository's object store, so the commits left behind cannot be read any more.
     pub fn force_main(&self, commit: git2::Oid) {
@@ -315,6 +336,11 @@ impl World {
 
     pub fn start_load(&self, rate: u64) -> Load {
         Load::start(&self.broker, &self.source, rate)
+    }
+
+    /// The repository's path (a daemon watches it for commits).
+    pub fn repo_location(&self) -> String {
+        self.repo.location()
     }
 
     pub fn repo_url(&self) -> String {
@@ -713,7 +739,8 @@ pub struct Plumber {
     server: String,
 }
 
-fn processor_binary() -> PathBuf {
+/// `plumber-processor`, built if it is not there yet.
+pub fn processor_binary() -> PathBuf {
     let plumber = PathBuf::from(env!("CARGO_BIN_EXE_plumber"));
     let sibling = plumber.with_file_name("plumber-processor");
     if !sibling.is_file() {
@@ -735,7 +762,7 @@ fn processor_binary() -> PathBuf {
 
 impl Plumber {
     pub fn up(world: &World) -> Plumber {
-        Plumber::start(world, &world.repo.location(), &[])
+        Plumber::start(world, &world.repo_location(), &[])
     }
 
     /// `plumber up LOCATION` with extra arguments, on the world's state directory.

@@ -5,14 +5,18 @@
 //! - **Start** applies the TriggerAuthentication, the Deployment, then the ScaledObject:
 //!   KEDA never scales a Deployment that does not exist, nor one it cannot authenticate for.
 //! - **Stop** deletes the ScaledObject first (else KEDA scales the Deployment back up), then
-//!   the Deployment (foreground), and returns only once no pod of it is left. The engine then
-//!   waits until the group has no members: pods gone is not group empty (SPEC §4.2).
+//!   the Deployment (foreground), and returns only once no pod of it is left (pods found by
+//!   the group's name when the Deployment is gone already), so its processes have exited. The
+//!   engine then waits until the group has no members where the broker can say (SPEC §4.2;
+//!   tansu 0.6 cannot, and there this wait is all that protects the cutover offsets).
 //! - **Drift**: [`Runtime::repair`] re-applies every processor this runtime runs (an object
 //!   edited or deleted by hand is put back; server-side apply leaves fields of other managers,
 //!   KEDA's `replicas` among them) and deletes Plumber's objects of identities it does not run.
 //! - **Restarts of the daemon**: what runs is read back from the Deployments' annotation
 //!   ([`SPEC_ANNOTATION`]), so a new daemon replica knows every processor without a record
-//!   of its own.
+//!   of its own; and read again ([`Runtime::resync`]) whenever a replica starts acting, so a
+//!   standby that takes the lease over repairs what the previous holder left running, not
+//!   what ran when the standby started.
 //!
 //! # Caveats
 //! A Deployment deleted by hand while no daemon runs is not recreated by the next one (its
@@ -105,14 +109,7 @@ impl KubeRuntime {
             changing: Mutex::new(()),
             owners: Mutex::new(BTreeMap::new()),
         };
-        let found = runtime.deployments()?;
-        let mut running = runtime.running();
-        for deployment in &found {
-            if let Some(spec) = spec_of(deployment) {
-                running.insert(spec.group.clone(), spec);
-            }
-        }
-        drop(running);
+        runtime.resync()?;
         Ok(runtime)
     }
 
@@ -237,8 +234,8 @@ impl KubeRuntime {
     }
 
     /// The pods of one life (by its Deployment's selector labels).
-    fn pods(&self, spec: &ProcessorSpec) -> Result<usize> {
-        let selector = render::selector(spec)
+    fn pods(&self, group: &str, selector: &BTreeMap<String, String>) -> Result<usize> {
+        let selector = selector
             .iter()
             .map(|(k, v)| format!("{k}={v}"))
             .collect::<Vec<_>>()
@@ -247,7 +244,7 @@ impl KubeRuntime {
         let pods = self
             .handle
             .block_on(api.list(&ListParams::default().labels(&selector)))
-            .map_err(|e| api_error("list the pods of", &spec.group, e))?;
+            .map_err(|e| api_error("list the pods of", group, e))?;
         Ok(pods.items.len())
     }
 
@@ -337,12 +334,19 @@ impl Runtime for KubeRuntime {
             self.delete::<TriggerAuthentication>(group, &DeleteParams::default())?;
             self.delete::<Deployment>(group, &DeleteParams::foreground())?;
         }
-        let Some(spec) = spec else {
+        // Without a spec (its Deployment was deleted already, by a replica that crashed
+        // before its pods were gone) the pods are found by the group's name: terminating
+        // pods may still be processing, and the engine reads the group's offsets next.
+        let Some(selector) = spec
+            .as_ref()
+            .map(render::selector)
+            .or_else(|| render::selector_of_group(group))
+        else {
             return Ok(());
         };
         let deadline = Instant::now() + self.config.stop_timeout;
         loop {
-            let left = self.pods(&spec)?;
+            let left = self.pods(group, &selector)?;
             if left == 0 {
                 tracing::info!(group, "processor stopped: no pod left");
                 return Ok(());
@@ -415,6 +419,19 @@ impl Runtime for KubeRuntime {
                 }
             })
             .collect())
+    }
+
+    fn resync(&self) -> Result<()> {
+        // Under `changing`: a start or stop of this runtime is wholly before or after it.
+        let _changing = self.changing();
+        let found: BTreeMap<String, ProcessorSpec> = self
+            .deployments()?
+            .iter()
+            .filter_map(spec_of)
+            .map(|spec| (spec.group.clone(), spec))
+            .collect();
+        *self.running() = found;
+        Ok(())
     }
 
     fn repair(&self) -> Result<()> {

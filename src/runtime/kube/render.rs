@@ -178,6 +178,30 @@ pub fn selector(spec: &ProcessorSpec) -> BTreeMap<String, String> {
     ])
 }
 
+/// [`selector`] of the life whose consumer group is `group`, from the name alone
+/// (`plumber.<topology>.<step>.<id12>[.<life>]`; topology and step names have no dots): the
+/// pods of a life whose Deployment, and with it its spec, is gone. `None` for a name Plumber
+/// does not give.
+pub fn selector_of_group(group: &str) -> Option<BTreeMap<String, String>> {
+    let parts: Vec<&str> = group.strip_prefix("plumber.")?.split('.').collect();
+    let (topology, step, identity, life) = match parts.as_slice() {
+        [topology, step, identity] => (*topology, *step, *identity, "1"),
+        [topology, step, identity, life] => (*topology, *step, *identity, *life),
+        _ => return None,
+    };
+    let hex = identity.len() == SHORT_LEN && identity.chars().all(|c| c.is_ascii_hexdigit());
+    let number = !life.is_empty() && life.chars().all(|c| c.is_ascii_digit());
+    if topology.is_empty() || step.is_empty() || !hex || !number {
+        return None;
+    }
+    Some(BTreeMap::from([
+        (TOPOLOGY.into(), topology.into()),
+        (STEP.into(), step.into()),
+        (IDENTITY.into(), identity.into()),
+        (LIFE.into(), life.into()),
+    ]))
+}
+
 /// A life's number, from its group name (`….<id12>` is the first life, `….<id12>.<n>` the
 /// n-th).
 fn life(group: &str) -> String {

@@ -75,7 +75,7 @@ fn string_map(value: Option<&Value>) -> Map<String, Value> {
 
 /// Brings Pods and Deployment statuses in line with the Deployments once; the result is
 /// stable (a second call changes nothing).
-pub(crate) fn settle(store: &mut Store, start: PodStart) {
+pub(crate) fn settle(store: &mut Store, start: PodStart, finalizer: Option<&str>) {
     let deployments = Resource::new("apps", "deployments");
     let pods = Resource::new("", "pods");
     let mut live_uids = BTreeSet::new();
@@ -116,7 +116,7 @@ pub(crate) fn settle(store: &mut Store, start: PodStart) {
             let current = pod.pointer("/metadata/labels/pod-template-hash")
                 == Some(&Value::from(hash.clone()));
             if !current || !desired.contains(&pod_key.name) {
-                store.remove(pod_key);
+                delete_pod(store, pod_key);
             }
         }
         for name in &desired {
@@ -147,6 +147,9 @@ pub(crate) fn settle(store: &mut Store, start: PodStart) {
             if let Some(annotations) = template.pointer("/metadata/annotations") {
                 metadata["annotations"] = annotations.clone();
             }
+            if let Some(finalizer) = finalizer {
+                metadata["finalizers"] = json!([finalizer]);
+            }
             let mut spec = template.get("spec").cloned().unwrap_or(json!({}));
             spec["nodeName"] = Value::from("fake-node");
             let pod = json!({
@@ -173,8 +176,23 @@ pub(crate) fn settle(store: &mut Store, start: PodStart) {
             .and_then(|s| owner_uid(&s.object))
             .is_some_and(|uid| !live_uids.contains(&uid));
         if orphan {
-            store.remove(&pod_key);
+            delete_pod(store, &pod_key);
         }
+    }
+}
+
+/// Deletes a Pod as the API server would: one with finalizers is only marked, and stays
+/// (terminating) until they are removed.
+fn delete_pod(store: &mut Store, key: &Key) {
+    let finalized = store
+        .stored(key)
+        .and_then(|s| s.object.pointer("/metadata/finalizers"))
+        .and_then(Value::as_array)
+        .is_none_or(Vec::is_empty);
+    if finalized {
+        store.remove(key);
+    } else {
+        store.mark_deleted(key);
     }
 }
 
@@ -211,7 +229,11 @@ fn update_status(store: &mut Store, key: &Key, uid: &str, hash: &str, desired: u
         .iter()
         .filter(|p| p.pointer("/metadata/labels/pod-template-hash") == Some(&Value::from(hash)))
         .count() as u64;
-    let ready = owned.iter().filter(|p| is_ready(p)).count() as u64;
+    // A terminating Pod serves no more, whatever its last readiness said.
+    let ready = owned
+        .iter()
+        .filter(|p| is_ready(p) && p.pointer("/metadata/deletionTimestamp").is_none())
+        .count() as u64;
     let Some(stored) = store.stored(key) else {
         return;
     };

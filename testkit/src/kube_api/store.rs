@@ -346,6 +346,14 @@ impl Store {
         let stored = Stored { object, ownership };
         let out = render(&stored);
         self.objects.insert(key.clone(), stored);
+        if key.resource == Resource::new("", "pods") {
+            self.pod_events.push(PodEvent {
+                change: PodChange::Terminating,
+                namespace: key.namespace.clone(),
+                name: key.name.clone(),
+                pod: out.clone(),
+            });
+        }
         Some(out)
     }
 }

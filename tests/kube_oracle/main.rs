@@ -1,0 +1,583 @@
+//! The reconciler's oracle on the Kubernetes runtime: `plumber daemon` replicas in this
+//! process (the Kubernetes runtime, the Topology-status records, the Lease) on the in-memory
+//! API server, a test kubelet that runs the real `plumber-processor` for every Pod from the
+//! container it was rendered with, a real broker (tansu, or `PLUMBER_TEST_BOOTSTRAP`), and the
+//! oracle of `tests/reconciler`: each input record reaches each sink once per route, with the
+//! versions one revision gives that route; exactly once on routes every revision has.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "../common/mod.rs"]
+mod common;
+// Shared with tests/reconciler: the world, the models, the load and the oracle (this test
+// uses no `plumber up`, so parts of it go unused here).
+#[allow(dead_code)]
+#[path = "../reconciler/harness.rs"]
+mod harness;
+mod kubelet;
+mod replica;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use plumber::runtime::kube::crd::{self, Topology};
+use plumber::store::{HistoryEntry, TopologyRecord};
+use plumber_testkit::kube_api::{
+    FakeApi, KEDA_SCALED_OBJECT_CRD, KEDA_TRIGGER_AUTHENTICATION_CRD, PodStart, RecordedRequest,
+    Verb,
+};
+use plumber_testkit::wait_until;
+
+use harness::{Model, Proc, World, processor_binary};
+use kubelet::{FINALIZER, Kubelet};
+use replica::{NS, Replica};
+
+/// How long a cutover may take on tansu and a busy machine.
+const PATIENCE: Duration = Duration::from_secs(180);
+
+/// R1: src → a → b → out1, a → c → out2.
+fn first() -> Model {
+    Model::new()
+        .processor(Proc::new("a", 1, &["src"]))
+        .processor(Proc::new("b", 1, &["a"]))
+        .processor(Proc::new("c", 1, &["a"]))
+        .sink("out1", &["b"])
+        .sink("out2", &["c"])
+}
+
+/// The in-memory API server as a cluster with KEDA's and Plumber's CRDs, whose Pods wait for
+/// the kubelet (not ready until their probe answers; terminating until their process exited).
+fn cluster() -> FakeApi {
+    FakeApi::new()
+        .with_deployment_controller(PodStart::Pending)
+        .with_pod_finalizer(FINALIZER)
+        .with_crd_yaml(KEDA_SCALED_OBJECT_CRD)
+        .with_crd_yaml(KEDA_TRIGGER_AUTHENTICATION_CRD)
+        .with_crd(&serde_json::to_value(crd::definition()).unwrap())
+}
+
+/// The daemons' logs (every test's, interleaved), replaced by each run.
+fn daemon_log() -> &'static PathBuf {
+    static LOG: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    LOG.get_or_init(|| {
+        let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("kube_oracle.log");
+        let file = std::fs::File::create(&path).unwrap();
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(
+                "info,plumber::cutover=debug,librdkafka=warn,kube_lease_manager=warn",
+            ))
+            .with_writer(std::sync::Mutex::new(file))
+            .with_ansi(false)
+            .init();
+        path
+    })
+}
+
+/// Where a test keeps its replicas' caches and its processes' logs: kept when it fails.
+struct Scratch(Option<tempfile::TempDir>);
+
+impl Scratch {
+    fn new() -> Scratch {
+        eprintln!("daemon log: {}", daemon_log().display());
+        Scratch(Some(tempfile::tempdir().unwrap()))
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.0.as_ref().unwrap().path().join(name)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if std::thread::panicking()
+            && let Some(dir) = self.0.take()
+        {
+            eprintln!("caches and processor logs kept in {}", dir.keep().display());
+        }
+    }
+}
+
+/// The engine's record of topology `t`, from its Topology's status.
+fn record(fake: &FakeApi) -> Option<TopologyRecord> {
+    let topology = fake.get::<Topology>(NS, "t")?;
+    let raw = topology.status?.record?;
+    Some(serde_json::from_value(raw).expect("a readable record"))
+}
+
+/// The moves of topology `t` its Topology's status keeps (`plumber history`).
+fn history(fake: &FakeApi) -> Vec<HistoryEntry> {
+    let raw = fake
+        .get::<Topology>(NS, "t")
+        .and_then(|t| t.status?.record)
+        .unwrap_or_default();
+    serde_json::from_value(raw["history"].clone()).unwrap_or_default()
+}
+
+/// Waits until the record says `t` runs `commit`, with no move in progress.
+fn wait_applied(fake: &FakeApi, commit: git2::Oid) {
+    let commit = commit.to_string();
+    wait_until(&format!("t runs {commit}"), PATIENCE, || {
+        record(fake).is_some_and(|r| r.commit.as_deref() == Some(&commit) && r.moving.is_none())
+    });
+}
+
+/// Plumber's Deployments, by name.
+fn deployments(fake: &FakeApi) -> BTreeMap<String, Deployment> {
+    fake.list::<Deployment>(NS)
+        .into_iter()
+        .filter(|d| {
+            d.metadata.labels.as_ref().is_some_and(|l| {
+                l.get("app.kubernetes.io/managed-by").map(String::as_str) == Some("plumber")
+            })
+        })
+        .map(|d| (d.metadata.name.clone().unwrap(), d))
+        .collect()
+}
+
+/// What runs is what `model` (the final commit) says: a Deployment per processor life the
+/// record keeps, of the model's identities and nothing else, each with one ready Pod whose
+/// process the kubelet runs with the Deployment's group.
+fn assert_runs(fake: &FakeApi, kubelet: &Kubelet, world: &World, model: &Model) {
+    let identities = world.identities(model);
+    let record = record(fake).expect("a record");
+    let lives: BTreeMap<String, (String, String)> = record
+        .deployment
+        .lives
+        .iter()
+        .map(|l| {
+            assert!(l.running, "{} is recorded as not running", l.group());
+            (
+                l.group().to_owned(),
+                (l.step().to_owned(), l.identity().to_string()),
+            )
+        })
+        .collect();
+    let steps: BTreeMap<String, String> = lives.values().cloned().collect();
+    assert_eq!(
+        steps, identities,
+        "the record runs the final identities only"
+    );
+    assert_eq!(steps.len(), lives.len(), "one life per step");
+    let groups: BTreeSet<String> = lives.keys().cloned().collect();
+    wait_until("only the final lives' Deployments exist", PATIENCE, || {
+        deployments(fake).keys().cloned().collect::<BTreeSet<_>>() == groups
+    });
+    for (name, deployment) in deployments(fake) {
+        let labels = deployment.metadata.labels.clone().unwrap_or_default();
+        let (step, identity) = &lives[&name];
+        assert_eq!(labels.get("plumber.dev/step"), Some(step));
+        assert_eq!(
+            labels.get("plumber.dev/identity").map(String::as_str),
+            Some(&identity[..12]),
+            "{name} runs the final commit's identity of {step}"
+        );
+    }
+    wait_until(
+        "one ready Pod and one process per final life, and nothing else",
+        PATIENCE,
+        || {
+            let pods = fake.list::<Pod>(NS);
+            let ready = pods.iter().all(|p| {
+                p.status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_ref())
+                    .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+            });
+            let mut running: Vec<String> =
+                kubelet.processes().into_iter().map(|p| p.group).collect();
+            running.sort();
+            ready
+                && pods.len() == groups.len()
+                && running == groups.iter().cloned().collect::<Vec<_>>()
+        },
+    );
+    assert_eq!(kubelet.refused(), Vec::<String>::new(), "every Pod ran");
+}
+
+/// A replace, a new branch, an invalid commit and a revert, each cut over by the daemon on
+/// the Kubernetes runtime while records flow: nothing lost, nothing duplicated, and what
+/// runs at the end is the final commit.
+#[test]
+fn replace_branch_invalid_commit_and_revert_deliver_exactly_once() {
+    let scratch = Scratch::new();
+    let world = World::new("kube-oracle");
+    let fake = cluster();
+    let kubelet = Kubelet::start(&fake, NS, &processor_binary(), &scratch.path("pods"));
+    let mut revisions = vec![first()];
+    let r1 = world.commit("first", &revisions[0]);
+    let daemon = Replica::start(&fake, &world, "plumber-0", &scratch.path("plumber-0"));
+    wait_applied(&fake, r1);
+    assert_runs(&fake, &kubelet, &world, &revisions[0]);
+    let load = world.start_load(100);
+    load.wait_for(200);
+
+    // Replace the head step: everything below it is replaced too.
+    let m = revisions[0].clone().replace("a", 2);
+    let r2 = world.commit("a v2", &m);
+    revisions.push(m);
+    wait_applied(&fake, r2);
+    load.wait_for(load.sent() + 200);
+
+    // A new branch: d reads a and writes out1 beside b.
+    let m = revisions[1]
+        .clone()
+        .processor(Proc::new("d", 1, &["a"]))
+        .sink("out1", &["b", "d"]);
+    let r3 = world.commit("add d", &m);
+    revisions.push(m);
+    wait_applied(&fake, r3);
+    load.wait_for(load.sent() + 200);
+
+    // An invalid commit changes nothing; status says why.
+    let before: BTreeSet<String> = deployments(&fake).keys().cloned().collect();
+    let broken = world.commit_raw(
+        "broken jq",
+        "topologies/t/steps/b.yaml",
+        "kind: processor\ninput: a\njq: 'select('\n",
+    );
+    wait_until("the invalid commit is reported", PATIENCE, || {
+        daemon
+            .status()
+            .last_error
+            .is_some_and(|e| e.message.contains(&broken.to_string()))
+    });
+    load.wait_for(load.sent() + 100);
+    assert_eq!(
+        record(&fake).and_then(|r| r.commit),
+        Some(r3.to_string()),
+        "the invalid commit must not be applied"
+    );
+    assert_eq!(
+        deployments(&fake).keys().cloned().collect::<BTreeSet<_>>(),
+        before,
+        "nothing changes for an invalid commit"
+    );
+
+    // Revert a to v1: its first identity runs again, in a new life, and so does everything
+    // below it.
+    let m = revisions[2].clone().replace("a", 1);
+    let r4 = world.commit("revert a v2", &m);
+    revisions.push(m);
+    wait_applied(&fake, r4);
+    let (sent, final_from) = load.finish(200);
+    world.assert_oracle(&revisions, sent, final_from);
+    assert_runs(&fake, &kubelet, &world, &revisions[3]);
+    let a = record(&fake)
+        .unwrap()
+        .deployment
+        .lives
+        .into_iter()
+        .find(|l| l.step() == "a")
+        .unwrap();
+    assert_eq!(a.life, 2, "the reverted identity runs in its second life");
+    let moves: Vec<String> = history(&fake).into_iter().map(|h| h.to).collect();
+    assert_eq!(
+        moves,
+        [r1, r2, r3, r4].map(|c| c.to_string()),
+        "one history entry per cutover"
+    );
+    daemon.stop();
+}
+
+/// A step's `env` from a Secret reaches the process as the Pod renders it: the Pod holds the
+/// reference (`valueFrom.secretKeyRef`), the kubelet resolves it as a node would.
+#[test]
+fn a_step_reads_its_secret_from_the_pod_it_runs_in() {
+    let scratch = Scratch::new();
+    let world = World::new("kube-secret");
+    let fake = cluster();
+    let kubelet = Kubelet::start(&fake, NS, &processor_binary(), &scratch.path("pods"));
+    let mut secret = Secret::default();
+    secret.metadata.name = Some("greeting".into());
+    secret.metadata.namespace = Some(NS.into());
+    secret.data = Some(BTreeMap::from([(
+        "text".to_owned(),
+        ByteString(b"hello from a Secret".to_vec()),
+    )]));
+    fake.put(&secret);
+    let sink = world.topic("kube-secret-out");
+    let topology = [
+        (
+            "topologies/s/sources/in.yaml".to_owned(),
+            format!("kind: source\ntopic: {}\n", world.source_topic()),
+        ),
+        (
+            "topologies/s/steps/greet.yaml".to_owned(),
+            "kind: processor\ninput: in\njq: '{seq, greeting: $ENV.GREETING}'\nstartFrom: earliest\nenv:\n  GREETING: { secretKeyRef: { name: greeting, key: text } }\n".to_owned(),
+        ),
+        (
+            "topologies/s/sinks/out.yaml".to_owned(),
+            format!("kind: sink\ntopic: {sink}\ninput: greet\n"),
+        ),
+    ];
+    let commit = world.commit_with("a step with a secret", &Model::new(), &topology);
+    let daemon = Replica::start(&fake, &world, "plumber-0", &scratch.path("plumber-0"));
+    wait_until("s runs its commit", PATIENCE, || {
+        fake.get::<Topology>(NS, "s")
+            .and_then(|t| t.status?.record)
+            .and_then(|r| serde_json::from_value::<TopologyRecord>(r).ok())
+            .is_some_and(|r| r.commit == Some(commit.to_string()) && r.moving.is_none())
+    });
+    world.broker.produce(
+        world.source_topic(),
+        &[plumber_testkit::TestRecord::new("k", r#"{"seq":7}"#)],
+    );
+    let out = world
+        .broker
+        .wait_for_records(&sink, "the greeting", |r| !r.is_empty());
+    assert_eq!(
+        out[0].value_str(),
+        r#"{"seq":7,"greeting":"hello from a Secret"}"#
+    );
+    let pods = fake.list::<Pod>(NS);
+    assert_eq!(pods.len(), 1);
+    let env = &pods[0].spec.as_ref().unwrap().containers[0].env;
+    assert!(
+        env.iter().flatten().any(|e| e.name == "GREETING"
+            && e.value.is_none()
+            && e.value_from
+                .as_ref()
+                .is_some_and(|f| f.secret_key_ref.is_some())),
+        "the Pod holds the reference, not the value: {env:?}"
+    );
+    assert_eq!(kubelet.refused(), Vec::<String>::new());
+    daemon.stop();
+}
+
+/// The cutover's write that records a stopped life (and so its cutover offsets) on `t`'s
+/// Topology status: a status replace whose record holds a position of step `step`.
+fn records_stop_of(request: &RecordedRequest, step: &str) -> bool {
+    request.verb() == Verb::Replace
+        && request.resource() == Some("topologies")
+        && request.subresource() == Some("status")
+        && request
+            .body
+            .as_ref()
+            .and_then(|b| b.pointer(&format!("/status/record/deployment/positions/{step}")))
+            .is_some()
+}
+
+/// A stop's look at whether the pods of life `group` are gone: a list of pods selected by
+/// the life's labels.
+fn lists_pods_of(request: &RecordedRequest, group: &str) -> bool {
+    let Some(selector) = plumber::runtime::kube::render::selector_of_group(group) else {
+        return false;
+    };
+    let query = request
+        .query
+        .get("labelSelector")
+        .map(String::as_str)
+        .unwrap_or_default();
+    request.verb() == Verb::List
+        && request.resource() == Some("pods")
+        && selector
+            .iter()
+            .all(|(k, v)| query.split(',').any(|term| term == format!("{k}={v}")))
+}
+
+/// Two daemon replicas, as `deploy/` runs them, both up from the start (the second waits for
+/// the lease), with R1 running under load.
+struct Takeover {
+    scratch: Scratch,
+    world: World,
+    fake: FakeApi,
+    kubelet: Kubelet,
+    holder: Option<Replica>,
+    standby: Replica,
+    revisions: Vec<Model>,
+    commits: Vec<git2::Oid>,
+    load: Option<harness::Load>,
+}
+
+impl Takeover {
+    fn new(name: &str) -> Takeover {
+        let scratch = Scratch::new();
+        let world = World::new(name);
+        let fake = cluster();
+        let kubelet = Kubelet::start(&fake, NS, &processor_binary(), &scratch.path("pods"));
+        let holder = Replica::start(&fake, &world, "plumber-0", &scratch.path("plumber-0"));
+        wait_until("plumber-0 holds the lease", PATIENCE, || {
+            holder.holds_lease()
+        });
+        let standby = Replica::start(&fake, &world, "plumber-1", &scratch.path("plumber-1"));
+        let revisions = vec![first()];
+        let r1 = world.commit("first", &revisions[0]);
+        wait_applied(&fake, r1);
+        assert!(!standby.holds_lease());
+        let load = world.start_load(100);
+        load.wait_for(200);
+        Takeover {
+            scratch,
+            world,
+            fake,
+            kubelet,
+            holder: Some(holder),
+            standby,
+            revisions,
+            commits: vec![r1],
+            load: Some(load),
+        }
+    }
+
+    /// Commits R2: a replaced by its v2 (and b and c below it).
+    fn replace_a(&mut self) {
+        let m = self.revisions[0].clone().replace("a", 2);
+        self.commits.push(self.world.commit("a v2", &m));
+        self.revisions.push(m);
+    }
+
+    /// The group of a's first life.
+    fn first_a(&self) -> String {
+        let identity = &self.world.identities(&self.revisions[0])["a"];
+        plumber::plan::deployment::base_name("t", "a", identity.parse().unwrap())
+    }
+
+    /// Crashes the holder; waits until the standby took the lease over and R2 runs.
+    fn crash_and_take_over(&mut self) -> replica::Crashed {
+        let crashed = self.holder.take().unwrap().crash();
+        wait_until("plumber-1 takes the lease over", PATIENCE, || {
+            self.standby.holds_lease()
+        });
+        wait_applied(&self.fake, self.commits[1]);
+        crashed
+    }
+
+    /// The oracle over R1 and R2, what runs is R2, and the history has each cutover once.
+    fn finish(mut self) {
+        let load = self.load.take().unwrap();
+        load.wait_for(load.sent() + 200);
+        let (sent, final_from) = load.finish(200);
+        self.world.assert_oracle(&self.revisions, sent, final_from);
+        assert_runs(&self.fake, &self.kubelet, &self.world, &self.revisions[1]);
+        let moves: Vec<String> = history(&self.fake).into_iter().map(|h| h.to).collect();
+        assert_eq!(
+            moves,
+            self.commits
+                .iter()
+                .map(git2::Oid::to_string)
+                .collect::<Vec<_>>(),
+            "each cutover recorded once, across the crash"
+        );
+        self.standby.stop();
+        drop(self.scratch);
+    }
+}
+
+/// The lease holder dies in the middle of a cutover, after it stopped the replaced step (its
+/// pods gone, its process exited after committing) and before the write that records the
+/// stop was answered: the other replica takes the lease once it lapses, resumes from the
+/// Topology's record, redoes the stop (nothing left to stop; the same cutover offsets) and
+/// finishes the cutover. Nothing lost, nothing duplicated; the dead replica's late write is
+/// refused.
+#[test]
+fn a_replica_killed_before_it_recorded_a_stop_hands_over_to_the_other() {
+    let mut t = Takeover::new("kube-takeover");
+    // Injected: the API server holds plumber-0's write that records the stop of a's first
+    // life (the first status write with a position of step a) until the end of the test;
+    // plumber-0 crashes while it waits for the answer.
+    let taken = AtomicBool::new(false);
+    let hold = t
+        .fake
+        .hold(move |r| records_stop_of(r, "a") && !taken.swap(true, Ordering::SeqCst));
+    t.replace_a();
+    wait_until("plumber-0 records the stop of a", PATIENCE, || {
+        hold.held() == 1
+    });
+    let first_a = t.first_a();
+    assert!(
+        record(&t.fake)
+            .unwrap()
+            .deployment
+            .lives
+            .iter()
+            .any(|l| l.group() == first_a),
+        "a's first life is still recorded: its stop is not"
+    );
+    assert!(
+        !deployments(&t.fake).contains_key(&first_a),
+        "a's first life was stopped before the crash"
+    );
+    let crashed = t.crash_and_take_over();
+
+    // The dead replica's write arrives now: refused, the record stays plumber-1's.
+    drop(hold);
+    wait_until(
+        "the dead replica's late write is answered",
+        PATIENCE,
+        || {
+            t.fake
+                .requests()
+                .iter()
+                .find(|r| records_stop_of(r, "a"))
+                .is_some_and(|r| r.status.is_some())
+        },
+    );
+    let late = t
+        .fake
+        .requests()
+        .into_iter()
+        .find(|r| records_stop_of(r, "a"))
+        .unwrap();
+    assert_eq!(late.status, Some(409), "a stale record write must conflict");
+    crashed.reap();
+    assert_eq!(
+        record(&t.fake).and_then(|r| r.commit),
+        Some(t.commits[1].to_string())
+    );
+    t.finish();
+}
+
+/// The lease holder deletes the replaced step's Deployment and dies while its pod still
+/// terminates (a 15 s `preStop` sleep: the process goes on processing and committing). The
+/// replica that takes over knows the life by its record only (no Deployment, no spec): its
+/// stop must still wait for the pod, and read the cutover offsets only after the process
+/// committed its last records.
+#[test]
+fn a_replica_killed_while_the_replaced_step_terminates_hands_over_to_the_other() {
+    let mut t = Takeover::new("kube-terminating");
+    let first_a = t.first_a();
+    // Injected: the first look of plumber-0's stop at a's pods (right after it deleted the
+    // Deployment) is held; plumber-0 crashes there. The kubelet keeps the pod's process
+    // running for 15 s after it was told to terminate.
+    t.kubelet.delay_terminations(Duration::from_secs(15));
+    let taken = AtomicBool::new(false);
+    let hold = {
+        let group = first_a.clone();
+        t.fake
+            .hold(move |r| lists_pods_of(r, &group) && !taken.swap(true, Ordering::SeqCst))
+    };
+    t.replace_a();
+    wait_until("plumber-0 looks at a's pods", PATIENCE, || hold.held() == 1);
+    assert!(!deployments(&t.fake).contains_key(&first_a));
+    let terminating = t.fake.list::<Pod>(NS).into_iter().any(|p| {
+        p.metadata
+            .name
+            .as_deref()
+            .is_some_and(|n| n.starts_with(&first_a))
+            && p.metadata.deletion_timestamp.is_some()
+    });
+    assert!(terminating, "a's first pod terminates when plumber-0 dies");
+    let crashed = t.holder.take().unwrap().crash();
+    // What the dead replica's held request answers, nobody acts on.
+    drop(hold);
+    crashed.reap();
+    wait_until("plumber-1 takes the lease over", PATIENCE, || {
+        t.standby.holds_lease()
+    });
+    wait_until("a's first pod is gone", PATIENCE, || {
+        t.fake.list::<Pod>(NS).iter().all(|p| {
+            p.metadata
+                .name
+                .as_deref()
+                .is_none_or(|n| !n.starts_with(&first_a))
+        })
+    });
+    // The other old pods stop as usual.
+    t.kubelet.delay_terminations(Duration::ZERO);
+    wait_applied(&t.fake, t.commits[1]);
+    t.finish();
+}
