@@ -659,7 +659,7 @@ fn observed_status_is_published_beside_the_record_and_only_when_it_changed() {
         last_error: None,
         delivery: Some("exactly-once".into()),
     };
-    store.publish(&observed);
+    store.publish(&observed, None);
     let status = fake
         .get::<crd::Topology>(NS, "shop")
         .unwrap()
@@ -685,12 +685,37 @@ fn observed_status_is_published_beside_the_record_and_only_when_it_changed() {
     assert_eq!(status.phase, Some(crd::Phase::Idle));
     // Nothing changed: nothing written.
     fake.clear_requests();
-    store.publish(&observed);
+    store.publish(&observed, None);
     assert!(
         fake.requests().iter().all(|r| r.verb() != Verb::Replace),
         "{:?}",
         fake.writes()
     );
+    // An invalid head shows in every topology, at its file and place.
+    let invalid = plumber::daemon::status::LastError {
+        commit: Some("c0ffee".into()),
+        topology: None,
+        message: "commit c0ffee is not valid: unknown field".into(),
+        at: 0,
+        place: Some(plumber::diagnostic::Diagnostic::error(
+            plumber::diagnostic::Code::UnknownField,
+            "topologies/shop/validate.yaml",
+            Some(plumber::spec::yaml::Pos { line: 4, column: 1 }),
+            "unknown field `partitons`",
+        )),
+    };
+    store.publish(&observed, Some(&invalid));
+    let error = fake
+        .get::<crd::Topology>(NS, "shop")
+        .unwrap()
+        .status
+        .unwrap()
+        .last_error
+        .unwrap();
+    assert_eq!(error.file.as_deref(), Some("topologies/shop/validate.yaml"));
+    assert_eq!((error.line, error.column), (Some(4), Some(1)));
+    assert_eq!(error.code.as_deref(), Some("unknown-field"));
+    assert_eq!(error.commit.as_deref(), Some("c0ffee"));
 }
 
 #[test]

@@ -44,6 +44,7 @@ pub(super) fn follow(context: &Arc<Context>, receiver: &Receiver<Trigger>) {
                     topology: None,
                     message: error.to_string(),
                     at: cutover::now(),
+                    place: None,
                 }));
             }
         }
@@ -188,7 +189,11 @@ fn newest_valid(
                 followed.desired = Some(commit);
                 return Ok(Some(revision));
             }
-            Err(Error::Invalid { commit, errors }) => {
+            Err(Error::Invalid {
+                commit,
+                errors,
+                first,
+            }) => {
                 if candidate == head {
                     context.store.metrics.invalid_commits.inc();
                     tracing::error!(%commit, %errors, "commit is not valid; the last valid commit keeps running");
@@ -197,6 +202,7 @@ fn newest_valid(
                         topology: None,
                         message: format!("commit {commit} is not valid: {errors}"),
                         at: cutover::now(),
+                        place: first.map(|d| *d),
                     }));
                 }
                 let parent = repository

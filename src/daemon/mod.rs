@@ -119,7 +119,12 @@ pub enum Error {
     #[error(transparent)]
     Cutover(#[from] cutover::Error),
     #[error("commit {commit} is not valid: {errors}")]
-    Invalid { commit: String, errors: String },
+    Invalid {
+        commit: String,
+        errors: String,
+        /// The first error, with its file and place.
+        first: Option<Box<crate::diagnostic::Diagnostic>>,
+    },
     #[error("branch `{branch}` not found in {repo}: {message}")]
     NoBranch {
         branch: String,
@@ -182,7 +187,9 @@ enum AdminUse {
 /// Where the observed status of each topology is published beside `GET /api/status` (the
 /// Topology resources of `plumber daemon`). Called after every look of the observer.
 pub trait StatusSink: Send + Sync {
-    fn publish(&self, topology: &status::TopologyStatus);
+    /// `repository`: the error of the branch's head (an invalid commit), shown by every
+    /// topology that has no error of its own.
+    fn publish(&self, topology: &status::TopologyStatus, repository: Option<&status::LastError>);
     /// A step of a cutover, as `kubectl describe topology` lists Events.
     fn event(&self, topology: &str, event: &CutoverEvent);
 }

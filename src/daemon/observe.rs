@@ -78,9 +78,13 @@ fn observe(context: &Context, watchdog: &Watchdog, acting: &mut bool) {
     if let Some(sink) = &context.status_sink
         && context.records.may_act()
     {
-        let topologies = context.store.read().topologies.clone();
+        let (topologies, error) = {
+            let status = context.store.read();
+            let error = status.last_error.clone().filter(|e| e.topology.is_none());
+            (status.topologies.clone(), error)
+        };
         for topology in &topologies {
-            sink.publish(topology);
+            sink.publish(topology, error.as_ref());
         }
     }
 }

@@ -67,6 +67,7 @@ impl Revisions {
             return Err(Error::Invalid {
                 commit: commit.to_owned(),
                 errors: errors.join("; "),
+                first: validation.errors().next().cloned().map(Box::new),
             });
         };
         let checkout = self.checkouts.join(oid.to_string());

@@ -95,6 +95,9 @@ pub struct LastError {
     pub message: String,
     /// Seconds since the Unix epoch.
     pub at: u64,
+    /// An invalid commit's first error, with its file, line and column.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub place: Option<crate::diagnostic::Diagnostic>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -286,6 +289,7 @@ mod tests {
             topology: topology.map(str::to_owned),
             message: "boom".into(),
             at: 0,
+            place: None,
         }
     }
 

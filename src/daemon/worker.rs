@@ -153,6 +153,7 @@ fn report_failure(name: &str, context: &Context, error: &Error, retry_in: Durati
         topology: Some(name.to_owned()),
         message: error.to_string(),
         at: cutover::now(),
+        place: None,
     }));
     context
         .store

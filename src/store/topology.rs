@@ -242,8 +242,8 @@ impl TopologyStore {
 }
 
 impl StatusSink for TopologyStore {
-    fn publish(&self, topology: &status::TopologyStatus) {
-        if let Err(error) = self.publish_status(&topology.name, observed(topology)) {
+    fn publish(&self, topology: &status::TopologyStatus, repository: Option<&status::LastError>) {
+        if let Err(error) = self.publish_status(&topology.name, observed(topology, repository)) {
             tracing::warn!(topology = %topology.name, %error, "cannot publish the topology's status");
         }
     }
@@ -272,7 +272,10 @@ impl StatusSink for TopologyStore {
 }
 
 /// The daemon's status of a topology as its Topology resource shows it.
-fn observed(topology: &status::TopologyStatus) -> TopologyStatus {
+fn observed(
+    topology: &status::TopologyStatus,
+    repository: Option<&status::LastError>,
+) -> TopologyStatus {
     use crate::runtime::kube::crd::{
         CutoverStatus, Delivery, LastError, Phase, StepKind, StepState, StepStatus, WaitStatus,
     };
@@ -349,10 +352,29 @@ fn observed(topology: &status::TopologyStatus) -> TopologyStatus {
                 })
                 .collect(),
         }),
-        last_error: topology.last_error.as_ref().map(|message| LastError {
-            message: message.clone(),
-            ..LastError::default()
-        }),
+        last_error: match (&topology.last_error, repository) {
+            (Some(message), _) => Some(LastError {
+                message: message.clone(),
+                ..LastError::default()
+            }),
+            (None, Some(error)) => Some(LastError {
+                commit: error.commit.clone(),
+                code: error.place.as_ref().map(|d| d.code.to_string()),
+                file: error.place.as_ref().map(|d| d.file.clone()),
+                line: error
+                    .place
+                    .as_ref()
+                    .and_then(|d| d.line)
+                    .and_then(|n| i32::try_from(n).ok()),
+                column: error
+                    .place
+                    .as_ref()
+                    .and_then(|d| d.column)
+                    .and_then(|n| i32::try_from(n).ok()),
+                message: error.message.clone(),
+            }),
+            (None, None) => None,
+        },
         conditions: Vec::new(),
         record: None,
     }
