@@ -155,14 +155,16 @@ impl Cluster {
 
     /// Client settings for the cluster. The mock waits for members to rejoin for the
     /// session timeout less a second (9 s with the processor's 10 s), every round, and
-    /// refuses commits meanwhile: a shorter session makes its rounds 2 s.
+    /// refuses commits meanwhile: a shorter session makes its rounds 5 s. Not shorter: on a
+    /// loaded machine a 3 s session expired under a member mid-revocation (its commit then
+    /// failed with IllegalGeneration).
     fn settings(&self) -> Vec<&'static str> {
         match self.mock {
             Some(_) => vec![
                 "-X",
-                "session.timeout.ms=3000",
+                "session.timeout.ms=6000",
                 "-X",
-                "heartbeat.interval.ms=300",
+                "heartbeat.interval.ms=500",
             ],
             None => Vec::new(),
         }
