@@ -486,6 +486,37 @@ mod tests {
         })
     }
 
+    /// Numbers by the value they denote: an integral literal written with an exponent
+    /// (`1.6794268024627006e16`) reads as jq's integer where serde_json keeps a float.
+    fn numbers_by_value(value: serde_json::Value) -> serde_json::Value {
+        use serde_json::Value;
+        match value {
+            Value::Number(n) => {
+                let exact = n
+                    .as_i64()
+                    .map(i128::from)
+                    .or_else(|| n.as_u64().map(i128::from))
+                    .or_else(|| {
+                        n.as_f64()
+                            .filter(|x| x.fract() == 0.0 && x.abs() < 1e38)
+                            .map(|x| x as i128)
+                    });
+                Value::String(match exact {
+                    Some(i) => i.to_string(),
+                    None => format!("{:e}", n.as_f64().unwrap_or(f64::NAN)),
+                })
+            }
+            Value::Array(items) => Value::Array(items.into_iter().map(numbers_by_value).collect()),
+            Value::Object(entries) => Value::Object(
+                entries
+                    .into_iter()
+                    .map(|(k, v)| (k, numbers_by_value(v)))
+                    .collect(),
+            ),
+            other => other,
+        }
+    }
+
     proptest! {
         /// Any JSON serde_json writes, compact or pretty, reads as serde_json reads it.
         #[test]
@@ -497,7 +528,7 @@ mod tests {
             };
             // Compared with serde_json's reading of the same digits (it does not round every
             // literal correctly; the literal is kept, in decNumber's notation).
-            prop_assert_eq!(round_trip(&text), serde(&text));
+            prop_assert_eq!(numbers_by_value(round_trip(&text)), numbers_by_value(serde(&text)));
         }
 
         /// Cut or corrupted JSON is refused whenever serde_json refuses it, except bytes that
