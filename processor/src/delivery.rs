@@ -34,6 +34,10 @@ use crate::metrics::Metrics;
 /// How long a flush, a commit or a transaction call may take.
 pub const KAFKA_CALL_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// What an at-least-once processor logs when the group refused the commit before a
+/// revocation.
+pub const REFUSED_REVOCATION_COMMIT: &str = "the commit before revocation was refused: what was done on the revoked partitions since the last commit is processed again by their next owner";
+
 /// How long to wait before committing again while the group rebalances.
 const REBALANCE_RETRY: Duration = Duration::from_millis(100);
 
@@ -59,6 +63,8 @@ struct PartitionTrack {
     /// The offset to commit: one past the last input done with all before it done.
     done_until: Option<i64>,
     committed: Option<i64>,
+    /// The first and last input handled since the partition was assigned.
+    handled: Option<(i64, i64)>,
 }
 
 impl Tracker {
@@ -79,6 +85,7 @@ impl Tracker {
             pending: VecDeque::new(),
             done_until: None,
             committed: None,
+            handled: None,
         });
         slot
     }
@@ -87,8 +94,22 @@ impl Tracker {
     pub fn handled(&mut self, slot: usize, offset: i64, sends: u32) {
         if let Some(track) = self.partitions.get_mut(slot) {
             track.pending.push_back((offset, sends));
+            let first = track.handled.map_or(offset, |(first, _)| first);
+            track.handled = Some((first, offset));
             track.advance();
         }
+    }
+
+    /// The inputs of `topic`/`partition` handled and not committed since it was assigned:
+    /// `[from, until)`, which its next owner processes again when this one cannot commit.
+    pub fn uncommitted(&self, topic: &str, partition: i32) -> Option<(i64, i64)> {
+        let track = self
+            .partitions
+            .iter()
+            .find(|t| t.partition == partition && t.topic == topic)?;
+        let (first, last) = track.handled?;
+        let from = track.committed.unwrap_or(first);
+        (from <= last).then_some((from, last + 1))
     }
 
     /// One record sent for the input at `offset` was acknowledged.
@@ -168,6 +189,7 @@ impl Tracker {
             track.pending.clear();
             track.done_until = None;
             track.committed = None;
+            track.handled = None;
         }
     }
 }
@@ -263,6 +285,11 @@ pub struct Committer {
     producer: Arc<OutputProducer>,
     books: Arc<Books>,
     interval: Duration,
+    /// How long a revocation's commit is tried while the coordinator says the group
+    /// rebalances: a member inside its revocation callback has not rejoined, and a
+    /// coordinator that refuses commits until every member rejoined (librdkafka's mock)
+    /// would drop it from the group if it kept trying.
+    revocation_patience: Duration,
     transaction: Mutex<Transaction>,
     last_commit: Mutex<Instant>,
     /// Held from reading the offsets off the books until the commit is answered (and, on a
@@ -291,12 +318,14 @@ impl Committer {
         producer: Arc<OutputProducer>,
         books: Arc<Books>,
         interval: Duration,
+        session_timeout: Duration,
     ) -> Self {
         Committer {
             mode,
             producer,
             books,
             interval,
+            revocation_patience: (session_timeout / 3).min(KAFKA_CALL_TIMEOUT),
             transaction: Mutex::new(Transaction::default()),
             last_commit: Mutex::new(Instant::now()),
             committing: Mutex::new(()),
@@ -716,7 +745,7 @@ impl Committer {
     /// partitions their next owner processes again, and rewinds the partitions it keeps.
     pub fn revoke(&self, consumer: &Consumer, partitions: &TopicPartitionList, lost: bool) {
         let committing = self.committing();
-        let until = Instant::now() + KAFKA_CALL_TIMEOUT;
+        let until = Instant::now() + self.revocation_patience;
         let result = match (self.mode, lost) {
             (DeliveryMode::AtLeastOnce, false) => self.finish_locked(consumer, &committing, until),
             (DeliveryMode::ExactlyOnce, false) => self.commit_locked(consumer, &committing, until),
@@ -743,6 +772,29 @@ impl Committer {
             // The revoked partitions' next owner starts from the last commit; the loop
             // aborts the transaction and rewinds the partitions it keeps.
             Err(error) if error.requires_abort() => self.commit_failed_elsewhere(error),
+            // At-least-once allows what a refused commit leaves: the next owner starts from
+            // the last commit. Stopping the processor would only move every partition.
+            Err(Error::Commit(error)) if self.mode == DeliveryMode::AtLeastOnce => {
+                let tracker = self.books.tracker();
+                let uncommitted: Vec<String> = partitions
+                    .elements()
+                    .iter()
+                    .filter_map(|element| {
+                        let (from, until) =
+                            tracker.uncommitted(element.topic(), element.partition())?;
+                        Some(format!(
+                            "{}/{}:{from}..{until}",
+                            element.topic(),
+                            element.partition()
+                        ))
+                    })
+                    .collect();
+                tracing::warn!(
+                    %error,
+                    uncommitted = uncommitted.join(" "),
+                    "{REFUSED_REVOCATION_COMMIT}"
+                );
+            }
             Err(error) => {
                 tracing::error!(%error, "commit before revocation failed");
                 self.books
@@ -778,6 +830,24 @@ mod tests {
         tracker.acknowledged(p0, 10);
         assert_eq!(tracker.committable(), vec![("in".to_owned(), 0, 13)]);
         assert_eq!(tracker.in_flight(), 0);
+    }
+
+    #[test]
+    fn uncommitted_inputs_run_from_the_last_commit_or_the_first_handled() {
+        let mut tracker = Tracker::default();
+        let p0 = tracker.slot("in", 0);
+        assert_eq!(tracker.uncommitted("in", 0), None);
+        tracker.handled(p0, 40, 1);
+        tracker.handled(p0, 41, 1);
+        assert_eq!(tracker.uncommitted("in", 0), Some((40, 42)));
+        tracker.acknowledged(p0, 40);
+        let due = tracker.committable();
+        tracker.committed(&due);
+        tracker.handled(p0, 42, 0);
+        assert_eq!(tracker.uncommitted("in", 0), Some((41, 43)));
+        tracker.forget("in", 0);
+        assert_eq!(tracker.uncommitted("in", 0), None);
+        assert_eq!(tracker.uncommitted("other", 0), None);
     }
 
     #[test]

@@ -274,6 +274,21 @@ fn common(config: &Config) -> ClientConfig {
     client
 }
 
+/// The consumers' session timeout unless `-X session.timeout.ms=…` says otherwise.
+const SESSION_TIMEOUT_MS: &str = "10000";
+
+/// The session timeout the consumer runs with.
+pub fn session_timeout(config: &Config) -> Duration {
+    let ms = config
+        .kafka
+        .iter()
+        .rev()
+        .find(|(key, _)| key == "session.timeout.ms")
+        .map_or(SESSION_TIMEOUT_MS, |(_, value)| value.as_str());
+    // librdkafka refuses a malformed value when the consumer is created.
+    Duration::from_millis(ms.parse().unwrap_or(10_000))
+}
+
 fn with_overrides(mut client: ClientConfig, config: &Config) -> ClientConfig {
     for (key, value) in &config.kafka {
         client.set(key, value);
@@ -350,7 +365,7 @@ pub fn consumer(
         .set("fetch.queue.backoff.ms", "10")
         // A crashed instance's partitions move to the others (or its restart) after 10 s,
         // not librdkafka's default 45 s. A graceful stop leaves the group at once anyway.
-        .set("session.timeout.ms", "10000")
+        .set("session.timeout.ms", SESSION_TIMEOUT_MS)
         .set("heartbeat.interval.ms", "2000");
     if with_stats {
         client.set("statistics.interval.ms", "5000");

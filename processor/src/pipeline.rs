@@ -331,6 +331,7 @@ fn run_here(
         producer.clone(),
         books.clone(),
         config.commit_interval(mode),
+        kafka::session_timeout(config),
     ));
     let consumer = kafka::consumer(
         config,
