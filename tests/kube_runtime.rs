@@ -497,3 +497,44 @@ fn history_keeps_each_move_once_and_the_newest_few() {
     // The record beside it is untouched.
     assert_eq!(store.load("shop").unwrap(), TopologyRecord::default());
 }
+
+#[test]
+fn a_save_writes_the_object_as_last_seen_without_reading_it_again() {
+    let fake = fake();
+    let leader = Arc::new(AtomicBool::new(true));
+    let store = store(&fake, &leader);
+    store.save("shop", &moved("aaa")).unwrap();
+    store.load("shop").unwrap();
+    fake.clear_requests();
+    store.save("shop", &moved("bbb")).unwrap();
+    store.save("shop", &moved("ccc")).unwrap();
+    assert_eq!(
+        fake.requests()
+            .iter()
+            .map(|r| r.summary())
+            .collect::<Vec<_>>(),
+        [
+            "replace topologies/shop/status",
+            "replace topologies/shop/status"
+        ],
+        "one request per save"
+    );
+    assert_eq!(store.load("shop").unwrap(), moved("ccc"));
+}
+
+#[test]
+fn a_topology_deleted_since_it_was_read_is_a_conflict_then_starts_over() {
+    let fake = fake();
+    let leader = Arc::new(AtomicBool::new(true));
+    let store = store(&fake, &leader);
+    store.save("shop", &moved("aaa")).unwrap();
+    assert!(fake.delete::<crd::Topology>(NS, "shop"));
+    let error = store.save("shop", &moved("bbb")).unwrap_err();
+    assert!(
+        error.to_string().contains("another daemon replica"),
+        "{error}"
+    );
+    assert_eq!(store.load("shop").unwrap(), TopologyRecord::default());
+    store.save("shop", &moved("ccc")).unwrap();
+    assert_eq!(store.load("shop").unwrap(), moved("ccc"));
+}

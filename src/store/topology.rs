@@ -3,12 +3,14 @@
 //! resumes a cutover where the previous holder stopped.
 //!
 //! # Guarantees
-//! - **Never a lost update.** A save reads the object, checks that the record in it is still
-//!   the one this store last read or wrote, and replaces the status with the object's
-//!   `resourceVersion` as a precondition. A record another replica wrote meanwhile is a
-//!   [`Error::Conflict`]: nothing is written, and the engine's next step starts from a fresh
-//!   load. A conflict with another writer of the same status (the observer) that left the
-//!   record alone is retried at once.
+//! - **Never a lost update.** A save replaces the status with the `resourceVersion` of the
+//!   object as this store last read or wrote it as a precondition, so it succeeds only if
+//!   nobody wrote the object since (no read before each write: one request per save, not
+//!   two). When somebody did, it reads the object again and checks that the record in it is
+//!   still the one this store last read or wrote: a record another replica wrote meanwhile
+//!   is a [`Error::Conflict`], nothing is written, and the engine's next step starts from a
+//!   fresh load; a write by another writer of the same status (the observer) that left the
+//!   record alone is retried at once, on the object just read.
 //! - **Only the lease holder writes**: every write first asks the guard it was given.
 //! - The topology's last [`HISTORY_KEPT`] moves are kept beside the record, for
 //!   `plumber history`.
@@ -51,8 +53,10 @@ pub struct TopologyStore {
     source: Source,
     guard: Arc<Guard>,
     executor: tokio::runtime::Runtime,
-    /// The record of each topology as this store last read or wrote it.
-    known: Mutex<BTreeMap<String, Option<serde_json::Value>>>,
+    /// Each topology's object as this store last read or wrote it (`None`: there was none),
+    /// without its managed fields: its record is the one a save expects to find, and its
+    /// `resourceVersion` the precondition of the next write.
+    known: Mutex<BTreeMap<String, Option<Topology>>>,
 }
 
 impl TopologyStore {
@@ -92,20 +96,21 @@ impl TopologyStore {
             .map_err(|e| kube_error("read", topology, e))
     }
 
-    fn remember(&self, topology: &str, record: Option<serde_json::Value>) {
+    fn remember(&self, topology: &str, mut object: Option<Topology>) {
+        if let Some(object) = &mut object {
+            // The server keeps them when a write leaves them out; here they only take room.
+            object.metadata.managed_fields = None;
+        }
         self.known
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .insert(topology.to_owned(), record);
+            .insert(topology.to_owned(), object);
     }
 
     fn read(&self, topology: &str) -> Result<StatusRecord> {
         let object = self.get(topology)?;
-        let raw = object
-            .as_ref()
-            .and_then(|o| o.status.as_ref())
-            .and_then(|s| s.record.clone());
-        self.remember(topology, raw.clone());
+        let raw = record_of(object.as_ref());
+        self.remember(topology, object);
         parse(topology, raw)
     }
 
@@ -122,13 +127,24 @@ impl TopologyStore {
             .unwrap_or_else(PoisonError::into_inner)
             .get(topology)
             .cloned();
-        for _ in 0..STATUS_RETRIES {
-            let mut object = match self.get(topology)? {
+        let expected = known.as_ref().map(|object| record_of(object.as_ref()));
+        // Written as last seen first: that write fails unless nobody wrote since.
+        let mut last_seen = known.flatten();
+        let mut reads = 0;
+        loop {
+            let mut object = match last_seen.take() {
                 Some(object) => object,
-                None => self.create(topology)?,
+                None if reads == STATUS_RETRIES => break,
+                None => {
+                    reads += 1;
+                    match self.get(topology)? {
+                        Some(object) => object,
+                        None => self.create(topology)?,
+                    }
+                }
             };
-            let raw = object.status.as_ref().and_then(|s| s.record.clone());
-            if let Some(known) = &known
+            let raw = record_of(Some(&object));
+            if let Some(known) = &expected
                 && *known != raw
             {
                 return Err(Error::Conflict {
@@ -142,18 +158,20 @@ impl TopologyStore {
             object
                 .status
                 .get_or_insert_with(TopologyStatus::default)
-                .record = Some(value.clone());
+                .record = Some(value);
             match self.executor.block_on(self.api().replace_status(
                 topology,
                 &PostParams::default(),
                 &object,
             )) {
-                Ok(_) => {
-                    self.remember(topology, Some(value));
+                Ok(written) => {
+                    self.remember(topology, Some(written));
                     return Ok(());
                 }
-                // Someone wrote the object between our read and write: look again.
+                // Someone wrote the object since we read it: look again. (A 404 answers a
+                // write of the object as last seen once it was deleted: the read creates it.)
                 Err(kube::Error::Api(status)) if status.code == 409 => continue,
+                Err(kube::Error::Api(status)) if status.code == 404 && reads == 0 => continue,
                 Err(error) => return Err(kube_error("write the record of", topology, error)),
             }
         }
@@ -189,6 +207,13 @@ impl TopologyStore {
             Err(error) => Err(kube_error("create", topology, error)),
         }
     }
+}
+
+/// The record in an object's status.
+fn record_of(object: Option<&Topology>) -> Option<serde_json::Value> {
+    object
+        .and_then(|o| o.status.as_ref())
+        .and_then(|s| s.record.clone())
 }
 
 fn parse(topology: &str, raw: Option<serde_json::Value>) -> Result<StatusRecord> {
