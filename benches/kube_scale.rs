@@ -85,6 +85,31 @@ struct MeterCounts {
     /// allocator's peak is read as a request goes in and reset as its answer comes out, so
     /// the server's own building of an answer is left out (one thread at a time only).
     client_peak: AtomicU64,
+    /// Bytes received by `verb resource[/subresource]`, since [`Meter::take_received`].
+    received_by: Mutex<BTreeMap<String, u64>>,
+}
+
+/// `list deployments`, `replace topologies/status`: what a request to a namespaced path of
+/// kube's URL scheme does, from its method and path.
+fn request_kind(method: &http::Method, path: &str) -> String {
+    let rest = path
+        .split_once("/namespaces/")
+        .and_then(|(_, r)| r.split_once('/'))
+        .map_or("", |(_, r)| r);
+    let mut parts = rest.split('/');
+    let plural = parts.next().unwrap_or("-");
+    let named = parts.next().is_some();
+    let sub = parts.next().map(|s| format!("/{s}")).unwrap_or_default();
+    let verb = match (method.as_str(), named) {
+        ("GET", false) => "list",
+        ("GET", true) => "get",
+        ("PUT", _) => "replace",
+        ("PATCH", _) => "apply",
+        ("POST", _) => "create",
+        ("DELETE", _) => "delete",
+        _ => "other",
+    };
+    format!("{verb} {plural}{sub}")
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -117,6 +142,10 @@ impl Meter {
             .client_peak
             .fetch_max(peak, Ordering::Relaxed)
             .max(peak) as usize
+    }
+
+    fn take_received(&self) -> BTreeMap<String, u64> {
+        std::mem::take(&mut self.0.received_by.lock().unwrap())
     }
 
     fn snapshot(&self) -> MeterSnapshot {
@@ -159,6 +188,7 @@ impl tower::Service<http::Request<Body>> for Metered {
         let meter = self.meter.clone();
         Box::pin(async move {
             let (parts, body) = request.into_parts();
+            let kind = request_kind(&parts.method, parts.uri.path());
             let bytes = body.collect_bytes().await?;
             meter
                 .0
@@ -183,6 +213,7 @@ impl tower::Service<http::Request<Body>> for Metered {
                 .0
                 .received
                 .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+            *meter.0.received_by.lock().unwrap().entry(kind).or_default() += bytes.len() as u64;
             Ok(http::Response::from_parts(parts, Body::from(bytes)))
         })
     }
@@ -506,6 +537,7 @@ struct Look {
     topologies: f64,
     meter: MeterSnapshot,
     requests: Counts,
+    received_by: BTreeMap<String, u64>,
     /// The live heap's peak during the look over its level before, outside the fake server
     /// (the answers' bytes as received included).
     peak_heap: f64,
@@ -527,6 +559,7 @@ struct Commit {
 #[derive(Debug, Default, Clone)]
 struct Run {
     n: usize,
+    restart_received_by: BTreeMap<String, u64>,
     sync: Phase,
     full_look: Look,
     looks: Vec<Look>,
@@ -574,6 +607,7 @@ fn rss_mb() -> (f64, f64) {
 
 fn look(daemon: &Daemon, fake: &FakeApi, meter: &Meter) -> Look {
     fake.clear_requests();
+    meter.take_received();
     let before = meter.snapshot();
     let heap_before = HEAP.current_usage();
     meter.track_client_peak();
@@ -600,6 +634,7 @@ fn look(daemon: &Daemon, fake: &FakeApi, meter: &Meter) -> Look {
         topologies,
         meter: meter.since(before),
         requests,
+        received_by: meter.take_received(),
         peak_heap,
     }
 }
@@ -811,6 +846,7 @@ fn run(n: usize, looks: usize, look_budget: Duration, controller: bool) -> Run {
     // A second daemon replica taking over: it reads what runs from the Deployments.
     eprintln!("  restart");
     fake.clear_requests();
+    meter.take_received();
     let heap_before = HEAP.current_usage();
     let before = meter.snapshot();
     let cpu = thread_cpu();
@@ -821,6 +857,7 @@ fn run(n: usize, looks: usize, look_budget: Duration, controller: bool) -> Run {
     out.restart.cpu = thread_cpu() - cpu;
     out.restart.meter = meter.since(before);
     out.restart.requests.add(&fake.take_requests());
+    out.restart_received_by = meter.take_received();
     out.restart_heap = mb(HEAP.current_usage().saturating_sub(heap_before));
     drop(second);
 
@@ -1156,6 +1193,50 @@ fn report(runs: &[Run], sizes: &[usize], reps: usize, looks: usize, controller: 
     t.one("heap: the graphs, MB", 1, |r| r.heap_graphs);
     t.one("heap: the fake server, MB", 1, |r| r.heap_fake);
     md.push_str(&t.finish());
+
+    let _ = writeln!(md, "\n## Bytes received per request kind (medians, MB)\n");
+    let mut kinds: BTreeSet<String> = BTreeSet::new();
+    for run in runs {
+        kinds.extend(run.restart_received_by.keys().cloned());
+        for l in &run.looks {
+            kinds.extend(l.received_by.keys().cloned());
+        }
+    }
+    let _ = write!(md, "| request |");
+    for phase in ["ordinary look", "restart"] {
+        for n in sizes {
+            let _ = write!(md, " {phase}, {n} |");
+        }
+    }
+    md.push_str("\n|---|");
+    for _ in 0..2 * sizes.len() {
+        md.push_str("---:|");
+    }
+    md.push('\n');
+    for kind in &kinds {
+        let _ = write!(md, "| `{kind}` |");
+        for restart in [false, true] {
+            for n in sizes {
+                let mut values: Vec<f64> = runs
+                    .iter()
+                    .filter(|r| r.n == *n)
+                    .flat_map(|r| {
+                        if restart {
+                            vec![r.restart_received_by.get(kind).copied().unwrap_or(0)]
+                        } else {
+                            r.looks
+                                .iter()
+                                .map(|l| l.received_by.get(kind).copied().unwrap_or(0))
+                                .collect()
+                        }
+                    })
+                    .map(|b| mb(b as usize))
+                    .collect();
+                let _ = write!(md, " {:.1} |", median(&mut values));
+            }
+        }
+        md.push('\n');
+    }
 
     let _ = writeln!(md, "\n## Requests by kind (medians)\n");
     let mut keys: BTreeSet<String> = BTreeSet::new();
