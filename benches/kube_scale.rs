@@ -7,10 +7,10 @@
 //! 2. **idle**: what the daemon's observer asks of the API every look (`repair`,
 //!    `processors`, `topologies`), the first look (a full repair) apart from `BENCH_LOOKS`
 //!    ordinary ones;
-//! 3. **commits**, the daemon's way (every topology's worker on its own thread, the
-//!    follower's lists beside them): (a) one commit changing 10 steps of one topology,
-//!    (b) one changing one mid-tree step in each of 10 topologies (the plan benchmark's
-//!    commit, which replaces 6 processors in each);
+//! 3. **commits**, the daemon's way (the follower lists the topologies, then every
+//!    topology's worker advances on its own thread): (a) one commit changing 10 steps of
+//!    one topology, (b) one changing one mid-tree step in each of 10 topologies (the plan
+//!    benchmark's commit, which replaces 6 processors in each);
 //! 4. **restart**: a second daemon connecting to what runs;
 //! 5. **memory**: the live heap of the daemon's side, the graphs and the fake server apart.
 //!
