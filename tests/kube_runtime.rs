@@ -675,8 +675,17 @@ fn observed_status_is_published_beside_the_record_and_only_when_it_changed() {
         "aaa",
         "the record is kept"
     );
-    // The record written after keeps the observed fields.
+    // The record written after keeps the observed fields, in one request: the publish
+    // left the store the object it wrote.
+    fake.clear_requests();
     store.save("shop", &moved("bbb")).unwrap();
+    assert_eq!(
+        fake.requests()
+            .iter()
+            .map(|r| r.summary())
+            .collect::<Vec<_>>(),
+        ["replace topologies/shop/status"]
+    );
     let status = fake
         .get::<crd::Topology>(NS, "shop")
         .unwrap()
@@ -792,4 +801,82 @@ fn processors_are_owned_by_their_topology_once_it_exists() {
         deployment.metadata.owner_references.unwrap()[0].name,
         "shop"
     );
+}
+
+#[test]
+fn a_save_writes_the_object_as_last_seen_without_reading_it_again() {
+    let fake = fake();
+    let leader = Arc::new(AtomicBool::new(true));
+    let store = store(&fake, &leader);
+    store.save("shop", &moved("aaa")).unwrap();
+    store.load("shop").unwrap();
+    fake.clear_requests();
+    store.save("shop", &moved("bbb")).unwrap();
+    store.save("shop", &moved("ccc")).unwrap();
+    assert_eq!(
+        fake.requests()
+            .iter()
+            .map(|r| r.summary())
+            .collect::<Vec<_>>(),
+        [
+            "replace topologies/shop/status",
+            "replace topologies/shop/status"
+        ],
+        "one request per save"
+    );
+    assert_eq!(store.load("shop").unwrap(), moved("ccc"));
+}
+
+#[test]
+fn a_topology_deleted_since_it_was_read_is_a_conflict_then_starts_over() {
+    let fake = fake();
+    let leader = Arc::new(AtomicBool::new(true));
+    let store = store(&fake, &leader);
+    store.save("shop", &moved("aaa")).unwrap();
+    assert!(fake.delete::<crd::Topology>(NS, "shop"));
+    let error = store.save("shop", &moved("bbb")).unwrap_err();
+    assert!(
+        error.to_string().contains("another daemon replica"),
+        "{error}"
+    );
+    assert_eq!(store.load("shop").unwrap(), TopologyRecord::default());
+    store.save("shop", &moved("ccc")).unwrap();
+    assert_eq!(store.load("shop").unwrap(), moved("ccc"));
+}
+
+#[test]
+fn a_publish_after_another_replica_wrote_the_record_leaves_the_next_save_a_conflict() {
+    use plumber::daemon::StatusSink as _;
+    use plumber::daemon::status::{Phase, TopologyStatus};
+    let fake = fake();
+    let leader = Arc::new(AtomicBool::new(true));
+    let ours = store(&fake, &leader);
+    ours.save("shop", &moved("aaa")).unwrap();
+    // Another replica (a former lease holder) moves the record on.
+    let theirs = store(&fake, &leader);
+    theirs.load("shop").unwrap();
+    theirs.save("shop", &moved("bbb")).unwrap();
+    let observed = TopologyStatus {
+        name: "shop".into(),
+        commit: Some("aaa".into()),
+        phase: Phase::Idle,
+        cutover: None,
+        steps: Vec::new(),
+        last_error: None,
+        delivery: None,
+    };
+    ours.publish(&observed, None);
+    let status = fake
+        .get::<crd::Topology>(NS, "shop")
+        .unwrap()
+        .status
+        .unwrap();
+    assert_eq!(status.phase, Some(crd::Phase::Idle), "published");
+    assert_eq!(status.record.unwrap()["commit"], "bbb", "their record kept");
+    let error = ours.save("shop", &moved("ccc")).unwrap_err();
+    assert!(
+        error.to_string().contains("another daemon replica"),
+        "{error}"
+    );
+    assert_eq!(ours.load("shop").unwrap(), moved("bbb"));
 }

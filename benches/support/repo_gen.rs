@@ -1,6 +1,7 @@
 //! Generates a large topology repository for benchmarks: `topologies` topologies of 20 steps
 //! (a source, a binary tree of 18 jq processors, a sink reading the leaves), committed twice
 //! with git2; the second commit changes `changed` processors in different topologies.
+//! [`step_files`] alone gives one topology's files, for benchmarks that need no repository.
 
 use std::path::Path;
 
@@ -9,7 +10,9 @@ use git2::{FileMode, Oid, Repository, Signature, Time};
 
 pub const PROCESSORS: usize = 18;
 
-fn step_files(topology: usize, bump: Option<usize>) -> Vec<(String, String)> {
+/// The files (path, content) of topology `topology`, with the processors in `bumped`
+/// changed (another jq threshold: a new identity for each, and for everything below it).
+pub fn step_files(topology: usize, bumped: &[usize]) -> Vec<(String, String)> {
     let dir = format!("topologies/t{topology:05}");
     let mut files = vec![(
         format!("{dir}/sources/in.yaml"),
@@ -21,7 +24,7 @@ fn step_files(topology: usize, bump: Option<usize>) -> Vec<(String, String)> {
         } else {
             format!("p{:02}", (p - 1) / 2)
         };
-        let threshold = p + if bump == Some(p) { 1000 } else { 0 };
+        let threshold = p + if bumped.contains(&p) { 1000 } else { 0 };
         files.push((
             format!("{dir}/steps/p{p:02}.yaml"),
             format!(
@@ -51,7 +54,7 @@ pub fn generate(dir: &Path, topologies: usize, changed: usize) -> Result<(Oid, O
 
     let mut update = TreeUpdateBuilder::new();
     for t in 0..topologies {
-        for (path, content) in step_files(t, None) {
+        for (path, content) in step_files(t, &[]) {
             update.upsert(path.as_str(), git.blob(content.as_bytes())?, FileMode::Blob);
         }
     }
@@ -63,7 +66,7 @@ pub fn generate(dir: &Path, topologies: usize, changed: usize) -> Result<(Oid, O
     for i in 0..changed {
         let t = i * topologies / changed.max(1);
         let p = 3;
-        for (path, content) in step_files(t, Some(p)) {
+        for (path, content) in step_files(t, &[p]) {
             if path.ends_with(&format!("p{p:02}.yaml")) {
                 update.upsert(path.as_str(), git.blob(content.as_bytes())?, FileMode::Blob);
             }

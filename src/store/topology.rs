@@ -3,12 +3,14 @@
 //! resumes a cutover where the previous holder stopped.
 //!
 //! # Guarantees
-//! - **Never a lost update.** A save reads the object, checks that the record in it is still
-//!   the one this store last read or wrote, and replaces the status with the object's
-//!   `resourceVersion` as a precondition. A record another replica wrote meanwhile is a
-//!   [`Error::Conflict`]: nothing is written, and the engine's next step starts from a fresh
-//!   load. A conflict with another writer of the same status (the observer) that left the
-//!   record alone is retried at once.
+//! - **Never a lost update.** A save replaces the status with the `resourceVersion` of the
+//!   object as this store last read or wrote it as a precondition, so it succeeds only if
+//!   nobody wrote the object since (no read before each write: one request per save, not
+//!   two). When somebody did, it reads the object again and checks that the record in it is
+//!   still the one this store last read or wrote: a record another replica wrote meanwhile
+//!   is a [`Error::Conflict`], nothing is written, and the engine's next step starts from a
+//!   fresh load; a write by another writer of the same status (the observer) that left the
+//!   record alone is retried at once, on the object just read.
 //! - **Only the lease holder writes**: every write first asks the guard it was given.
 //! - The topology's last [`HISTORY_KEPT`] moves are kept beside the record, for
 //!   `plumber history`.
@@ -55,8 +57,10 @@ pub struct TopologyStore {
     guard: Arc<Guard>,
     /// The tokio runtime the client lives on (its connection tasks run there).
     handle: tokio::runtime::Handle,
-    /// The record of each topology as this store last read or wrote it.
-    known: Mutex<BTreeMap<String, Option<serde_json::Value>>>,
+    /// Each topology's object as this store last read or wrote it (`None`: there was none),
+    /// without its managed fields: its record is the one a save expects to find, and its
+    /// `resourceVersion` the precondition of the next write.
+    known: Mutex<BTreeMap<String, Option<Topology>>>,
     /// The observed status last published of each topology.
     published: Mutex<BTreeMap<String, TopologyStatus>>,
     /// Who the cutover Events say reported them.
@@ -98,20 +102,21 @@ impl TopologyStore {
             .map_err(|e| kube_error("read", topology, e))
     }
 
-    fn remember(&self, topology: &str, record: Option<serde_json::Value>) {
+    fn remember(&self, topology: &str, mut object: Option<Topology>) {
+        if let Some(object) = &mut object {
+            // The server keeps them when a write leaves them out; here they only take room.
+            object.metadata.managed_fields = None;
+        }
         self.known
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .insert(topology.to_owned(), record);
+            .insert(topology.to_owned(), object);
     }
 
     fn read(&self, topology: &str) -> Result<StatusRecord> {
         let object = self.get(topology)?;
-        let raw = object
-            .as_ref()
-            .and_then(|o| o.status.as_ref())
-            .and_then(|s| s.record.clone());
-        self.remember(topology, raw.clone());
+        let raw = record_of(object.as_ref());
+        self.remember(topology, object);
         parse(topology, raw)
     }
 
@@ -128,13 +133,24 @@ impl TopologyStore {
             .unwrap_or_else(PoisonError::into_inner)
             .get(topology)
             .cloned();
-        for _ in 0..STATUS_RETRIES {
-            let mut object = match self.get(topology)? {
+        let expected = known.as_ref().map(|object| record_of(object.as_ref()));
+        // Written as last seen first: that write fails unless nobody wrote since.
+        let mut last_seen = known.flatten();
+        let mut reads = 0;
+        loop {
+            let mut object = match last_seen.take() {
                 Some(object) => object,
-                None => self.create(topology)?,
+                None if reads == STATUS_RETRIES => break,
+                None => {
+                    reads += 1;
+                    match self.get(topology)? {
+                        Some(object) => object,
+                        None => self.create(topology)?,
+                    }
+                }
             };
-            let raw = object.status.as_ref().and_then(|s| s.record.clone());
-            if let Some(known) = &known
+            let raw = record_of(Some(&object));
+            if let Some(known) = &expected
                 && *known != raw
             {
                 return Err(Error::Conflict {
@@ -148,18 +164,20 @@ impl TopologyStore {
             object
                 .status
                 .get_or_insert_with(TopologyStatus::default)
-                .record = Some(value.clone());
+                .record = Some(value);
             match self.handle.block_on(self.api().replace_status(
                 topology,
                 &PostParams::default(),
                 &object,
             )) {
-                Ok(_) => {
-                    self.remember(topology, Some(value));
+                Ok(written) => {
+                    self.remember(topology, Some(written));
                     return Ok(());
                 }
-                // Someone wrote the object between our read and write: look again.
+                // Someone wrote the object since we read it: look again. (A 404 answers a
+                // write of the object as last seen once it was deleted: the read creates it.)
                 Err(kube::Error::Api(status)) if status.code == 409 => continue,
+                Err(kube::Error::Api(status)) if status.code == 404 && reads == 0 => continue,
                 Err(error) => return Err(kube_error("write the record of", topology, error)),
             }
         }
@@ -208,12 +226,29 @@ impl TopologyStore {
         if published.get(topology) == Some(&observed) {
             return Ok(());
         }
-        for _ in 0..STATUS_RETRIES {
-            let mut object = match self.get(topology)? {
+        let known = self
+            .known
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(topology)
+            .cloned();
+        let expected = known.as_ref().map(|object| record_of(object.as_ref()));
+        // As a save: the object as last seen first, read again only when that write fails.
+        let mut last_seen = known.flatten();
+        let mut reads = 0;
+        loop {
+            let mut object = match last_seen.take() {
                 Some(object) => object,
-                None => self.create(topology)?,
+                None if reads == STATUS_RETRIES => break,
+                None => {
+                    reads += 1;
+                    match self.get(topology)? {
+                        Some(object) => object,
+                        None => self.create(topology)?,
+                    }
+                }
             };
-            let record = object.status.as_ref().and_then(|s| s.record.clone());
+            let record = record_of(Some(&object));
             object.status = Some(TopologyStatus {
                 observed_generation: object.metadata.generation,
                 record,
@@ -224,11 +259,20 @@ impl TopologyStore {
                 &PostParams::default(),
                 &object,
             )) {
-                Ok(_) => {
+                Ok(written) => {
+                    // Remembered only with the record a save expects: a record another
+                    // replica wrote must still make the next save a conflict.
+                    if expected
+                        .as_ref()
+                        .is_none_or(|e| *e == record_of(Some(&written)))
+                    {
+                        self.remember(topology, Some(written));
+                    }
                     published.insert(topology.to_owned(), observed);
                     return Ok(());
                 }
                 Err(kube::Error::Api(status)) if status.code == 409 => continue,
+                Err(kube::Error::Api(status)) if status.code == 404 && reads == 0 => continue,
                 Err(error) => return Err(kube_error("write the status of", topology, error)),
             }
         }
@@ -378,6 +422,13 @@ fn observed(
         conditions: Vec::new(),
         record: None,
     }
+}
+
+/// The record in an object's status.
+fn record_of(object: Option<&Topology>) -> Option<serde_json::Value> {
+    object
+        .and_then(|o| o.status.as_ref())
+        .and_then(|s| s.record.clone())
 }
 
 fn parse(topology: &str, raw: Option<serde_json::Value>) -> Result<StatusRecord> {
