@@ -130,7 +130,7 @@ fn pods_of(fake: &FakeApi, spec: &ProcessorSpec) -> usize {
 fn writes(fake: &FakeApi) -> Vec<(Verb, String)> {
     fake.requests()
         .into_iter()
-        .filter(|r| !matches!(r.verb(), Verb::Get | Verb::List))
+        .filter(|r| !matches!(r.verb(), Verb::Get | Verb::List | Verb::Watch))
         .map(|r| (r.verb(), r.resource().unwrap_or("-").to_owned()))
         .collect()
 }
@@ -255,9 +255,7 @@ fn a_stop_after_the_deployment_went_still_waits_for_its_terminating_pods() {
 #[test]
 fn repair_puts_back_what_was_deleted_or_edited_by_hand_and_deletes_what_nothing_runs() {
     let fake = fake();
-    let mut config = config();
-    config.full_repair_interval = Duration::ZERO;
-    let runtime = KubeRuntime::connect(client(&fake), handle(), config).unwrap();
+    let runtime = runtime(&fake);
     let spec = spec("validate", "ab");
     runtime.start(&spec).unwrap();
     // By hand: the Deployment deleted, the ScaledObject's bound changed.
@@ -278,16 +276,16 @@ fn repair_puts_back_what_was_deleted_or_edited_by_hand_and_deletes_what_nothing_
         "labels": {"app.kubernetes.io/managed-by": "plumber"},
     });
     fake.put_dynamic(&scaled_objects(), orphan);
-    runtime.repair().unwrap();
-    assert!(fake.get::<Deployment>(NS, &spec.group).is_some());
-    let so = fake
-        .get_dynamic(&scaled_objects(), NS, &spec.group)
-        .unwrap();
-    assert_eq!(so["spec"]["maxReplicaCount"], 4);
-    assert!(
-        fake.get_dynamic(&scaled_objects(), NS, "plumber.shop.gone.cdcdcdcdcdcd")
-            .is_none()
-    );
+    // Repair sees what its watches brought: looked at until they brought the edits.
+    wait_for(|| {
+        runtime.repair().unwrap();
+        let so = fake.get_dynamic(&scaled_objects(), NS, &spec.group);
+        fake.get::<Deployment>(NS, &spec.group).is_some()
+            && so.is_some_and(|so| so["spec"]["maxReplicaCount"] == 4)
+            && fake
+                .get_dynamic(&scaled_objects(), NS, "plumber.shop.gone.cdcdcdcdcdcd")
+                .is_none()
+    });
     // Objects that are not plumber's are never touched.
     let mut theirs = Deployment::default();
     theirs.metadata.name = Some("theirs".into());
@@ -298,22 +296,56 @@ fn repair_puts_back_what_was_deleted_or_edited_by_hand_and_deletes_what_nothing_
 }
 
 #[test]
-fn without_a_full_repair_due_only_missing_objects_are_applied() {
+fn an_idle_repair_asks_the_api_nothing_and_what_others_add_is_no_drift() {
     let fake = fake();
-    let runtime = runtime(&fake); // full repair every 10 minutes: the first is now
+    let runtime = runtime(&fake);
     let spec = spec("validate", "ab");
     runtime.start(&spec).unwrap();
-    runtime.repair().unwrap();
-    fake.clear_requests();
-    runtime.repair().unwrap();
-    assert!(
-        writes(&fake).is_empty(),
-        "nothing changed, nothing applied: {:?}",
-        writes(&fake)
+    // What KEDA and the controllers write: replicas, status, a label of their own.
+    fake.patch_dynamic(
+        &scaled_objects(),
+        NS,
+        &spec.group,
+        serde_json::json!({"metadata": {"labels": {"scaledobject.keda.sh/name": "x"}}, "status": {"health": {}}}),
     );
+    let mut deployment: Deployment = fake.get(NS, &spec.group).unwrap();
+    deployment.spec.replicas = Some(3);
+    fake.put(&deployment);
+    let version = |fake: &FakeApi| {
+        fake.get_dynamic(&scaled_objects(), NS, &spec.group)
+            .unwrap()["metadata"]["resourceVersion"]
+            .clone()
+    };
+    let edited = version(&fake);
+    fake.clear_requests();
+    // Until the watch brought the edits, and a while after: never a write, never a list.
+    let mut looks = 0;
+    wait_for(|| {
+        runtime.repair().unwrap();
+        looks += 1;
+        runtime
+            .processors()
+            .unwrap()
+            .iter()
+            .any(|p| p.group == spec.group)
+            && looks >= 20
+    });
+    assert!(writes(&fake).is_empty(), "{:?}", writes(&fake));
+    assert!(
+        fake.requests().iter().all(|r| r.verb() == Verb::Watch),
+        "{:?}",
+        fake.requests()
+            .iter()
+            .map(|r| r.summary())
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(version(&fake), edited, "nothing re-applied");
+    // A Deployment deleted by hand comes back.
     assert!(fake.delete::<Deployment>(NS, &spec.group));
-    runtime.repair().unwrap();
-    assert!(fake.get::<Deployment>(NS, &spec.group).is_some());
+    wait_for(|| {
+        runtime.repair().unwrap();
+        fake.get::<Deployment>(NS, &spec.group).is_some()
+    });
 }
 
 #[test]

@@ -9,9 +9,12 @@
 //!   the group's name when the Deployment is gone already), so its processes have exited. The
 //!   engine then waits until the group has no members where the broker can say (SPEC §4.2;
 //!   tansu 0.6 cannot, and there this wait is all that protects the cutover offsets).
-//! - **Drift**: [`Runtime::repair`] re-applies every processor this runtime runs (an object
-//!   edited or deleted by hand is put back; server-side apply leaves fields of other managers,
-//!   KEDA's `replicas` among them) and deletes Plumber's objects of identities it does not run.
+//! - **Drift**: [`Runtime::repair`] puts back every object of a processor this runtime runs
+//!   that was deleted, or edited by hand so that it no longer holds what was applied
+//!   ([`drift::holds`]: fields of other managers, KEDA's `replicas` among them, are no
+//!   drift), and deletes Plumber's objects of identities it does not run. It reads watch-fed
+//!   [`Cache`]s, not lists: an idle look sends no request, and an object is compared again
+//!   only once its `resourceVersion` moved from the one it was last found right at.
 //! - **Restarts of the daemon**: what runs is read back from the Deployments' annotation
 //!   ([`SPEC_ANNOTATION`]), so a new daemon replica knows every processor without a record
 //!   of its own; and read again ([`Runtime::resync`]) whenever a replica starts acting, so a
@@ -37,7 +40,9 @@ use kube::{Client, Resource};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use super::cache::Cache;
 use super::crd::Topology;
+use super::drift;
 use super::keda::{ScaledObject, TriggerAuthentication};
 use super::render::{self, MANAGED_BY, Objects, RenderConfig, SPEC_ANNOTATION};
 use crate::runtime::{Error, ProcessorSpec, ProcessorStatus, Result, Runtime};
@@ -54,9 +59,8 @@ pub struct KubeConfig {
     pub stop_timeout: Duration,
     /// How often a stop looks at the pods.
     pub poll: Duration,
-    /// How often [`Runtime::repair`] re-applies every object, not only the missing ones: a
-    /// hand edit is undone within this (each apply is a request; most find nothing to do).
-    pub full_repair_interval: Duration,
+    /// How long connecting waits for the watches' first lists.
+    pub watch_timeout: Duration,
 }
 
 impl KubeConfig {
@@ -65,7 +69,7 @@ impl KubeConfig {
             render,
             stop_timeout: Duration::from_secs(60),
             poll: Duration::from_millis(500),
-            full_repair_interval: Duration::from_secs(600),
+            watch_timeout: Duration::from_secs(60),
         }
     }
 }
@@ -77,13 +81,19 @@ pub struct KubeRuntime {
     handle: tokio::runtime::Handle,
     /// What this runtime runs, by group: what repair puts back.
     running: Mutex<BTreeMap<String, ProcessorSpec>>,
-    /// When repair last re-applied everything.
-    last_full_repair: Mutex<Option<Instant>>,
+    /// The `resourceVersion` at which each object of a running processor (`Kind/name`) last
+    /// held what it should: repair compares an object again only once it moved.
+    verified: Mutex<BTreeMap<String, String>>,
     /// Held while objects are applied or deleted, so a repair never puts back what a stop
     /// is deleting.
     changing: Mutex<()>,
-    /// The owner reference of each Topology, by name.
+    /// The owner reference of each Topology read by name, for those the watch did not
+    /// bring yet (the store creates a Topology just before its first processor starts).
     owners: Mutex<BTreeMap<String, OwnerReference>>,
+    deployments: Cache<Deployment>,
+    scaled_objects: Cache<ScaledObject>,
+    authentications: Cache<TriggerAuthentication>,
+    topologies: Cache<Topology>,
 }
 
 /// The label selector of every object Plumber manages.
@@ -94,23 +104,74 @@ fn managed() -> String {
 impl KubeRuntime {
     /// A runtime on `client`, whose tasks run on the tokio runtime of `handle` (a
     /// multi-threaded one: calls block this thread while its workers drive the connection),
-    /// knowing what runs from the Deployments it finds.
+    /// knowing what runs from the Deployments it finds, once its watches listed what is
+    /// there.
     pub fn connect(
         client: Client,
         handle: tokio::runtime::Handle,
         config: KubeConfig,
     ) -> Result<KubeRuntime> {
+        let namespace = config.render.namespace.clone();
+        let labels = managed();
         let runtime = KubeRuntime {
+            deployments: Cache::start(
+                Api::namespaced(client.clone(), &namespace),
+                &labels,
+                &handle,
+            ),
+            scaled_objects: Cache::start(
+                Api::namespaced(client.clone(), &namespace),
+                &labels,
+                &handle,
+            ),
+            authentications: Cache::start(
+                Api::namespaced(client.clone(), &namespace),
+                &labels,
+                &handle,
+            ),
+            topologies: Cache::start(
+                Api::namespaced(client.clone(), &namespace),
+                &labels,
+                &handle,
+            ),
             client,
             config,
             handle,
             running: Mutex::new(BTreeMap::new()),
-            last_full_repair: Mutex::new(None),
+            verified: Mutex::new(BTreeMap::new()),
             changing: Mutex::new(()),
             owners: Mutex::new(BTreeMap::new()),
         };
+        runtime.wait_listed(&runtime.deployments)?;
+        runtime.wait_listed(&runtime.scaled_objects)?;
+        runtime.wait_listed(&runtime.authentications)?;
+        runtime.wait_listed(&runtime.topologies)?;
         runtime.resync()?;
         Ok(runtime)
+    }
+
+    fn wait_listed<K>(&self, cache: &Cache<K>) -> Result<()>
+    where
+        K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+        K::DynamicType: Default,
+    {
+        if cache.wait_ready(&self.handle, self.config.watch_timeout) {
+            return Ok(());
+        }
+        Err(backend(
+            "watch",
+            "-",
+            format!(
+                "the watch of {}s did not list them within {} s (is the API server reachable, and may the daemon's ServiceAccount list and watch them?)",
+                cache.kind(),
+                self.config.watch_timeout.as_secs()
+            ),
+            true,
+        ))
+    }
+
+    fn verified(&self) -> MutexGuard<'_, BTreeMap<String, String>> {
+        self.verified.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     fn running(&self) -> MutexGuard<'_, BTreeMap<String, ProcessorSpec>> {
@@ -129,7 +190,8 @@ impl KubeRuntime {
         Api::namespaced(self.client.clone(), &self.config.render.namespace)
     }
 
-    fn deployments(&self) -> Result<Vec<Deployment>> {
+    /// The Deployments as the API lists them now, for when the cache's view may be behind.
+    fn list_deployments(&self) -> Result<Vec<Deployment>> {
         let api: Api<Deployment> = self.api();
         let list = self
             .handle
@@ -141,6 +203,9 @@ impl KubeRuntime {
     /// The owner reference to the processor's Topology, when it exists: deleting the
     /// Topology deletes its processors' objects with it.
     fn owner(&self, topology: &str) -> Result<Option<OwnerReference>> {
+        if let Some(owner) = self.topologies.get(topology).as_deref().and_then(owner_of) {
+            return Ok(Some(owner));
+        }
         if let Some(owner) = self.owners().get(topology) {
             return Ok(Some(owner.clone()));
         }
@@ -160,22 +225,6 @@ impl KubeRuntime {
         self.owners.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Reads every Topology's uid again (one that was deleted and made again has another).
-    fn refresh_owners(&self) -> Result<()> {
-        let api: Api<Topology> = self.api();
-        let list = self
-            .handle
-            .block_on(api.list(&ListParams::default().labels(&managed())))
-            .map_err(|e| api_error("list the Topologies of", "-", e))?;
-        let owners = list
-            .items
-            .iter()
-            .filter_map(|t| Some((t.metadata.name.clone()?, owner_of(t)?)))
-            .collect();
-        *self.owners() = owners;
-        Ok(())
-    }
-
     fn objects(&self, spec: &ProcessorSpec) -> Result<Objects> {
         let config = RenderConfig {
             owner: self.owner(&spec.topology)?,
@@ -191,45 +240,145 @@ impl KubeRuntime {
     /// Applies the objects of `spec` in the order that keeps KEDA from acting on a
     /// Deployment it cannot see or reach.
     fn apply(&self, spec: &ProcessorSpec) -> Result<()> {
-        let objects = self.objects(spec)?;
-        if let Some(authentication) = &objects.trigger_authentication {
-            self.apply_one(&spec.group, authentication)?;
-        }
-        self.apply_one(&spec.group, &objects.deployment)?;
-        self.apply_one(&spec.group, &objects.scaled_object)
+        self.apply_objects(spec, &self.objects(spec)?)
     }
 
-    fn apply_one<K>(&self, group: &str, object: &K) -> Result<()>
+    fn apply_objects(&self, spec: &ProcessorSpec, objects: &Objects) -> Result<()> {
+        if let Some(authentication) = &objects.trigger_authentication {
+            self.apply_one(&self.authentications, &spec.group, authentication)?;
+        }
+        self.apply_one(&self.deployments, &spec.group, &objects.deployment)?;
+        self.apply_one(&self.scaled_objects, &spec.group, &objects.scaled_object)
+    }
+
+    fn apply_one<K>(&self, cache: &Cache<K>, group: &str, object: &K) -> Result<()>
     where
         K: Resource<Scope = k8s_openapi::NamespaceResourceScope>
             + Serialize
             + DeserializeOwned
             + Clone
-            + std::fmt::Debug,
+            + std::fmt::Debug
+            + Send
+            + Sync
+            + 'static,
         <K as Resource>::DynamicType: Default,
     {
         let api: Api<K> = self.api();
         let params = PatchParams::apply(FIELD_MANAGER).force();
-        self.handle
+        let applied = self
+            .handle
             .block_on(api.patch(group, &params, &Patch::Apply(object)))
-            .map(|_| ())
-            .map_err(|e| api_error("apply", group, e))
+            .map_err(|e| api_error("apply", group, e))?;
+        if let Some(version) = applied.meta().resource_version.clone() {
+            self.verified().insert(object_key(cache, group), version);
+        }
+        cache.written(applied);
+        Ok(())
     }
 
     /// Deletes one object; one already gone is not an error.
-    fn delete<K>(&self, group: &str, params: &DeleteParams) -> Result<()>
+    fn delete<K>(&self, cache: &Cache<K>, group: &str, params: &DeleteParams) -> Result<()>
     where
         K: Resource<Scope = k8s_openapi::NamespaceResourceScope>
             + DeserializeOwned
             + Clone
-            + std::fmt::Debug,
+            + std::fmt::Debug
+            + Send
+            + Sync
+            + 'static,
         <K as Resource>::DynamicType: Default,
     {
         let api: Api<K> = self.api();
         match self.handle.block_on(api.delete(group, params)) {
-            Ok(_) => Ok(()),
-            Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
-            Err(error) => Err(api_error("delete", group, error)),
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 404 => {}
+            Err(error) => return Err(api_error("delete", group, error)),
+        }
+        self.verified().remove(&object_key(cache, group));
+        cache.deleted(group);
+        Ok(())
+    }
+
+    /// Whether every object of `spec` is where it was last found right (or applied): then
+    /// nothing needs comparing.
+    fn unchanged(&self, spec: &ProcessorSpec) -> bool {
+        let verified = self.verified();
+        let at = |key: String, version: Option<String>| {
+            version.is_some_and(|v| verified.get(&key) == Some(&v))
+        };
+        let group = &spec.group;
+        at(
+            object_key(&self.deployments, group),
+            self.deployments
+                .get(group)
+                .and_then(|o| o.metadata.resource_version.clone()),
+        ) && at(
+            object_key(&self.scaled_objects, group),
+            self.scaled_objects
+                .get(group)
+                .and_then(|o| o.metadata.resource_version.clone()),
+        ) && (spec.cluster.credentials.is_none()
+            || at(
+                object_key(&self.authentications, group),
+                self.authentications
+                    .get(group)
+                    .and_then(|o| o.metadata.resource_version.clone()),
+            ))
+    }
+
+    /// What differs between the objects of `spec` and the cluster's: `None` when they hold
+    /// what they should (and are marked so), else what is missing or changed.
+    fn drift(&self, spec: &ProcessorSpec, objects: &Objects) -> Vec<String> {
+        let mut drift = Vec::new();
+        self.compare(
+            &self.deployments,
+            &spec.group,
+            &objects.deployment,
+            &mut drift,
+        );
+        self.compare(
+            &self.scaled_objects,
+            &spec.group,
+            &objects.scaled_object,
+            &mut drift,
+        );
+        if let Some(authentication) = &objects.trigger_authentication {
+            self.compare(
+                &self.authentications,
+                &spec.group,
+                authentication,
+                &mut drift,
+            );
+        }
+        drift
+    }
+
+    fn compare<K>(&self, cache: &Cache<K>, group: &str, applied: &K, drift: &mut Vec<String>)
+    where
+        K: Resource
+            + Serialize
+            + Clone
+            + DeserializeOwned
+            + std::fmt::Debug
+            + Send
+            + Sync
+            + 'static,
+        K::DynamicType: Default,
+    {
+        let Some(live) = cache.get(group) else {
+            drift.push(format!("{} missing", cache.kind()));
+            return;
+        };
+        let holds = match (serde_json::to_value(&*live), serde_json::to_value(applied)) {
+            (Ok(live), Ok(applied)) => drift::holds(&live, &applied),
+            _ => false,
+        };
+        match (holds, live.meta().resource_version.clone()) {
+            (true, Some(version)) => {
+                self.verified().insert(object_key(cache, group), version);
+            }
+            (true, None) => {}
+            (false, _) => drift.push(format!("{} changed", cache.kind())),
         }
     }
 
@@ -253,6 +402,9 @@ impl KubeRuntime {
         if let Some(spec) = self.running().get(group) {
             return Ok(Some(spec.clone()));
         }
+        if let Some(spec) = self.deployments.get(group).as_deref().and_then(spec_of) {
+            return Ok(Some(spec));
+        }
         let api: Api<Deployment> = self.api();
         let found = self
             .handle
@@ -260,6 +412,15 @@ impl KubeRuntime {
             .map_err(|e| api_error("read", group, e))?;
         Ok(found.as_ref().and_then(spec_of))
     }
+}
+
+/// The key of an object in [`KubeRuntime::verified`].
+fn object_key<K>(cache: &Cache<K>, name: &str) -> String
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    K::DynamicType: Default,
+{
+    format!("{}/{name}", cache.kind())
 }
 
 fn owner_of(topology: &Topology) -> Option<OwnerReference> {
@@ -330,9 +491,9 @@ impl Runtime for KubeRuntime {
         {
             let _changing = self.changing();
             self.running().remove(group);
-            self.delete::<ScaledObject>(group, &DeleteParams::default())?;
-            self.delete::<TriggerAuthentication>(group, &DeleteParams::default())?;
-            self.delete::<Deployment>(group, &DeleteParams::foreground())?;
+            self.delete(&self.scaled_objects, group, &DeleteParams::default())?;
+            self.delete(&self.authentications, group, &DeleteParams::default())?;
+            self.delete(&self.deployments, group, &DeleteParams::foreground())?;
         }
         // Without a spec (its Deployment was deleted already, by a replica that crashed
         // before its pods were gone) the pods are found by the group's name: terminating
@@ -396,16 +557,12 @@ impl Runtime for KubeRuntime {
     }
 
     fn processors(&self) -> Result<Vec<ProcessorStatus>> {
-        let deployments = self.deployments()?;
-        let by_name: BTreeMap<String, &Deployment> = deployments
-            .iter()
-            .filter_map(|d| Some((d.metadata.name.clone()?, d)))
-            .collect();
         Ok(self
             .running()
             .values()
             .map(|spec| {
-                let status = by_name.get(&spec.group).and_then(|d| d.status.as_ref());
+                let deployment = self.deployments.get(&spec.group);
+                let status = deployment.as_ref().and_then(|d| d.status.as_ref());
                 let count = |n: Option<i32>| n.and_then(|n| u32::try_from(n).ok()).unwrap_or(0);
                 ProcessorStatus {
                     topology: spec.topology.clone(),
@@ -424,13 +581,17 @@ impl Runtime for KubeRuntime {
     fn resync(&self) -> Result<()> {
         // Under `changing`: a start or stop of this runtime is wholly before or after it.
         let _changing = self.changing();
+        // Listed, not read from the cache: the replica that held the lease before may have
+        // applied a moment ago, and what runs decides what repair deletes.
         let found: BTreeMap<String, ProcessorSpec> = self
-            .deployments()?
+            .list_deployments()?
             .iter()
             .filter_map(spec_of)
             .map(|spec| (spec.group.clone(), spec))
             .collect();
         *self.running() = found;
+        // Everything is compared again at the next repair.
+        self.verified().clear();
         Ok(())
     }
 
@@ -438,32 +599,18 @@ impl Runtime for KubeRuntime {
         let _changing = self.changing();
         let running: Vec<ProcessorSpec> = self.running().values().cloned().collect();
         let keep: BTreeSet<String> = running.iter().map(|s| s.group.clone()).collect();
-        let full = {
-            let mut last = self
-                .last_full_repair
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            let due = last.is_none_or(|at| at.elapsed() >= self.config.full_repair_interval);
-            if due {
-                *last = Some(Instant::now());
-            }
-            due
-        };
-        if full {
-            self.refresh_owners()?;
-        }
-        let deployments = self.collect::<Deployment>(&keep)?;
-        let scaled_objects = self.collect::<ScaledObject>(&keep)?;
-        let authentications = self.collect::<TriggerAuthentication>(&keep)?;
+        self.collect(&self.deployments, &keep)?;
+        self.collect(&self.scaled_objects, &keep)?;
+        self.collect(&self.authentications, &keep)?;
         for spec in &running {
-            let missing = !deployments.contains(&spec.group)
-                || !scaled_objects.contains(&spec.group)
-                || (spec.cluster.credentials.is_some() && !authentications.contains(&spec.group));
-            if missing {
-                tracing::warn!(group = %spec.group, "objects of a running processor are gone; putting them back");
+            if self.unchanged(spec) {
+                continue;
             }
-            if full || missing {
-                self.apply(spec)?;
+            let objects = self.objects(spec)?;
+            let drift = self.drift(spec, &objects);
+            if !drift.is_empty() {
+                tracing::warn!(group = %spec.group, drift = %drift.join(", "), "objects of a running processor were deleted or changed; putting them back");
+                self.apply_objects(spec, &objects)?;
             }
         }
         Ok(())
@@ -471,37 +618,29 @@ impl Runtime for KubeRuntime {
 }
 
 impl KubeRuntime {
-    /// Deletes Plumber's objects of kind `K` whose group is not in `keep`; returns the names
-    /// of those that are.
-    fn collect<K>(&self, keep: &BTreeSet<String>) -> Result<BTreeSet<String>>
+    /// Deletes Plumber's objects in `cache` whose group is not in `keep`.
+    fn collect<K>(&self, cache: &Cache<K>, keep: &BTreeSet<String>) -> Result<()>
     where
         K: Resource<Scope = k8s_openapi::NamespaceResourceScope>
             + DeserializeOwned
             + Clone
-            + std::fmt::Debug,
+            + std::fmt::Debug
+            + Send
+            + Sync
+            + 'static,
         <K as Resource>::DynamicType: Default,
     {
-        let api: Api<K> = self.api();
-        let list = self
-            .handle
-            .block_on(api.list(&ListParams::default().labels(&managed())))
-            .map_err(|e| api_error("list the objects of", "-", e))?;
-        let mut kept = BTreeSet::new();
-        for object in list.items {
-            let Some(name) = object.meta().name.clone() else {
-                continue;
-            };
+        for name in cache.all().into_keys() {
             if keep.contains(&name) {
-                kept.insert(name);
                 continue;
             }
             tracing::info!(
-                kind = %K::kind(&Default::default()),
+                kind = %cache.kind(),
                 name,
                 "deleting an object of an identity nothing runs"
             );
-            self.delete::<K>(&name, &DeleteParams::foreground())?;
+            self.delete(cache, &name, &DeleteParams::foreground())?;
         }
-        Ok(kept)
+        Ok(())
     }
 }

@@ -4,8 +4,10 @@
 //! and KEDA's [`keda`] objects). Applying them and the lease come with the runtime itself.
 
 pub mod apply;
+pub mod cache;
 pub mod config;
 pub mod crd;
+pub mod drift;
 pub mod keda;
 pub mod lease;
 pub mod render;
