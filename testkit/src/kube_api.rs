@@ -34,6 +34,7 @@
 //!   `a notin (x)`, comma-separated AND), `fieldSelector` on `metadata.name` and
 //!   `metadata.namespace`; the List has the kind's `…List` kind and `metadata.resourceVersion`.
 //!   `limit` is ignored (everything comes in one page).
+//! - `GET` a collection with `watch=true` (or `1`): a watch (see below).
 //! - `POST` creates (409 `AlreadyExists`; `generateName`; `status` is dropped).
 //! - `PUT` replaces, with optimistic concurrency: a `metadata.resourceVersion` in the body
 //!   that is not the stored one is a 409 `Conflict`, as is a stale one in a merge patch or an
@@ -56,6 +57,42 @@
 //!   `resourceVersion` (one global counter, bumped by every write that changes the object; a
 //!   write that changes nothing changes no `resourceVersion`), `managedFields`.
 //!
+//! # Watches
+//!
+//! A watch is answered 200 at once with a body that streams newline-delimited JSON watch
+//! events (`{"type": "ADDED" | "MODIFIED" | "DELETED" | "BOOKMARK" | "ERROR", "object": …}`)
+//! and stays open, so `kube::runtime::watcher`, `reflector` and `await_condition` work. It
+//! sees every change of the store, whoever made it: requests, the handle's writes
+//! ([`FakeApi::put`], [`FakeApi::patch`], [`FakeApi::delete`], [`FakeApi::set_pod_ready`],
+//! [`FakeApi::finish_termination`], …) and the deployment controller. Each change is given to
+//! the open watches under the server's lock, as it is made, through an unbounded channel
+//! (nothing waits on a slow reader; a watch never holds the lock while it waits).
+//!
+//! - `labelSelector` and `fieldSelector` as for lists, the namespace of the path (or all).
+//!   An object whose labels change so that it starts matching is `ADDED`, one that stops
+//!   `DELETED` (with its new state), as from the API server's watch cache.
+//! - `resourceVersion`: absent or `0`, a synthetic `ADDED` for every matching object, then
+//!   the changes; a version, every change after it, from a log of the last 10,000 changes
+//!   ([`FakeApi::with_watch_history`]); a version older than the log keeps, an `ERROR` event
+//!   with a 410 `Expired` `Status`, and the end of the stream (kube's watcher lists again).
+//!   Lists answer `metadata.resourceVersion` at the global counter, so a watch from a list's
+//!   version misses nothing.
+//! - Every event's object carries its `metadata.resourceVersion`. A deletion is a version of
+//!   its own (the counter is bumped), and its `DELETED` carries the object's last state at that
+//!   version. Marking an object with finalizers for deletion is a `MODIFIED` (with the
+//!   `deletionTimestamp`); removing its last finalizer a `MODIFIED`, then a `DELETED`.
+//! - `timeoutSeconds` (kube always sends one): the stream ends after that long, queued
+//!   events first; with `allowWatchBookmarks=true` its last event is a `BOOKMARK` at the
+//!   version up to which the watch saw every change (also of other resources), from which
+//!   kube's watcher watches again. `0` or absent: no end.
+//! - `sendInitialEvents=true` (kube's streaming lists): the `ADDED`s, then a `BOOKMARK` with
+//!   the `k8s.io/initial-events-end` annotation.
+//! - A watch ends when its body is dropped (the client's stream is): it is forgotten at the
+//!   store's next change, or when [`FakeApi::active_watches`] counts.
+//!
+//! Since kube's `Body` cannot be made to stream outside kube, the service answers with its
+//! own body type, [`FakeBody`] (kube's client takes any `http_body::Body`).
+//!
 //! # Field ownership (server-side apply)
 //!
 //! Each object keeps which manager owns which fields (see `fields.rs`): an apply sets the
@@ -69,8 +106,10 @@
 //!
 //! # What it does not do
 //!
-//! No watches (`watch=true` is answered 405 `MethodNotAllowed`, so `kube::runtime` watchers and
-//! `await_condition` do not work against it; poll with `get` instead), no discovery, no
+//! Watches are of collections only (not the old `watch` of a named path; select one object with
+//! `fieldSelector=metadata.name=…`); `resourceVersionMatch` is ignored, and a version newer than
+//! the server's is waited for rather than refused; bookmarks come only at a timeout, never
+//! periodically; a metadata-only watch (`watch_metadata`) gets whole objects. No discovery, no
 //! authentication or RBAC, no admission (webhooks, defaulting, Pod Security), no validation of
 //! built-in kinds, no garbage collection beyond the deployment controller's Pods (owner
 //! references of other kinds are not followed, `Foreground` deletion is not modelled), no
@@ -110,7 +149,8 @@
 //! `runtime.enter()`), and it panics with a message outside one. Code that builds its own
 //! runtime can take [`FakeApi::service`] and call `kube::Client::new` itself. The service
 //! itself needs no particular runtime: it answers synchronously, except for requests held by
-//! [`FakeApi::hold`].
+//! [`FakeApi::hold`], and a watch's body streams as changes come; its `timeoutSeconds` needs
+//! tokio's timer (outside a tokio runtime, a watch has no timeout).
 
 mod controller;
 mod fields;
@@ -118,6 +158,7 @@ mod schema;
 mod selector;
 mod server;
 mod store;
+mod watch;
 
 pub use server::Target;
 
@@ -866,6 +907,23 @@ impl FakeApi {
         self.lock().store.revision()
     }
 
+    // ---- watches ----
+
+    /// Keeps the last `changes` changes (10,000 unless set) for watches that resume from a
+    /// `resourceVersion`; a watch from an older one gets a 410 `Expired` `ERROR` event, and
+    /// kube's watcher lists again. `0` keeps none: every resumed watch is expired unless
+    /// nothing changed since its version.
+    pub fn with_watch_history(self, changes: usize) -> FakeApi {
+        self.lock().store.watches.set_capacity(changes);
+        self
+    }
+
+    /// How many watches are open: answered, and their response bodies neither ended (by
+    /// `timeoutSeconds`) nor dropped (by the client's stream).
+    pub fn active_watches(&self) -> usize {
+        self.lock().store.watches.active()
+    }
+
     // ---- controllers and Pods ----
 
     /// Runs the controllers now (with [`FakeApi::with_manual_settle`]; otherwise they run after
@@ -982,7 +1040,7 @@ impl FakeApi {
         }
     }
 
-    async fn serve(self, request: Request<Body>) -> Result<Response<Body>, BoxError> {
+    async fn serve(self, request: Request<Body>) -> Result<Response<FakeBody>, BoxError> {
         let (parts, body) = request.into_parts();
         let bytes = body.collect_bytes().await?;
         let (recorded, hold, fault) = {
@@ -1028,6 +1086,26 @@ impl FakeApi {
             None => {}
         }
         let mut state = self.lock();
+        if recorded.verb() == Verb::Watch {
+            let opened = watch::open(&mut state.store, &recorded);
+            let code = opened.as_ref().map_or_else(|e| e.code, |_| 200);
+            if let Some(r) = state
+                .requests
+                .iter_mut()
+                .rev()
+                .find(|r| r.seq == recorded.seq)
+            {
+                r.status = Some(code);
+            }
+            drop(state);
+            return match opened {
+                Ok(opened) => Ok(Response::builder()
+                    .status(200)
+                    .header(http::header::CONTENT_TYPE, "application/json")
+                    .body(FakeBody::watch(opened))?),
+                Err(error) => respond(error.code, &error.status()),
+            };
+        }
         let state_ref = &mut *state;
         let (code, body, mutated) =
             match server::handle(&mut state_ref.store, &state_ref.schemas, &recorded) {
@@ -1077,12 +1155,98 @@ fn hand_write(
     store.commit(key, object, ownership)
 }
 
-fn respond(code: u16, body: &Value) -> Result<Response<Body>, BoxError> {
+fn respond(code: u16, body: &Value) -> Result<Response<FakeBody>, BoxError> {
     let bytes = serde_json::to_vec(body)?;
     Ok(Response::builder()
         .status(code)
         .header(http::header::CONTENT_TYPE, "application/json")
-        .body(Body::from(bytes))?)
+        .body(FakeBody::full(bytes))?)
+}
+
+/// The body of the fake API server's responses: one JSON document, or a watch's stream of
+/// events, one JSON line each, that ends with the watch. An `http_body::Body`, as
+/// `kube::Client::new` takes (kube's own `Body` cannot be made to stream outside kube).
+pub struct FakeBody {
+    kind: BodyKind,
+}
+
+enum BodyKind {
+    Full(Option<bytes::Bytes>),
+    Watch(Box<watch::WatchBody>),
+}
+
+impl FakeBody {
+    fn full(bytes: Vec<u8>) -> FakeBody {
+        FakeBody {
+            kind: BodyKind::Full(Some(bytes.into())),
+        }
+    }
+
+    fn watch(opened: watch::Opened) -> FakeBody {
+        FakeBody {
+            kind: BodyKind::Watch(Box::new(watch::WatchBody::new(opened))),
+        }
+    }
+
+    /// Whether this is a watch's stream.
+    pub fn is_watch(&self) -> bool {
+        matches!(self.kind, BodyKind::Watch(_))
+    }
+
+    /// The whole body (of a watch: once the watch ends), as `kube::client::Body::collect_bytes`.
+    pub async fn collect_bytes(mut self) -> Result<bytes::Bytes, BoxError> {
+        let mut out = Vec::new();
+        while let Some(frame) =
+            std::future::poll_fn(|cx| http_body::Body::poll_frame(Pin::new(&mut self), cx)).await
+        {
+            if let Ok(data) = frame?.into_data() {
+                out.extend_from_slice(&data);
+            }
+        }
+        Ok(out.into())
+    }
+}
+
+impl fmt::Debug for FakeBody {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = match self.kind {
+            BodyKind::Full(_) => "Full",
+            BodyKind::Watch(_) => "Watch",
+        };
+        f.debug_struct("FakeBody").field("kind", &kind).finish()
+    }
+}
+
+impl http_body::Body for FakeBody {
+    type Data = bytes::Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, BoxError>>> {
+        match &mut self.get_mut().kind {
+            BodyKind::Full(bytes) => {
+                Poll::Ready(bytes.take().map(|b| Ok(http_body::Frame::data(b))))
+            }
+            BodyKind::Watch(body) => body.poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.kind {
+            BodyKind::Full(bytes) => bytes.is_none(),
+            BodyKind::Watch(body) => body.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        match &self.kind {
+            BodyKind::Full(Some(bytes)) => http_body::SizeHint::with_exact(bytes.len() as u64),
+            BodyKind::Full(None) => http_body::SizeHint::with_exact(0),
+            BodyKind::Watch(body) => body.size_hint(),
+        }
+    }
 }
 
 /// Requests held by [`FakeApi::hold`], until [`Hold::release`] or drop.
@@ -1141,9 +1305,9 @@ pub struct FakeService {
 }
 
 impl tower::Service<Request<Body>> for FakeService {
-    type Response = Response<Body>;
+    type Response = Response<FakeBody>;
     type Error = BoxError;
-    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, BoxError>> + Send>>;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<FakeBody>, BoxError>> + Send>>;
 
     fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
         Poll::Ready(Ok(()))

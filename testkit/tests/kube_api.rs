@@ -4,14 +4,18 @@
 
 use std::sync::{Arc, Mutex};
 
+use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use kube::api::WatchEvent;
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch,
     PatchParams, PostParams, Preconditions, WatchParams,
 };
 use kube::core::Status;
+use kube::runtime::reflector::{self, ObjectRef, reflector};
+use kube::runtime::watcher::{self, watcher};
 use plumber_testkit::kube_api::{FakeApi, Fault, HAND_MANAGER, PodChange, PodStart, Verb};
 use serde_json::{Value, json};
 
@@ -995,15 +999,6 @@ async fn held_requests_are_answered_on_release() {
 }
 
 #[tokio::test]
-async fn watches_are_refused() {
-    let fake = FakeApi::new();
-    let api: Api<Pod> = Api::namespaced(fake.client(NS), NS);
-    let status = api_error(api.watch(&WatchParams::default(), "0").await.map(|_| ()));
-    assert_eq!(status.code, 405);
-    assert_eq!(fake.requests()[0].verb(), Verb::Watch);
-}
-
-#[tokio::test]
 async fn scaled_objects_are_validated_against_kedas_crd() {
     let crd = plumber_testkit::kube_api::KEDA_SCALED_OBJECT_CRD;
     let fake = FakeApi::new().with_crd_yaml(crd);
@@ -1107,4 +1102,722 @@ fn block_on_from_a_plain_thread() {
 #[should_panic(expected = "FakeApi::client needs a tokio runtime")]
 fn a_client_outside_a_runtime_is_a_clear_panic() {
     let _ = FakeApi::new().client(NS);
+}
+
+// ---- watches ----
+
+/// Polls `condition` until it holds; fails after a generous minute.
+async fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + plumber_testkit::PATIENCE;
+    while !condition() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "waited {:?} for {what}",
+            plumber_testkit::PATIENCE
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}
+
+/// The next event of a raw watch, within a minute.
+async fn next_event<K>(
+    stream: &mut (impl futures::Stream<Item = Result<WatchEvent<K>, kube::Error>> + Unpin),
+) -> Option<WatchEvent<K>> {
+    tokio::time::timeout(plumber_testkit::PATIENCE, stream.next())
+        .await
+        .expect("a watch event within the patience")
+        .map(|event| event.expect("a watch event, not an error"))
+}
+
+fn labelled_deployment(name: &str, tier: &str) -> Value {
+    let mut object = deployment(name, None, "img:1");
+    object["metadata"]["labels"]["tier"] = json!(tier);
+    object
+}
+
+fn names<K: kube::Resource + Clone>(reader: &reflector::Store<K>) -> Vec<String>
+where
+    K::DynamicType: std::hash::Hash + Eq + Clone,
+{
+    let mut names: Vec<String> = reader
+        .state()
+        .iter()
+        .map(|o| o.meta().name.clone().unwrap_or_default())
+        .collect();
+    names.sort();
+    names
+}
+
+/// Runs a reflector over `api` until the test ends; returns its store and every name any
+/// event carried.
+fn reflect<K>(
+    api: Api<K>,
+    config: watcher::Config,
+) -> (reflector::Store<K>, Arc<Mutex<Vec<String>>>)
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
+    let (reader, writer) = reflector::store();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let stream = reflector(writer, watcher(api, config));
+    tokio::spawn({
+        let seen = seen.clone();
+        async move {
+            stream
+                .for_each(|event| {
+                    if let Ok(event) = event {
+                        let objects: Vec<&K> = match &event {
+                            watcher::Event::Apply(o)
+                            | watcher::Event::Delete(o)
+                            | watcher::Event::InitApply(o) => vec![o],
+                            watcher::Event::Init | watcher::Event::InitDone => vec![],
+                        };
+                        seen.lock().unwrap().extend(
+                            objects
+                                .into_iter()
+                                .map(|o| o.meta().name.clone().unwrap_or_default()),
+                        );
+                    }
+                    async {}
+                })
+                .await;
+        }
+    });
+    (reader, seen)
+}
+
+#[tokio::test]
+async fn a_reflector_follows_deployments_by_label_selector() {
+    let fake = FakeApi::new();
+    let api: Api<Deployment> = Api::namespaced(fake.client(NS), NS);
+    api.patch(
+        "before",
+        &apply(),
+        &Patch::Apply(labelled_deployment("before", "web")),
+    )
+    .await
+    .unwrap();
+    let (reader, seen) = reflect(api.clone(), watcher::Config::default().labels("tier=web"));
+    eventually("the listed Deployment", || names(&reader) == ["before"]).await;
+
+    // Created by a request, while the watch is open.
+    api.patch(
+        "a",
+        &apply(),
+        &Patch::Apply(labelled_deployment("a", "web")),
+    )
+    .await
+    .unwrap();
+    api.patch("c", &apply(), &Patch::Apply(labelled_deployment("c", "db")))
+        .await
+        .unwrap();
+    eventually("a created", || names(&reader) == ["a", "before"]).await;
+    let a = ObjectRef::new("a").within(NS);
+
+    // Edited by hand, then by an apply.
+    fake.patch::<Deployment>(NS, "a", json!({"spec": {"replicas": 3}}));
+    eventually("the hand edit", || {
+        reader
+            .get(&a)
+            .is_some_and(|d| serde_json::to_value(&*d).unwrap()["spec"]["replicas"] == 3)
+    })
+    .await;
+    let mut image_2 = labelled_deployment("a", "web");
+    image_2["spec"]["template"]["spec"]["containers"][0]["image"] = json!("img:2");
+    api.patch("a", &apply(), &Patch::Apply(&image_2))
+        .await
+        .unwrap();
+    eventually("the apply", || {
+        reader.get(&a).is_some_and(|d| {
+            serde_json::to_value(&*d).unwrap()["spec"]["template"]["spec"]["containers"][0]["image"]
+                == "img:2"
+        })
+    })
+    .await;
+    let stored = fake.get::<Deployment>(NS, "a").unwrap();
+    eventually("the stored resourceVersion", || {
+        reader.get(&a).unwrap().metadata.resource_version == stored.metadata.resource_version
+    })
+    .await;
+
+    // Moved into and out of the selector by their labels.
+    fake.patch::<Deployment>(NS, "c", json!({"metadata": {"labels": {"tier": "web"}}}));
+    eventually("c moved in", || names(&reader) == ["a", "before", "c"]).await;
+    fake.patch::<Deployment>(NS, "a", json!({"metadata": {"labels": {"tier": "db"}}}));
+    eventually("a moved out", || names(&reader) == ["before", "c"]).await;
+
+    // Deleted by a request and by hand.
+    api.delete("c", &DeleteParams::default()).await.unwrap();
+    assert!(fake.delete::<Deployment>(NS, "before"));
+    eventually("the deletes", || names(&reader).is_empty()).await;
+
+    // `outside` never matched: no event carried it, nor `a` after it left.
+    api.patch(
+        "outside",
+        &apply(),
+        &Patch::Apply(labelled_deployment("outside", "db")),
+    )
+    .await
+    .unwrap();
+    fake.patch::<Deployment>(NS, "a", json!({"spec": {"replicas": 4}}));
+    api.patch(
+        "last",
+        &apply(),
+        &Patch::Apply(labelled_deployment("last", "web")),
+    )
+    .await
+    .unwrap();
+    eventually("the last one", || names(&reader) == ["last"]).await;
+    let seen = seen.lock().unwrap().clone();
+    assert!(!seen.iter().any(|n| n == "outside"), "{seen:?}");
+    let watches: Vec<_> = fake
+        .requests()
+        .into_iter()
+        .filter(|r| r.verb() == Verb::Watch)
+        .collect();
+    assert_eq!(watches.len(), 1, "one watch, still open");
+    assert_eq!(watches[0].status, Some(200));
+    assert_eq!(watches[0].query["labelSelector"], "tier=web");
+    assert_eq!(fake.active_watches(), 1);
+}
+
+#[tokio::test]
+async fn a_watch_from_a_lists_version_sees_exactly_the_later_changes() {
+    let fake = FakeApi::new();
+    let api: Api<ConfigMap> = Api::namespaced(fake.client(NS), NS);
+    let cm = |name: &str| -> ConfigMap {
+        serde_json::from_value(json!({"metadata": {"name": name}, "data": {"k": "1"}})).unwrap()
+    };
+    api.create(&PostParams::default(), &cm("old"))
+        .await
+        .unwrap();
+    let list = api.list(&ListParams::default()).await.unwrap();
+    let from = list.metadata.resource_version.clone().unwrap();
+    assert_eq!(
+        from,
+        fake.resource_version(),
+        "a list is at the global version"
+    );
+
+    // Changes after the list, before the watch; and some no watch of these sees.
+    api.create(&PostParams::default(), &cm("x")).await.unwrap();
+    api.patch(
+        "x",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"data": {"k": "2"}})),
+    )
+    .await
+    .unwrap();
+    let other: Api<ConfigMap> = Api::namespaced(fake.client("other"), "other");
+    other
+        .create(&PostParams::default(), &cm("elsewhere"))
+        .await
+        .unwrap();
+    let leases: Api<Lease> = Api::namespaced(fake.client(NS), NS);
+    let lease: Lease = serde_json::from_value(json!({"metadata": {"name": "l"}})).unwrap();
+    leases.create(&PostParams::default(), &lease).await.unwrap();
+    api.delete("x", &DeleteParams::default()).await.unwrap();
+    let deleted_at = fake.resource_version();
+
+    let mut stream = api
+        .watch(&WatchParams::default(), &from)
+        .await
+        .unwrap()
+        .boxed();
+    // And one after the watch began.
+    fake.patch::<ConfigMap>(NS, "old", json!({"data": {"k": "3"}}));
+
+    let mut events = Vec::new();
+    for _ in 0..4 {
+        events.push(next_event(&mut stream).await.unwrap());
+    }
+    let summary: Vec<(&str, String, u64)> = events
+        .iter()
+        .map(|e| match e {
+            WatchEvent::Added(o) => ("ADDED", o.metadata.name.clone().unwrap(), rv(&o.metadata)),
+            WatchEvent::Modified(o) => (
+                "MODIFIED",
+                o.metadata.name.clone().unwrap(),
+                rv(&o.metadata),
+            ),
+            WatchEvent::Deleted(o) => {
+                ("DELETED", o.metadata.name.clone().unwrap(), rv(&o.metadata))
+            }
+            other => panic!("unexpected {other:?}"),
+        })
+        .collect();
+    let kinds: Vec<(&str, &str)> = summary.iter().map(|(k, n, _)| (*k, n.as_str())).collect();
+    assert_eq!(
+        kinds,
+        [
+            ("ADDED", "x"),
+            ("MODIFIED", "x"),
+            ("DELETED", "x"),
+            ("MODIFIED", "old")
+        ]
+    );
+    let versions: Vec<u64> = summary.iter().map(|(_, _, v)| *v).collect();
+    assert!(versions.windows(2).all(|w| w[0] < w[1]), "{versions:?}");
+    assert!(versions[0] > from.parse().unwrap());
+    assert_eq!(
+        versions[2].to_string(),
+        deleted_at,
+        "a deletion is a version of its own"
+    );
+    let WatchEvent::Deleted(last) = &events[2] else {
+        unreachable!()
+    };
+    assert_eq!(last.data.as_ref().unwrap()["k"], "2", "the last state");
+    assert_eq!(versions[3].to_string(), fake.resource_version());
+
+    // A version older than the log keeps: 410 Expired, then the end.
+    let short = FakeApi::new().with_watch_history(2);
+    let api: Api<ConfigMap> = Api::namespaced(short.client(NS), NS);
+    api.create(&PostParams::default(), &cm("a")).await.unwrap();
+    let from = short.resource_version();
+    for name in ["b", "c", "d"] {
+        api.create(&PostParams::default(), &cm(name)).await.unwrap();
+    }
+    let mut stream = api
+        .watch(&WatchParams::default(), &from)
+        .await
+        .unwrap()
+        .boxed();
+    match next_event(&mut stream).await {
+        Some(WatchEvent::Error(status)) => {
+            assert_eq!((status.code, status.reason.as_str()), (410, "Expired"));
+        }
+        other => panic!("expected a 410 ERROR event, got {other:?}"),
+    }
+    assert!(next_event(&mut stream).await.is_none(), "the stream ends");
+    // Within the log: the last two.
+    let mut stream = api
+        .watch(&WatchParams::default(), "2")
+        .await
+        .unwrap()
+        .boxed();
+    for name in ["c", "d"] {
+        match next_event(&mut stream).await {
+            Some(WatchEvent::Added(o)) => assert_eq!(o.metadata.name.as_deref(), Some(name)),
+            other => panic!("expected {name} ADDED, got {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_watch_from_nothing_starts_with_the_current_objects() {
+    let fake = FakeApi::new();
+    let api: Api<ConfigMap> = Api::namespaced(fake.client(NS), NS);
+    for (name, app) in [("a", "web"), ("b", "db"), ("c", "web")] {
+        let cm: ConfigMap =
+            serde_json::from_value(json!({"metadata": {"name": name, "labels": {"app": app}}}))
+                .unwrap();
+        api.create(&PostParams::default(), &cm).await.unwrap();
+    }
+    let mut stream = api
+        .watch(&WatchParams::default().labels("app=web"), "0")
+        .await
+        .unwrap()
+        .boxed();
+    for name in ["a", "c"] {
+        match next_event(&mut stream).await {
+            Some(WatchEvent::Added(o)) => assert_eq!(o.metadata.name.as_deref(), Some(name)),
+            other => panic!("expected {name} ADDED, got {other:?}"),
+        }
+    }
+    // Across namespaces, with a field selector.
+    let all: Api<ConfigMap> = Api::all(fake.client(NS));
+    let mut stream = all
+        .watch(&WatchParams::default().fields("metadata.name=b"), "0")
+        .await
+        .unwrap()
+        .boxed();
+    match next_event(&mut stream).await {
+        Some(WatchEvent::Added(o)) => assert_eq!(o.metadata.name.as_deref(), Some("b")),
+        other => panic!("expected b ADDED, got {other:?}"),
+    }
+    let status = api_error(
+        api.watch(&WatchParams::default().labels("app in (web"), "0")
+            .await
+            .map(|_| ()),
+    );
+    assert_eq!(status.code, 400);
+}
+
+#[tokio::test]
+async fn finalizers_make_a_deletion_a_modified_then_a_deleted() {
+    let fake = FakeApi::new();
+    let api: Api<ConfigMap> = Api::namespaced(fake.client(NS), NS);
+    let cm: ConfigMap = serde_json::from_value(
+        json!({"metadata": {"name": "f", "finalizers": ["plumber.dev/hold"]}}),
+    )
+    .unwrap();
+    api.create(&PostParams::default(), &cm).await.unwrap();
+    let mut stream = api
+        .watch(&WatchParams::default(), &fake.resource_version())
+        .await
+        .unwrap()
+        .boxed();
+    api.delete("f", &DeleteParams::default()).await.unwrap();
+    match next_event(&mut stream).await {
+        Some(WatchEvent::Modified(o)) => assert!(o.metadata.deletion_timestamp.is_some()),
+        other => panic!("expected a MODIFIED with a deletionTimestamp, got {other:?}"),
+    }
+    fake.patch::<ConfigMap>(NS, "f", json!({"metadata": {"finalizers": null}}));
+    match next_event(&mut stream).await {
+        Some(WatchEvent::Modified(o)) => assert_eq!(o.metadata.finalizers, None),
+        other => panic!("expected the finalizer's removal, got {other:?}"),
+    }
+    match next_event(&mut stream).await {
+        Some(WatchEvent::Deleted(o)) => {
+            assert_eq!(rv(&o.metadata).to_string(), fake.resource_version());
+        }
+        other => panic!("expected a DELETED, got {other:?}"),
+    }
+    assert!(fake.get::<ConfigMap>(NS, "f").is_none());
+}
+
+#[tokio::test]
+async fn timeout_seconds_ends_the_stream_and_the_watcher_watches_again() {
+    let fake = FakeApi::new();
+    let api: Api<ConfigMap> = Api::namespaced(fake.client(NS), NS);
+    let cm = |name: &str| -> ConfigMap {
+        serde_json::from_value(json!({"metadata": {"name": name}})).unwrap()
+    };
+    api.create(&PostParams::default(), &cm("a")).await.unwrap();
+    let leases: Api<Lease> = Api::namespaced(fake.client(NS), NS);
+    let lease: Lease = serde_json::from_value(json!({"metadata": {"name": "l"}})).unwrap();
+
+    // A raw watch: its events, then (bookmarks allowed) a BOOKMARK at the version it is
+    // complete to, then the end.
+    let mut stream = api
+        .watch(&WatchParams::default().timeout(1), "0")
+        .await
+        .unwrap()
+        .boxed();
+    assert!(matches!(
+        next_event(&mut stream).await,
+        Some(WatchEvent::Added(_))
+    ));
+    leases.create(&PostParams::default(), &lease).await.unwrap();
+    match next_event(&mut stream).await {
+        Some(WatchEvent::Bookmark(mark)) => {
+            assert_eq!(mark.metadata.resource_version, fake.resource_version());
+            assert_eq!(mark.types.kind, "ConfigMap");
+        }
+        other => panic!("expected a BOOKMARK, got {other:?}"),
+    }
+    assert!(next_event(&mut stream).await.is_none(), "the stream ends");
+    eventually("the ended watch is forgotten", || {
+        fake.active_watches() == 0
+    })
+    .await;
+    let params = WatchParams {
+        bookmarks: false,
+        ..WatchParams::default().timeout(1)
+    };
+    let mut stream = api.watch(&params, "0").await.unwrap().boxed();
+    assert!(matches!(
+        next_event(&mut stream).await,
+        Some(WatchEvent::Added(_))
+    ));
+    assert!(
+        next_event(&mut stream).await.is_none(),
+        "no bookmark unless allowed"
+    );
+
+    // kube's watcher watches again from the last version it saw, without listing again.
+    fake.clear_requests();
+    let (reader, _) = reflect(api.clone(), watcher::Config::default().timeout(1));
+    eventually("the list", || names(&reader) == ["a"]).await;
+    eventually("a second watch", || {
+        fake.requests()
+            .iter()
+            .filter(|r| r.verb() == Verb::Watch)
+            .count()
+            >= 2
+    })
+    .await;
+    api.create(&PostParams::default(), &cm("b")).await.unwrap();
+    eventually("b after the re-watch", || names(&reader) == ["a", "b"]).await;
+    fake.patch::<ConfigMap>(NS, "a", json!({"data": {"k": "v"}}));
+    eventually("a's change", || {
+        reader
+            .get(&ObjectRef::new("a").within(NS))
+            .is_some_and(|a| a.data.is_some())
+    })
+    .await;
+    let requests = fake.requests();
+    let lists = requests.iter().filter(|r| r.verb() == Verb::List).count();
+    assert_eq!(lists, 1, "resumed, not listed again: {requests:?}");
+    assert!(
+        requests
+            .iter()
+            .filter(|r| r.verb() == Verb::Watch)
+            .all(|r| r.query["timeoutSeconds"] == "1")
+    );
+}
+
+#[tokio::test]
+async fn an_expired_version_makes_the_watcher_list_again() {
+    let fake = FakeApi::new().with_watch_history(1);
+    let api: Api<ConfigMap> = Api::namespaced(fake.client(NS), NS);
+    let cm = |name: &str| -> ConfigMap {
+        serde_json::from_value(json!({"metadata": {"name": name}})).unwrap()
+    };
+    api.create(&PostParams::default(), &cm("a")).await.unwrap();
+    // Every re-watch from the list's version finds it expired once two changes passed.
+    let hold = fake.hold(|r| r.verb() == Verb::Watch);
+    let (reader, _) = reflect(api.clone(), watcher::Config::default().timeout(1));
+    hold.wait_held(1).await;
+    eventually("the list", || names(&reader) == ["a"]).await;
+    api.create(&PostParams::default(), &cm("b")).await.unwrap();
+    api.create(&PostParams::default(), &cm("c")).await.unwrap();
+    hold.release();
+    eventually("all three, listed again", || {
+        names(&reader) == ["a", "b", "c"]
+    })
+    .await;
+    let lists = fake
+        .requests()
+        .iter()
+        .filter(|r| r.verb() == Verb::List)
+        .count();
+    assert!(lists >= 2, "listed again after the 410");
+}
+
+#[tokio::test]
+async fn a_dynamic_watch_of_keda_scaled_objects() {
+    let fake = FakeApi::new().with_crd_yaml(plumber_testkit::kube_api::KEDA_SCALED_OBJECT_CRD);
+    let ar = scaled_object_resource();
+    let api: Api<DynamicObject> = Api::namespaced_with(fake.client(NS), NS, &ar);
+    let mut stream = api
+        .watch(&WatchParams::default(), "0")
+        .await
+        .unwrap()
+        .boxed();
+    api.patch("web", &apply(), &Patch::Apply(scaled_object("web")))
+        .await
+        .unwrap();
+    match next_event(&mut stream).await {
+        Some(WatchEvent::Added(o)) => {
+            assert_eq!(o.metadata.name.as_deref(), Some("web"));
+            assert_eq!(o.types.unwrap().kind, "ScaledObject");
+            assert_eq!(o.data["spec"]["maxReplicaCount"], 4);
+        }
+        other => panic!("expected web ADDED, got {other:?}"),
+    }
+    let mut bigger = scaled_object("web");
+    bigger["spec"]["maxReplicaCount"] = json!(8);
+    api.patch("web", &apply(), &Patch::Apply(&bigger))
+        .await
+        .unwrap();
+    match next_event(&mut stream).await {
+        Some(WatchEvent::Modified(o)) => assert_eq!(o.data["spec"]["maxReplicaCount"], 8),
+        other => panic!("expected web MODIFIED, got {other:?}"),
+    }
+    api.delete("web", &DeleteParams::default()).await.unwrap();
+    assert!(matches!(
+        next_event(&mut stream).await,
+        Some(WatchEvent::Deleted(_))
+    ));
+
+    // And through kube's watcher, dynamically typed.
+    let writer = reflector::store::Writer::new(ar.clone());
+    let reader = writer.as_reader();
+    let stream = reflector(writer, watcher(api.clone(), watcher::Config::default()));
+    tokio::spawn(stream.for_each(|_| async {}));
+    api.patch("two", &apply(), &Patch::Apply(scaled_object("two")))
+        .await
+        .unwrap();
+    eventually("two in the store", || {
+        reader
+            .get(&ObjectRef::new_with("two", ar.clone()).within(NS))
+            .is_some()
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn pod_watches_see_the_controllers_pods_come_and_go() {
+    let fake = FakeApi::new().with_deployment_controller(PodStart::Pending);
+    let deployments: Api<Deployment> = Api::namespaced(fake.client(NS), NS);
+    let pods: Api<Pod> = Api::namespaced(fake.client(NS), NS);
+    let (reader, _) = reflect(pods, watcher::Config::default().labels("app=web"));
+    let ready = |name: &str| {
+        reader
+            .get(&ObjectRef::new(name).within(NS))
+            .is_some_and(|p| {
+                p.status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_ref())
+                    .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+            })
+    };
+    deployments
+        .patch(
+            "web",
+            &apply(),
+            &Patch::Apply(deployment("web", Some(2), "img:1")),
+        )
+        .await
+        .unwrap();
+    deployments
+        .patch(
+            "db",
+            &apply(),
+            &Patch::Apply(deployment("db", Some(1), "img:1")),
+        )
+        .await
+        .unwrap();
+    eventually("two web Pods", || names(&reader) == ["web-0", "web-1"]).await;
+    fake.set_pod_ready(NS, "web-1", true);
+    eventually("web-1 ready", || ready("web-1")).await;
+    assert!(!ready("web-0"));
+
+    deployments
+        .patch(
+            "web",
+            &apply(),
+            &Patch::Apply(deployment("web", Some(1), "img:1")),
+        )
+        .await
+        .unwrap();
+    eventually("one web Pod", || names(&reader) == ["web-0"]).await;
+    let uid = |reader: &reflector::Store<Pod>| {
+        reader
+            .get(&ObjectRef::new("web-0").within(NS))
+            .and_then(|p| p.metadata.uid.clone())
+    };
+    let first = uid(&reader);
+    deployments
+        .patch(
+            "web",
+            &apply(),
+            &Patch::Apply(deployment("web", Some(1), "img:2")),
+        )
+        .await
+        .unwrap();
+    eventually("a new web-0 for the new template", || uid(&reader) != first).await;
+    deployments
+        .delete("web", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("no web Pods", || names(&reader).is_empty()).await;
+    assert_eq!(fake.list::<Pod>(NS).len(), 1, "db's Pod stays");
+}
+
+#[tokio::test]
+async fn a_dropped_watch_unregisters() {
+    let fake = FakeApi::new();
+    let api: Api<ConfigMap> = Api::namespaced(fake.client(NS), NS);
+    let cm = |name: &str| -> ConfigMap {
+        serde_json::from_value(json!({"metadata": {"name": name}})).unwrap()
+    };
+    let stream = api
+        .watch(&WatchParams::default(), "0")
+        .await
+        .unwrap()
+        .boxed();
+    let other = api
+        .watch(&WatchParams::default(), "0")
+        .await
+        .unwrap()
+        .boxed();
+    assert_eq!(fake.active_watches(), 2);
+    drop(stream);
+    eventually("one watch left", || fake.active_watches() == 1).await;
+    // Changes with a dropped watch do not fail (nor block on the unread one).
+    for name in ["a", "b"] {
+        api.create(&PostParams::default(), &cm(name)).await.unwrap();
+    }
+    drop(other);
+    api.create(&PostParams::default(), &cm("c")).await.unwrap();
+    assert_eq!(fake.active_watches(), 0);
+
+    // A watcher's, with its task and client gone.
+    let (reader, _) = reflect(api.clone(), watcher::Config::default());
+    eventually("the watcher's list", || names(&reader).len() == 3).await;
+    eventually("its watch", || fake.active_watches() == 1).await;
+    let task = {
+        let api: Api<ConfigMap> = Api::namespaced(fake.client(NS), NS);
+        tokio::spawn(async move {
+            let mut stream = api
+                .watch(&WatchParams::default(), "0")
+                .await
+                .unwrap()
+                .boxed();
+            while stream.next().await.is_some() {}
+        })
+    };
+    eventually("two watches", || fake.active_watches() == 2).await;
+    task.abort();
+    let _ = task.await;
+    eventually("the aborted task's watch gone", || {
+        fake.active_watches() == 1
+    })
+    .await;
+    drop(api);
+    assert_eq!(fake.active_watches(), 1, "the reflector still runs");
+}
+
+#[tokio::test]
+async fn await_condition_sees_a_rollout_complete() {
+    let fake = FakeApi::new().with_deployment_controller(PodStart::Pending);
+    let api: Api<Deployment> = Api::namespaced(fake.client(NS), NS);
+    api.patch(
+        "web",
+        &apply(),
+        &Patch::Apply(deployment("web", Some(1), "img:1")),
+    )
+    .await
+    .unwrap();
+    let waiting = tokio::spawn(kube::runtime::wait::await_condition(
+        api.clone(),
+        "web",
+        kube::runtime::wait::conditions::is_deployment_completed(),
+    ));
+    eventually("the condition's watch", || fake.active_watches() == 1).await;
+    assert!(!waiting.is_finished());
+    fake.set_pod_ready(NS, "web-0", true);
+    let done = tokio::time::timeout(plumber_testkit::PATIENCE, waiting)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(done.status.unwrap().ready_replicas, Some(1));
+    assert!(fake.requests().iter().any(|r| r.verb() == Verb::Watch
+        && r.query.get("fieldSelector").map(String::as_str) == Some("metadata.name=web")));
+}
+
+#[tokio::test]
+async fn a_watch_from_a_newer_version_sees_only_what_comes_after_it() {
+    let fake = FakeApi::new();
+    let api: Api<ConfigMap> = Api::namespaced(fake.client(NS), NS);
+    let cm = |name: &str| -> ConfigMap {
+        serde_json::from_value(json!({"metadata": {"name": name}})).unwrap()
+    };
+    let ahead = (fake.resource_version().parse::<u64>().unwrap() + 1).to_string();
+    let mut stream = api
+        .watch(&WatchParams::default(), &ahead)
+        .await
+        .unwrap()
+        .boxed();
+    api.create(&PostParams::default(), &cm("skipped"))
+        .await
+        .unwrap();
+    api.create(&PostParams::default(), &cm("seen"))
+        .await
+        .unwrap();
+    match next_event(&mut stream).await {
+        Some(WatchEvent::Added(o)) => assert_eq!(o.metadata.name.as_deref(), Some("seen")),
+        other => panic!("expected seen ADDED, got {other:?}"),
+    }
 }

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use serde_json::{Map, Value, json};
 
 use super::fields::Ownership;
+use super::watch::{Change, Watches, labels_of};
 use super::{PodChange, PodEvent};
 
 /// A resource type as URLs name it: group (empty for the core group) and plural.
@@ -58,6 +59,8 @@ pub(crate) struct Store {
     kinds: BTreeMap<Resource, (String, String)>,
     /// Pods added and deleted since the owner of the store last took them.
     pub(crate) pod_events: Vec<PodEvent>,
+    /// The recent changes and the open watches, which every change is given to.
+    pub(crate) watches: Watches,
 }
 
 const KNOWN_KINDS: &[(&str, &str, &str, &str)] = &[
@@ -278,6 +281,7 @@ impl Store {
         self.revision += 1;
         let revision = self.revision.to_string();
         metadata_mut(&mut object).insert("resourceVersion".into(), Value::from(revision));
+        let before = self.objects.get(key).map(|s| labels_of(&s.object));
         let stored = Stored { object, ownership };
         let deleting = stored
             .object
@@ -288,13 +292,14 @@ impl Store {
             .pointer("/metadata/finalizers")
             .and_then(Value::as_array)
             .is_none_or(Vec::is_empty);
+        let out = render(&stored);
+        self.watches
+            .record(Change::new(self.revision, key, before, out.clone(), false));
         if deleting && finalized {
-            let out = render(&stored);
             self.objects.insert(key.clone(), stored);
             self.remove(key);
             return out;
         }
-        let out = render(&stored);
         let added = self.objects.insert(key.clone(), stored).is_none();
         if added && key.resource == Resource::new("", "pods") {
             self.pod_events.push(PodEvent {
@@ -312,6 +317,18 @@ impl Store {
         let stored = self.objects.remove(key)?;
         self.revision += 1;
         let out = render(&stored);
+        let mut last = out.clone();
+        metadata_mut(&mut last).insert(
+            "resourceVersion".into(),
+            Value::from(self.revision.to_string()),
+        );
+        self.watches.record(Change::new(
+            self.revision,
+            key,
+            Some(labels_of(&stored.object)),
+            last,
+            true,
+        ));
         if key.resource == Resource::new("", "pods") {
             self.pod_events.push(PodEvent {
                 change: PodChange::Deleted,
@@ -336,6 +353,7 @@ impl Store {
         }
         let mut object = stored.object.clone();
         let ownership = stored.ownership.clone();
+        let before = labels_of(&stored.object);
         self.revision += 1;
         let metadata = metadata_mut(&mut object);
         metadata.insert("deletionTimestamp".into(), Value::from(now()));
@@ -346,6 +364,13 @@ impl Store {
         let stored = Stored { object, ownership };
         let out = render(&stored);
         self.objects.insert(key.clone(), stored);
+        self.watches.record(Change::new(
+            self.revision,
+            key,
+            Some(before),
+            out.clone(),
+            false,
+        ));
         if key.resource == Resource::new("", "pods") {
             self.pod_events.push(PodEvent {
                 change: PodChange::Terminating,
