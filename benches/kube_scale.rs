@@ -43,8 +43,8 @@ use plumber::store::CutoverStore;
 use plumber::store::topology::TopologyStore;
 use plumber_testkit::Usage;
 use plumber_testkit::kube_api::{
-    FakeApi, FakeService, KEDA_SCALED_OBJECT_CRD, KEDA_TRIGGER_AUTHENTICATION_CRD, PodStart,
-    RecordedRequest,
+    FakeApi, FakeBody, FakeService, KEDA_SCALED_OBJECT_CRD, KEDA_TRIGGER_AUTHENTICATION_CRD,
+    PodStart, RecordedRequest,
 };
 
 #[path = "support/repo_gen.rs"]
@@ -175,7 +175,7 @@ struct Metered {
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
 impl tower::Service<http::Request<Body>> for Metered {
-    type Response = http::Response<Body>;
+    type Response = http::Response<FakeBody>;
     type Error = tower::BoxError;
     type Future = BoxFuture<Result<Self::Response, Self::Error>>;
 
@@ -222,7 +222,10 @@ impl tower::Service<http::Request<Body>> for Metered {
                 .received
                 .fetch_add(bytes.len() as u64, Ordering::Relaxed);
             *meter.0.received_by.lock().unwrap().entry(kind).or_default() += bytes.len() as u64;
-            Ok(http::Response::from_parts(parts, Body::from(bytes)))
+            Ok(http::Response::from_parts(
+                parts,
+                FakeBody::full(bytes.to_vec()),
+            ))
         })
     }
 }

@@ -826,13 +826,15 @@ fn processors_are_owned_by_their_topology_once_it_exists() {
     assert_eq!(owners[0].controller, Some(true));
     let so = fake.get_dynamic(&scaled_objects(), NS, name).unwrap();
     assert_eq!(so["metadata"]["ownerReferences"][0]["name"], "shop");
-    // A full repair gives the first one its owner too.
-    runtime.repair().unwrap();
-    let deployment: Deployment = fake.get(NS, &lone.group).unwrap();
-    assert_eq!(
-        deployment.metadata.owner_references.unwrap()[0].name,
-        "shop"
-    );
+    // Repair gives the first one its owner too, once the watch brought the Topology.
+    wait_for(|| {
+        runtime.repair().unwrap();
+        let deployment: Deployment = fake.get(NS, &lone.group).unwrap();
+        deployment
+            .metadata
+            .owner_references
+            .is_some_and(|owners| owners[0].name == "shop")
+    });
 }
 
 #[test]

@@ -1176,7 +1176,8 @@ enum BodyKind {
 }
 
 impl FakeBody {
-    fn full(bytes: Vec<u8>) -> FakeBody {
+    /// A body of `bytes`, whole (what every answer but a watch's is).
+    pub fn full(bytes: Vec<u8>) -> FakeBody {
         FakeBody {
             kind: BodyKind::Full(Some(bytes.into())),
         }

@@ -82,7 +82,8 @@ pub struct KubeRuntime {
     /// What this runtime runs, by group: what repair puts back.
     running: Mutex<BTreeMap<String, ProcessorSpec>>,
     /// The `resourceVersion` at which each object of a running processor (`Kind/name`) last
-    /// held what it should: repair compares an object again only once it moved.
+    /// held what it should, with the uid of the owner it was rendered with ([`stamp`]):
+    /// repair compares an object again only once either moved.
     verified: Mutex<BTreeMap<String, String>>,
     /// Held while objects are applied or deleted, so a repair never puts back what a stop
     /// is deleting.
@@ -203,11 +204,8 @@ impl KubeRuntime {
     /// The owner reference to the processor's Topology, when it exists: deleting the
     /// Topology deletes its processors' objects with it.
     fn owner(&self, topology: &str) -> Result<Option<OwnerReference>> {
-        if let Some(owner) = self.topologies.get(topology).as_deref().and_then(owner_of) {
+        if let Some(owner) = self.known_owner(topology) {
             return Ok(Some(owner));
-        }
-        if let Some(owner) = self.owners().get(topology) {
-            return Ok(Some(owner.clone()));
         }
         let api: Api<Topology> = self.api();
         let found = self
@@ -221,13 +219,30 @@ impl KubeRuntime {
         Ok(owner)
     }
 
+    /// The owner reference as the watch (or an earlier read) knows it, asking nothing.
+    fn known_owner(&self, topology: &str) -> Option<OwnerReference> {
+        self.topologies
+            .get(topology)
+            .as_deref()
+            .and_then(owner_of)
+            .or_else(|| self.owners().get(topology).cloned())
+    }
+
     fn owners(&self) -> MutexGuard<'_, BTreeMap<String, OwnerReference>> {
         self.owners.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     fn objects(&self, spec: &ProcessorSpec) -> Result<Objects> {
+        self.objects_owned_by(spec, self.owner(&spec.topology)?)
+    }
+
+    fn objects_owned_by(
+        &self,
+        spec: &ProcessorSpec,
+        owner: Option<OwnerReference>,
+    ) -> Result<Objects> {
         let config = RenderConfig {
-            owner: self.owner(&spec.topology)?,
+            owner,
             ..self.config.render.clone()
         };
         render::processor(spec, &config).map_err(|e| Error::Start {
@@ -269,8 +284,9 @@ impl KubeRuntime {
             .handle
             .block_on(api.patch(group, &params, &Patch::Apply(object)))
             .map_err(|e| api_error("apply", group, e))?;
-        if let Some(version) = applied.meta().resource_version.clone() {
-            self.verified().insert(object_key(cache, group), version);
+        if let Some(version) = &applied.meta().resource_version {
+            self.verified()
+                .insert(object_key(cache, group), stamp(version, owner_uid(object)));
         }
         cache.written(applied);
         Ok(())
@@ -302,9 +318,10 @@ impl KubeRuntime {
     /// Whether every object of `spec` is where it was last found right (or applied): then
     /// nothing needs comparing.
     fn unchanged(&self, spec: &ProcessorSpec) -> bool {
+        let owner = self.known_owner(&spec.topology).map(|o| o.uid);
         let verified = self.verified();
         let at = |key: String, version: Option<String>| {
-            version.is_some_and(|v| verified.get(&key) == Some(&v))
+            version.is_some_and(|v| verified.get(&key) == Some(&stamp(&v, owner.as_deref())))
         };
         let group = &spec.group;
         at(
@@ -326,8 +343,8 @@ impl KubeRuntime {
             ))
     }
 
-    /// What differs between the objects of `spec` and the cluster's: `None` when they hold
-    /// what they should (and are marked so), else what is missing or changed.
+    /// What differs between the objects of `spec` and the cluster's: nothing when they hold
+    /// what they should (and they are marked so), else what is missing or changed.
     fn drift(&self, spec: &ProcessorSpec, objects: &Objects) -> Vec<String> {
         let mut drift = Vec::new();
         self.compare(
@@ -373,9 +390,10 @@ impl KubeRuntime {
             (Ok(live), Ok(applied)) => drift::holds(&live, &applied),
             _ => false,
         };
-        match (holds, live.meta().resource_version.clone()) {
+        match (holds, &live.meta().resource_version) {
             (true, Some(version)) => {
-                self.verified().insert(object_key(cache, group), version);
+                self.verified()
+                    .insert(object_key(cache, group), stamp(version, owner_uid(applied)));
             }
             (true, None) => {}
             (false, _) => drift.push(format!("{} changed", cache.kind())),
@@ -412,6 +430,21 @@ impl KubeRuntime {
             .map_err(|e| api_error("read", group, e))?;
         Ok(found.as_ref().and_then(spec_of))
     }
+}
+
+/// What [`KubeRuntime::verified`] keeps of an object found right.
+fn stamp(version: &str, owner: Option<&str>) -> String {
+    format!("{version}@{}", owner.unwrap_or("-"))
+}
+
+/// The uid of the owner an object was rendered with.
+fn owner_uid<K: Resource>(object: &K) -> Option<&str> {
+    object
+        .meta()
+        .owner_references
+        .as_ref()
+        .and_then(|owners| owners.first())
+        .map(|owner| owner.uid.as_str())
 }
 
 /// The key of an object in [`KubeRuntime::verified`].
@@ -606,7 +639,8 @@ impl Runtime for KubeRuntime {
             if self.unchanged(spec) {
                 continue;
             }
-            let objects = self.objects(spec)?;
+            // The owner as the watch knows it: a repair asks the API nothing it need not.
+            let objects = self.objects_owned_by(spec, self.known_owner(&spec.topology))?;
             let drift = self.drift(spec, &objects);
             if !drift.is_empty() {
                 tracing::warn!(group = %spec.group, drift = %drift.join(", "), "objects of a running processor were deleted or changed; putting them back");

@@ -93,9 +93,12 @@ where
     /// Waits until the first list arrived, `timeout` at most; whether it did.
     pub fn wait_ready(&self, handle: &tokio::runtime::Handle, timeout: Duration) -> bool {
         let mut ready = self.ready.clone();
-        handle
-            .block_on(tokio::time::timeout(timeout, ready.wait_for(|r| *r)))
-            .is_ok_and(|r| r.is_ok())
+        // The timer is made inside: it needs the runtime's context.
+        handle.block_on(async move {
+            tokio::time::timeout(timeout, ready.wait_for(|r| *r))
+                .await
+                .is_ok_and(|r| r.is_ok())
+        })
     }
 
     pub fn kind(&self) -> &str {
