@@ -477,7 +477,8 @@ impl Daemon {
             },
             Arc::new(|| true),
         )
-        .expect("the store starts");
+        .expect("the store starts")
+        .with_cache(runtime.topology_cache());
         Daemon {
             runtime,
             store,
@@ -1115,7 +1116,7 @@ fn report(runs: &[Run], sizes: &[usize], reps: usize, looks: usize, controller: 
 
     let _ = writeln!(
         md,
-        "\n## Idle: one look of the observer\n\nWhat `daemon/observe.rs` asks of the API every {OBSERVE_INTERVAL:.0} s: `runtime.repair()`, `runtime.processors()`, `store.topologies()` (not its Kafka lag reads). Repair reads its watch-fed caches; the first look after the replica starts acting (`resync()`, not in the look) compares every object with what it should hold (rendering each processor again), an ordinary look only those whose `resourceVersion` moved (none here: no controller or KEDA writes); watch traffic is not metered. The ordinary looks are {looks} per run (fewer once they took `BENCH_LOOK_SECONDS`, 60 s by default, but at least 3), each a sample.\n"
+        "\n## Idle: one look of the observer\n\nWhat `daemon/observe.rs` asks of the API every {OBSERVE_INTERVAL:.0} s: `runtime.repair()`, `runtime.processors()`, `store.topologies()` (not its Kafka lag reads). All three read the runtime's watch-fed caches; the first look after the replica starts acting (`resync()`, not in the look) compares every object with what it should hold (rendering each processor again), an ordinary look only those whose `resourceVersion` moved (none here: no controller or KEDA writes); watch traffic is not metered. The ordinary looks are {looks} per run (fewer once they took `BENCH_LOOK_SECONDS`, 60 s by default, but at least 3), each a sample.\n"
     );
     let mut t = Table::new(runs, sizes);
     t.row("ordinary look: wall time, ms", 1, |r| {
@@ -1191,7 +1192,7 @@ fn report(runs: &[Run], sizes: &[usize], reps: usize, looks: usize, controller: 
 
     let _ = writeln!(
         md,
-        "\n## A second daemon replica connecting (restart or lease take-over)\n\n`KubeRuntime::connect` (lists the Deployments and reads each one's processor annotation), `TopologyStore::new` and one `topologies()`.\n"
+        "\n## A second daemon replica connecting (restart or lease take-over)\n\n`KubeRuntime::connect` (starts the watches of the four kinds and waits for their first lists, then lists the Deployments once more and reads each one's processor annotation), `TopologyStore::new` and one `topologies()`.\n"
     );
     let mut t = Table::new(runs, sizes);
     t.one("wall time, ms", 0, |r| r.restart.wall * 1000.0);

@@ -87,7 +87,8 @@ pub fn run(path: &Path) -> Result<()> {
             git_ref: config.repository.branch.clone(),
         },
         lease.guard(),
-    )?;
+    )?
+    .with_cache(runtime.topology_cache());
     let daemon_config = daemon_config(&config)?;
     tracing::info!(
         namespace,

@@ -914,3 +914,35 @@ fn a_publish_after_another_replica_wrote_the_record_leaves_the_next_save_a_confl
     );
     assert_eq!(ours.load("shop").unwrap(), moved("bbb"));
 }
+
+#[test]
+fn with_the_runtimes_cache_the_store_reads_every_record_without_asking_the_api() {
+    let fake = fake();
+    let leader = Arc::new(AtomicBool::new(true));
+    let runtime = runtime(&fake);
+    let ours = store(&fake, &leader).with_cache(runtime.topology_cache());
+    ours.save("shop", &moved("aaa")).unwrap();
+    fake.clear_requests();
+    // Its own write at once (written through), and no list.
+    let records = ours.topologies().unwrap();
+    assert_eq!(records["shop"].as_ref().unwrap(), &moved("aaa"));
+    assert!(
+        fake.requests().iter().all(|r| r.verb() == Verb::Watch),
+        "{:?}",
+        fake.requests()
+            .iter()
+            .map(|r| r.summary())
+            .collect::<Vec<_>>()
+    );
+    // Another replica's write comes through the watch.
+    let theirs = store(&fake, &leader);
+    theirs.load("shop").unwrap();
+    theirs.save("shop", &moved("bbb")).unwrap();
+    wait_for(|| {
+        ours.topologies().unwrap()["shop"]
+            .as_ref()
+            .is_ok_and(|r| *r == moved("bbb"))
+    });
+    // The engine's load still reads the object itself.
+    assert_eq!(ours.load("shop").unwrap(), moved("bbb"));
+}

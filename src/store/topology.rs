@@ -26,6 +26,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{CutoverStore, Error, FORMAT, HistoryEntry, Result, TopologyRecord};
 use crate::daemon::{CutoverEvent, StatusSink, status};
+use crate::runtime::kube::cache::Cache;
 use crate::runtime::kube::crd::{Topology, TopologySpec, TopologyStatus};
 use crate::runtime::kube::render::{MANAGED_BY, Source, TOPOLOGY};
 use kube::Resource as _;
@@ -65,6 +66,9 @@ pub struct TopologyStore {
     published: Mutex<BTreeMap<String, TopologyStatus>>,
     /// Who the cutover Events say reported them.
     reporter: Reporter,
+    /// The Topologies as a watch keeps them ([`TopologyStore::with_cache`]): what
+    /// [`CutoverStore::topologies`] reads instead of listing them.
+    cache: Option<Arc<Cache<Topology>>>,
 }
 
 impl TopologyStore {
@@ -89,7 +93,16 @@ impl TopologyStore {
                 controller: "plumber".into(),
                 instance: std::env::var("HOSTNAME").ok(),
             },
+            cache: None,
         })
+    }
+
+    /// Reads the topologies' records from `cache` (the runtime's, which watches the same
+    /// Topologies) instead of listing them: what the observer and the follower look at
+    /// every few seconds. The engine's loads still read the object itself.
+    pub fn with_cache(mut self, cache: Arc<Cache<Topology>>) -> Self {
+        self.cache = Some(cache);
+        self
     }
 
     fn api(&self) -> Api<Topology> {
@@ -106,6 +119,9 @@ impl TopologyStore {
         if let Some(object) = &mut object {
             // The server keeps them when a write leaves them out; here they only take room.
             object.metadata.managed_fields = None;
+            if let Some(cache) = &self.cache {
+                cache.written(object.clone());
+            }
         }
         self.known
             .lock()
@@ -478,6 +494,17 @@ impl CutoverStore for TopologyStore {
     }
 
     fn topologies(&self) -> Result<BTreeMap<String, Result<TopologyRecord>>> {
+        if let Some(cache) = &self.cache {
+            return Ok(cache
+                .all()
+                .into_iter()
+                .map(|(name, object)| {
+                    let raw = record_of(Some(&object));
+                    let record = parse(&name, raw).map(|s| s.record);
+                    (name, record)
+                })
+                .collect());
+        }
         let list = self
             .handle
             .block_on(

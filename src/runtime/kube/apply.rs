@@ -30,7 +30,7 @@
 //! client lives on.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
@@ -94,7 +94,7 @@ pub struct KubeRuntime {
     deployments: Cache<Deployment>,
     scaled_objects: Cache<ScaledObject>,
     authentications: Cache<TriggerAuthentication>,
-    topologies: Cache<Topology>,
+    topologies: Arc<Cache<Topology>>,
 }
 
 /// The label selector of every object Plumber manages.
@@ -130,11 +130,11 @@ impl KubeRuntime {
                 &labels,
                 &handle,
             ),
-            topologies: Cache::start(
+            topologies: Arc::new(Cache::start(
                 Api::namespaced(client.clone(), &namespace),
                 &labels,
                 &handle,
-            ),
+            )),
             client,
             config,
             handle,
@@ -169,6 +169,11 @@ impl KubeRuntime {
             ),
             true,
         ))
+    }
+
+    /// The watch-fed cache of the Topologies, for the store of their records to share.
+    pub fn topology_cache(&self) -> Arc<Cache<Topology>> {
+        self.topologies.clone()
     }
 
     fn verified(&self) -> MutexGuard<'_, BTreeMap<String, String>> {
@@ -664,10 +669,7 @@ impl KubeRuntime {
             + 'static,
         <K as Resource>::DynamicType: Default,
     {
-        for name in cache.all().into_keys() {
-            if keep.contains(&name) {
-                continue;
-            }
+        for name in cache.names_outside(keep) {
             tracing::info!(
                 kind = %cache.kind(),
                 name,

@@ -56,7 +56,7 @@ where
                         Ok(Event::Init) => listing = Some(BTreeMap::new()),
                         Ok(Event::InitApply(object)) => {
                             if let (Some(listing), Some(name)) = (&mut listing, name_of(&object)) {
-                                listing.insert(name, Arc::new(object));
+                                listing.insert(name, Arc::new(slim(object)));
                             }
                         }
                         Ok(Event::InitDone) => {
@@ -67,7 +67,7 @@ where
                         }
                         Ok(Event::Apply(object)) => {
                             if let Some(name) = name_of(&object) {
-                                write(&objects).insert(name, Arc::new(object));
+                                write(&objects).insert(name, Arc::new(slim(object)));
                             }
                         }
                         Ok(Event::Delete(object)) => {
@@ -118,10 +118,19 @@ where
         read(&self.objects).clone()
     }
 
+    /// The names of the objects not in `keep`.
+    pub fn names_outside(&self, keep: &std::collections::BTreeSet<String>) -> Vec<String> {
+        read(&self.objects)
+            .keys()
+            .filter(|name| !keep.contains(*name))
+            .cloned()
+            .collect()
+    }
+
     /// An object as a write of this process answered it.
     pub fn written(&self, object: K) {
         if let Some(name) = name_of(&object) {
-            write(&self.objects).insert(name, Arc::new(object));
+            write(&self.objects).insert(name, Arc::new(slim(object)));
         }
     }
 
@@ -135,6 +144,13 @@ impl<K> Drop for Cache<K> {
     fn drop(&mut self) {
         self.task.abort();
     }
+}
+
+/// Without its managed fields: they are most of an applied object's bytes, and nothing
+/// here reads them (kube's reflector docs advise the same).
+fn slim<K: Resource>(mut object: K) -> K {
+    object.meta_mut().managed_fields = None;
+    object
 }
 
 fn name_of<K: Resource>(object: &K) -> Option<String> {
