@@ -69,6 +69,9 @@ pub struct TopologyStore {
     /// The Topologies as a watch keeps them ([`TopologyStore::with_cache`]): what
     /// [`CutoverStore::topologies`] reads instead of listing them.
     cache: Option<Arc<Cache<Topology>>>,
+    /// The records read from the cache, with the `resourceVersion` they were read at: a
+    /// look parses only the records that changed.
+    parsed: Mutex<BTreeMap<String, (String, TopologyRecord)>>,
 }
 
 impl TopologyStore {
@@ -94,6 +97,7 @@ impl TopologyStore {
                 instance: std::env::var("HOSTNAME").ok(),
             },
             cache: None,
+            parsed: Mutex::new(BTreeMap::new()),
         })
     }
 
@@ -495,12 +499,22 @@ impl CutoverStore for TopologyStore {
 
     fn topologies(&self) -> Result<BTreeMap<String, Result<TopologyRecord>>> {
         if let Some(cache) = &self.cache {
-            return Ok(cache
-                .all()
+            let all = cache.all();
+            let mut parsed = self.parsed.lock().unwrap_or_else(PoisonError::into_inner);
+            parsed.retain(|name, _| all.contains_key(name));
+            return Ok(all
                 .into_iter()
                 .map(|(name, object)| {
-                    let raw = record_of(Some(&object));
-                    let record = parse(&name, raw).map(|s| s.record);
+                    let version = object.metadata.resource_version.clone();
+                    if let (Some(version), Some((seen, record))) = (&version, parsed.get(&name))
+                        && version == seen
+                    {
+                        return (name, Ok(record.clone()));
+                    }
+                    let record = parse(&name, record_of(Some(&object))).map(|s| s.record);
+                    if let (Ok(record), Some(version)) = (&record, version) {
+                        parsed.insert(name.clone(), (version, record.clone()));
+                    }
                     (name, record)
                 })
                 .collect());

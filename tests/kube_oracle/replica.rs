@@ -80,7 +80,9 @@ impl Replica {
                 },
                 lease.guard(),
             )
-            .expect("the Topology store"),
+            .expect("the Topology store")
+            // As `plumber daemon` wires it (src/cluster.rs).
+            .with_cache(runtime.topology_cache()),
         );
         let mut config = DaemonConfig::new(&world.repo_location(), cache.to_owned());
         config.branch = "main".into();
