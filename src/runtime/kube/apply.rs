@@ -24,7 +24,8 @@
 //! # Caveats
 //! A Deployment deleted by hand while no daemon runs is not recreated by the next one (its
 //! annotation went with it); the engine's record still lists the life, and status shows it
-//! without instances.
+//! without instances. The caches hold every object of Plumber's (without managed fields):
+//! about 0.6 MB of heap per topology of 20 steps (`bench/results/kube.md`).
 //!
 //! Calls block the calling thread (the engine's, the observer's) on the tokio runtime the
 //! client lives on.
