@@ -18,7 +18,7 @@ use kube::core::{ApiResource, GroupVersionKind};
 use plumber::runtime::kube::apply::{KubeConfig, KubeRuntime};
 use plumber::runtime::kube::crd;
 use plumber::runtime::kube::lease::{Lease, LeaseConfig};
-use plumber::runtime::kube::render::{RenderConfig, Source};
+use plumber::runtime::kube::render::{RenderConfig, SPEC_ANNOTATION, Source};
 use plumber::runtime::{Cluster, ProcessorSpec, Runtime, Settings};
 use plumber::spec::{EnvValue, Resources, Scale, Transform};
 use plumber::store::topology::{HISTORY_KEPT, TopologyStore};
@@ -418,8 +418,10 @@ fn a_new_daemon_knows_what_runs_from_the_deployments() {
     assert_eq!(groups, expected);
     // It repairs and stops them as its own.
     assert!(fake.delete::<Deployment>(NS, &b.group));
-    second.repair().unwrap();
-    assert!(fake.get::<Deployment>(NS, &b.group).is_some());
+    wait_for(|| {
+        second.repair().unwrap();
+        fake.get::<Deployment>(NS, &b.group).is_some()
+    });
     second.stop(&a.group).unwrap();
     assert!(fake.get::<Deployment>(NS, &a.group).is_none());
 }
@@ -945,4 +947,28 @@ fn with_the_runtimes_cache_the_store_reads_every_record_without_asking_the_api()
     });
     // The engine's load still reads the object itself.
     assert_eq!(ours.load("shop").unwrap(), moved("bbb"));
+}
+
+#[test]
+fn a_deployment_deleted_by_hand_while_no_daemon_ran_is_put_back_from_its_scaled_object() {
+    let fake = fake();
+    let first = runtime(&fake);
+    let spec = spec("validate", "ab");
+    first.start(&spec).unwrap();
+    drop(first);
+    assert!(fake.delete::<Deployment>(NS, &spec.group));
+    let second = runtime(&fake);
+    assert!(
+        second
+            .processors()
+            .unwrap()
+            .iter()
+            .any(|p| p.group == spec.group),
+        "known by its ScaledObject"
+    );
+    second.repair().unwrap();
+    let deployment: Deployment = fake.get(NS, &spec.group).expect("put back");
+    let annotation = &deployment.metadata.annotations.unwrap()[SPEC_ANNOTATION];
+    let back: ProcessorSpec = serde_json::from_str(annotation).unwrap();
+    assert_eq!(back.identity, spec.identity);
 }

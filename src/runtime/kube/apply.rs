@@ -16,15 +16,15 @@
 //!   [`Cache`]s, not lists: an idle look sends no request, and an object is compared again
 //!   only once its `resourceVersion` moved from the one it was last found right at.
 //! - **Restarts of the daemon**: what runs is read back from the Deployments' annotation
-//!   ([`SPEC_ANNOTATION`]), so a new daemon replica knows every processor without a record
+//!   ([`SPEC_ANNOTATION`], also on each ScaledObject, for a Deployment deleted meanwhile), so a new daemon replica knows every processor without a record
 //!   of its own; and read again ([`Runtime::resync`]) whenever a replica starts acting, so a
 //!   standby that takes the lease over repairs what the previous holder left running, not
 //!   what ran when the standby started.
 //!
 //! # Caveats
-//! A Deployment deleted by hand while no daemon runs is not recreated by the next one (its
-//! annotation went with it); the engine's record still lists the life, and status shows it
-//! without instances. The caches hold every object of Plumber's (without managed fields):
+//! A processor whose Deployment *and* ScaledObject were deleted by hand while no daemon ran
+//! is not recreated by the next one (both carry its annotation; one is enough); the engine's
+//! record still lists the life, and status shows it without instances. The caches hold every object of Plumber's (without managed fields):
 //! about 0.6 MB of heap per topology of 20 steps (`bench/results/kube.md`).
 //!
 //! Calls block the calling thread (the engine's, the observer's) on the tokio runtime the
@@ -48,7 +48,7 @@ use super::keda::{ScaledObject, TriggerAuthentication};
 use super::render::{self, MANAGED_BY, Objects, RenderConfig, SPEC_ANNOTATION};
 use crate::runtime::{Error, ProcessorSpec, ProcessorStatus, Result, Runtime};
 use crate::spec::{Resources, Scale};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
 /// The field manager of every apply (SPEC §7).
 pub const FIELD_MANAGER: &str = "plumber";
@@ -199,11 +199,23 @@ impl KubeRuntime {
 
     /// The Deployments as the API lists them now, for when the cache's view may be behind.
     fn list_deployments(&self) -> Result<Vec<Deployment>> {
-        let api: Api<Deployment> = self.api();
+        self.list::<Deployment>()
+    }
+
+    /// Plumber's objects of kind `K` as the API lists them now.
+    fn list<K>(&self) -> Result<Vec<K>>
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope>
+            + DeserializeOwned
+            + Clone
+            + std::fmt::Debug,
+        <K as Resource>::DynamicType: Default,
+    {
+        let api: Api<K> = self.api();
         let list = self
             .handle
             .block_on(api.list(&ListParams::default().labels(&managed())))
-            .map_err(|e| api_error("list the Deployments of", "-", e))?;
+            .map_err(|e| api_error("list the objects of", "-", e))?;
         Ok(list.items)
     }
 
@@ -430,7 +442,11 @@ impl KubeRuntime {
         if let Some(spec) = self.running().get(group) {
             return Ok(Some(spec.clone()));
         }
-        if let Some(spec) = self.deployments.get(group).as_deref().and_then(spec_of) {
+        if let Some(spec) = self
+            .deployments
+            .get(group)
+            .and_then(|d| spec_of(&d.metadata))
+        {
             return Ok(Some(spec));
         }
         let api: Api<Deployment> = self.api();
@@ -438,7 +454,7 @@ impl KubeRuntime {
             .handle
             .block_on(api.get_opt(group))
             .map_err(|e| api_error("read", group, e))?;
-        Ok(found.as_ref().and_then(spec_of))
+        Ok(found.as_ref().and_then(|d| spec_of(&d.metadata)))
     }
 }
 
@@ -473,20 +489,16 @@ fn owner_of(topology: &Topology) -> Option<OwnerReference> {
     Some(owner)
 }
 
-/// What a Deployment of Plumber's runs, from its annotation.
-fn spec_of(deployment: &Deployment) -> Option<ProcessorSpec> {
-    let annotation = deployment
-        .metadata
-        .annotations
-        .as_ref()?
-        .get(SPEC_ANNOTATION)?;
+/// What an object of Plumber's (a Deployment or a ScaledObject) runs, from its annotation.
+fn spec_of(metadata: &ObjectMeta) -> Option<ProcessorSpec> {
+    let annotation = metadata.annotations.as_ref()?.get(SPEC_ANNOTATION)?;
     match serde_json::from_str(annotation) {
         Ok(spec) => Some(spec),
         Err(error) => {
             tracing::warn!(
-                deployment = deployment.metadata.name.as_deref().unwrap_or("-"),
+                object = metadata.name.as_deref().unwrap_or("-"),
                 %error,
-                "a Deployment of plumber's with an unreadable processor annotation: it runs no identity this daemon knows, and repair deletes it"
+                "an object of plumber's with an unreadable processor annotation: it runs no identity this daemon knows, and repair deletes it"
             );
             None
         }
@@ -626,12 +638,22 @@ impl Runtime for KubeRuntime {
         let _changing = self.changing();
         // Listed, not read from the cache: the replica that held the lease before may have
         // applied a moment ago, and what runs decides what repair deletes.
-        let found: BTreeMap<String, ProcessorSpec> = self
+        let mut found: BTreeMap<String, ProcessorSpec> = self
             .list_deployments()?
             .iter()
-            .filter_map(spec_of)
+            .filter_map(|d| spec_of(&d.metadata))
             .map(|spec| (spec.group.clone(), spec))
             .collect();
+        // A processor whose Deployment was deleted by hand while no daemon ran is known by
+        // its ScaledObject (repair then puts the Deployment back).
+        for scaled_object in self.list::<ScaledObject>()? {
+            if let Some(spec) = spec_of(&scaled_object.metadata)
+                && !found.contains_key(&spec.group)
+            {
+                tracing::info!(group = %spec.group, "a processor without its Deployment: known by its ScaledObject");
+                found.insert(spec.group.clone(), spec);
+            }
+        }
         *self.running() = found;
         // Everything is compared again at the next repair.
         self.verified().clear();

@@ -54,8 +54,9 @@ pub const STEP: &str = "plumber.dev/step";
 pub const IDENTITY: &str = "plumber.dev/identity";
 pub const LIFE: &str = "plumber.dev/life";
 pub const COMMIT: &str = "plumber.dev/commit";
-/// The annotation holding the [`ProcessorSpec`] an object was rendered from (secret values
-/// are never in it, only their references): what a restarted daemon reads back.
+/// The annotation holding the [`ProcessorSpec`] a Deployment and its ScaledObject were
+/// rendered from (secret values are never in it, only their references): what a restarted
+/// daemon reads back.
 pub const SPEC_ANNOTATION: &str = "plumber.dev/processor";
 
 /// Settings of the cluster, not of any step.
@@ -269,7 +270,9 @@ pub fn processor(spec: &ProcessorSpec, config: &RenderConfig) -> Result<Objects,
             },
         });
     let scaled_object = ScaledObject {
-        metadata: meta(false)?,
+        // Annotated too: a restarted daemon still knows a processor whose Deployment was
+        // deleted by hand while no daemon ran, and puts the Deployment back.
+        metadata: meta(true)?,
         spec: ScaledObjectSpec {
             scale_target_ref: ScaleTargetRef { name: name.clone() },
             min_replica_count: clamp(spec.scale.min),
