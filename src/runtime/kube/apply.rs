@@ -16,16 +16,18 @@
 //!   [`Cache`]s, not lists: an idle look sends no request, and an object is compared again
 //!   only once its `resourceVersion` moved from the one it was last found right at.
 //! - **Restarts of the daemon**: what runs is read back from the Deployments' annotation
-//!   ([`SPEC_ANNOTATION`], also on each ScaledObject, for a Deployment deleted meanwhile), so a new daemon replica knows every processor without a record
-//!   of its own; and read again ([`Runtime::resync`]) whenever a replica starts acting, so a
+//!   ([`SPEC_ANNOTATION`], also on each ScaledObject, for a Deployment deleted meanwhile),
+//!   so a new daemon replica knows every processor without a record of its own; and read
+//!   again ([`Runtime::resync`]) whenever a replica starts acting, so a
 //!   standby that takes the lease over repairs what the previous holder left running, not
 //!   what ran when the standby started.
 //!
 //! # Caveats
 //! A processor whose Deployment *and* ScaledObject were deleted by hand while no daemon ran
 //! is not recreated by the next one (both carry its annotation; one is enough); the engine's
-//! record still lists the life, and status shows it without instances. The caches hold every object of Plumber's (without managed fields):
-//! about 0.6 MB of heap per topology of 20 steps (`bench/results/kube.md`).
+//! record still lists the life, and status shows it without instances. The caches hold
+//! every object of Plumber's (without managed fields): about 0.6 MB of heap per topology of
+//! 20 steps (`bench/results/kube.md`).
 //!
 //! Calls block the calling thread (the engine's, the observer's) on the tokio runtime the
 //! client lives on.
@@ -164,7 +166,7 @@ impl KubeRuntime {
             "watch",
             "-",
             format!(
-                "the watch of {}s did not list them within {} s (is the API server reachable, and may the daemon's ServiceAccount list and watch them?)",
+                "the watch of the {} objects did not list them within {} s (is the API server reachable, and may the daemon's ServiceAccount list and watch them?)",
                 cache.kind(),
                 self.config.watch_timeout.as_secs()
             ),
@@ -197,12 +199,8 @@ impl KubeRuntime {
         Api::namespaced(self.client.clone(), &self.config.render.namespace)
     }
 
-    /// The Deployments as the API lists them now, for when the cache's view may be behind.
-    fn list_deployments(&self) -> Result<Vec<Deployment>> {
-        self.list::<Deployment>()
-    }
-
-    /// Plumber's objects of kind `K` as the API lists them now.
+    /// Plumber's objects of kind `K` as the API lists them now, for when a cache's view may
+    /// be behind.
     fn list<K>(&self) -> Result<Vec<K>>
     where
         K: Resource<Scope = k8s_openapi::NamespaceResourceScope>
@@ -335,6 +333,7 @@ impl KubeRuntime {
 
     /// Whether every object of `spec` is where it was last found right (or applied): then
     /// nothing needs comparing.
+    ///
     /// `owner`: the uid of the processor's Topology as the watch knows it.
     fn unchanged(
         &self,
@@ -342,27 +341,11 @@ impl KubeRuntime {
         owner: Option<&str>,
         verified: &BTreeMap<String, String>,
     ) -> bool {
-        let at = |key: String, version: Option<String>| {
-            version.is_some_and(|v| verified.get(&key) == Some(&stamp(&v, owner)))
-        };
         let group = &spec.group;
-        at(
-            object_key(&self.deployments, group),
-            self.deployments
-                .get(group)
-                .and_then(|o| o.metadata.resource_version.clone()),
-        ) && at(
-            object_key(&self.scaled_objects, group),
-            self.scaled_objects
-                .get(group)
-                .and_then(|o| o.metadata.resource_version.clone()),
-        ) && (spec.cluster.credentials.is_none()
-            || at(
-                object_key(&self.authentications, group),
-                self.authentications
-                    .get(group)
-                    .and_then(|o| o.metadata.resource_version.clone()),
-            ))
+        at_verified(&self.deployments, group, owner, verified)
+            && at_verified(&self.scaled_objects, group, owner, verified)
+            && (spec.cluster.credentials.is_none()
+                || at_verified(&self.authentications, group, owner, verified))
     }
 
     /// What differs between the objects of `spec` and the cluster's: nothing when they hold
@@ -456,6 +439,30 @@ impl KubeRuntime {
             .map_err(|e| api_error("read", group, e))?;
         Ok(found.as_ref().and_then(|d| spec_of(&d.metadata)))
     }
+}
+
+/// Whether `cache`'s object `name` is at the version, and was rendered with the owner, it was
+/// last found right at.
+fn at_verified<K>(
+    cache: &Cache<K>,
+    name: &str,
+    owner: Option<&str>,
+    verified: &BTreeMap<String, String>,
+) -> bool
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    K::DynamicType: Default,
+{
+    let Some(object) = cache.get(name) else {
+        return false;
+    };
+    object
+        .meta()
+        .resource_version
+        .as_deref()
+        .is_some_and(|version| {
+            verified.get(&object_key(cache, name)) == Some(&stamp(version, owner))
+        })
 }
 
 /// What [`KubeRuntime::verified`] keeps of an object found right.
@@ -639,7 +646,7 @@ impl Runtime for KubeRuntime {
         // Listed, not read from the cache: the replica that held the lease before may have
         // applied a moment ago, and what runs decides what repair deletes.
         let mut found: BTreeMap<String, ProcessorSpec> = self
-            .list_deployments()?
+            .list::<Deployment>()?
             .iter()
             .filter_map(|d| spec_of(&d.metadata))
             .map(|spec| (spec.group.clone(), spec))
