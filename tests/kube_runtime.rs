@@ -402,7 +402,14 @@ fn a_new_daemon_knows_what_runs_from_the_deployments() {
     first.start(&a).unwrap();
     first.start(&b).unwrap();
     drop(first);
+    fake.clear_requests();
     let second = runtime(&fake);
+    let listed = fake
+        .requests()
+        .iter()
+        .filter(|r| r.summary() == "list deployments")
+        .count();
+    assert_eq!(listed, 1, "the watch's list is what it knows runs from");
     let mut groups: Vec<String> = second
         .processors()
         .unwrap()

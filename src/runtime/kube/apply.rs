@@ -150,8 +150,39 @@ impl KubeRuntime {
         runtime.wait_listed(&runtime.scaled_objects)?;
         runtime.wait_listed(&runtime.authentications)?;
         runtime.wait_listed(&runtime.topologies)?;
-        runtime.resync()?;
+        // What the watches just listed is as fresh as a list: no second one.
+        {
+            let _changing = runtime.changing();
+            let deployments = runtime.deployments.all();
+            let scaled_objects = runtime.scaled_objects.all();
+            runtime.adopt(
+                deployments.values().map(|d| &d.metadata),
+                scaled_objects.values().map(|s| &s.metadata),
+            );
+        }
         Ok(runtime)
+    }
+
+    /// Takes what runs from the annotations of Plumber's Deployments and, for a processor
+    /// whose Deployment was deleted by hand while no daemon ran, of its ScaledObject (repair
+    /// then puts the Deployment back). Everything is compared again at the next repair.
+    fn adopt<'a>(
+        &self,
+        deployments: impl Iterator<Item = &'a ObjectMeta>,
+        scaled_objects: impl Iterator<Item = &'a ObjectMeta>,
+    ) {
+        let mut found: BTreeMap<String, ProcessorSpec> = deployments
+            .filter_map(spec_of)
+            .map(|spec| (spec.group.clone(), spec))
+            .collect();
+        for spec in scaled_objects.filter_map(spec_of) {
+            if !found.contains_key(&spec.group) {
+                tracing::info!(group = %spec.group, "a processor without its Deployment: known by its ScaledObject");
+                found.insert(spec.group.clone(), spec);
+            }
+        }
+        *self.running() = found;
+        self.verified().clear();
     }
 
     fn wait_listed<K>(&self, cache: &Cache<K>) -> Result<()>
@@ -645,25 +676,12 @@ impl Runtime for KubeRuntime {
         let _changing = self.changing();
         // Listed, not read from the cache: the replica that held the lease before may have
         // applied a moment ago, and what runs decides what repair deletes.
-        let mut found: BTreeMap<String, ProcessorSpec> = self
-            .list::<Deployment>()?
-            .iter()
-            .filter_map(|d| spec_of(&d.metadata))
-            .map(|spec| (spec.group.clone(), spec))
-            .collect();
-        // A processor whose Deployment was deleted by hand while no daemon ran is known by
-        // its ScaledObject (repair then puts the Deployment back).
-        for scaled_object in self.list::<ScaledObject>()? {
-            if let Some(spec) = spec_of(&scaled_object.metadata)
-                && !found.contains_key(&spec.group)
-            {
-                tracing::info!(group = %spec.group, "a processor without its Deployment: known by its ScaledObject");
-                found.insert(spec.group.clone(), spec);
-            }
-        }
-        *self.running() = found;
-        // Everything is compared again at the next repair.
-        self.verified().clear();
+        let deployments = self.list::<Deployment>()?;
+        let scaled_objects = self.list::<ScaledObject>()?;
+        self.adopt(
+            deployments.iter().map(|d| &d.metadata),
+            scaled_objects.iter().map(|s| &s.metadata),
+        );
         Ok(())
     }
 
