@@ -1045,7 +1045,15 @@ mod tests {
         };
         let runtime = LocalRuntime::open(state.path(), config).unwrap();
 
-        let status = unrecorded.try_wait().unwrap();
+        // Signalled by `open`; it exits when the kernel gets to it (a loaded machine lags).
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let status = loop {
+            match unrecorded.try_wait().unwrap() {
+                Some(status) => break Some(status),
+                None if Instant::now() >= deadline => break None,
+                None => std::thread::sleep(Duration::from_millis(20)),
+            }
+        };
         assert!(
             status.is_some_and(|s| !s.success()),
             "the unrecorded instance is stopped: {status:?}"
