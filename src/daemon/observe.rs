@@ -10,7 +10,7 @@ use super::status::{StepLabels, StepStatus};
 use super::{AdminUse, Context};
 use crate::graph::Kind;
 use crate::kafka::{Admin, Progress};
-use crate::plan::Deployment;
+use crate::plan::{Deployment, moves};
 use crate::runtime::ProcessorStatus;
 use crate::store::TopologyRecord;
 
@@ -100,15 +100,9 @@ fn observe_topology(
         .bootstrap
         .as_deref()
         .and_then(|b| context.admin(AdminUse::Observe, b).ok());
-    // The graph being moved to during a move, else the one last matched.
-    let commit = record
-        .moving
-        .as_ref()
-        .map(|m| m.to.clone())
-        .or(record.commit.clone());
-    let revision = commit.and_then(|c| context.revisions.load(&c).ok());
-    let topology = revision.as_ref().and_then(|r| r.topology(name));
     let deployment = &record.deployment;
+    let revision = shown_revision(context, name, record);
+    let topology = revision.as_ref().and_then(|r| r.topology(name));
     // Where every life stands, retiring ones too: the watchdog looks after all of them (a
     // drain waits for a retiring one).
     let mut progress: BTreeMap<&str, Progress> = BTreeMap::new();
@@ -191,6 +185,30 @@ fn observe_topology(
         });
     }
     context.store.topology(name, |t| t.steps = steps);
+}
+
+/// The revision whose graph of `name` to show: the one being moved to during a move, else
+/// the branch's newest when what runs matches it (the usual case, and the revision every
+/// topology shares), else the one the topology last moved to. Topologies that commits left
+/// alone last moved at many different commits: loading each of those would validate and check
+/// out a commit per topology.
+fn shown_revision(
+    context: &Context,
+    name: &str,
+    record: &TopologyRecord,
+) -> Option<Arc<super::revisions::Revision>> {
+    let load = |commit: &str| context.revisions.load(commit).ok();
+    if let Some(moving) = &record.moving {
+        return load(&moving.to);
+    }
+    let newest = context.store.read().commit.clone();
+    newest
+        .and_then(|commit| load(&commit))
+        .filter(|revision| {
+            revision.topology(name).is_some()
+                && moves::remaining(&record.deployment, revision.topology(name)).is_empty()
+        })
+        .or_else(|| record.commit.as_deref().and_then(load))
 }
 
 /// The group of the life of `step` that runs: the one of `identity` if there is one.
