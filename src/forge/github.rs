@@ -1,0 +1,126 @@
+//! GitHub's REST API (and GitHub Enterprise's, at `https://HOST/api/v3`): a pull request's
+//! comments are its issue's comments; the status is a commit status with `context: plumber`.
+
+use serde::Deserialize;
+use serde_json::json;
+use ureq::http::Method;
+
+use super::{
+    CommentOutcome, CommitStatus, Forge, Http, Kind, Result, STATUS_CONTEXT, State, check_sha,
+    is_plan_comment, plan_comment_body, says_already, shorten,
+};
+
+/// A client of one repository.
+#[derive(Debug)]
+pub struct GitHub {
+    http: Http,
+    /// `OWNER/NAME`, checked by [`check_repo`].
+    repo: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct Comment {
+    id: u64,
+    #[serde(default)]
+    body: Option<String>,
+}
+
+/// `OWNER/NAME`, each of letters, digits, `-`, `_` and `.`.
+pub(crate) fn check_repo(repo: &str) -> std::result::Result<(), String> {
+    let segment = |s: &str| {
+        !s.is_empty()
+            && s != "."
+            && s != ".."
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+    };
+    match repo.split_once('/') {
+        Some((owner, name)) if segment(owner) && segment(name) => Ok(()),
+        _ => Err("a GitHub repository is OWNER/NAME, as in github.com/OWNER/NAME".into()),
+    }
+}
+
+impl GitHub {
+    pub(crate) fn new(http: Http, repo: &str) -> GitHub {
+        GitHub {
+            http,
+            repo: repo.to_owned(),
+        }
+    }
+
+    fn find_plan_comment(&self, number: u64) -> Result<Option<Comment>> {
+        let first = self.http.url(&format!(
+            "/repos/{}/issues/{number}/comments?per_page=100",
+            self.repo
+        ));
+        self.http.find_in_pages(
+            first,
+            |answer, _| answer.next_link(),
+            |c: &Comment| c.body.as_deref().is_some_and(is_plan_comment),
+        )
+    }
+}
+
+impl Forge for GitHub {
+    fn kind(&self) -> Kind {
+        Kind::GitHub
+    }
+
+    fn upsert_plan_comment(
+        &self,
+        number: u64,
+        render: &dyn Fn(usize) -> String,
+    ) -> Result<CommentOutcome> {
+        let body = plan_comment_body(Kind::GitHub, render)?;
+        self.http
+            .retrying("plan comment", || match self.find_plan_comment(number)? {
+                Some(comment) if says_already(comment.body.as_deref().unwrap_or(""), &body) => {
+                    Ok(CommentOutcome::Unchanged(comment.id))
+                }
+                Some(comment) => {
+                    let url = self.http.url(&format!(
+                        "/repos/{}/issues/comments/{}",
+                        self.repo, comment.id
+                    ));
+                    self.http
+                        .send(Method::PATCH, &url, Some(&json!({ "body": body })))?;
+                    Ok(CommentOutcome::Updated(comment.id))
+                }
+                None => {
+                    let url = self
+                        .http
+                        .url(&format!("/repos/{}/issues/{number}/comments", self.repo));
+                    let created: Comment = self
+                        .http
+                        .send(Method::POST, &url, Some(&json!({ "body": body })))?
+                        .json(&Method::POST, &url)?;
+                    Ok(CommentOutcome::Created(created.id))
+                }
+            })
+    }
+
+    fn set_commit_status(&self, sha: &str, status: &CommitStatus) -> Result<()> {
+        check_sha(sha)?;
+        let state = match status.state {
+            // GitHub has no `running`.
+            State::Pending | State::Running => "pending",
+            State::Success => "success",
+            State::Failure => "failure",
+            State::Error => "error",
+        };
+        let mut body = json!({
+            "state": state,
+            "context": STATUS_CONTEXT,
+            "description": shorten(&status.description, Kind::GitHub.description_limit()),
+        });
+        if let Some(target) = &status.target_url {
+            body["target_url"] = json!(target);
+        }
+        let url = self
+            .http
+            .url(&format!("/repos/{}/statuses/{sha}", self.repo));
+        self.http.retrying("commit status", || {
+            self.http.send(Method::POST, &url, Some(&body)).map(drop)
+        })
+    }
+}
