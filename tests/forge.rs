@@ -1294,3 +1294,24 @@ fn token_files_that_are_empty_or_missing_are_named() {
         "{error}"
     );
 }
+
+/// The token file is read again before each operation: a rotated Secret takes effect without
+/// reconnecting, and a file emptied since is an error naming it.
+#[test]
+fn a_rotated_token_takes_effect_at_the_next_operation() {
+    let s = setup_with(Kind::GitHub, "old-token\n", Settings::default());
+    let error = s.forge.set_commit_status(SHA, &success()).unwrap_err();
+    assert!(
+        matches!(error, Error::Status { status: 401, .. }),
+        "{error}"
+    );
+    std::fs::write(&s.config.token_file, format!("{TOKEN}\n")).unwrap();
+    s.forge.set_commit_status(SHA, &success()).unwrap();
+    assert_eq!(s.server.statuses().len(), 1);
+
+    std::fs::write(&s.config.token_file, "").unwrap();
+    let error = s.forge.set_commit_status(SHA, &success()).unwrap_err();
+    assert!(matches!(error, Error::EmptyToken { .. }), "{error}");
+    assert_eq!(s.server.lines(), vec![s.status_line(); 2]);
+    s.server.assert_clean();
+}

@@ -21,7 +21,7 @@ pub mod gitlab;
 use std::fmt;
 use std::hash::{BuildHasher, RandomState};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, SystemTime};
 
 use serde::Deserialize;
@@ -199,8 +199,9 @@ pub struct Config {
     /// GitHub: `OWNER/NAME`; GitLab: the project's numeric id or its path `group/project`
     /// (also URL-encoded, `group%2Fproject`).
     pub repo: String,
-    /// A file holding the API token (read once, at [`connect`]; a trailing newline is not
-    /// part of it).
+    /// A file holding the API token; a trailing newline is not part of it. Read at
+    /// [`connect`] and again before each operation, so a rotated Secret takes effect without
+    /// a restart.
     pub token_file: PathBuf,
 }
 
@@ -415,7 +416,7 @@ pub fn connect_with(
 ) -> Result<Box<dyn Forge>> {
     config.check()?;
     let token = Token::read(&config.token_file)?;
-    let http = Http::new(config.kind, config.api_url(), token, settings, clock);
+    let http = Http::new(config, token, settings, clock);
     Ok(match config.kind {
         Kind::GitHub => Box::new(github::GitHub::new(http, &config.repo)),
         Kind::GitLab => Box::new(gitlab::GitLab::new(http, &config.repo)),
@@ -508,7 +509,9 @@ pub(crate) struct Http {
     agent: ureq::Agent,
     /// The API's base URL, without a trailing `/`.
     base: String,
-    token: Token,
+    token_file: PathBuf,
+    /// Read again before each operation.
+    token: RwLock<Token>,
     settings: Settings,
     clock: Arc<dyn Clock>,
     jitter: RandomState,
@@ -519,20 +522,14 @@ impl fmt::Debug for Http {
         f.debug_struct("Http")
             .field("kind", &self.kind)
             .field("base", &self.base)
-            .field("token", &self.token)
+            .field("token_file", &self.token_file)
             .field("settings", &self.settings)
             .finish_non_exhaustive()
     }
 }
 
 impl Http {
-    fn new(
-        kind: Kind,
-        base: &str,
-        token: Token,
-        settings: Settings,
-        clock: Arc<dyn Clock>,
-    ) -> Http {
+    fn new(config: &Config, token: Token, settings: Settings, clock: Arc<dyn Clock>) -> Http {
         let tls = ureq::tls::TlsConfig::builder()
             .provider(ureq::tls::TlsProvider::NativeTls)
             .root_certs(ureq::tls::RootCerts::PlatformVerifier)
@@ -549,10 +546,11 @@ impl Http {
             .build()
             .into();
         Http {
-            kind,
+            kind: config.kind,
             agent,
-            base: base.to_owned(),
-            token,
+            base: config.api_url().to_owned(),
+            token_file: config.token_file.clone(),
+            token: RwLock::new(token),
             settings,
             clock,
             jitter: RandomState::new(),
@@ -570,6 +568,13 @@ impl Http {
             .is_some_and(|rest| rest.starts_with('/'))
     }
 
+    fn token(&self) -> Token {
+        self.token
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
     /// One request, not retried. Anything but a 2xx answer is an error.
     pub(crate) fn send(
         &self,
@@ -577,16 +582,17 @@ impl Http {
         url: &str,
         body: Option<&serde_json::Value>,
     ) -> Result<Answer> {
+        let token = self.token();
         let mut request = ureq::http::Request::builder()
             .method(method.clone())
             .uri(url);
         request = match self.kind {
             Kind::GitHub => request
-                .header("authorization", format!("Bearer {}", self.token.expose()))
+                .header("authorization", format!("Bearer {}", token.expose()))
                 .header("accept", "application/vnd.github+json")
                 .header("x-github-api-version", "2022-11-28"),
             Kind::GitLab => request
-                .header("private-token", self.token.expose())
+                .header("private-token", token.expose())
                 .header("accept", "application/json"),
         };
         let protocol = |message: String| Error::Protocol {
@@ -608,7 +614,7 @@ impl Http {
         let mut response = sent.map_err(|e| Error::Transport {
             method: method.clone(),
             url: url.to_owned(),
-            message: self.token.redact(&e.to_string()),
+            message: token.redact(&e.to_string()),
         })?;
         let status = response.status().as_u16();
         let text = response
@@ -619,7 +625,7 @@ impl Http {
             .map_err(|e| Error::Transport {
                 method: method.clone(),
                 url: url.to_owned(),
-                message: format!("reading the answer: {}", self.token.redact(&e.to_string())),
+                message: format!("reading the answer: {}", token.redact(&e.to_string())),
             })?;
         let headers = response.headers().clone();
         if (200..300).contains(&status) {
@@ -629,11 +635,11 @@ impl Http {
             });
         }
         let (wait, rate_limited) = self.server_wait(status, &headers);
-        let mut message = quote(&self.token.redact(&text));
+        let mut message = quote(&token.redact(&text));
         if (300..400).contains(&status)
             && let Some(location) = headers.get("location").and_then(|v| v.to_str().ok())
         {
-            message = format!("redirected to {}", self.token.redact(location));
+            message = format!("redirected to {}", token.redact(location));
         }
         Err(Error::Status {
             method,
@@ -684,6 +690,8 @@ impl Http {
         what: &str,
         mut operation: impl FnMut() -> Result<T>,
     ) -> Result<T> {
+        let token = Token::read(&self.token_file)?;
+        *self.token.write().unwrap_or_else(PoisonError::into_inner) = token;
         let mut attempt = 1;
         loop {
             let error = match operation() {
