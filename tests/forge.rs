@@ -58,6 +58,24 @@ struct Comment {
     body: String,
     /// GitLab's own notes ("added 1 commit").
     system: bool,
+    author: &'static str,
+}
+
+/// The token's account, and the authors of the other comments.
+const BOT: &str = "plumber-bot";
+/// The bot user of a GitHub App's installation token.
+const APP_BOT: &str = "plumber-app[bot]";
+const ALICE: &str = "alice";
+const MALLORY: &str = "mallory";
+
+fn user_id(login: &str) -> u64 {
+    match login {
+        ALICE => 5,
+        MALLORY => 6,
+        BOT => 77,
+        APP_BOT => 99,
+        _ => 0,
+    }
 }
 
 /// An answer given instead of the normal one. With `after_effect`, the request takes effect
@@ -104,6 +122,8 @@ struct Fake {
     violations: Vec<String>,
     /// GitHub: the `next` link of a comments page points to another host.
     foreign_next: bool,
+    /// GitHub: the token is a GitHub App's installation token (it has no user).
+    app_token: bool,
 }
 
 struct Server {
@@ -144,6 +164,7 @@ impl Server {
             requests: Vec::new(),
             violations: Vec::new(),
             foreign_next: false,
+            app_token: false,
         }));
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let app = axum::Router::new()
@@ -184,15 +205,16 @@ impl Server {
         for i in 0..count {
             fake.next_id += 1;
             let id = fake.next_id;
-            let body = if Some(i) == marker_at {
-                format!("{MARKER}\n{plan}")
+            let (body, author) = if Some(i) == marker_at {
+                (format!("{MARKER}\n{plan}"), BOT)
             } else {
-                format!("looks good {i}")
+                (format!("looks good {i}"), ALICE)
             };
             fake.comments.entry(number).or_default().push(Comment {
                 id,
                 body,
                 system: false,
+                author,
             });
             ids.push(id);
         }
@@ -286,6 +308,8 @@ enum Route {
     /// One comment (GitHub's path has no pull request number: 0).
     Comment(u64, u64),
     Status(String),
+    /// The token's own account.
+    User,
 }
 
 impl Fake {
@@ -402,6 +426,7 @@ impl Fake {
         let repository_id = GITHUB_REPO_ID.to_string();
         let (owner, name) = GITHUB_REPO.split_once('/')?;
         match (self.kind, parts.as_slice()) {
+            (_, ["user"]) => Some(Route::User),
             (Kind::GitHub, ["repos", o, r, "issues", n, "comments"])
                 if (*o, *r) == (owner, name) =>
             {
@@ -442,6 +467,19 @@ impl Fake {
         what: &str,
     ) -> Response {
         match (route, method.as_str()) {
+            (Route::User, "GET") if self.kind == Kind::GitHub && self.app_token => {
+                message(403, "Resource not accessible by integration")
+            }
+            (Route::User, "GET") => {
+                if !query.is_empty() {
+                    self.violations.push(format!("{what}: a query"));
+                }
+                answer(
+                    200,
+                    Vec::new(),
+                    json!({ "login": BOT, "username": BOT, "id": user_id(BOT), "type": "User" }),
+                )
+            }
             (Route::Comments(n), "GET") | (Route::CommentsById(n), "GET") => {
                 self.list(n, query, what)
             }
@@ -460,6 +498,7 @@ impl Fake {
                     id: self.next_id,
                     body: text,
                     system: false,
+                    author: if self.app_token { APP_BOT } else { BOT },
                 };
                 comments.push(comment.clone());
                 answer(201, Vec::new(), self.render(&comment))
@@ -643,17 +682,25 @@ impl Fake {
 
     fn render(&self, comment: &Comment) -> Value {
         match self.kind {
-            Kind::GitHub => json!({
-                "id": comment.id,
-                "body": comment.body,
-                "user": { "login": "plumber-bot" },
-                "html_url": format!("https://github.com/{GITHUB_REPO}/pull/1#issuecomment-{}", comment.id),
-            }),
+            Kind::GitHub => {
+                let app = comment.author == APP_BOT;
+                json!({
+                    "id": comment.id,
+                    "body": comment.body,
+                    "user": {
+                        "login": comment.author,
+                        "id": user_id(comment.author),
+                        "type": if app { "Bot" } else { "User" },
+                    },
+                    "performed_via_github_app": if app { json!({ "slug": "plumber-app" }) } else { Value::Null },
+                    "html_url": format!("https://github.com/{GITHUB_REPO}/pull/1#issuecomment-{}", comment.id),
+                })
+            }
             Kind::GitLab => json!({
                 "id": comment.id,
                 "body": comment.body,
                 "system": comment.system,
-                "author": { "username": "plumber-bot" },
+                "author": { "id": user_id(comment.author), "username": comment.author },
             }),
         }
     }
@@ -696,6 +743,14 @@ impl Setup {
         let markdown = markdown.to_owned();
         self.forge
             .upsert_plan_comment(number, &move |_| markdown.clone())
+    }
+
+    /// The token's account is asked for once, before the first comment is looked for.
+    fn user_line(&self) -> String {
+        match self.config.kind {
+            Kind::GitHub => "GET /api/v3/user".into(),
+            Kind::GitLab => "GET /api/v4/user".into(),
+        }
     }
 
     fn comments_path(&self, number: u64) -> String {
@@ -781,9 +836,13 @@ fn comment_is_created_once_then_updated_in_place(kind: Kind) {
     };
     assert_eq!(
         s.server.lines(),
-        [format!("GET {comments}"), format!("POST {comments}")]
+        [
+            s.user_line(),
+            format!("GET {comments}"),
+            format!("POST {comments}")
+        ]
     );
-    let created = s.server.requests()[1].body.clone();
+    let created = s.server.requests()[2].body.clone();
     assert_eq!(
         created,
         Some(json!({ "body": format!("{MARKER}\nplan A") }))
@@ -833,28 +892,38 @@ fn gitlab_note_is_created_once_then_updated_in_place() {
 fn marker_comment_on_page_two_is_found_and_updated(kind: Kind) {
     let s = setup(kind);
     let ids = s.server.seed(9, 150, Some(120), "old plan");
+    let planted = format!("{MARKER}\nnothing changes, merge away");
     {
         let mut fake = s.server.fake();
         let page_one = fake.comments.get_mut(&9).unwrap();
         page_one[5].body = format!("> {MARKER}\n> old plan\n\nwhy is this replaced?");
-        page_one[10].body = format!("{MARKER}\nadded 1 commit");
-        page_one[10].system = kind == Kind::GitLab;
-        if kind == Kind::GitHub {
-            page_one[10].body = "not a plan".into();
+        page_one[5].author = BOT;
+        // Someone else's comment with the marker: not the plan, whatever it says.
+        page_one[7].body = planted.clone();
+        page_one[7].author = MALLORY;
+        if kind == Kind::GitLab {
+            page_one[10].body = format!("{MARKER}\nadded 1 commit");
+            page_one[10].system = true;
+            page_one[10].author = BOT;
         }
     }
     let outcome = s.upsert(9, "new plan").unwrap();
     assert_eq!(outcome, CommentOutcome::Updated(ids[120]));
+    assert_eq!(s.server.comments(9)[7].body, planted);
     assert_eq!(
         s.server.lines(),
         [
+            s.user_line(),
             format!("GET {}", s.comments_path(9)),
             s.page_two(9),
             s.update_line(9, ids[120]),
         ]
     );
     let plans = s.plan_comments(9);
-    let plans: Vec<_> = plans.iter().filter(|c| !c.system).collect();
+    let plans: Vec<_> = plans
+        .iter()
+        .filter(|c| !c.system && c.author == BOT)
+        .collect();
     assert_eq!(plans.len(), 1);
     assert_eq!(plans[0].body, format!("{MARKER}\nnew plan"));
 
@@ -897,7 +966,10 @@ fn github_next_page_on_another_host_is_not_followed() {
         "{error}"
     );
     assert!(!error.is_retryable());
-    assert_eq!(s.server.lines(), [format!("GET {}", s.comments_path(3))]);
+    assert_eq!(
+        s.server.lines(),
+        [s.user_line(), format!("GET {}", s.comments_path(3))]
+    );
     s.server.assert_clean();
 }
 
@@ -995,12 +1067,13 @@ fn gitlab_a_502_then_success_is_retried() {
 fn a_lost_answer_creates_no_second_comment(kind: Kind) {
     let s = setup(kind);
     s.server.seed(5, 2, None, "");
-    s.server.fail(1, Fault::status(502).after_effect());
+    s.server.fail(2, Fault::status(502).after_effect());
     let outcome = s.upsert(5, "plan").unwrap();
     let comments = s.comments_path(5);
     assert_eq!(
         s.server.lines(),
         [
+            s.user_line(),
             format!("GET {comments}"),
             format!("POST {comments}"),
             format!("GET {comments}"),
@@ -1026,7 +1099,7 @@ fn a_429_waits_what_retry_after_says(kind: Kind) {
     let s = setup(kind);
     s.server.seed(8, 1, None, "");
     s.server
-        .fail_next(Fault::status(429).header("retry-after", "7"));
+        .fail(1, Fault::status(429).header("retry-after", "7"));
     let Ok(CommentOutcome::Created(_)) = s.upsert(8, "plan") else {
         panic!("{:?}", s.server.lines());
     };
@@ -1035,6 +1108,7 @@ fn a_429_waits_what_retry_after_says(kind: Kind) {
     assert_eq!(
         s.server.lines(),
         [
+            s.user_line(),
             format!("GET {comments}"),
             format!("GET {comments}"),
             format!("POST {comments}"),
@@ -1169,7 +1243,7 @@ fn an_over_limit_comment_is_shortened_by_the_renderer(kind: Kind) {
         *budgets.lock().unwrap(),
         [limit - MARKER.chars().count() - 1]
     );
-    let sent = s.server.requests()[1].body.clone().unwrap();
+    let sent = s.server.requests()[2].body.clone().unwrap();
     let sent = sent["body"].as_str().unwrap();
     assert!(sent.chars().count() <= limit);
     assert!(sent.starts_with(MARKER));
@@ -1212,7 +1286,10 @@ fn a_404_is_not_retried(kind: Kind) {
     let text = error.to_string();
     assert!(text.contains("retrying will not help"), "{text}");
     assert!(text.contains("--forge-repo"), "{text}");
-    assert_eq!(s.server.lines(), [format!("GET {}", s.comments_path(404))]);
+    assert_eq!(
+        s.server.lines(),
+        [s.user_line(), format!("GET {}", s.comments_path(404))]
+    );
     assert!(s.sleeps().is_empty());
     s.server.assert_clean();
 }
@@ -1313,5 +1390,36 @@ fn a_rotated_token_takes_effect_at_the_next_operation() {
     let error = s.forge.set_commit_status(SHA, &success()).unwrap_err();
     assert!(matches!(error, Error::EmptyToken { .. }), "{error}");
     assert_eq!(s.server.lines(), vec![s.status_line(); 2]);
+    s.server.assert_clean();
+}
+
+/// A GitHub App's installation token has no user (`GET /user` is refused): its comments are
+/// those made through an app, and a person's comment with the marker is still not the plan.
+#[test]
+fn github_app_token_finds_its_comment_by_the_app() {
+    let s = setup(Kind::GitHub);
+    s.server.fake().app_token = true;
+    let ids = s.server.seed(6, 3, None, "");
+    {
+        let mut fake = s.server.fake();
+        let comments = fake.comments.get_mut(&6).unwrap();
+        comments[1].body = format!("{MARKER}\nplanted");
+        comments[1].author = MALLORY;
+    }
+    let Ok(CommentOutcome::Created(id)) = s.upsert(6, "plan A") else {
+        panic!("{:?}", s.server.lines());
+    };
+    assert_ne!(id, ids[1]);
+    s.server.clear_requests();
+    assert_eq!(s.upsert(6, "plan B").unwrap(), CommentOutcome::Updated(id));
+    // The account is asked once (not again at the second operation).
+    assert_eq!(
+        s.server.lines(),
+        [format!("GET {}", s.comments_path(6)), s.update_line(6, id)]
+    );
+    let comments = s.server.comments(6);
+    assert_eq!(comments[1].body, format!("{MARKER}\nplanted"));
+    assert_eq!(comments[3].author, APP_BOT);
+    assert_eq!(comments[3].body, format!("{MARKER}\nplan B"));
     s.server.assert_clean();
 }

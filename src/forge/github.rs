@@ -1,13 +1,15 @@
 //! GitHub's REST API (and GitHub Enterprise's, at `https://HOST/api/v3`): a pull request's
 //! comments are its issue's comments; the status is a commit status with `context: plumber`.
 
+use std::sync::{Mutex, PoisonError};
+
 use serde::Deserialize;
 use serde_json::json;
 use ureq::http::Method;
 
 use super::{
-    CommentOutcome, CommitStatus, Forge, Http, Kind, Result, STATUS_CONTEXT, State, check_sha,
-    is_plan_comment, plan_comment_body, says_already, shorten,
+    CommentOutcome, CommitStatus, Error, Forge, Http, Kind, Result, STATUS_CONTEXT, State, Token,
+    check_sha, is_plan_comment, plan_comment_body, says_already, shorten,
 };
 
 /// A client of one repository.
@@ -16,6 +18,18 @@ pub struct GitHub {
     http: Http,
     /// `OWNER/NAME`, checked by [`check_repo`].
     repo: String,
+    /// Whose comments can be the plan comment, for the token it was asked with.
+    author: Mutex<Option<(Token, Author)>>,
+}
+
+/// The account of the token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Author {
+    /// A user's token (personal, OAuth, a machine user's): comments by that login.
+    User(String),
+    /// A GitHub App's installation token, which has no user: comments an app made, which no
+    /// person can make.
+    App,
 }
 
 #[derive(Debug, Deserialize)]
@@ -23,6 +37,29 @@ struct Comment {
     id: u64,
     #[serde(default)]
     body: Option<String>,
+    #[serde(default)]
+    user: Option<User>,
+    #[serde(default)]
+    performed_via_github_app: Option<serde_json::Value>,
+}
+
+#[derive(Debug, Deserialize)]
+struct User {
+    login: String,
+    #[serde(default, rename = "type")]
+    kind: String,
+}
+
+impl Comment {
+    fn is_by(&self, author: &Author) -> bool {
+        match author {
+            Author::User(login) => self.user.as_ref().is_some_and(|u| u.login == *login),
+            Author::App => {
+                self.performed_via_github_app.is_some()
+                    && self.user.as_ref().is_some_and(|u| u.kind == "Bot")
+            }
+        }
+    }
 }
 
 /// `OWNER/NAME`, each of letters, digits, `-`, `_` and `.`.
@@ -45,10 +82,35 @@ impl GitHub {
         GitHub {
             http,
             repo: repo.to_owned(),
+            author: Mutex::new(None),
         }
     }
 
+    /// The token's account (`GET /user`), asked once per token.
+    fn author(&self) -> Result<Author> {
+        let token = self.http.token();
+        if let Some((known, author)) = &*self.author.lock().unwrap_or_else(PoisonError::into_inner)
+            && *known == token
+        {
+            return Ok(author.clone());
+        }
+        let url = self.http.url("/user");
+        let author = match self.http.send(Method::GET, &url, None) {
+            Ok(answer) => Author::User(answer.json::<User>(&Method::GET, &url)?.login),
+            // An installation token: "Resource not accessible by integration".
+            Err(Error::Status {
+                status: 403,
+                rate_limited: false,
+                ..
+            }) => Author::App,
+            Err(error) => return Err(error),
+        };
+        *self.author.lock().unwrap_or_else(PoisonError::into_inner) = Some((token, author.clone()));
+        Ok(author)
+    }
+
     fn find_plan_comment(&self, number: u64) -> Result<Option<Comment>> {
+        let author = self.author()?;
         let first = self.http.url(&format!(
             "/repos/{}/issues/{number}/comments?per_page=100",
             self.repo
@@ -56,7 +118,7 @@ impl GitHub {
         self.http.find_in_pages(
             first,
             |answer, _| answer.next_link(),
-            |c: &Comment| c.body.as_deref().is_some_and(is_plan_comment),
+            |c: &Comment| c.is_by(&author) && c.body.as_deref().is_some_and(is_plan_comment),
         )
     }
 }

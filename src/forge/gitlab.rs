@@ -1,12 +1,14 @@
 //! GitLab's REST API v4 (gitlab.com or self-hosted, at `https://HOST/api/v4`): the plan is a
 //! note on the merge request; the status is an external commit status named `plumber`.
 
+use std::sync::{Mutex, PoisonError};
+
 use serde::Deserialize;
 use serde_json::json;
 use ureq::http::Method;
 
 use super::{
-    CommentOutcome, CommitStatus, Error, Forge, Http, Kind, Result, STATUS_CONTEXT, State,
+    CommentOutcome, CommitStatus, Error, Forge, Http, Kind, Result, STATUS_CONTEXT, State, Token,
     check_sha, is_plan_comment, plan_comment_body, says_already, shorten,
 };
 
@@ -17,6 +19,9 @@ pub struct GitLab {
     /// The project's id, or its path URL-encoded (`group%2Fproject`), as the API's paths
     /// take it.
     project: String,
+    /// The id of the token's user (project and group tokens have a bot user), for the token
+    /// it was asked with: only its notes can be the plan note.
+    author: Mutex<Option<(Token, u64)>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -27,6 +32,13 @@ struct Note {
     /// Notes GitLab writes itself ("added 1 commit").
     #[serde(default)]
     system: bool,
+    #[serde(default)]
+    author: Option<UserId>,
+}
+
+#[derive(Debug, Deserialize)]
+struct UserId {
+    id: u64,
 }
 
 /// The project as a path segment: a numeric id as it is; a path `group/sub/project` (also
@@ -65,7 +77,25 @@ impl GitLab {
         GitLab {
             http,
             project: project_segment(project).unwrap_or_else(|_| project.to_owned()),
+            author: Mutex::new(None),
         }
+    }
+
+    /// The token's user (`GET /user`), asked once per token.
+    fn author(&self) -> Result<u64> {
+        let token = self.http.token();
+        if let Some((known, author)) = &*self.author.lock().unwrap_or_else(PoisonError::into_inner)
+            && *known == token
+        {
+            return Ok(*author);
+        }
+        let url = self.http.url("/user");
+        let user: UserId = self
+            .http
+            .send(Method::GET, &url, None)?
+            .json(&Method::GET, &url)?;
+        *self.author.lock().unwrap_or_else(PoisonError::into_inner) = Some((token, user.id));
+        Ok(user.id)
     }
 
     fn notes_path(&self, iid: u64) -> String {
@@ -73,6 +103,7 @@ impl GitLab {
     }
 
     fn find_plan_note(&self, iid: u64) -> Result<Option<Note>> {
+        let author = self.author()?;
         let first = self.http.url(&format!(
             "{}?per_page=100&sort=asc&order_by=created_at",
             self.notes_path(iid)
@@ -85,7 +116,9 @@ impl GitLab {
             })
         };
         self.http.find_in_pages(first.clone(), next, |note: &Note| {
-            !note.system && is_plan_comment(&note.body)
+            !note.system
+                && note.author.as_ref().is_some_and(|a| a.id == author)
+                && is_plan_comment(&note.body)
         })
     }
 }

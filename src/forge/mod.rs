@@ -21,6 +21,7 @@ pub mod gitlab;
 use std::fmt;
 use std::hash::{BuildHasher, RandomState};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, SystemTime};
 
@@ -29,7 +30,8 @@ use ureq::http::{HeaderMap, Method};
 
 /// What marks the plan comment among a pull request's comments: hidden when the markdown is
 /// rendered, and at the very start of the body, so a reply quoting it (`> <!-- …`) is not
-/// taken for it.
+/// taken for it. Only a comment by the token's own account counts: anyone can write the
+/// marker, and a plan in a comment its author can edit is not one a reviewer can trust.
 pub const MARKER: &str = "<!-- plumber:plan -->";
 
 /// The name of the commit status (GitHub's `context`, GitLab's `name`).
@@ -424,7 +426,7 @@ pub fn connect_with(
 }
 
 /// The API token: never printed, never in an error.
-#[derive(Clone)]
+#[derive(Clone, PartialEq, Eq)]
 pub(crate) struct Token(String);
 
 impl Token {
@@ -515,6 +517,8 @@ pub(crate) struct Http {
     settings: Settings,
     clock: Arc<dyn Clock>,
     jitter: RandomState,
+    /// Makes each backoff's jitter another draw.
+    backoffs: AtomicU64,
 }
 
 impl fmt::Debug for Http {
@@ -554,6 +558,7 @@ impl Http {
             settings,
             clock,
             jitter: RandomState::new(),
+            backoffs: AtomicU64::new(0),
         }
     }
 
@@ -568,7 +573,7 @@ impl Http {
             .is_some_and(|rest| rest.starts_with('/'))
     }
 
-    fn token(&self) -> Token {
+    pub(crate) fn token(&self) -> Token {
         self.token
             .read()
             .unwrap_or_else(PoisonError::into_inner)
@@ -745,7 +750,8 @@ impl Http {
             .first_backoff
             .saturating_mul(1 << (attempt - 1).min(16))
             .min(self.settings.max_sleep);
-        let fraction = (self.jitter.hash_one(attempt) % 1024) as u32;
+        let draw = self.backoffs.fetch_add(1, Ordering::Relaxed);
+        let fraction = (self.jitter.hash_one(draw) % 1024) as u32;
         full / 2 + (full / 2) * fraction / 1024
     }
 
@@ -789,13 +795,32 @@ impl Http {
     }
 }
 
-/// The start of an error answer, on one line: the forge's `message` when it is JSON.
+/// The start of an error answer, on one line: when it is JSON, what the forge says in it
+/// (`message`, GitLab's `error`, GitHub's validation `errors`).
 fn quote(text: &str) -> String {
-    let message = serde_json::from_str::<serde_json::Value>(text)
+    let said = serde_json::from_str::<serde_json::Value>(text)
         .ok()
-        .and_then(|json| json.get("message").map(|m| m.to_string()))
-        .unwrap_or_else(|| text.to_owned());
-    let line = message.split_whitespace().collect::<Vec<_>>().join(" ");
+        .map(|json| {
+            let say = |value: &serde_json::Value| match value.as_str() {
+                Some(text) => text.to_owned(),
+                None => value.to_string(),
+            };
+            let mut parts: Vec<String> = ["message", "error"]
+                .iter()
+                .filter_map(|key| json.get(key).map(say))
+                .collect();
+            if let Some(errors) = json.get("errors").and_then(|e| e.as_array()) {
+                parts.extend(errors.iter().map(|e| say(e.get("message").unwrap_or(e))));
+            }
+            parts.join("; ")
+        })
+        .filter(|said| !said.is_empty());
+    let line = said
+        .as_deref()
+        .unwrap_or(text)
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
     shorten(&line, QUOTED_ANSWER)
 }
 
@@ -860,6 +885,32 @@ mod tests {
         let short = shorten(&long, 140);
         assert_eq!(short.chars().count(), 140);
         assert!(short.ends_with('…'));
+    }
+
+    #[test]
+    fn error_answers_are_quoted_by_what_they_say() {
+        let github = concat!(
+            r#"{"message":"Validation Failed","errors":[{"resource":"IssueComment","#,
+            r#""code":"custom","field":"body","message":"body is too long (maximum is "#,
+            r#"65536 characters)"}],"documentation_url":"https://docs.github.com/rest"}"#
+        );
+        assert_eq!(
+            quote(github),
+            "Validation Failed; body is too long (maximum is 65536 characters)"
+        );
+        assert_eq!(
+            quote(r#"{"message":{"body":["is too long"]}}"#),
+            r#"{"body":["is too long"]}"#
+        );
+        assert_eq!(
+            quote(r#"{"error":"insufficient_scope"}"#),
+            "insufficient_scope"
+        );
+        assert_eq!(
+            quote("<html>\n<h1>502 Bad Gateway</h1>\n</html>"),
+            "<html> <h1>502 Bad Gateway</h1> </html>"
+        );
+        assert_eq!(quote(&"x".repeat(1000)).chars().count(), QUOTED_ANSWER);
     }
 
     #[test]
