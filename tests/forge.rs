@@ -648,6 +648,26 @@ impl Fake {
         if !(sha.len() == 40 && sha.bytes().all(|b| b.is_ascii_hexdigit())) {
             return message(422, "No commit found for SHA");
         }
+        // GitLab's state machine: a pending or running status over another is refused.
+        let last = self
+            .statuses
+            .iter()
+            .rev()
+            .find(|(of, _)| *of == sha)
+            .and_then(|(_, b)| b["state"].as_str());
+        if self.kind == Kind::GitLab
+            && let Some(last @ ("pending" | "running")) = last
+            && (state == "pending" || (state == "running" && last == "running"))
+        {
+            let event = if state == "pending" { "enqueue" } else { "run" };
+            return message(
+                400,
+                &format!(
+                    "Cannot transition status via :{event} from :{last} (Reason(s): Status \
+                     cannot transition via \"{event}\")"
+                ),
+            );
+        }
         self.statuses.push((sha, body.clone()));
         answer(
             201,
@@ -1421,5 +1441,25 @@ fn github_app_token_finds_its_comment_by_the_app() {
     assert_eq!(comments[1].body, format!("{MARKER}\nplanted"));
     assert_eq!(comments[3].author, APP_BOT);
     assert_eq!(comments[3].body, format!("{MARKER}\nplan B"));
+    s.server.assert_clean();
+}
+
+/// GitLab answers 400 to a pending status over a pending one: that is success (it is set).
+#[test]
+fn gitlab_pending_twice_is_pending() {
+    let s = setup(Kind::GitLab);
+    let pending = CommitStatus::new(State::Pending, "planning");
+    s.forge.set_commit_status(SHA, &pending).unwrap();
+    s.forge.set_commit_status(SHA, &pending).unwrap();
+    s.forge.set_commit_status(SHA, &success()).unwrap();
+    assert_eq!(s.server.lines(), vec![s.status_line(); 3]);
+    let states: Vec<_> = s
+        .server
+        .statuses()
+        .iter()
+        .map(|(_, body)| body["state"].clone())
+        .collect();
+    assert_eq!(states, [json!("pending"), json!("success")]);
+    assert!(s.sleeps().is_empty());
     s.server.assert_clean();
 }

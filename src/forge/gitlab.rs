@@ -181,8 +181,9 @@ impl Forge for GitLab {
         self.http.retrying("commit status", || {
             match self.http.send(Method::POST, &url, Some(&body)) {
                 Ok(_) => Ok(()),
-                // GitLab refuses to set a pending or running status again ("Cannot transition
-                // status via :enqueue from :pending"): it is set already.
+                // GitLab refuses a pending or running status over a pending or running one
+                // ("Cannot transition status via :enqueue from :pending"): the commit is
+                // marked as being worked on already, and the final status replaces it.
                 Err(Error::Status {
                     status: 400,
                     message,

@@ -404,6 +404,21 @@ pub trait Forge: Send + Sync + fmt::Debug {
     fn set_commit_status(&self, sha: &str, status: &CommitStatus) -> Result<()>;
 }
 
+/// The pull request (GitLab: merge request iid) a watched ref is the head of:
+/// `refs/pull/N/head` (GitHub) or `refs/merge-requests/N/head` (GitLab).
+pub fn pull_request_of_ref(refname: &str) -> Option<u64> {
+    let number = refname
+        .strip_prefix("refs/pull/")
+        .or_else(|| refname.strip_prefix("refs/merge-requests/"))?
+        .strip_suffix("/head")?;
+    // `parse` alone would take `+7`.
+    number
+        .bytes()
+        .all(|b| b.is_ascii_digit())
+        .then(|| number.parse().ok())
+        .flatten()
+}
+
 /// Reads the token and builds the client `config` names, with the default [`Settings`] and
 /// the real clock.
 pub fn connect(config: &Config) -> Result<Box<dyn Forge>> {
@@ -877,6 +892,21 @@ fn says_already(existing: &str, body: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pull_requests_are_read_from_their_refs() {
+        assert_eq!(pull_request_of_ref("refs/pull/7/head"), Some(7));
+        assert_eq!(pull_request_of_ref("refs/merge-requests/12/head"), Some(12));
+        for other in [
+            "refs/heads/main",
+            "refs/pull/7/merge",
+            "refs/pull/+7/head",
+            "refs/pull//head",
+            "refs/pull/7/head/x",
+        ] {
+            assert_eq!(pull_request_of_ref(other), None, "{other}");
+        }
+    }
 
     #[test]
     fn shorten_cuts_on_a_character_boundary() {
