@@ -21,6 +21,7 @@ pub mod diagnostic;
 pub mod graph;
 pub mod kafka;
 pub mod output;
+pub mod owners;
 pub mod plan;
 pub mod repo;
 pub mod runtime;
