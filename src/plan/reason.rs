@@ -232,3 +232,229 @@ fn list(items: &[String]) -> String {
 fn quote(value: &str) -> String {
     serde_json::to_string(value).unwrap_or_default()
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly
+
+    use super::*;
+    use crate::plan::{Change, plan_topology};
+    use crate::spec::{FileContent, SourceFile};
+
+    /// `in → a → b → out` with the given files replacing or adding to those defaults.
+    fn topology(overrides: &[(&str, &str)]) -> Topology {
+        let mut files: std::collections::BTreeMap<&str, &str> = [
+            ("in", "kind: source\ntopic: in\n"),
+            ("a", "kind: processor\ninput: in\njq: '.'\n"),
+            ("b", "kind: processor\ninput: a\njq: '.'\n"),
+            ("out", "kind: sink\ntopic: out\ninput: b\n"),
+        ]
+        .into_iter()
+        .collect();
+        files.extend(overrides.iter().copied());
+        let files: Vec<SourceFile> = files
+            .into_iter()
+            .filter(|(_, yaml)| !yaml.is_empty())
+            .map(|(name, yaml)| SourceFile {
+                path: format!("topologies/t/{name}.yaml"),
+                content: FileContent::Bytes(yaml.as_bytes().to_vec()),
+            })
+            .collect();
+        let validation = crate::validate(&files);
+        let mut topologies = validation
+            .topologies
+            .unwrap_or_else(|| panic!("invalid: {:?}", validation.diagnostics));
+        topologies.remove(0)
+    }
+
+    fn reason(old: &Topology, new: &Topology, step: &str) -> Reason {
+        between(old, old.find(step).unwrap(), new, new.find(step).unwrap())
+    }
+
+    fn change(field: &str, from: Option<&str>, to: Option<&str>) -> FieldChange {
+        FieldChange {
+            field: field.into(),
+            from: from.map(str::to_owned),
+            to: to.map(str::to_owned),
+        }
+    }
+
+    #[test]
+    fn a_changed_program_is_named_with_both_versions_and_its_consumer_names_it_upstream() {
+        let old = topology(&[]);
+        let new = topology(&[("a", "kind: processor\ninput: in\njq: 'select(.x)'\n")]);
+        assert_eq!(
+            reason(&old, &new, "a"),
+            Reason {
+                changed: vec![change("jq", Some("."), Some("select(.x)"))],
+                upstream: vec![],
+            }
+        );
+        assert_eq!(
+            reason(&old, &new, "b"),
+            Reason {
+                changed: vec![],
+                upstream: vec!["a".into()],
+            }
+        );
+        // The sink's own file did not change: it is a topic its users own, not replaced.
+        assert!(reason(&old, &new, "out").is_empty());
+    }
+
+    #[test]
+    fn exec_http_env_and_partitions_differences_are_field_by_field() {
+        let old = topology(&[(
+            "a",
+            "kind: processor\ninput: in\nexec: { command: [python3, a.py], image: img:1 }\n\
+             env: { MODEL: v1, KEEP: same, GONE: x }\npartitions: 3\n",
+        )]);
+        let new = topology(&[(
+            "a",
+            "kind: processor\ninput: in\nexec: { command: [python3, a.py, --fast], image: img:1 }\n\
+             env: { MODEL: v2, KEEP: same, KEY: { secretKeyRef: { name: s, key: k } } }\n\
+             partitions: 6\n",
+        )]);
+        assert_eq!(
+            reason(&old, &new, "a").changed,
+            vec![
+                change(
+                    "exec.command",
+                    Some(r#"["python3","a.py"]"#),
+                    Some(r#"["python3","a.py","--fast"]"#)
+                ),
+                change("env.GONE", Some(r#""x""#), None),
+                change("env.MODEL", Some(r#""v1""#), Some(r#""v2""#)),
+                change("partitions", Some("3"), Some("6")),
+                change("env.KEY", None, Some("secretKeyRef s/k")),
+            ]
+        );
+        let http = |port: u16| {
+            format!("kind: processor\ninput: in\nhttp: {{ image: score:2, port: {port} }}\n")
+        };
+        let (old, new) = (topology(&[("a", &http(8080))]), topology(&[("a", &http(9090))]));
+        assert_eq!(
+            reason(&old, &new, "a").changed,
+            vec![change("http.port", Some("8080"), Some("9090"))]
+        );
+        // Another kind of transform: the old field goes, the new one comes.
+        let new = topology(&[("a", "kind: processor\ninput: in\njq: '.'\n")]);
+        let changed: Vec<String> = reason(&old, &new, "a")
+            .changed
+            .into_iter()
+            .map(|c| c.field)
+            .collect();
+        assert_eq!(
+            changed,
+            ["http.image", "http.port", "http.path", "jq"],
+            "{changed:?}"
+        );
+    }
+
+    #[test]
+    fn new_inputs_sinks_and_readers_are_the_step_s_own_change() {
+        let old = topology(&[]);
+        let new = topology(&[
+            ("a", "kind: processor\ninput: [in, in2]\njq: '.'\n"),
+            ("in2", "kind: source\ntopic: in2\n"),
+            ("a-out", "kind: sink\ntopic: a-out\ninput: a\n"),
+        ]);
+        assert_eq!(
+            reason(&old, &new, "a").changed,
+            vec![
+                change("input", Some("in"), Some("in, in2")),
+                change("sinks", None, Some("a-out")),
+            ]
+        );
+        // b no longer read by anything but a sink: it stops writing an internal topic.
+        let old = topology(&[("c", "kind: processor\ninput: b\njq: '.'\n")]);
+        let new = topology(&[]);
+        assert_eq!(
+            reason(&old, &new, "b").changed,
+            vec![change(
+                "internalTopic",
+                Some("written (a processor reads it)"),
+                None
+            )]
+        );
+    }
+
+    #[test]
+    fn a_source_s_new_topic_updates_it_and_replaces_its_readers() {
+        let old = topology(&[]);
+        let new = topology(&[("in", "kind: source\ntopic: in-v2\n")]);
+        let plan = plan_topology(Some(&old), Some(&new));
+        let of = |name: &str| plan.steps.iter().find(|s| s.name == name).unwrap();
+        assert_eq!(of("in").change, Change::Updated);
+        assert_eq!(
+            of("in").reason.as_ref().unwrap().changed,
+            vec![change("topic", Some("in"), Some("in-v2"))]
+        );
+        assert_eq!(of("a").change, Change::Replaced);
+        assert_eq!(of("a").reason.as_ref().unwrap().upstream, ["in"]);
+        assert_eq!(of("b").reason.as_ref().unwrap().upstream, ["a"]);
+        assert_eq!(of("out").change, Change::Unchanged);
+        assert!(of("out").reason.is_none());
+    }
+
+    #[test]
+    fn settings_outside_the_identity_update_in_place_with_their_reason() {
+        let old = topology(&[]);
+        let new = topology(&[(
+            "a",
+            "kind: processor\ninput: in\njq: '.'\nscale: { min: 2, max: 4 }\ndescription: d\n",
+        )]);
+        let plan = plan_topology(Some(&old), Some(&new));
+        let a = &plan.steps[1];
+        assert_eq!((a.name.as_str(), a.change), ("a", Change::Updated));
+        let fields: Vec<&str> = a
+            .reason
+            .as_ref()
+            .unwrap()
+            .changed
+            .iter()
+            .map(|c| c.field.as_str())
+            .collect();
+        assert_eq!(fields, ["scale", "description"]);
+        assert_eq!(plan.steps[2].change, Change::Unchanged);
+    }
+
+    /// Whatever makes a processor's identity change, its plan says why.
+    #[test]
+    fn every_replaced_processor_has_a_reason() {
+        let base = topology(&[]);
+        let variants: [&[(&str, &str)]; 7] = [
+            &[("a", "kind: processor\ninput: in\njq: '. '\n")],
+            &[("a", "kind: processor\ninput: in\njq: '.'\nenv: { A: '1' }\n")],
+            &[("a", "kind: processor\ninput: in\njq: '.'\npartitions: 9\n")],
+            &[("in", "kind: source\ntopic: other\n")],
+            &[("out", "kind: sink\ntopic: out\ninput: a\n")],
+            &[("out", "kind: sink\ntopic: out-v2\ninput: b\n")],
+            &[
+                ("b", "kind: processor\ninput: in\njq: '.'\n"),
+                ("out", "kind: sink\ntopic: out\ninput: [a, b]\n"),
+            ],
+        ];
+        for (i, files) in variants.iter().enumerate() {
+            let new = topology(files);
+            let plan = plan_topology(Some(&base), Some(&new));
+            let replaced: Vec<_> = plan
+                .steps
+                .iter()
+                .filter(|s| s.change == Change::Replaced)
+                .collect();
+            assert!(!replaced.is_empty(), "variant {i} replaces something");
+            for step in replaced {
+                assert_eq!(step.kind, Kind::Processor, "variant {i}: {}", step.name);
+                let reason = step.reason.as_ref().unwrap();
+                assert!(!reason.is_empty(), "variant {i}: {} has no reason", step.name);
+            }
+            assert!(
+                plan.steps
+                    .iter()
+                    .filter(|s| s.kind != Kind::Processor)
+                    .all(|s| s.change != Change::Replaced),
+                "variant {i}: sources and sinks are never replaced"
+            );
+        }
+    }
+}
