@@ -626,7 +626,10 @@ fn the_plan_with_keep_topics_is_what_the_engine_with_keep_topics_does() {
             actions: None,
         };
         assert!(daemon(&world, &state, &[step], &mut 0));
-        before.difference(&topics(&world)).cloned().collect::<Vec<_>>()
+        before
+            .difference(&topics(&world))
+            .cloned()
+            .collect::<Vec<_>>()
     };
     let plan = plumber::plan::plan(
         Some(("r1", std::slice::from_ref(&from))),
@@ -648,7 +651,10 @@ fn the_plan_with_keep_topics_is_what_the_engine_with_keep_topics_does() {
     assert!(plan.topologies[0].kept_topics.is_empty());
 
     let kept = plan.clone().keeping_topics();
-    assert!(deleted_by_run(true).is_empty(), "--keep-topics deletes nothing");
+    assert!(
+        deleted_by_run(true).is_empty(),
+        "--keep-topics deletes nothing"
+    );
     assert!(deletes(&kept).is_empty());
     assert_eq!(kept.topologies[0].kept_topics, deleted);
     assert_eq!(

@@ -331,7 +331,10 @@ mod tests {
         let http = |port: u16| {
             format!("kind: processor\ninput: in\nhttp: {{ image: score:2, port: {port} }}\n")
         };
-        let (old, new) = (topology(&[("a", &http(8080))]), topology(&[("a", &http(9090))]));
+        let (old, new) = (
+            topology(&[("a", &http(8080))]),
+            topology(&[("a", &http(9090))]),
+        );
         assert_eq!(
             reason(&old, &new, "a").changed,
             vec![change("http.port", Some("8080"), Some("9090"))]
@@ -424,7 +427,10 @@ mod tests {
         let base = topology(&[]);
         let variants: [&[(&str, &str)]; 7] = [
             &[("a", "kind: processor\ninput: in\njq: '. '\n")],
-            &[("a", "kind: processor\ninput: in\njq: '.'\nenv: { A: '1' }\n")],
+            &[(
+                "a",
+                "kind: processor\ninput: in\njq: '.'\nenv: { A: '1' }\n",
+            )],
             &[("a", "kind: processor\ninput: in\njq: '.'\npartitions: 9\n")],
             &[("in", "kind: source\ntopic: other\n")],
             &[("out", "kind: sink\ntopic: out\ninput: a\n")],
@@ -446,7 +452,11 @@ mod tests {
             for step in replaced {
                 assert_eq!(step.kind, Kind::Processor, "variant {i}: {}", step.name);
                 let reason = step.reason.as_ref().unwrap();
-                assert!(!reason.is_empty(), "variant {i}: {} has no reason", step.name);
+                assert!(
+                    !reason.is_empty(),
+                    "variant {i}: {} has no reason",
+                    step.name
+                );
             }
             assert!(
                 plan.steps
