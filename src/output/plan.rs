@@ -600,20 +600,30 @@ fn topology_steps(out: &mut String, topology: &TopologyPlan, shape: &Shape) {
         return;
     }
     let shown = shape.steps.unwrap_or(changed.len()).min(changed.len());
+    // Owners only where the repository names some (CODEOWNERS).
+    let owned = changed.iter().any(|s| !s.owners.is_empty());
     if shown > 0 {
-        out.push_str("| Step | Kind | Change | Why | File | Owners |\n");
-        out.push_str("|---|---|---|---|---|---|\n");
+        out.push_str("| Step | Kind | Change | Why | File |");
+        out.push_str(if owned { " Owners |\n" } else { "\n" });
+        out.push_str(if owned {
+            "|---|---|---|---|---|---|\n"
+        } else {
+            "|---|---|---|---|---|\n"
+        });
         for step in &changed[..shown] {
-            let _ = writeln!(
+            let _ = write!(
                 out,
-                "| `{}` | {} | {} | {} | `{}` | {} |",
+                "| `{}` | {} | {} | {} | `{}` |",
                 step.name,
                 serde_plain(&step.kind),
                 change_word(step.change),
                 cell(&why(step)),
                 cell(&step.file),
-                cell(&step.owners.join(" "))
             );
+            if owned {
+                let _ = write!(out, " {} |", cell(&step.owners.join(" ")));
+            }
+            out.push('\n');
         }
     }
     if shown < changed.len() {
