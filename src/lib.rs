@@ -24,6 +24,7 @@ pub mod forge;
 pub mod graph;
 pub mod kafka;
 pub mod output;
+pub mod owners;
 pub mod plan;
 pub mod repo;
 pub mod runtime;

@@ -124,6 +124,8 @@ impl Faults {
 struct World {
     faults: Faults,
     inner: Mutex<Inner>,
+    /// The engine's `keep_topics` (`plumber up --keep-topics`).
+    keep_topics: AtomicBool,
 }
 
 #[derive(Default, Clone, PartialEq, Debug)]
@@ -448,6 +450,7 @@ fn with_engine_seeing<T>(
         poll: std::time::Duration::ZERO,
         topic_poll: std::time::Duration::ZERO,
         retry: (std::time::Duration::ZERO, std::time::Duration::ZERO),
+        keep_topics: world.keep_topics.load(Ordering::SeqCst),
         ..CutoverConfig::default()
     };
     body(&Engine {
@@ -617,6 +620,60 @@ fn a_first_deploy_starts_every_processor_at_explicit_offsets() {
         .unwrap();
     assert_eq!(inner.committed[a].len(), 3, "a's offsets on `in` are set");
     assert_eq!(state.history().unwrap().len(), 1);
+}
+
+/// `plumber plan --keep-topics` shows what a daemon with `--keep-topics` does: the topics the
+/// engine would delete without it are the ones the plan lists as kept, and it deletes none.
+#[test]
+fn the_plan_with_keep_topics_is_what_the_engine_with_keep_topics_does() {
+    let (from, to) = (revision(1, 1, false), revision(2, 1, false));
+    let deleted_by_run = |keep: bool| {
+        let (world, _dir, state) = deployed(&from);
+        world.keep_topics.store(keep, Ordering::SeqCst);
+        let topics = |w: &World| -> BTreeSet<String> { w.snapshot().topics.into_keys().collect() };
+        let before = topics(&world);
+        let step = Step {
+            commit: "r2",
+            topology: &to,
+            actions: None,
+        };
+        assert!(daemon(&world, &state, &[step], &mut 0));
+        before
+            .difference(&topics(&world))
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    let plan = plumber::plan::plan(
+        Some(("r1", std::slice::from_ref(&from))),
+        ("r2", std::slice::from_ref(&to)),
+    );
+    let deletes = |plan: &plumber::plan::Plan| -> Vec<String> {
+        plan.topologies[0]
+            .actions
+            .iter()
+            .filter_map(|a| match a {
+                plumber::plan::Action::DeleteTopic { topic } => Some(topic.clone()),
+                _ => None,
+            })
+            .collect()
+    };
+    let deleted = deleted_by_run(false);
+    assert_eq!(deleted.len(), 1, "replacing `a` retires its internal topic");
+    assert_eq!(deletes(&plan), deleted);
+    assert!(plan.topologies[0].kept_topics.is_empty());
+
+    let kept = plan.clone().keeping_topics();
+    assert!(
+        deleted_by_run(true).is_empty(),
+        "--keep-topics deletes nothing"
+    );
+    assert!(deletes(&kept).is_empty());
+    assert_eq!(kept.topologies[0].kept_topics, deleted);
+    assert_eq!(
+        kept.topologies[0].actions.len(),
+        plan.topologies[0].actions.len() - 1,
+        "nothing else changes"
+    );
 }
 
 #[test]
