@@ -319,14 +319,18 @@ fn an_exec_child_that_hangs_or_writes_garbage_is_dead_lettered_and_cannot_shift_
     let dir = tempfile::tempdir().unwrap();
     let script = dir.path().join("unruly.py");
     std::fs::write(&script, UNRULY_CHILD).unwrap();
+    // The transform timeout must cover a restarted child's start and its first 16 MiB of
+    // the 100 MB line (id 4) on a loaded machine: at 1 s, CI's 2 busy cores once took longer
+    // and id 4 timed out instead of breaking the protocol. Id 2 hangs until the record
+    // timeout ends its second attempt.
     let step = step(
         "unruly",
         &topics,
         &[
             "--record-timeout",
-            "3",
+            "6",
             "--transform-timeout",
-            "1",
+            "4",
             "--attempts",
             "10",
             "--exec",
@@ -347,7 +351,7 @@ fn an_exec_child_that_hangs_or_writes_garbage_is_dead_lettered_and_cannot_shift_
     let hung = &dead[&2];
     assert_eq!(kind(hung), "timeout");
     assert!(
-        error(hung).contains("--record-timeout (3 s)"),
+        error(hung).contains("--record-timeout (6 s)"),
         "{}",
         error(hung)
     );
