@@ -124,6 +124,7 @@ fn daemon_config(config: &Config) -> Result<DaemonConfig> {
     out.branch = config.repository.branch.clone();
     out.listen = config.listen;
     out.poll_interval = config.repository.poll_interval;
+    out.trusted_keys = config.trusted_keys.clone();
     out.webhook_secret = config
         .webhook
         .as_ref()

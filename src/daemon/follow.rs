@@ -136,7 +136,8 @@ const MAX_INVALID_RUN: usize = 100;
 /// The newest valid commit of the branch, if the head moved and that commit is not the one
 /// the workers already have. An invalid head is recorded as the last error; its first-parent
 /// ancestors are searched for the newest valid commit (a valid commit followed by a broken one
-/// still gets applied), back to the revision already running.
+/// still gets applied), back to the revision already running. With trusted keys, a head they
+/// did not sign is recorded as the last error and nothing is applied ([`refuse_untrusted`]).
 fn newest_valid(
     context: &Context,
     followed: &mut Followed,
@@ -169,6 +170,21 @@ fn newest_valid(
         let commit = candidate.to_string();
         if followed.desired.as_deref() == Some(commit.as_str()) {
             return Ok(None);
+        }
+        if let Some(keys) = &context.trusted_keys {
+            let verdict = match keys.verify(repository.git(), candidate) {
+                Ok(verdict) => verdict,
+                Err(error) => {
+                    // Not a verdict on the commit: look at it again next time.
+                    followed.head = None;
+                    return Err(error.into());
+                }
+            };
+            // The hook for the forge's commit status: `verdict` is what it reports.
+            if !verdict.is_trusted() {
+                refuse_untrusted(context, keys, &commit, &verdict, candidate == head);
+                return Ok(None);
+            }
         }
         match context.revisions.load(&commit) {
             Ok(revision) => {
@@ -223,6 +239,33 @@ fn newest_valid(
         }
     }
     Ok(None)
+}
+
+/// An untrusted commit is never applied, and nothing older is applied in its place (Flux's
+/// `verify` does the same): what runs keeps running until a trusted head arrives. So the
+/// walk back from an invalid head stops at the first commit no trusted key signed.
+fn refuse_untrusted(
+    context: &Context,
+    keys: &crate::trust::TrustedKeys,
+    commit: &str,
+    verdict: &crate::trust::Verdict,
+    is_head: bool,
+) {
+    let message = verdict.describe(commit, keys.dir());
+    if !is_head {
+        // The invalid head's error is the one shown.
+        tracing::warn!(%commit, verdict = verdict.label(), key = verdict.key(), "the head is not valid and its newest ancestor is not signed by a trusted key; what runs keeps running");
+        return;
+    }
+    context.store.metrics.untrusted_commits.inc();
+    tracing::error!(%commit, verdict = verdict.label(), key = verdict.key(), trusted_keys = %keys.dir().display(), "{message}; what runs keeps running");
+    context.store.set_error(Some(LastError {
+        commit: Some(commit.to_owned()),
+        topology: None,
+        message,
+        at: cutover::now(),
+        place: None,
+    }));
 }
 
 /// The first commit of `head`'s first-parent history: what identifies a repository across

@@ -124,6 +124,7 @@ pub struct Metrics {
     pub registry: Arc<Registry>,
     pub commits_seen: Counter,
     pub invalid_commits: Counter,
+    pub untrusted_commits: Counter,
     pub cutovers: Family<OutcomeLabels, Counter>,
     pub cutover_actions: Family<TopologyLabel, Counter>,
     pub cutover_seconds: Family<TopologyLabel, Histogram>,
@@ -138,6 +139,7 @@ impl Default for Metrics {
         let mut registry = Registry::with_prefix("plumber");
         let commits_seen = Counter::default();
         let invalid_commits = Counter::default();
+        let untrusted_commits = Counter::default();
         let cutovers = Family::<OutcomeLabels, Counter>::default();
         let cutover_actions = Family::<TopologyLabel, Counter>::default();
         let cutover_seconds = Family::<TopologyLabel, Histogram>::new_with_constructor(|| {
@@ -156,6 +158,11 @@ impl Default for Metrics {
             "invalid_commits",
             "Commits refused by validation (never applied)",
             invalid_commits.clone(),
+        );
+        registry.register(
+            "untrusted_commits",
+            "Branch heads refused because no trusted key signed them (never applied)",
+            untrusted_commits.clone(),
         );
         registry.register("cutovers", "Cutovers by outcome", cutovers.clone());
         registry.register(
@@ -192,6 +199,7 @@ impl Default for Metrics {
             registry: Arc::new(registry),
             commits_seen,
             invalid_commits,
+            untrusted_commits,
             cutovers,
             cutover_actions,
             cutover_seconds,
