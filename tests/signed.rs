@@ -504,13 +504,36 @@ fn the_daemon_applies_only_trusted_heads_and_keeps_the_last_good_commit_running(
     daemon.wait_status("the trusted head is applied", |s| {
         s["commit"] == good.to_string().as_str()
     });
-    assert_eq!(daemon.status()["lastError"], Value::Null);
+    let status = daemon.status();
+    assert_eq!(status["lastError"], Value::Null);
+    assert_eq!(status["signature"]["commit"], good.to_string().as_str());
+    assert_eq!(status["signature"]["trusted"], true, "{status}");
+    assert_eq!(status["signature"]["verdict"], "trusted");
+    assert_eq!(status["signature"]["kind"], "ssh");
+    assert_eq!(daemon.metric("plumber_head_untrusted"), Some(0.0));
 
     // Pushed one after another, each waited for: every head is looked at.
     let unsigned = commit(&repo, "unsigned", &[write("README.md", "2")], |_| None);
     let message = daemon.wait_refused(unsigned, good);
     assert!(message.contains("is not signed"), "{message}");
-    assert_eq!(daemon.metric("plumber_untrusted_commits_total"), Some(1.0));
+    let status = daemon.status();
+    assert_eq!(status["phase"], "error", "{status}");
+    assert_eq!(status["signature"]["commit"], unsigned.to_string().as_str());
+    assert_eq!(status["signature"]["trusted"], false);
+    assert_eq!(status["signature"]["verdict"], "unsigned");
+    assert_eq!(status["signature"]["message"], message.as_str());
+    assert_eq!(
+        daemon.metric("plumber_untrusted_commits_total{verdict=\"unsigned\"}"),
+        Some(1.0)
+    );
+    assert_eq!(daemon.metric("plumber_head_untrusted"), Some(1.0));
+    // `plumber status` names the verdict beside the last error.
+    let (code, out, err) = common::run(&["status", "--server", &daemon.server]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("last error: commit ") && out.contains("signature: refused (unsigned)"),
+        "{out}"
+    );
 
     let mallory = openpgp_key("Mallory <mallory@example.com>");
     let by_mallory = commit(&repo, "mallory", &[write("README.md", "3")], |data| {
@@ -529,16 +552,42 @@ fn the_daemon_applies_only_trusted_heads_and_keeps_the_last_good_commit_running(
     });
     let message = daemon.wait_refused(tampered, good);
     assert!(message.contains("does not verify"), "{message}");
-    assert_eq!(daemon.metric("plumber_untrusted_commits_total"), Some(3.0));
+    for verdict in ["unsigned", "unknown-key", "bad-signature"] {
+        let metric = format!("plumber_untrusted_commits_total{{verdict=\"{verdict}\"}}");
+        assert_eq!(daemon.metric(&metric), Some(1.0), "{metric}");
+    }
 
-    // Its parents were refused, not this one: a trusted head is applied, the error ends.
-    let trusted = commit(&repo, "by alice", &[write("README.md", "5")], |data| {
+    // The bad push undone (the branch reset to what runs): the refusal is over.
+    repo.git
+        .reference("refs/heads/main", good, true, "reset")
+        .unwrap();
+    let status = daemon.wait_status("the reset head is trusted again", |s| {
+        s["signature"]["commit"] == good.to_string().as_str()
+    });
+    assert_eq!(status["lastError"], Value::Null, "{status}");
+    assert_eq!(status["phase"], "idle", "{status}");
+    assert_eq!(daemon.metric("plumber_head_untrusted"), Some(0.0));
+
+    // A trusted head on top of a refused one (its parent, never applied) is applied.
+    let unsigned_again = commit(&repo, "unsigned", &[write("README.md", "5")], |_| None);
+    daemon.wait_refused(unsigned_again, good);
+    let trusted = commit(&repo, "by alice", &[write("README.md", "6")], |data| {
         Some(openpgp_sign(&keyring.alice, data))
     });
     let status = daemon.wait_status("the trusted head is applied", |s| {
         s["commit"] == trusted.to_string().as_str()
     });
     assert_eq!(status["lastError"], Value::Null, "{status}");
+    assert_eq!(status["signature"]["verdict"], "trusted", "{status}");
+    assert_eq!(
+        status["signature"]["fingerprint"],
+        fingerprint(&keyring.alice).as_str()
+    );
+    let (_, out, _) = common::run(&["status", "--server", &daemon.server]);
+    assert!(
+        out.contains("signature: commit ") && out.contains("is signed by trusted OpenPGP key"),
+        "{out}"
+    );
 
     // Each refusal is a log line with its fields (JSON: stderr is not a terminal).
     let log = std::fs::read_to_string(&daemon.log).unwrap();
