@@ -104,7 +104,7 @@ pub fn run(path: &Path) -> Result<()> {
         Some(records.clone()),
         Some(records),
     )
-    .context("opening the cache directory")?;
+    .context("preparing the daemon (cache directory, trusted keys)")?;
     let mut daemon = Daemon::start(context).context("starting the daemon")?;
     if let Some(signal) = signals.forever().next() {
         tracing::info!(

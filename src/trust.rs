@@ -744,6 +744,20 @@ mod tests {
     }
 
     #[test]
+    fn a_mounted_config_map_is_read_through_its_links_and_its_hidden_entries_skipped() {
+        // What the kubelet makes of a ConfigMap: the files in a hidden timestamped directory,
+        // `..data` linking to it, and a link per key.
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("..2026_12_01_18_00_00.1");
+        std::fs::create_dir(&data).unwrap();
+        std::fs::write(data.join("bob.pub"), ssh_line()).unwrap();
+        std::os::unix::fs::symlink(&data, dir.path().join("..data")).unwrap();
+        std::os::unix::fs::symlink("..data/bob.pub", dir.path().join("bob.pub")).unwrap();
+        let keys = TrustedKeys::load(dir.path()).unwrap();
+        assert_eq!(keys.len(), 1);
+    }
+
+    #[test]
     fn a_damaged_openpgp_block_names_its_file_and_the_line_it_begins_on() {
         let dir = dir_with(&[(
             "alice.asc",

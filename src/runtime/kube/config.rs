@@ -28,7 +28,7 @@
 //!   repo: acme/topologies        # GitLab: the project id or its path
 //!   tokenFile: /var/run/secrets/plumber/forge/token
 //!   # url: https://ghe.example/api/v3   (default: the public service's API)
-//! trustedKeys: /etc/plumber/trusted-keys  # apply only commits signed by these keys; absent: any
+//! trustedKeys: /etc/plumber-trusted-keys  # apply only commits signed by these keys; absent: any
 //! ```
 
 use std::collections::BTreeMap;
@@ -460,12 +460,12 @@ forge:
   url: https://gitlab.example/api/v4
   repo: acme/streams/topologies
   tokenFile: /var/run/secrets/plumber/forge/token
-trustedKeys: /etc/plumber/trusted-keys
+trustedKeys: /etc/plumber-trusted-keys
 ",
         )?;
         assert_eq!(
             config.trusted_keys.as_deref(),
-            Some(Path::new("/etc/plumber/trusted-keys"))
+            Some(Path::new("/etc/plumber-trusted-keys"))
         );
         assert_eq!(config.kubernetes.namespace.as_deref(), Some("streams"));
         assert_eq!(config.repository.poll_interval, Duration::from_secs(120));
