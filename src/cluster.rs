@@ -104,7 +104,7 @@ pub fn run(path: &Path) -> Result<()> {
         Some(records.clone()),
         Some(records),
     )
-    .context("opening the cache directory")?;
+    .context("preparing the daemon (cache directory, trusted keys)")?;
     let mut daemon = Daemon::start(context).context("starting the daemon")?;
     if let Some(signal) = signals.forever().next() {
         tracing::info!(
@@ -124,6 +124,7 @@ fn daemon_config(config: &Config) -> Result<DaemonConfig> {
     out.branch = config.repository.branch.clone();
     out.listen = config.listen;
     out.poll_interval = config.repository.poll_interval;
+    out.trusted_keys = config.trusted_keys.clone();
     out.webhook_secret = config
         .webhook
         .as_ref()

@@ -15,7 +15,8 @@
 //!    at a time, against a [`runtime`] (where processors run) and Kafka ([`kafka`]), saving
 //!    each action's effect in a [`store`] (the state directory of `plumber up`).
 //!
-//! [`forge`] puts the plan of a pull request on GitHub or GitLab (a comment and a status).
+//! [`forge`] puts the plan of a pull request on GitHub or GitLab (a comment and a status);
+//! [`trust`] tells whether a commit is signed by a trusted key (`--trusted-keys`).
 
 pub mod cutover;
 pub mod daemon;
@@ -30,6 +31,7 @@ pub mod repo;
 pub mod runtime;
 pub mod spec;
 pub mod store;
+pub mod trust;
 
 use diagnostic::Diagnostic;
 use graph::Topology;

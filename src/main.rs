@@ -39,6 +39,10 @@ enum Command {
         rev: String,
         #[arg(long, value_enum, default_value_t = TextOrJson::Text)]
         format: TextOrJson,
+        /// Also check that the commit is signed by a key of DIR (OpenPGP `*.asc`, SSH `*.pub`),
+        /// as `up --trusted-keys DIR` requires of every commit it applies.
+        #[arg(long, env = "PLUMBER_TRUSTED_KEYS", value_name = "DIR")]
+        trusted_keys: Option<std::path::PathBuf>,
     },
     /// Print the step graph of a commit.
     Graph {
@@ -124,6 +128,11 @@ enum Command {
         /// property per file (sasl.username, sasl.password, …; ca.crt, tls.crt, tls.key).
         #[arg(long, env = "PLUMBER_KAFKA_CREDENTIALS", value_name = "DIR")]
         kafka_credentials: Option<std::path::PathBuf>,
+        /// Apply only commits signed by a key of DIR: OpenPGP public keys (`*.asc`, armored)
+        /// and SSH public keys (`*.pub`). An unsigned or otherwise signed head is refused and
+        /// what runs keeps running. Read at start.
+        #[arg(long, env = "PLUMBER_TRUSTED_KEYS", value_name = "DIR")]
+        trusted_keys: Option<std::path::PathBuf>,
     },
     /// Show what a running daemon is doing: per topology, commit, phase, steps and lag.
     Status {
@@ -223,15 +232,44 @@ fn main() -> ExitCode {
 
 fn run(command: Command) -> Result<ExitCode> {
     match command {
-        Command::Validate { repo, rev, format } => {
+        Command::Validate {
+            repo,
+            rev,
+            format,
+            trusted_keys,
+        } => {
             let repo = Repository::open(&repo)?;
             let (commit, validation) = validate_rev(&repo, &rev)?;
+            let signature = trusted_keys
+                .map(|dir| check_signature(&repo, &commit, &dir))
+                .transpose()?;
             let text = match format {
-                TextOrJson::Json => json_line(&output::validation_json(&commit, &validation))?,
-                TextOrJson::Text => output::validation_text(&commit, &validation),
+                TextOrJson::Json => {
+                    let mut json = output::validation_json(&commit, &validation);
+                    if let (Some(object), Some((_, json_signature))) =
+                        (json.as_object_mut(), &signature)
+                    {
+                        object.insert("signature".into(), json_signature.clone());
+                    }
+                    json_line(&json)?
+                }
+                TextOrJson::Text => {
+                    let mut text = output::validation_text(&commit, &validation);
+                    if let Some((verdict, json_signature)) = &signature {
+                        let message = json_signature["message"].as_str().unwrap_or_default();
+                        let lead = if verdict.is_trusted() {
+                            "signed"
+                        } else {
+                            "untrusted"
+                        };
+                        text.push_str(&format!("{lead}: {message}\n"));
+                    }
+                    text
+                }
             };
             print(&text)?;
-            Ok(exit_for(validation.is_valid()))
+            let trusted = signature.as_ref().is_none_or(|(v, _)| v.is_trusted());
+            Ok(exit_for(validation.is_valid() && trusted))
         }
         Command::Graph {
             repo,
@@ -333,6 +371,7 @@ fn run(command: Command) -> Result<ExitCode> {
             secrets,
             kafka_credentials,
             assignor,
+            trusted_keys,
         } => {
             let branch = match branch {
                 Some(branch) => branch,
@@ -350,6 +389,7 @@ fn run(command: Command) -> Result<ExitCode> {
                 .map(|file| read_webhook_secret(&file))
                 .transpose()?;
             config.kafka_credentials = kafka_credentials.clone();
+            config.trusted_keys = trusted_keys;
             config.assignor = match assignor {
                 AssignorChoice::Cooperative => plumber::runtime::Assignor::Cooperative,
                 AssignorChoice::Eager => plumber::runtime::Assignor::Eager,
@@ -455,6 +495,23 @@ pub(crate) fn read_webhook_secret(file: &std::path::Path) -> Result<String> {
         );
     }
     Ok(secret.to_owned())
+}
+
+/// The verdict of `--trusted-keys DIR` on `commit`, and its JSON (the verdict's fields,
+/// `trusted` and the `message` a person reads).
+fn check_signature(
+    repo: &Repository,
+    commit: &str,
+    dir: &std::path::Path,
+) -> Result<(plumber::trust::Verdict, serde_json::Value)> {
+    let keys = plumber::trust::TrustedKeys::load(dir)?;
+    let verdict = keys.verify(repo.git(), git2::Oid::from_str(commit)?)?;
+    let mut json = serde_json::to_value(&verdict).context("encoding JSON")?;
+    if let Some(object) = json.as_object_mut() {
+        object.insert("trusted".into(), verdict.is_trusted().into());
+        object.insert("message".into(), verdict.describe(commit, dir).into());
+    }
+    Ok((verdict, json))
 }
 
 /// The branch a local repository has checked out.

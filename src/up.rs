@@ -26,7 +26,8 @@ pub fn run(config: DaemonConfig, local: LocalConfig) -> Result<()> {
     let runtime = Arc::new(
         LocalRuntime::open(&config.state_dir, local).context("starting the local runtime")?,
     );
-    let context = Context::new(config, runtime.clone()).context("opening the state directory")?;
+    let context = Context::new(config, runtime.clone())
+        .context("preparing the daemon (state directory, trusted keys)")?;
     let mut daemon = Daemon::start(context).context("starting the daemon")?;
     eprintln!(
         "plumber is following the branch; status: `plumber status --server http://{}`",

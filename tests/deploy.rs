@@ -360,6 +360,21 @@ fn the_daemon_reads_the_config_it_is_given() {
             assert!(mounted(&credentials.dir), "{}", credentials.dir.display());
         }
     }
+    // Signed commits are opt-in: daemon.yaml shows them commented out; uncommented, the
+    // directory it names is where the pod mounts the trusted keys.
+    assert!(config.trusted_keys.is_none(), "opt-in");
+    let text = std::fs::read_to_string(deploy_dir().join("daemon.yaml")).expect("daemon.yaml");
+    assert!(
+        text.contains("\n# trustedKeys: "),
+        "daemon.yaml shows trustedKeys"
+    );
+    let opted_in = Config::parse(
+        &text.replace("\n# trustedKeys: ", "\ntrustedKeys: "),
+        Path::new("daemon.yaml"),
+    )
+    .expect("daemon.yaml with trustedKeys reads");
+    let keys = opted_in.trusted_keys.expect("trustedKeys is read");
+    assert!(mounted(&keys), "{} is not mounted", keys.display());
 }
 
 /// One RBAC rule, flattened for comparison: (API group, resource, resource names, verbs).

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 
-use super::status::LastError;
+use super::status::{LastError, SignatureStatus, VerdictLabel};
 use super::worker::Worker;
 use super::{Context, Error, Revision, Trigger};
 use crate::cutover;
@@ -136,7 +136,8 @@ const MAX_INVALID_RUN: usize = 100;
 /// The newest valid commit of the branch, if the head moved and that commit is not the one
 /// the workers already have. An invalid head is recorded as the last error; its first-parent
 /// ancestors are searched for the newest valid commit (a valid commit followed by a broken one
-/// still gets applied), back to the revision already running.
+/// still gets applied), back to the revision already running. With trusted keys, a head they
+/// did not sign is recorded as the last error and nothing is applied ([`refuse_untrusted`]).
 fn newest_valid(
     context: &Context,
     followed: &mut Followed,
@@ -167,21 +168,42 @@ fn newest_valid(
     let mut candidate = head;
     for _ in 0..MAX_INVALID_RUN {
         let commit = candidate.to_string();
+        if let Some(keys) = &context.trusted_keys {
+            let verdict = match keys.verify(repository.git(), candidate) {
+                Ok(verdict) => verdict,
+                Err(error) => {
+                    // Not a verdict on the commit: look at it again next time.
+                    followed.head = None;
+                    return Err(error.into());
+                }
+            };
+            let trusted = verdict.is_trusted();
+            if candidate == head {
+                context
+                    .store
+                    .metrics
+                    .head_untrusted
+                    .set(i64::from(!trusted));
+                context.store.write().signature =
+                    Some(SignatureStatus::new(&commit, verdict.clone(), keys.dir()));
+            }
+            if !trusted {
+                refuse_untrusted(context, keys, &commit, &verdict, candidate == head);
+                return Ok(None);
+            }
+        }
         if followed.desired.as_deref() == Some(commit.as_str()) {
+            if candidate == head {
+                // The branch went back to what runs (a bad push undone): its error is over.
+                clear_repository_error(context);
+            }
             return Ok(None);
         }
         match context.revisions.load(&commit) {
             Ok(revision) => {
                 if candidate == head {
                     tracing::info!(%commit, "new valid commit");
-                    // A valid head ends a repository-level error; a topology's own error stays.
-                    let kept = context
-                        .store
-                        .read()
-                        .last_error
-                        .clone()
-                        .filter(|e| e.topology.is_some());
-                    context.store.set_error(kept);
+                    clear_repository_error(context);
                 } else {
                     tracing::warn!(%commit, head = %head, "the head is not valid; applying its newest valid ancestor");
                 }
@@ -223,6 +245,51 @@ fn newest_valid(
         }
     }
     Ok(None)
+}
+
+/// A valid head ends a repository-level error; a topology's own error stays.
+fn clear_repository_error(context: &Context) {
+    let kept = context
+        .store
+        .read()
+        .last_error
+        .clone()
+        .filter(|e| e.topology.is_some());
+    context.store.set_error(kept);
+}
+
+/// An untrusted commit is never applied, and nothing older is applied in its place (Flux's
+/// `verify` does the same): what runs keeps running until a trusted head arrives. So the
+/// walk back from an invalid head stops at the first commit no trusted key signed.
+fn refuse_untrusted(
+    context: &Context,
+    keys: &crate::trust::TrustedKeys,
+    commit: &str,
+    verdict: &crate::trust::Verdict,
+    is_head: bool,
+) {
+    let message = verdict.describe(commit, keys.dir());
+    if !is_head {
+        // The invalid head's error is the one shown.
+        tracing::warn!(%commit, verdict = verdict.label(), key = verdict.key(), "the head is not valid and its newest ancestor is not signed by a trusted key; what runs keeps running");
+        return;
+    }
+    context
+        .store
+        .metrics
+        .untrusted_commits
+        .get_or_create(&VerdictLabel {
+            verdict: verdict.label().to_owned(),
+        })
+        .inc();
+    tracing::error!(%commit, verdict = verdict.label(), key = verdict.key(), trusted_keys = %keys.dir().display(), "{message}; what runs keeps running");
+    context.store.set_error(Some(LastError {
+        commit: Some(commit.to_owned()),
+        topology: None,
+        message,
+        at: cutover::now(),
+        place: None,
+    }));
 }
 
 /// The first commit of `head`'s first-parent history: what identifies a repository across

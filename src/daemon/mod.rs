@@ -8,7 +8,7 @@
 //! (lag, instances, stalls) for status and metrics; [`api`] serves [`status`] to readers.
 //!
 //! An invalid commit is never applied: the last valid one keeps running and the error shows
-//! in status, logs and metrics.
+//! in status, logs and metrics. With trusted keys, neither is a head they did not sign.
 
 pub mod api;
 mod follow;
@@ -76,6 +76,9 @@ pub struct DaemonConfig {
     pub cutover: CutoverConfig,
     /// Verifies `POST /hooks/git` when set.
     pub webhook_secret: Option<String>,
+    /// When set, only commits signed by a key of this directory are applied
+    /// (`--trusted-keys`, [`crate::trust`]); read once, at start.
+    pub trusted_keys: Option<PathBuf>,
 }
 
 impl DaemonConfig {
@@ -107,6 +110,7 @@ impl DaemonConfig {
             assignor: crate::runtime::Assignor::default(),
             cutover: CutoverConfig::default(),
             webhook_secret: None,
+            trusted_keys: None,
         }
     }
 }
@@ -123,6 +127,10 @@ pub enum Error {
     Kafka(#[from] crate::kafka::Error),
     #[error(transparent)]
     Cutover(#[from] cutover::Error),
+    #[error(transparent)]
+    TrustedKeys(#[from] crate::trust::LoadError),
+    #[error(transparent)]
+    Signature(#[from] crate::trust::ReadError),
     #[error("commit {commit} is not valid: {errors}")]
     Invalid {
         commit: String,
@@ -172,8 +180,12 @@ impl Error {
         match self {
             Error::Cutover(e) => e.is_retryable(),
             Error::Store(e) => e.is_retryable(),
-            Error::Invalid { .. } | Error::NoCluster { .. } | Error::NoBranch { .. } => false,
+            Error::Invalid { .. }
+            | Error::NoCluster { .. }
+            | Error::NoBranch { .. }
+            | Error::TrustedKeys(_) => false,
             Error::Watch(_)
+            | Error::Signature(_)
             | Error::Repo(_)
             | Error::Kafka(_)
             | Error::Listen { .. }
@@ -234,6 +246,8 @@ pub struct Context {
     pub runtime: Arc<dyn Runtime>,
     pub revisions: Revisions,
     pub store: Store,
+    /// The keys of [`DaemonConfig::trusted_keys`]: only commits they signed are applied.
+    pub trusted_keys: Option<Arc<crate::trust::TrustedKeys>>,
     connect: Box<Connect>,
     /// Per use and cluster: the cutover engine and the observer have clients of their own,
     /// so the observer's many lag reads (tansu answers each in up to seconds under load)
@@ -291,6 +305,16 @@ impl Context {
         status_sink: Option<Arc<dyn StatusSink>>,
         connect: Box<Connect>,
     ) -> Result<Arc<Self>, Error> {
+        // A directory that trusts nothing, or a key that cannot be read, stops the start: the
+        // operator asked for signed commits and must not get a daemon that applies none.
+        let trusted_keys = match &config.trusted_keys {
+            Some(dir) => {
+                let keys = crate::trust::TrustedKeys::load(dir)?;
+                tracing::info!(dir = %dir.display(), keys = keys.len(), "only commits signed by a trusted key are applied");
+                Some(Arc::new(keys))
+            }
+            None => None,
+        };
         let state = Arc::new(StateDir::open(&config.state_dir)?);
         let records = records.unwrap_or_else(|| state.clone() as Arc<dyn CutoverStore>);
         let mut source = Source::new(&config.repo, &config.state_dir);
@@ -307,6 +331,7 @@ impl Context {
             status_sink,
             runtime,
             store,
+            trusted_keys,
             connect,
             admins: Mutex::new(BTreeMap::new()),
             deliveries: Mutex::new(BTreeMap::new()),

@@ -30,6 +30,40 @@ pub struct Status {
     pub phase: Phase,
     pub topologies: Vec<TopologyStatus>,
     pub last_error: Option<LastError>,
+    /// With `--trusted-keys`: the verdict on the branch's head (absent without).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub signature: Option<SignatureStatus>,
+}
+
+/// The verdict of the trusted keys on the branch's head. It is also what a forge's commit
+/// status on that head reports ([`SignatureStatus::commit_status`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SignatureStatus {
+    pub commit: String,
+    pub trusted: bool,
+    /// `verdict` (`trusted`, `unsigned`, `unknown-key`, `bad-signature`) and its fields.
+    #[serde(flatten)]
+    pub verdict: crate::trust::Verdict,
+    /// Why, and for a refused head what to do.
+    pub message: String,
+}
+
+impl SignatureStatus {
+    pub fn new(commit: &str, verdict: crate::trust::Verdict, keys_dir: &std::path::Path) -> Self {
+        SignatureStatus {
+            commit: commit.to_owned(),
+            trusted: verdict.is_trusted(),
+            message: verdict.describe(commit, keys_dir),
+            verdict,
+        }
+    }
+
+    /// The forge commit status of the head: failure for a refused head (its message says
+    /// why and what to do); `None` for a trusted one, whose status is the plan's.
+    pub fn commit_status(&self) -> Option<crate::forge::CommitStatus> {
+        (!self.trusted)
+            .then(|| crate::forge::CommitStatus::new(crate::forge::State::Failure, &self.message))
+    }
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -113,6 +147,12 @@ pub struct StepLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct VerdictLabel {
+    /// `unsigned`, `unknown-key` or `bad-signature` ([`crate::trust::Verdict::label`]).
+    pub verdict: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabels {
     pub topology: String,
     pub outcome: String,
@@ -124,6 +164,9 @@ pub struct Metrics {
     pub registry: Arc<Registry>,
     pub commits_seen: Counter,
     pub invalid_commits: Counter,
+    pub untrusted_commits: Family<VerdictLabel, Counter>,
+    /// 1 while the branch's head is refused for its signature.
+    pub head_untrusted: Gauge,
     pub cutovers: Family<OutcomeLabels, Counter>,
     pub cutover_actions: Family<TopologyLabel, Counter>,
     pub cutover_seconds: Family<TopologyLabel, Histogram>,
@@ -138,6 +181,8 @@ impl Default for Metrics {
         let mut registry = Registry::with_prefix("plumber");
         let commits_seen = Counter::default();
         let invalid_commits = Counter::default();
+        let untrusted_commits = Family::<VerdictLabel, Counter>::default();
+        let head_untrusted = Gauge::default();
         let cutovers = Family::<OutcomeLabels, Counter>::default();
         let cutover_actions = Family::<TopologyLabel, Counter>::default();
         let cutover_seconds = Family::<TopologyLabel, Histogram>::new_with_constructor(|| {
@@ -156,6 +201,16 @@ impl Default for Metrics {
             "invalid_commits",
             "Commits refused by validation (never applied)",
             invalid_commits.clone(),
+        );
+        registry.register(
+            "untrusted_commits",
+            "Branch heads refused because no trusted key signed them (never applied), by verdict",
+            untrusted_commits.clone(),
+        );
+        registry.register(
+            "head_untrusted",
+            "1 while the branch's head is refused because no trusted key signed it",
+            head_untrusted.clone(),
         );
         registry.register("cutovers", "Cutovers by outcome", cutovers.clone());
         registry.register(
@@ -192,6 +247,8 @@ impl Default for Metrics {
             registry: Arc::new(registry),
             commits_seen,
             invalid_commits,
+            untrusted_commits,
+            head_untrusted,
             cutovers,
             cutover_actions,
             cutover_seconds,
@@ -318,5 +375,47 @@ mod tests {
         store.set_error(Some(error_of(None)));
         store.clear_error_of("t");
         assert!(store.read().last_error.is_some());
+    }
+
+    #[test]
+    fn the_signature_of_the_head_is_flat_json_and_a_refused_one_fails_the_commit_status() {
+        use crate::trust::{KeyKind, Verdict};
+        let dir = std::path::Path::new("/etc/plumber/keys");
+        let refused = SignatureStatus::new("0123456789abcdef", Verdict::Unsigned, dir);
+        let json = serde_json::to_value(&refused).unwrap_or_default();
+        assert_eq!(json["verdict"], "unsigned");
+        assert_eq!(json["trusted"], false);
+        assert_eq!(json["commit"], "0123456789abcdef");
+        let status = refused.commit_status();
+        assert!(
+            status
+                .as_ref()
+                .is_some_and(|s| s.state == crate::forge::State::Failure
+                    && s.description.contains("is not signed")
+                    && s.description.contains("/etc/plumber/keys")),
+            "{status:?}"
+        );
+
+        let unknown = Verdict::UnknownKey {
+            kind: KeyKind::Ssh,
+            key: "SHA256:abc".into(),
+        };
+        let json =
+            serde_json::to_value(SignatureStatus::new("c", unknown, dir)).unwrap_or_default();
+        assert_eq!(
+            (&json["verdict"], &json["kind"], &json["key"]),
+            (&"unknown-key".into(), &"ssh".into(), &"SHA256:abc".into())
+        );
+
+        let trusted = Verdict::Trusted(crate::trust::Signer {
+            kind: KeyKind::OpenPgp,
+            fingerprint: "ABCD".into(),
+            file: dir.join("team.asc"),
+        });
+        let trusted = SignatureStatus::new("c", trusted, dir);
+        assert!(trusted.trusted && trusted.commit_status().is_none());
+        let json = serde_json::to_value(&trusted).unwrap_or_default();
+        assert_eq!(json["fingerprint"], "ABCD");
+        assert_eq!(json["file"], "/etc/plumber/keys/team.asc");
     }
 }

@@ -16,11 +16,23 @@ pub fn text(status: &Value) -> String {
         commit(&status["commit"]),
         status["phase"].as_str().unwrap_or("?")
     );
+    let last_error = status["lastError"]["message"].as_str();
     if let Some(error) = status["lastError"].as_object() {
         out.push_str(&format!(
             "last error: {}\n",
             error.get("message").and_then(Value::as_str).unwrap_or("?")
         ));
+    }
+    if let Some(signature) = status["signature"].as_object() {
+        let message = signature.get("message").and_then(Value::as_str);
+        let verdict = signature.get("verdict").and_then(Value::as_str);
+        // A refused head is the last error already: name the verdict, not the same text twice.
+        match (message, verdict) {
+            (Some(message), Some(verdict)) if Some(message) == last_error => {
+                out.push_str(&format!("signature: refused ({verdict})\n"));
+            }
+            (message, _) => out.push_str(&format!("signature: {}\n", message.unwrap_or("?"))),
+        }
     }
     for topology in status["topologies"].as_array().into_iter().flatten() {
         out.push_str(&format!(

@@ -28,6 +28,7 @@
 //!   repo: acme/topologies        # GitLab: the project id or its path
 //!   tokenFile: /var/run/secrets/plumber/forge/token
 //!   # url: https://ghe.example/api/v3   (default: the public service's API)
+//! trustedKeys: /etc/plumber-trusted-keys  # apply only commits signed by these keys; absent: any
 //! ```
 
 use std::collections::BTreeMap;
@@ -89,6 +90,11 @@ pub struct Config {
     /// The forge the daemon posts pull requests' plans and commit statuses to; absent: none.
     #[serde(default)]
     pub forge: Option<crate::forge::Config>,
+    /// A directory of OpenPGP (`*.asc`) and SSH (`*.pub`) public keys, usually a mounted
+    /// ConfigMap or Secret: only branch heads signed by one of them are applied (as
+    /// `plumber up --trusted-keys`); absent: every valid head is.
+    #[serde(default)]
+    pub trusted_keys: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -423,6 +429,7 @@ images: { processor: 'plumber-processor:dev' }
         assert!(config.kafka.clusters.is_empty() && config.webhook.is_none());
         assert_eq!(config.cache_dir, Path::new("/var/lib/plumber"));
         assert!(config.forge.is_none());
+        assert!(config.trusted_keys.is_none());
         Ok(())
     }
 
@@ -453,8 +460,13 @@ forge:
   url: https://gitlab.example/api/v4
   repo: acme/streams/topologies
   tokenFile: /var/run/secrets/plumber/forge/token
+trustedKeys: /etc/plumber-trusted-keys
 ",
         )?;
+        assert_eq!(
+            config.trusted_keys.as_deref(),
+            Some(Path::new("/etc/plumber-trusted-keys"))
+        );
         assert_eq!(config.kubernetes.namespace.as_deref(), Some("streams"));
         assert_eq!(config.repository.poll_interval, Duration::from_secs(120));
         let cluster = &config.kafka.clusters["default"];
