@@ -78,6 +78,11 @@ enum Command {
         /// their deletions are listed as kept instead of as actions.
         #[arg(long)]
         keep_topics: bool,
+        /// Also show what a preview environment of the change would run: the steps it
+        /// starts, on live data, writing `<sink topic>.preview.<slug>` (the slug of --head or
+        /// --to: `pr-N` for `refs/pull/N/head`, `mr-N` for GitLab's, else the branch name).
+        #[arg(long)]
+        preview: bool,
     },
     /// Run the daemon with the local runtime: follow a branch and apply every valid commit,
     /// running processors as local processes.
@@ -314,8 +319,12 @@ fn run(command: Command) -> Result<ExitCode> {
             head,
             format,
             keep_topics,
+            preview,
         } => {
             let repo = Repository::open(&repo)?;
+            let preview = preview.then(|| {
+                plumber::plan::preview::slug_of_ref(head.as_deref().or(to.as_deref()).unwrap_or(""))
+            });
             let (from, to) = match (base, head, to) {
                 (Some(base), Some(head), _) => {
                     let base_commit = repo.resolve(&base)?;
@@ -354,6 +363,7 @@ fn run(command: Command) -> Result<ExitCode> {
                 &PlanSettings {
                     keep_topics,
                     owners,
+                    preview,
                 },
             )
         }
@@ -538,6 +548,8 @@ fn get_json(server: &str, path: &str) -> Result<serde_json::Value> {
 struct PlanSettings {
     keep_topics: bool,
     owners: Option<plumber::owners::CodeOwners>,
+    /// The slug of the preview environment to show (`--preview`).
+    preview: Option<String>,
 }
 
 fn plan_command(
@@ -580,19 +592,52 @@ fn plan_command(
         }
     });
     let from_commit = from.as_ref().map(|(c, _)| c.as_str());
+    // What runs is taken to be --from (--base) as deployed, as the plan itself does.
+    let previews = match (&settings.preview, to_graphs) {
+        (Some(slug), Some(new)) => {
+            let running: std::collections::BTreeMap<&str, plumber::plan::Deployment> = from_graphs
+                .unwrap_or_default()
+                .iter()
+                .map(|t| (t.name.as_str(), plumber::plan::Deployment::of(t)))
+                .collect();
+            let previews = plumber::plan::preview::previews(
+                new,
+                |name| running.get(name),
+                &to.1.clusters,
+                slug,
+            )?;
+            Some((slug.as_str(), previews))
+        }
+        _ => None,
+    };
     let text = match (format, &planned) {
-        (PlanFormat::Json, _) => json_line(&output::plan::json(
-            from_commit,
-            &to.0,
-            planned.as_ref(),
-            &errors,
-        ))?,
-        (PlanFormat::Text, Some(p)) => output::plan::text(p),
-        (PlanFormat::Markdown, Some(p)) => output::plan::markdown(
-            p,
-            to_graphs.unwrap_or_default(),
-            from_graphs.unwrap_or_default(),
-        ),
+        (PlanFormat::Json, _) => {
+            let mut json = output::plan::json(from_commit, &to.0, planned.as_ref(), &errors);
+            if let (Some(object), Some((slug, previews))) = (json.as_object_mut(), &previews) {
+                object.insert("preview".into(), output::preview::json(previews, slug));
+            }
+            json_line(&json)?
+        }
+        (PlanFormat::Text, Some(p)) => {
+            let mut text = output::plan::text(p);
+            if let Some((slug, previews)) = &previews {
+                text.push('\n');
+                text.push_str(&output::preview::text(previews, slug));
+            }
+            text
+        }
+        (PlanFormat::Markdown, Some(p)) => {
+            let mut text = output::plan::markdown(
+                p,
+                to_graphs.unwrap_or_default(),
+                from_graphs.unwrap_or_default(),
+            );
+            if let Some((slug, previews)) = &previews {
+                text.push('\n');
+                text.push_str(&output::preview::markdown(previews, slug));
+            }
+            text
+        }
         (_, None) => {
             let mut out = String::new();
             for error in &errors {

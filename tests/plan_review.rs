@@ -271,6 +271,67 @@ fn a_merge_preview_gives_reasons_and_the_base_s_owners() {
 }
 
 #[test]
+fn plan_preview_shows_what_a_preview_environment_of_the_pull_request_runs() {
+    let repo = TestRepo::new();
+    let base = linear(&repo, "", vec![]);
+    repo.git
+        .branch("feature", &repo.git.find_commit(base).unwrap(), false)
+        .unwrap();
+    let head = repo.commit(
+        "feature",
+        "change b",
+        &[write(
+            "topologies/t/steps/b.yaml",
+            processor("a", "select(.x)"),
+        )],
+    );
+    // As a forge's mirror has it.
+    repo.git
+        .reference("refs/pull/7/head", head, false, "the pull request")
+        .unwrap();
+    let location = repo.location();
+    let plan = plan_json(&[
+        &location,
+        "--base",
+        "main",
+        "--head",
+        "refs/pull/7/head",
+        "--preview",
+    ]);
+    let preview = &plan["preview"];
+    assert_eq!(preview["slug"], "pr-7", "{plan:#}");
+    let topology = &preview["topologies"][0];
+    assert_eq!(topology["topology"], "t");
+    assert_eq!(topology["preview"], "t.pr-7");
+    // Only the changed step runs; it reads what `a` writes now, live.
+    assert_eq!(topology["processors"], serde_json::json!(["b"]));
+    let a_topic = topology["reads"][0].as_str().unwrap();
+    assert!(a_topic.starts_with("plumber.t.a."), "{topology:#}");
+    assert_eq!(
+        topology["shadowTopics"],
+        serde_json::json!({"out.preview.pr-7": "out"})
+    );
+
+    let (code, text, stderr) = run(&[
+        "plan",
+        &location,
+        "--base",
+        "main",
+        "--head",
+        &head.to_string(),
+        "--preview",
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        text.contains("writes: out.preview.") && text.contains("(instead of out)"),
+        "{text}"
+    );
+    // Without --preview the plan says nothing of it.
+    let plan = plan_json(&[&location, "--base", "main", "--head", "refs/pull/7/head"]);
+    assert!(plan.get("preview").is_none(), "{plan:#}");
+}
+
+#[test]
 fn plan_keep_topics_lists_the_retired_topics_as_kept_not_as_deletions() {
     let repo = TestRepo::new();
     let c1 = linear(&repo, "", vec![]);

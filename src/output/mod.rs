@@ -3,6 +3,7 @@
 
 pub mod graph;
 pub mod plan;
+pub mod preview;
 pub mod status;
 
 use serde_json::{Value, json};

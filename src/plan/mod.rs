@@ -38,6 +38,7 @@
 
 pub mod deployment;
 pub mod moves;
+pub mod preview;
 pub mod reason;
 
 use std::collections::{BTreeMap, BTreeSet};
