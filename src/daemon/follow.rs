@@ -31,7 +31,7 @@ pub(super) fn follow(context: &Arc<Context>, receiver: &Receiver<Trigger>) {
         tracing::debug!(triggers = ?burst, "looking at the branch");
         let looked = newest_valid(context, &mut followed);
         // Refs other than the branch may have moved too (the same watcher, the same fetch).
-        context.plans.look();
+        context.plans.followed(followed.head.as_deref());
         match looked {
             Ok(Some(revision)) => {
                 desire(context, &mut workers, &revision);

@@ -104,6 +104,9 @@ pub struct Plans {
     wake: Mutex<Option<Sender<()>>>,
     /// Counts settled cutovers: what runs changed.
     settled: AtomicU64,
+    /// The branch head the follower last looked at (and validated): plans wait for it, so a
+    /// new head's topologies are validated once, by the follower, never twice at once.
+    followed: Mutex<Option<String>>,
     computed: AtomicU64,
 }
 
@@ -114,6 +117,7 @@ impl Default for Plans {
             events: tokio::sync::broadcast::channel(1024).0,
             wake: Mutex::new(None),
             settled: AtomicU64::new(0),
+            followed: Mutex::new(None),
             computed: AtomicU64::new(0),
         }
     }
@@ -152,6 +156,12 @@ impl Plans {
         {
             let _ = wake.send(());
         }
+    }
+
+    /// The follower looked at the branch's head `head`: refs are looked at again, against it.
+    pub(super) fn followed(&self, head: Option<&str>) {
+        *self.followed.lock().unwrap_or_else(PoisonError::into_inner) = head.map(str::to_owned);
+        self.look();
     }
 
     /// A cutover settled: what runs changed, so every plan is made again from it.
@@ -274,6 +284,16 @@ impl Worker {
             // The follower reports a missing branch.
             return Ok(());
         };
+        let followed = context
+            .plans
+            .followed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        if followed.as_deref() != Some(base.to_string().as_str()) {
+            // The follower has not read this head yet; it wakes the worker once it has.
+            return Ok(());
+        }
         let watched = watched_refs(repository.git(), &context.config.watch_refs, &tracked);
         // Collected first: the lock must not live through the loop, which takes it again.
         let planned: Vec<String> = context.plans.lock().keys().cloned().collect();
