@@ -159,7 +159,7 @@ impl Plans {
     }
 
     /// The follower looked at the branch's head `head`: refs are looked at again, against it.
-    pub(super) fn followed(&self, head: Option<&str>) {
+    pub fn followed(&self, head: Option<&str>) {
         *self.followed.lock().unwrap_or_else(PoisonError::into_inner) = head.map(str::to_owned);
         self.look();
     }
@@ -243,8 +243,9 @@ struct RunningTopology {
     graph: Option<Topology>,
 }
 
-/// The worker's memory between passes.
-struct Worker {
+/// The plans worker's memory between passes (pub for the benchmark, which drives passes
+/// itself).
+pub struct Planner {
     running: Option<Running>,
     /// Counts versions of what runs of a topology, and revisions of the whole.
     versions: u64,
@@ -254,11 +255,7 @@ struct Worker {
 
 /// The plans worker: runs until the daemon stops.
 pub(super) fn run(context: &Arc<Context>, wake: &Receiver<()>) {
-    let mut worker = Worker {
-        running: None,
-        versions: 0,
-        topology_plans: HashMap::new(),
-    };
+    let mut worker = Planner::default();
     while wake.recv().is_ok() {
         // A burst of looks is one pass.
         while wake.try_recv().is_ok() {}
@@ -271,8 +268,21 @@ pub(super) fn run(context: &Arc<Context>, wake: &Receiver<()>) {
     }
 }
 
-impl Worker {
-    fn pass(&mut self, context: &Arc<Context>) -> Result<(), Error> {
+impl Default for Planner {
+    fn default() -> Self {
+        Planner {
+            running: None,
+            versions: 0,
+            topology_plans: HashMap::new(),
+        }
+    }
+}
+
+impl Planner {
+    /// One look at every watched ref: plans what moved, drops what went. What the worker does
+    /// on each wake-up; `context`'s follower must have looked at the branch's head
+    /// ([`Plans::followed`]).
+    pub fn pass(&mut self, context: &Arc<Context>) -> Result<(), Error> {
         let source = context.revisions.source();
         let repository = source.open()?;
         let branch = &context.config.branch;
