@@ -125,12 +125,22 @@ pub enum Event<'a> {
         remaining: usize,
         action: &'a Action,
     },
-    /// The deployment matches `to` (`started_at`: when the move that got it there began,
-    /// in seconds since the Unix epoch).
+    /// The deployment matches the target and runs the graph of `to`: the target's commit
+    /// when this call finished a move (`moved`), else the commit that last changed the
+    /// topology (`started_at`: when the move began, in seconds since the Unix epoch).
     Finished {
         to: &'a str,
         started_at: Option<u64>,
+        moved: bool,
     },
+}
+
+fn lost_wait(group: &str, error: &runtime::Error) -> Wait {
+    Wait {
+        action: format!("start `{group}` again (gone from the runtime)"),
+        reason: error.to_string(),
+        failures: 1,
+    }
 }
 
 /// The target of a move: a commit's graph of the topology (`None`: the topology is gone).
@@ -398,7 +408,10 @@ impl Engine<'_> {
 
     /// Nothing is left: the deployment matches the target.
     fn settle(&self, mut record: TopologyRecord, target: &Target<'_>) -> Result<Advance, Error> {
-        let moved = record.moving.is_some() || record.commit.as_deref() != Some(target.commit);
+        // A commit that leaves the topology's graph as it runs is no move: the record keeps
+        // the commit the graph came from, and nothing is written (a commit touching one of
+        // 1,000 topologies writes one record, not 1,000).
+        let moved = record.moving.is_some() || record.commit.is_none();
         let started_at = record.moving.as_ref().map(|m| m.started_at);
         if moved {
             record.deployment.settle();
@@ -419,9 +432,16 @@ impl Engine<'_> {
                 self.save(&record)?;
             }
         }
+        if !moved && let Some(wait) = self.start_lost(&record, target) {
+            return Ok(Advance::Waiting {
+                until: Instant::now() + self.config.retry.1,
+                waits: vec![wait],
+            });
+        }
         (self.on_event)(Event::Finished {
-            to: target.commit,
+            to: record.commit.as_deref().unwrap_or(target.commit),
             started_at,
+            moved,
         });
         if target.topology.is_none() {
             // The record stays, without lives: should the topology come back, its
@@ -429,6 +449,33 @@ impl Engine<'_> {
             return Ok(Advance::Removed);
         }
         Ok(Advance::Settled { moved })
+    }
+
+    /// Starts again every running life of the target that the runtime does not run: its
+    /// objects or records were deleted while no daemon looked (what a daemon that looks
+    /// puts back itself). The group resumes at its committed offsets. What cannot start is
+    /// a wait, retried.
+    fn start_lost(&self, record: &TopologyRecord, target: &Target<'_>) -> Option<Wait> {
+        let cluster = target.cluster?;
+        for life in record.deployment.lives.iter().filter(|l| l.running) {
+            let lost = match self.runtime.runs(life.group()) {
+                Ok(runs) => !runs,
+                Err(error) => return Some(lost_wait(life.group(), &error)),
+            };
+            if !lost {
+                continue;
+            }
+            tracing::warn!(
+                topology = self.topology,
+                group = life.group(),
+                "a running processor is gone from the runtime; starting it again"
+            );
+            let spec = processor_spec(self.topology, &life.start, cluster, target);
+            if let Err(error) = self.runtime.start(&spec) {
+                return Some(lost_wait(life.group(), &error));
+            }
+        }
+        None
     }
 
     fn execute(

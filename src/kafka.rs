@@ -198,6 +198,8 @@ pub struct KafkaAdmin {
     /// One client per group whose offsets are read or set: creating a client costs threads
     /// and connections, and the daemon reads every group's offsets every few seconds.
     groups: std::sync::Mutex<BTreeMap<String, Arc<BaseConsumer>>>,
+    /// See [`KafkaAdmin::known_partitions`].
+    partition_counts: std::sync::Mutex<BTreeMap<String, i32>>,
     runtime: tokio::runtime::Runtime,
     /// What every client of this cluster is created from.
     client: ClientConfig,
@@ -205,6 +207,9 @@ pub struct KafkaAdmin {
 
 /// Group clients kept at most; beyond, the cache starts over (stopped groups drop out).
 const MAX_GROUP_CLIENTS: usize = 256;
+
+/// Partition counts kept at most (a few bytes each); beyond, the cache starts over.
+const MAX_PARTITION_COUNTS: usize = 100_000;
 
 impl KafkaAdmin {
     /// A client of the cluster at `bootstrap`, with no other settings.
@@ -259,6 +264,7 @@ impl KafkaAdmin {
             admin,
             metadata,
             groups: std::sync::Mutex::new(BTreeMap::new()),
+            partition_counts: std::sync::Mutex::new(BTreeMap::new()),
             runtime,
             client,
         })
@@ -289,6 +295,79 @@ impl KafkaAdmin {
         let client = Arc::new(client);
         groups.insert(group.to_owned(), client.clone());
         Ok(client)
+    }
+
+    /// The partition count of `topic` as last looked up by the read paths (watermarks,
+    /// committed offsets): a topic's count never changes under Plumber (another count is an
+    /// error), and the observer reads every group's topics at every look. Forgotten when the
+    /// topic is deleted or a read of it fails.
+    fn known_partitions(&self, topic: &str) -> Result<i32> {
+        let cached = self
+            .partition_counts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(topic)
+            .copied();
+        if let Some(count) = cached {
+            return Ok(count);
+        }
+        let count = self.partitions(topic)?;
+        let mut counts = self
+            .partition_counts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if counts.len() >= MAX_PARTITION_COUNTS {
+            counts.clear();
+        }
+        counts.insert(topic.to_owned(), count);
+        Ok(count)
+    }
+
+    fn forget_partitions(&self, topic: &str) {
+        self.partition_counts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(topic);
+    }
+
+    /// Per partition `0..partitions` of `topic`, its offset at `at` (the beginning or the
+    /// end), in one ListOffsets request per partition leader.
+    fn list_offsets(&self, topic: &str, partitions: i32, at: Offset) -> Result<Vec<i64>> {
+        let error = |partition: i32, source: KafkaError| Error::Watermarks {
+            topic: topic.to_owned(),
+            partition,
+            source,
+        };
+        let mut wanted = TopicPartitionList::new();
+        for partition in 0..partitions {
+            // The offset of a ListOffsets query is its timestamp: the beginning (-2) and the
+            // end (-1) are the special timestamps of the earliest and the latest offset.
+            wanted
+                .add_partition_offset(topic, partition, at)
+                .map_err(|e| error(partition, e))?;
+        }
+        let found = self
+            .metadata
+            .offsets_for_times(wanted, CALL_TIMEOUT)
+            .map_err(|e| error(0, e))?;
+        (0..partitions)
+            .map(|partition| {
+                let element = found.find_partition(topic, partition).ok_or_else(|| {
+                    error(
+                        partition,
+                        KafkaError::OffsetFetch(RDKafkaErrorCode::UnknownPartition),
+                    )
+                })?;
+                element.error().map_err(|e| error(partition, e))?;
+                match element.offset() {
+                    Offset::Offset(offset) => Ok(offset),
+                    _ => Err(error(
+                        partition,
+                        KafkaError::OffsetFetch(RDKafkaErrorCode::NoOffset),
+                    )),
+                }
+            })
+            .collect()
     }
 
     fn topic_exists(&self, topic: &str) -> Result<bool> {
@@ -366,6 +445,7 @@ impl Admin for KafkaAdmin {
     }
 
     fn delete_topic(&self, topic: &str) -> Result<()> {
+        self.forget_partitions(topic);
         if !self.topic_exists(topic)? {
             return Ok(());
         }
@@ -467,23 +547,21 @@ impl Admin for KafkaAdmin {
     }
 
     fn watermarks(&self, topic: &str) -> Result<Vec<(i64, i64)>> {
-        (0..self.partitions(topic)?)
-            .map(|partition| {
-                self.metadata
-                    .fetch_watermarks(topic, partition, CALL_TIMEOUT)
-                    .map_err(|source| Error::Watermarks {
-                        topic: topic.to_owned(),
-                        partition,
-                        source,
-                    })
-            })
-            .collect()
+        let partitions = self.known_partitions(topic)?;
+        // Two ListOffsets requests (per partition leader) for all partitions, not two per
+        // partition: the observer reads every group's inputs at every look.
+        let read = || -> Result<Vec<(i64, i64)>> {
+            let low = self.list_offsets(topic, partitions, Offset::Beginning)?;
+            let high = self.list_offsets(topic, partitions, Offset::End)?;
+            Ok(low.into_iter().zip(high).collect())
+        };
+        read().inspect_err(|_| self.forget_partitions(topic))
     }
 
     fn committed(&self, group: &str, topics: &[String]) -> Result<Vec<PartitionOffset>> {
         let mut wanted = TopicPartitionList::new();
         for topic in topics {
-            for partition in 0..self.partitions(topic)? {
+            for partition in 0..self.known_partitions(topic)? {
                 wanted.add_partition(topic, partition);
             }
         }

@@ -14,13 +14,17 @@
 //! 7. [`cutover`] moves a topology's deployment towards the desired graph, one planned action
 //!    at a time, against a [`runtime`] (where processors run) and Kafka ([`kafka`]), saving
 //!    each action's effect in a [`store`] (the state directory of `plumber up`).
+//!
+//! [`forge`] puts the plan of a pull request on GitHub or GitLab (a comment and a status).
 
 pub mod cutover;
 pub mod daemon;
 pub mod diagnostic;
+pub mod forge;
 pub mod graph;
 pub mod kafka;
 pub mod output;
+pub mod owners;
 pub mod plan;
 pub mod repo;
 pub mod runtime;

@@ -70,6 +70,10 @@ enum Command {
         head: Option<String>,
         #[arg(long, value_enum, default_value_t = PlanFormat::Text)]
         format: PlanFormat,
+        /// Plan for a daemon run with `--keep-topics`: retired internal topics are kept, so
+        /// their deletions are listed as kept instead of as actions.
+        #[arg(long)]
+        keep_topics: bool,
     },
     /// Run the daemon with the local runtime: follow a branch and apply every valid commit,
     /// running processors as local processes.
@@ -279,6 +283,7 @@ fn run(command: Command) -> Result<ExitCode> {
             base,
             head,
             format,
+            keep_topics,
         } => {
             let repo = Repository::open(&repo)?;
             // Both sides share most topologies: each tree is read and validated once.
@@ -317,7 +322,19 @@ fn run(command: Command) -> Result<ExitCode> {
                 }
                 _ => anyhow::bail!("give --to REV, or --base BRANCH with --head REF"),
             };
-            plan_command(from, to, format)
+            // Owners as of the side the change is reviewed against (for a pull request, its
+            // base, as GitHub does: a branch cannot name its own reviewers).
+            let reviewed_against = from.as_ref().map_or(&to.0, |(commit, _)| commit);
+            let owners = repo.codeowners(git2::Oid::from_str(reviewed_against)?)?;
+            plan_command(
+                from,
+                to,
+                format,
+                &PlanSettings {
+                    keep_topics,
+                    owners,
+                },
+            )
         }
         Command::Up {
             repo,
@@ -481,10 +498,17 @@ fn get_json(server: &str, path: &str) -> Result<serde_json::Value> {
         .with_context(|| format!("reading the answer of {url}"))
 }
 
+/// What `plan` plans for, besides the two revisions.
+struct PlanSettings {
+    keep_topics: bool,
+    owners: Option<plumber::owners::CodeOwners>,
+}
+
 fn plan_command(
     from: Option<(String, Validation)>,
     to: (String, Validation),
     format: PlanFormat,
+    settings: &PlanSettings,
 ) -> Result<ExitCode> {
     let mut errors: Vec<plumber::diagnostic::Diagnostic> = Vec::new();
     if let Some((commit, v)) = &from {
@@ -508,6 +532,17 @@ fn plan_command(
         }
         _ => None,
     };
+    let planned = planned.map(|p| {
+        let p = match &settings.owners {
+            Some(owners) => p.with_owners(|file| owners.owners_of(file)),
+            None => p,
+        };
+        if settings.keep_topics {
+            p.keeping_topics()
+        } else {
+            p
+        }
+    });
     let from_commit = from.as_ref().map(|(c, _)| c.as_str());
     let text = match (format, &planned) {
         (PlanFormat::Json, _) => json_line(&output::plan::json(

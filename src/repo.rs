@@ -324,7 +324,39 @@ impl Repository {
         self.files_below(&tree, &format!("{}/{name}/", spec::TOPOLOGIES_DIR), commit)
     }
 
-    /// The subtree the topology repository lives in.
+    /// The `CODEOWNERS` of `commit`, where GitHub looks for it (at the root of the git
+    /// repository, also when the topology repository is a subdirectory), or `None`. A file
+    /// over the size cap is not read, as GitHub does not load one over its own.
+    pub fn codeowners(&self, commit: Oid) -> Result<Option<crate::owners::CodeOwners>> {
+        let read = |what: &str, source| Error::Read {
+            what: what.to_owned(),
+            commit,
+            source,
+        };
+        let tree = self
+            .git
+            .find_commit(commit)
+            .and_then(|c| c.tree())
+            .map_err(|e| read("the tree", e))?;
+        let odb = self.git.odb().map_err(|e| read("the object database", e))?;
+        for location in crate::owners::LOCATIONS {
+            let Ok(entry) = tree.get_path(Path::new(location)) else {
+                continue;
+            };
+            if entry.kind() != Some(ObjectType::Blob) || entry.filemode() == 0o120000 {
+                continue;
+            }
+            return match read_blob(&odb, entry.id()).map_err(|e| read(location, e))? {
+                FileContent::Bytes(bytes) => Ok(Some(
+                    crate::owners::CodeOwners::parse(location, &String::from_utf8_lossy(&bytes))
+                        .within(&self.prefix),
+                )),
+                _ => Ok(None),
+            };
+        }
+        Ok(None)
+    }
+
     /// The tree of the topology repository at `commit`.
     fn commit_root(&self, commit: Oid) -> Result<git2::Tree<'_>> {
         let tree = self

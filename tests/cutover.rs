@@ -124,6 +124,8 @@ impl Faults {
 struct World {
     faults: Faults,
     inner: Mutex<Inner>,
+    /// The engine's `keep_topics` (`plumber up --keep-topics`).
+    keep_topics: AtomicBool,
 }
 
 #[derive(Default, Clone, PartialEq, Debug)]
@@ -381,6 +383,9 @@ impl Runtime for World {
     fn processors(&self) -> runtime::Result<Vec<ProcessorStatus>> {
         Ok(Vec::new())
     }
+    fn runs(&self, group: &str) -> runtime::Result<bool> {
+        Ok(self.snapshot().running.contains_key(group))
+    }
 }
 
 /// The state directory, with the world's faults on every save.
@@ -427,6 +432,16 @@ fn target<'a>(commit: &'a str, topology: Option<&'a Topology>) -> Target<'a> {
 /// Runs `body` with the engine of a fresh daemon on `dir`, looking again at once at what
 /// waits (a test never waits for time to pass).
 fn with_engine<T>(world: &World, dir: &StateDir, body: impl FnOnce(&Engine<'_>) -> T) -> T {
+    with_engine_seeing(world, dir, &|_| {}, body)
+}
+
+/// [`with_engine`], handing every event of the engine to `on_event`.
+fn with_engine_seeing<T>(
+    world: &World,
+    dir: &StateDir,
+    on_event: &(dyn Fn(Event<'_>) + Sync),
+    body: impl FnOnce(&Engine<'_>) -> T,
+) -> T {
     let store = Store {
         dir: dir.clone(),
         faults: &world.faults,
@@ -435,16 +450,16 @@ fn with_engine<T>(world: &World, dir: &StateDir, body: impl FnOnce(&Engine<'_>) 
         poll: std::time::Duration::ZERO,
         topic_poll: std::time::Duration::ZERO,
         retry: (std::time::Duration::ZERO, std::time::Duration::ZERO),
+        keep_topics: world.keep_topics.load(Ordering::SeqCst),
         ..CutoverConfig::default()
     };
-    let on_event = |_: Event<'_>| {};
     body(&Engine {
         topology: "t",
         admin: world,
         runtime: world,
         store: &store,
         config: &config,
-        on_event: &on_event,
+        on_event,
     })
 }
 
@@ -605,6 +620,60 @@ fn a_first_deploy_starts_every_processor_at_explicit_offsets() {
         .unwrap();
     assert_eq!(inner.committed[a].len(), 3, "a's offsets on `in` are set");
     assert_eq!(state.history().unwrap().len(), 1);
+}
+
+/// `plumber plan --keep-topics` shows what a daemon with `--keep-topics` does: the topics the
+/// engine would delete without it are the ones the plan lists as kept, and it deletes none.
+#[test]
+fn the_plan_with_keep_topics_is_what_the_engine_with_keep_topics_does() {
+    let (from, to) = (revision(1, 1, false), revision(2, 1, false));
+    let deleted_by_run = |keep: bool| {
+        let (world, _dir, state) = deployed(&from);
+        world.keep_topics.store(keep, Ordering::SeqCst);
+        let topics = |w: &World| -> BTreeSet<String> { w.snapshot().topics.into_keys().collect() };
+        let before = topics(&world);
+        let step = Step {
+            commit: "r2",
+            topology: &to,
+            actions: None,
+        };
+        assert!(daemon(&world, &state, &[step], &mut 0));
+        before
+            .difference(&topics(&world))
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    let plan = plumber::plan::plan(
+        Some(("r1", std::slice::from_ref(&from))),
+        ("r2", std::slice::from_ref(&to)),
+    );
+    let deletes = |plan: &plumber::plan::Plan| -> Vec<String> {
+        plan.topologies[0]
+            .actions
+            .iter()
+            .filter_map(|a| match a {
+                plumber::plan::Action::DeleteTopic { topic } => Some(topic.clone()),
+                _ => None,
+            })
+            .collect()
+    };
+    let deleted = deleted_by_run(false);
+    assert_eq!(deleted.len(), 1, "replacing `a` retires its internal topic");
+    assert_eq!(deletes(&plan), deleted);
+    assert!(plan.topologies[0].kept_topics.is_empty());
+
+    let kept = plan.clone().keeping_topics();
+    assert!(
+        deleted_by_run(true).is_empty(),
+        "--keep-topics deletes nothing"
+    );
+    assert!(deletes(&kept).is_empty());
+    assert_eq!(kept.topologies[0].kept_topics, deleted);
+    assert_eq!(
+        kept.topologies[0].actions.len(),
+        plan.topologies[0].actions.len() - 1,
+        "nothing else changes"
+    );
 }
 
 #[test]
@@ -852,4 +921,94 @@ fn a_removed_topology_keeps_the_memory_of_its_lives() {
     });
     let groups: Vec<String> = world.snapshot().running.into_keys().collect();
     assert!(groups.iter().all(|g| g.ends_with(".2")), "{groups:?}");
+}
+
+#[test]
+fn a_commit_that_leaves_the_topology_as_it_runs_writes_nothing() {
+    let one = revision(1, 1, false);
+    let (world, _dir, state) = deployed(&one);
+    let finished = Mutex::new(Vec::new());
+    let on_event = |event: Event<'_>| {
+        if let Event::Finished { to, moved, .. } = event {
+            finished.lock().unwrap().push((to.to_owned(), moved));
+        }
+    };
+    let two = revision(2, 1, false);
+    with_engine_seeing(&world, &state, &on_event, |engine| {
+        let mut waits = Waits::default();
+        let settled = engine
+            .advance(&target("r2", Some(&one)), &mut waits)
+            .unwrap();
+        assert_eq!(settled, Advance::Settled { moved: false });
+        assert_eq!(world.faults.count(Site::Save), 0, "nothing is saved");
+        assert_eq!(state.load("t").unwrap().commit.as_deref(), Some("r1"));
+        // A commit that changes it moves it, and the next unrelated commit leaves it there.
+        advance_until(engine, &target("r3", Some(&two)), &mut waits, |a| {
+            matches!(a, Advance::Settled { .. })
+        });
+        let saves = world.faults.count(Site::Save);
+        assert!(saves > 0);
+        let settled = engine
+            .advance(&target("r4", Some(&two)), &mut waits)
+            .unwrap();
+        assert_eq!(settled, Advance::Settled { moved: false });
+        assert_eq!(world.faults.count(Site::Save), saves);
+    });
+    assert_eq!(state.load("t").unwrap().commit.as_deref(), Some("r3"));
+    let history: Vec<String> = state.history().unwrap().into_iter().map(|h| h.to).collect();
+    assert_eq!(history, ["r1", "r3"], "only moves are history");
+    assert_eq!(
+        *finished.lock().unwrap(),
+        [
+            ("r1".to_owned(), false),
+            ("r3".to_owned(), true),
+            ("r3".to_owned(), false)
+        ],
+        "a settle that moved nothing names the commit that runs"
+    );
+}
+
+#[test]
+fn a_running_processor_gone_from_the_runtime_is_started_again_where_it_was() {
+    let one = revision(1, 1, false);
+    let (world, _dir, state) = deployed(&one);
+    // Injected: one running processor vanishes outside the engine (on Kubernetes, its
+    // Deployment and ScaledObject deleted while no daemon ran), its committed offsets kept.
+    let (group, before) = {
+        let mut inner = world.inner.lock().unwrap();
+        inner.consume();
+        let group = inner.running.keys().next().unwrap().clone();
+        let spec = inner.running.remove(&group).unwrap();
+        inner.ever_groups.remove(&group);
+        (group, spec)
+    };
+    let committed = world.snapshot().committed[&group].clone();
+    with_engine(&world, &state, |engine| {
+        let mut waits = Waits::default();
+        let settled = engine
+            .advance(&target("r1", Some(&one)), &mut waits)
+            .unwrap();
+        assert_eq!(settled, Advance::Settled { moved: false });
+    });
+    let after = world.snapshot();
+    let again = after.running.get(&group).expect("started again");
+    assert_eq!(
+        (
+            again.identity,
+            &again.inputs,
+            &again.outputs,
+            &again.transform
+        ),
+        (
+            before.identity,
+            &before.inputs,
+            &before.outputs,
+            &before.transform
+        )
+    );
+    assert_eq!(
+        after.committed[&group], committed,
+        "it resumes where it was"
+    );
+    assert_eq!(state.load("t").unwrap().commit.as_deref(), Some("r1"));
 }

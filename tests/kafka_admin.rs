@@ -52,6 +52,15 @@ fn topics_offsets_lag_and_drains() {
         .map(|(_, high)| *high)
         .collect();
     assert_eq!(ends.iter().sum::<i64>(), 10);
+    // Read in two batched requests: the same as librdkafka's own per-partition query.
+    use rdkafka::consumer::Consumer as _;
+    let reference: rdkafka::consumer::BaseConsumer = broker.client().create().unwrap();
+    for (partition, watermarks) in admin.watermarks(&topic).unwrap().into_iter().enumerate() {
+        let expected = reference
+            .fetch_watermarks(&topic, partition as i32, std::time::Duration::from_secs(15))
+            .unwrap();
+        assert_eq!(watermarks, expected, "partition {partition}");
+    }
 
     let group = unique("admin-group");
     let topics = vec![topic.clone()];

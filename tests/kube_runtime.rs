@@ -979,3 +979,33 @@ fn a_deployment_deleted_by_hand_while_no_daemon_ran_is_put_back_from_its_scaled_
     let back: ProcessorSpec = serde_json::from_str(annotation).unwrap();
     assert_eq!(back.identity, spec.identity);
 }
+
+#[test]
+fn a_processor_whose_objects_were_all_deleted_while_no_daemon_ran_is_unknown_until_started_again() {
+    let fake = fake();
+    let first = runtime(&fake);
+    let spec = spec("validate", "ab");
+    first.start(&spec).unwrap();
+    drop(first);
+    // Injected: both objects deleted by hand while no daemon runs. Only the Topology's
+    // record (the engine's) still says the processor runs; the engine starts it again
+    // (tests/cutover.rs: a running processor gone from the runtime).
+    assert!(fake.delete::<Deployment>(NS, &spec.group));
+    assert!(
+        fake.delete_dynamic(&scaled_objects(), NS, &spec.group)
+            .is_some()
+    );
+    let second = runtime(&fake);
+    assert!(!second.runs(&spec.group).unwrap());
+    second.start(&spec).unwrap();
+    assert!(second.runs(&spec.group).unwrap());
+    let deployment: Deployment = fake.get(NS, &spec.group).expect("applied again");
+    assert_eq!(
+        deployment.metadata.labels.unwrap()["plumber.dev/step"],
+        "validate"
+    );
+    assert!(
+        fake.get_dynamic(&scaled_objects(), NS, &spec.group)
+            .is_some()
+    );
+}

@@ -252,7 +252,7 @@ fn replacing_a_source_connected_step_hands_over_offsets_and_drains_the_old_subtr
             ("in".to_string(), Change::Unchanged),
             ("a".to_string(), Change::Replaced),
             ("b".to_string(), Change::Replaced),
-            ("out".to_string(), Change::Replaced),
+            ("out".to_string(), Change::Unchanged),
         ]
     );
     let (old_a, new_a) = (group_id(&p, "a", false), group_id(&p, "a", true));

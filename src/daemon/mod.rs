@@ -60,6 +60,10 @@ pub struct DaemonConfig {
     pub poll_interval: Duration,
     /// How often lag and instances are observed for status and metrics.
     pub observe_interval: Duration,
+    /// How long one look of the observer may spend reading lag from Kafka. The groups it
+    /// did not get to show the lag last read and are read first at the next look; the
+    /// first topology of a look is always read whole, so every group is read in turn.
+    pub lag_reads_per_look: Duration,
     /// A processor with lag whose committed offsets have not moved for this long is
     /// restarted: a consumer stuck in a broker quirk (tansu 0.6 can leave a member with no
     /// partitions after a crash) reads on after a graceful restart, which loses nothing.
@@ -103,6 +107,7 @@ impl DaemonConfig {
             git_auth: None,
             poll_interval: Duration::from_secs(30),
             observe_interval: Duration::from_secs(2),
+            lag_reads_per_look: Duration::from_secs(5),
             stalled_after: Duration::from_secs(60),
             record_timeout: Duration::from_secs(60),
             assignor: crate::runtime::Assignor::default(),

@@ -10,7 +10,7 @@ use super::status::{StepLabels, StepStatus};
 use super::{AdminUse, Context};
 use crate::graph::Kind;
 use crate::kafka::{Admin, Progress};
-use crate::plan::Deployment;
+use crate::plan::{Deployment, moves};
 use crate::runtime::ProcessorStatus;
 use crate::store::TopologyRecord;
 
@@ -19,14 +19,17 @@ pub(super) struct Watchdog {
     /// How long a group with lag may commit nothing ([`super::DaemonConfig::stall_threshold`]).
     threshold: Duration,
     stalls: Mutex<BTreeMap<String, Stall>>,
+    /// Per group, where it stood when last read (what status shows until it is read again).
+    last_read: Mutex<BTreeMap<String, Progress>>,
 }
 
 /// Refreshes per-step state and lag for status and metrics.
 pub(super) fn observe_loop(context: &Arc<Context>) {
     let watchdog = Watchdog::new(context.config.stall_threshold());
     let mut acting = false;
+    let mut resume = None;
     while !context.is_stopping() {
-        observe(context, &watchdog, &mut acting);
+        observe(context, &watchdog, &mut acting, &mut resume);
         // Sleep in short slices so a shutdown is not held up.
         let deadline = Instant::now() + context.config.observe_interval;
         while Instant::now() < deadline && !context.is_stopping() {
@@ -35,8 +38,9 @@ pub(super) fn observe_loop(context: &Arc<Context>) {
     }
 }
 
-/// `acting`: whether this daemon acted at the last look (held the lease).
-fn observe(context: &Context, watchdog: &Watchdog, acting: &mut bool) {
+/// `acting`: whether this daemon acted at the last look (held the lease); `resume`: the
+/// topology whose groups the last look had no time left to read.
+fn observe(context: &Context, watchdog: &Watchdog, acting: &mut bool, resume: &mut Option<String>) {
     // Only the replica that may act repairs (the others would fight it), and only from what
     // runs now: when it starts acting, what it knew may be another replica's past.
     let may_act = context.records.may_act();
@@ -66,15 +70,33 @@ fn observe(context: &Context, watchdog: &Watchdog, acting: &mut bool) {
     let Ok(records) = context.records.topologies() else {
         return;
     };
-    for (name, record) in records {
+    // Lag is read group by group (committed offsets and watermarks): at 1,000 topologies of
+    // 20 steps a full round takes minutes (`bench/results/kafka-lag.md`), and repair and
+    // status must not wait for it, so a look reads for a while and the next goes on.
+    let reads_until = Instant::now() + context.config.lag_reads_per_look;
+    let first = resume.take();
+    let from_first = |name: &String| first.as_ref().is_none_or(|f| name >= f);
+    let ordered = records
+        .iter()
+        .filter(|(name, _)| from_first(name))
+        .chain(records.iter().filter(|(name, _)| !from_first(name)));
+    for (index, (name, record)) in ordered.enumerate() {
         match record {
-            Ok(record) => observe_topology(context, watchdog, &name, &record, &running),
-            Err(error) => context.store.topology(&name, |t| {
+            Ok(record) => {
+                // The look's first topology is read whole, however long it takes.
+                let until = (index > 0).then_some(reads_until);
+                let read = observe_topology(context, watchdog, name, record, &running, until);
+                if !read && resume.is_none() {
+                    *resume = Some(name.clone());
+                }
+            }
+            Err(error) => context.store.topology(name, |t| {
                 t.phase = super::status::Phase::Error;
                 t.last_error = Some(error.to_string());
             }),
         }
     }
+    watchdog.forget_all_but(records.values().flatten());
     if let Some(sink) = &context.status_sink
         && context.records.may_act()
     {
@@ -89,34 +111,39 @@ fn observe(context: &Context, watchdog: &Watchdog, acting: &mut bool) {
     }
 }
 
+/// Whether every group of the topology was read afresh (before `reads_until`, if any).
 fn observe_topology(
     context: &Context,
     watchdog: &Watchdog,
     name: &str,
     record: &TopologyRecord,
     running: &BTreeMap<String, ProcessorStatus>,
-) {
+    reads_until: Option<Instant>,
+) -> bool {
     let admin = record
         .bootstrap
         .as_deref()
         .and_then(|b| context.admin(AdminUse::Observe, b).ok());
-    // The graph being moved to during a move, else the one last matched.
-    let commit = record
-        .moving
-        .as_ref()
-        .map(|m| m.to.clone())
-        .or(record.commit.clone());
-    let revision = commit.and_then(|c| context.revisions.load(&c).ok());
-    let topology = revision.as_ref().and_then(|r| r.topology(name));
     let deployment = &record.deployment;
+    let revision = shown_revision(context, name, record);
+    let topology = revision.as_ref().and_then(|r| r.topology(name));
     // Where every life stands, retiring ones too: the watchdog looks after all of them (a
     // drain waits for a retiring one).
     let mut progress: BTreeMap<&str, Progress> = BTreeMap::new();
+    let mut read_all = true;
     if let Some(admin) = &admin {
         for life in &deployment.lives {
+            if reads_until.is_some_and(|until| Instant::now() >= until) {
+                read_all = false;
+                if let Some(last) = watchdog.last_read(life.group()) {
+                    progress.insert(life.group(), last);
+                }
+                continue;
+            }
             let inputs: Vec<String> = life.inputs().map(str::to_owned).collect();
             match admin.progress(life.group(), &inputs) {
                 Ok(p) => {
+                    watchdog.read(life.group(), p);
                     if running.contains_key(life.group()) {
                         watchdog.watch(context, admin.as_ref(), life.group(), &inputs, p);
                     }
@@ -191,6 +218,31 @@ fn observe_topology(
         });
     }
     context.store.topology(name, |t| t.steps = steps);
+    read_all
+}
+
+/// The revision whose graph of `name` to show: the one being moved to during a move, else
+/// the branch's newest when what runs matches it (the usual case, and the revision every
+/// topology shares), else the one the topology last moved to. Topologies that commits left
+/// alone last moved at many different commits: loading each of those would validate and check
+/// out a commit per topology.
+fn shown_revision(
+    context: &Context,
+    name: &str,
+    record: &TopologyRecord,
+) -> Option<Arc<super::revisions::Revision>> {
+    let load = |commit: &str| context.revisions.load(commit).ok();
+    if let Some(moving) = &record.moving {
+        return load(&moving.to);
+    }
+    let newest = context.store.read().commit.clone();
+    newest
+        .and_then(|commit| load(&commit))
+        .filter(|revision| {
+            revision.topology(name).is_some()
+                && moves::remaining(&record.deployment, revision.topology(name)).is_empty()
+        })
+        .or_else(|| record.commit.as_deref().and_then(load))
 }
 
 /// The group of the life of `step` that runs: the one of `identity` if there is one.
@@ -216,7 +268,38 @@ impl Watchdog {
         Watchdog {
             threshold,
             stalls: Mutex::new(BTreeMap::new()),
+            last_read: Mutex::new(BTreeMap::new()),
         }
+    }
+
+    fn read(&self, group: &str, progress: Progress) {
+        self.last_read
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(group.to_owned(), progress);
+    }
+
+    fn last_read(&self, group: &str) -> Option<Progress> {
+        self.last_read
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(group)
+            .copied()
+    }
+
+    /// Forgets the groups of lives no record has any more.
+    fn forget_all_but<'r>(&self, records: impl Iterator<Item = &'r TopologyRecord>) {
+        let groups: std::collections::BTreeSet<&str> = records
+            .flat_map(|r| r.deployment.lives.iter().map(|l| l.group()))
+            .collect();
+        self.last_read
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|group, _| groups.contains(group.as_str()));
+        self.stalls
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|group, _| groups.contains(group.as_str()));
     }
 
     /// Restarts a running group that has lag but whose committed offsets stopped moving.
@@ -414,5 +497,115 @@ mod tests {
             watchdog.watch(&context, &stalled, "g", &inputs, unmoved);
         }
         assert_eq!(runtime.0.load(Ordering::SeqCst), 2);
+    }
+
+    /// Every group 5 records behind; records which groups' offsets were read.
+    #[derive(Default)]
+    struct Lags {
+        read: Mutex<Vec<String>>,
+    }
+
+    impl Admin for Lags {
+        fn create_topic(
+            &self,
+            _: &str,
+            _: u32,
+            _: Option<u32>,
+            _: &std::collections::BTreeMap<String, String>,
+        ) -> KafkaResult<()> {
+            unreachable!()
+        }
+        fn delete_topic(&self, _: &str) -> KafkaResult<()> {
+            unreachable!()
+        }
+        fn partitions(&self, _: &str) -> KafkaResult<i32> {
+            unreachable!()
+        }
+        fn watermarks(&self, _: &str) -> KafkaResult<Vec<(i64, i64)>> {
+            Ok(vec![(0, 5)])
+        }
+        fn committed(&self, group: &str, _: &[String]) -> KafkaResult<Vec<PartitionOffset>> {
+            self.read.lock().unwrap().push(group.to_owned());
+            Ok(Vec::new())
+        }
+        fn commit(&self, _: &str, _: &[PartitionOffset]) -> KafkaResult<()> {
+            unreachable!()
+        }
+        fn supports_transactions(&self) -> KafkaResult<bool> {
+            unreachable!()
+        }
+    }
+
+    fn deployed(topology: &str) -> TopologyRecord {
+        let files: Vec<crate::spec::SourceFile> = [
+            ("in", "kind: source\ntopic: in\n"),
+            ("step", "kind: processor\ninput: in\njq: .\n"),
+            ("out", "kind: sink\ninput: step\ntopic: out\n"),
+        ]
+        .iter()
+        .map(|(name, yaml)| crate::spec::SourceFile {
+            path: format!("topologies/{topology}/{name}.yaml"),
+            content: crate::spec::FileContent::Bytes(yaml.as_bytes().to_vec()),
+        })
+        .collect();
+        let graph = crate::validate(&files).topologies.unwrap().remove(0);
+        TopologyRecord {
+            commit: Some("c1".into()),
+            bootstrap: Some("fake:9092".into()),
+            deployment: Deployment::of(&graph),
+            ..TopologyRecord::default()
+        }
+    }
+
+    #[test]
+    fn a_look_out_of_time_for_lag_reads_shows_the_last_lag_and_the_next_look_goes_on() {
+        let state = tempfile::tempdir().unwrap();
+        let mut config = DaemonConfig::new("unused", state.path().to_owned());
+        // No time for lag reads beyond each look's first topology.
+        config.lag_reads_per_look = Duration::ZERO;
+        let lags = Arc::new(Lags::default());
+        let connect: Box<crate::daemon::Connect> = {
+            let lags = lags.clone();
+            Box::new(move |_| Ok(lags.clone() as Arc<dyn Admin>))
+        };
+        let context = Context::with_admin(config, Arc::new(Restarts::default()), connect).unwrap();
+        for name in ["a", "b", "c"] {
+            context.records.save(name, &deployed(name)).unwrap();
+        }
+        let groups: BTreeMap<String, String> = ["a", "b", "c"]
+            .map(|t| {
+                (
+                    t.to_owned(),
+                    deployed(t).deployment.lives[0].group().to_owned(),
+                )
+            })
+            .into();
+        let lag_of = |topology: &str| {
+            let status = context.store.read();
+            let t = status.topologies.iter().find(|t| t.name == topology);
+            t.and_then(|t| t.steps.iter().find(|s| s.name == "step")?.lag)
+        };
+        let watchdog = Watchdog::new(Duration::from_secs(3600));
+        let (mut acting, mut resume) = (false, None);
+        let mut looks = Vec::new();
+        for _ in 0..4 {
+            lags.read.lock().unwrap().clear();
+            observe(&context, &watchdog, &mut acting, &mut resume);
+            looks.push(lags.read.lock().unwrap().clone());
+            if looks.len() == 1 {
+                assert_eq!(lag_of("a"), Some(5));
+                assert_eq!(lag_of("b"), None, "not read yet");
+            }
+        }
+        let expected: Vec<Vec<String>> = ["a", "b", "c", "a"]
+            .iter()
+            .map(|t| vec![groups[*t].clone()])
+            .collect();
+        assert_eq!(looks, expected, "one topology per look, in turn");
+        assert_eq!(
+            (lag_of("a"), lag_of("b"), lag_of("c")),
+            (Some(5), Some(5), Some(5)),
+            "the lag last read stays shown"
+        );
     }
 }

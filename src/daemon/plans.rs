@@ -532,6 +532,7 @@ impl Planner {
                 .filter(|t| t.change != Change::Unchanged || !t.actions.is_empty())
                 .cloned()
                 .collect(),
+            keep_topics: false,
         };
         plan.markdown = format!(
             "{}\n<sub>Merge preview of `{name}` into `{branch}` ({}), planned against what runs now.</sub>\n",

@@ -98,7 +98,9 @@ pub(super) fn reconcile(
 
 /// Status and metrics of the engine's events.
 fn show(name: &str, context: &Context, event: Event<'_>) {
-    if let Some(sink) = &context.status_sink {
+    // A settle that moved nothing is no cutover phase: no Event (1,000 of them per commit).
+    let quiet = matches!(event, Event::Finished { moved: false, .. });
+    if let Some(sink) = context.status_sink.as_ref().filter(|_| !quiet) {
         sink.event(name, &describe_event(&event));
     }
     let label = TopologyLabel {
@@ -131,7 +133,7 @@ fn show(name: &str, context: &Context, event: Event<'_>) {
                 c.current = Some(cutover::describe(action));
             });
         }
-        Event::Finished { to, started_at } => {
+        Event::Finished { to, started_at, .. } => {
             metrics.in_cutover.get_or_create(&label).set(0);
             if let Some(started_at) = started_at {
                 metrics

@@ -36,7 +36,8 @@ pub struct Status {
 #[serde(rename_all = "camelCase")]
 pub struct TopologyStatus {
     pub name: String,
-    /// The commit fully applied.
+    /// The commit whose graph runs: the one the topology last moved to. Commits that leave
+    /// the topology as it is do not change it (the daemon's `commit` is the branch's).
     pub commit: Option<String>,
     pub phase: Phase,
     /// During a cutover: the commit it moves to and how far it is.

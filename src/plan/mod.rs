@@ -38,6 +38,7 @@
 
 pub mod deployment;
 pub mod moves;
+pub mod reason;
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -46,12 +47,17 @@ use serde::{Deserialize, Serialize};
 use crate::graph::{Identity, Kind, Topology};
 use crate::spec::{CutoverMode, EnvValue, Resources, Scale, Transform};
 pub use deployment::{Deployment, Effect, Life, PartitionOffset, Recorded, TopicKind};
+pub use reason::{FieldChange, Reason};
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Plan {
     pub from: Option<String>,
     pub to: String,
     pub topologies: Vec<TopologyPlan>,
+    /// Planned for a daemon that keeps retired topics (`plumber up --keep-topics`): see
+    /// [`Plan::keeping_topics`].
+    #[serde(rename = "keepTopics")]
+    pub keep_topics: bool,
 }
 
 impl Plan {
@@ -60,6 +66,38 @@ impl Plan {
         self.topologies
             .iter()
             .all(|t| t.change == Change::Unchanged && t.actions.is_empty())
+    }
+
+    /// The plan as a daemon with `--keep-topics` runs it: its engine skips every
+    /// `delete-topic` (the topic stays on the broker), so those actions move from `actions`
+    /// to `kept_topics`.
+    pub fn keeping_topics(mut self) -> Self {
+        self.keep_topics = true;
+        for topology in &mut self.topologies {
+            let (kept, actions): (Vec<Action>, Vec<Action>) = std::mem::take(&mut topology.actions)
+                .into_iter()
+                .partition(|a| matches!(a, Action::DeleteTopic { .. }));
+            topology.actions = actions;
+            topology
+                .kept_topics
+                .extend(kept.into_iter().filter_map(|a| match a {
+                    Action::DeleteTopic { topic } => Some(topic),
+                    _ => None,
+                }));
+        }
+        self
+    }
+
+    /// Names each step's owners: `owners_of` maps a step file (repository-relative, as
+    /// [`StepPlan::file`]) to them, e.g. from `CODEOWNERS`. Unchanged steps get none: the
+    /// owners are whom a change asks for review.
+    pub fn with_owners(mut self, owners_of: impl Fn(&str) -> Vec<String>) -> Self {
+        for step in self.topologies.iter_mut().flat_map(|t| &mut t.steps) {
+            if step.change != Change::Unchanged {
+                step.owners = owners_of(&step.file);
+            }
+        }
+        self
     }
 }
 
@@ -72,6 +110,9 @@ pub struct TopologyPlan {
     pub cluster: String,
     pub steps: Vec<StepPlan>,
     pub actions: Vec<Action>,
+    /// Retired topics the daemon keeps instead of deleting (`--keep-topics`).
+    #[serde(rename = "keptTopics", skip_serializing_if = "Vec::is_empty")]
+    pub kept_topics: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -92,8 +133,20 @@ pub enum Change {
 pub struct StepPlan {
     pub name: String,
     pub kind: Kind,
+    /// A processor is `added`, `removed`, `replaced`, `updated` or `unchanged`. Sources and
+    /// sinks are topics their users own, never replaced: `added`, `removed`, `updated` (their
+    /// own file changed: topic, inputs, description…) or `unchanged`, whatever happens to the
+    /// processors around them.
     pub change: Change,
     pub identity: IdentityChange,
+    /// The step file (the old one when the step is removed).
+    pub file: String,
+    /// Why a `replaced` or `updated` step is; `None` otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<Reason>,
+    /// Who owns the step file (`CODEOWNERS`), for changed steps.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub owners: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -208,6 +261,7 @@ pub fn plan(from: Option<(&str, &[Topology])>, to: (&str, &[Topology])) -> Plan 
             .into_iter()
             .map(|name| plan_topology(old.get(name).copied(), new.get(name).copied()))
             .collect(),
+        keep_topics: false,
     }
 }
 
@@ -247,6 +301,7 @@ pub fn plan_topology_from(
         cluster: shown.map(|t| t.cluster.clone()).unwrap_or_default(),
         steps,
         actions: moves::plan(deployed, new),
+        kept_topics: Vec::new(),
     }
 }
 
@@ -254,30 +309,36 @@ pub fn plan_topology_from(
 fn step_changes(old: Option<&Topology>, new: Option<&Topology>) -> Vec<StepPlan> {
     let mut out = Vec::new();
     if let Some(new) = new {
-        for (_, step) in new.steps() {
-            let before = old.and_then(|o| o.find(&step.name).map(|id| o.step(id)));
-            let change = match before {
-                None => Change::Added,
-                Some(b) if b.identity != step.identity || b.kind() != step.kind() => {
-                    Change::Replaced
+        for (new_id, step) in new.steps() {
+            let before = old.and_then(|o| o.find(&step.name).map(|id| (o, id)));
+            let (change, reason) = match before {
+                None => (Change::Added, None),
+                Some((old, old_id)) => {
+                    let reason = reason::between(old, old_id, new, new_id);
+                    let b = old.step(old_id);
+                    let processor = b.kind() == Kind::Processor || step.kind() == Kind::Processor;
+                    let change =
+                        if processor && (b.identity != step.identity || b.kind() != step.kind()) {
+                            Change::Replaced
+                        } else if !reason.changed.is_empty() {
+                            Change::Updated
+                        } else {
+                            Change::Unchanged
+                        };
+                    (change, (change != Change::Unchanged).then_some(reason))
                 }
-                Some(b)
-                    if b.kind != step.kind
-                        || b.description != step.description
-                        || b.owner != step.owner =>
-                {
-                    Change::Updated
-                }
-                Some(_) => Change::Unchanged,
             };
             out.push(StepPlan {
                 name: step.name.clone(),
                 kind: step.kind(),
                 change,
                 identity: IdentityChange {
-                    from: before.map(|b| b.identity),
+                    from: before.map(|(o, id)| o.step(id).identity),
                     to: Some(step.identity),
                 },
+                file: step.file.clone(),
+                reason,
+                owners: Vec::new(),
             });
         }
     }
@@ -294,6 +355,9 @@ fn step_changes(old: Option<&Topology>, new: Option<&Topology>) -> Vec<StepPlan>
                     from: Some(step.identity),
                     to: None,
                 },
+                file: step.file.clone(),
+                reason: None,
+                owners: Vec::new(),
             });
         }
     }

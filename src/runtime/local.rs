@@ -987,6 +987,10 @@ impl Runtime for LocalRuntime {
         Ok(())
     }
 
+    fn runs(&self, group: &str) -> Result<bool> {
+        Ok(self.shared.managed().contains_key(group))
+    }
+
     fn processors(&self) -> Result<Vec<ProcessorStatus>> {
         Ok(self
             .shared

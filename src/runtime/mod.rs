@@ -209,6 +209,10 @@ pub trait Runtime: Send + Sync {
     fn update(&self, group: &str, scale: &Scale, resources: Option<&Resources>) -> Result<()>;
     /// Every processor the runtime runs, by group.
     fn processors(&self) -> Result<Vec<ProcessorStatus>>;
+    /// Whether the runtime runs the processor of `group` (or keeps trying to).
+    fn runs(&self, group: &str) -> Result<bool> {
+        Ok(self.processors()?.iter().any(|p| p.group == group))
+    }
     /// Puts back what was changed outside the runtime and removes what it does not run
     /// (the observer calls it at every look). The local runtime's supervisor does this on
     /// its own.

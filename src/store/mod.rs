@@ -91,7 +91,9 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub struct TopologyRecord {
     /// [`FORMAT`].
     pub format: u32,
-    /// The last commit the deployment fully matched; `None` before the first.
+    /// The commit the deployment last moved to: the graph that runs is that commit's.
+    /// `None` before the first. A later commit that leaves the topology as it is moves
+    /// nothing and leaves this as it is.
     pub commit: Option<String>,
     /// The bootstrap servers of the cluster its lives and topics are on.
     pub bootstrap: Option<String>,

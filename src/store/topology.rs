@@ -140,6 +140,19 @@ impl TopologyStore {
         parse(topology, raw)
     }
 
+    /// The object as this store last read or wrote it (`None` inside: it did not exist), and
+    /// the record it held; `None` when this store never looked.
+    fn last_seen(&self, topology: &str) -> Option<(Option<Topology>, Option<serde_json::Value>)> {
+        let known = self
+            .known
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(topology)
+            .cloned()?;
+        let record = record_of(known.as_ref());
+        Some((known, record))
+    }
+
     /// Read, change and write the status record of `topology`, with the guarantees above.
     fn write(&self, topology: &str, change: impl Fn(&mut StatusRecord)) -> Result<()> {
         if !(self.guard)() {
@@ -147,15 +160,46 @@ impl TopologyStore {
                 topology: topology.to_owned(),
             });
         }
-        let known = self
-            .known
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(topology)
-            .cloned();
-        let expected = known.as_ref().map(|object| record_of(object.as_ref()));
-        // Written as last seen first: that write fails unless nobody wrote since.
-        let mut last_seen = known.flatten();
+        let (last_seen, expected) = self.last_seen(topology).unzip();
+        let written = self.replace_status(
+            topology,
+            "write the record of",
+            last_seen.flatten(),
+            |object| {
+                let raw = record_of(Some(object));
+                if let Some(known) = &expected
+                    && *known != raw
+                {
+                    return Err(Error::Conflict {
+                        topology: topology.to_owned(),
+                    });
+                }
+                let mut record = parse(topology, raw)?;
+                change(&mut record);
+                let value = serde_json::to_value(&record)
+                    .map_err(|e| api("encode the record of", topology, e.to_string(), false))?;
+                object
+                    .status
+                    .get_or_insert_with(TopologyStatus::default)
+                    .record = Some(value);
+                Ok(())
+            },
+        )?;
+        self.remember(topology, Some(written));
+        Ok(())
+    }
+
+    /// Writes the status `change` makes of the object, trying first the object as last seen
+    /// (one request when nobody wrote since; that write fails if somebody did), then reading
+    /// it again (creating it when gone) after each 409, up to [`STATUS_RETRIES`] reads. A 404
+    /// of the object as last seen means it was deleted since: the read creates it.
+    fn replace_status(
+        &self,
+        topology: &str,
+        operation: &'static str,
+        mut last_seen: Option<Topology>,
+        mut change: impl FnMut(&mut Topology) -> Result<()>,
+    ) -> Result<Topology> {
         let mut reads = 0;
         loop {
             let mut object = match last_seen.take() {
@@ -169,42 +213,22 @@ impl TopologyStore {
                     }
                 }
             };
-            let raw = record_of(Some(&object));
-            if let Some(known) = &expected
-                && *known != raw
-            {
-                return Err(Error::Conflict {
-                    topology: topology.to_owned(),
-                });
-            }
-            let mut record = parse(topology, raw)?;
-            change(&mut record);
-            let value = serde_json::to_value(&record)
-                .map_err(|e| api("encode the record of", topology, e.to_string(), false))?;
-            object
-                .status
-                .get_or_insert_with(TopologyStatus::default)
-                .record = Some(value);
+            change(&mut object)?;
             match self.handle.block_on(self.api().replace_status(
                 topology,
                 &PostParams::default(),
                 &object,
             )) {
-                Ok(written) => {
-                    self.remember(topology, Some(written));
-                    return Ok(());
-                }
-                // Someone wrote the object since we read it: look again. (A 404 answers a
-                // write of the object as last seen once it was deleted: the read creates it.)
+                Ok(written) => return Ok(written),
                 Err(kube::Error::Api(status)) if status.code == 409 => continue,
                 Err(kube::Error::Api(status)) if status.code == 404 && reads == 0 => continue,
-                Err(error) => return Err(kube_error("write the record of", topology, error)),
+                Err(error) => return Err(kube_error(operation, topology, error)),
             }
         }
         Err(api(
-            "write the record of",
+            operation,
             topology,
-            format!("its status changed {STATUS_RETRIES} times while writing"),
+            format!("it changed {STATUS_RETRIES} times while writing"),
             true,
         ))
     }
@@ -246,62 +270,30 @@ impl TopologyStore {
         if published.get(topology) == Some(&observed) {
             return Ok(());
         }
-        let known = self
-            .known
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(topology)
-            .cloned();
-        let expected = known.as_ref().map(|object| record_of(object.as_ref()));
-        // As a save: the object as last seen first, read again only when that write fails.
-        let mut last_seen = known.flatten();
-        let mut reads = 0;
-        loop {
-            let mut object = match last_seen.take() {
-                Some(object) => object,
-                None if reads == STATUS_RETRIES => break,
-                None => {
-                    reads += 1;
-                    match self.get(topology)? {
-                        Some(object) => object,
-                        None => self.create(topology)?,
-                    }
-                }
-            };
-            let record = record_of(Some(&object));
-            object.status = Some(TopologyStatus {
-                observed_generation: object.metadata.generation,
-                record,
-                ..observed.clone()
-            });
-            match self.handle.block_on(self.api().replace_status(
-                topology,
-                &PostParams::default(),
-                &object,
-            )) {
-                Ok(written) => {
-                    // Remembered only with the record a save expects: a record another
-                    // replica wrote must still make the next save a conflict.
-                    if expected
-                        .as_ref()
-                        .is_none_or(|e| *e == record_of(Some(&written)))
-                    {
-                        self.remember(topology, Some(written));
-                    }
-                    published.insert(topology.to_owned(), observed);
-                    return Ok(());
-                }
-                Err(kube::Error::Api(status)) if status.code == 409 => continue,
-                Err(kube::Error::Api(status)) if status.code == 404 && reads == 0 => continue,
-                Err(error) => return Err(kube_error("write the status of", topology, error)),
-            }
-        }
-        Err(api(
-            "write the status of",
+        let (last_seen, expected) = self.last_seen(topology).unzip();
+        let written = self.replace_status(
             topology,
-            format!("it changed {STATUS_RETRIES} times while writing"),
-            true,
-        ))
+            "write the status of",
+            last_seen.flatten(),
+            |object| {
+                object.status = Some(TopologyStatus {
+                    observed_generation: object.metadata.generation,
+                    record: record_of(Some(object)),
+                    ..observed.clone()
+                });
+                Ok(())
+            },
+        )?;
+        // Remembered only with the record a save expects: a record another replica wrote
+        // must still make the next save a conflict.
+        if expected
+            .as_ref()
+            .is_none_or(|e| *e == record_of(Some(&written)))
+        {
+            self.remember(topology, Some(written));
+        }
+        published.insert(topology.to_owned(), observed);
+        Ok(())
     }
 }
 

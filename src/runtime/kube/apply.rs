@@ -649,6 +649,10 @@ impl Runtime for KubeRuntime {
         Ok(())
     }
 
+    fn runs(&self, group: &str) -> Result<bool> {
+        Ok(self.running().contains_key(group))
+    }
+
     fn processors(&self) -> Result<Vec<ProcessorStatus>> {
         Ok(self
             .running()

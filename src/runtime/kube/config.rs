@@ -2,8 +2,8 @@
 //! from a ConfigMap (`deploy/daemon.yaml` is the one `deploy/` ships).
 //!
 //! Secrets are never in it: it names the files where the pod mounts them (git credentials,
-//! the daemon's own Kafka credentials, the webhook secret) and the Secret names that
-//! processors and KEDA reference. So the daemon itself needs no permission to read Secrets,
+//! the daemon's own Kafka credentials, the webhook secret, the forge's API token) and the
+//! Secret names that processors and KEDA reference. So the daemon itself needs no permission to read Secrets,
 //! and a rotated Secret reaches it through the kubelet's mount. Unknown keys are errors, like
 //! in step files: a misspelt setting must not be silently ignored.
 //!
@@ -23,6 +23,11 @@
 //!   processor: ghcr.io/plumber-dev/plumber-processor:0.1.0
 //! listen: 0.0.0.0:7878
 //! cacheDir: /var/lib/plumber     # the git mirror and checkouts (an emptyDir)
+//! forge:                         # plans on pull requests (SPEC §9); absent: none
+//!   kind: github                 # or gitlab
+//!   repo: acme/topologies        # GitLab: the project id or its path
+//!   tokenFile: /var/run/secrets/plumber/forge/token
+//!   # url: https://ghe.example/api/v3   (default: the public service's API)
 //! ```
 
 use std::collections::BTreeMap;
@@ -81,6 +86,9 @@ pub struct Config {
     /// (what must survive one is in the Topology statuses).
     #[serde(default = "default_cache_dir")]
     pub cache_dir: PathBuf,
+    /// The forge the daemon posts pull requests' plans and commit statuses to; absent: none.
+    #[serde(default)]
+    pub forge: Option<crate::forge::Config>,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -339,6 +347,15 @@ impl Config {
         if self.images.processor.trim().is_empty() {
             return Err(invalid("images.processor", "the image is empty".into()));
         }
+        if let Some(forge) = &self.forge {
+            match forge.check() {
+                Err(crate::forge::Error::Invalid { field, message, .. }) => {
+                    return Err(invalid(&format!("forge.{field}"), message));
+                }
+                Err(other) => return Err(invalid("forge", other.to_string())),
+                Ok(()) => {}
+            }
+        }
         Ok(())
     }
 }
@@ -428,6 +445,7 @@ images: { processor: 'plumber-processor:dev' }
             crate::daemon::watch::DEFAULT_WATCH_REFS
         );
         assert!(!config.repository.push_notes);
+        assert!(config.forge.is_none());
         Ok(())
     }
 
@@ -455,6 +473,11 @@ images: { processor: 'registry.example/plumber-processor:1', pullPolicy: IfNotPr
 listen: 127.0.0.1:8080
 webhook: { secretFile: /var/run/secrets/plumber/webhook/secret }
 cacheDir: /cache
+forge:
+  kind: gitlab
+  url: https://gitlab.example/api/v4
+  repo: acme/streams/topologies
+  tokenFile: /var/run/secrets/plumber/forge/token
 ",
         )?;
         assert_eq!(config.kubernetes.namespace.as_deref(), Some("streams"));
@@ -473,7 +496,39 @@ cacheDir: /cache
         assert_eq!(config.images.pull_policy, Some(PullPolicy::IfNotPresent));
         assert_eq!(config.listen.port(), 8080);
         assert_eq!(config.cache_dir, Path::new("/cache"));
+        let forge = config
+            .forge
+            .as_ref()
+            .map(|f| (f.kind, f.api_url(), f.repo.as_str()));
+        assert_eq!(
+            forge,
+            Some((
+                crate::forge::Kind::GitLab,
+                "https://gitlab.example/api/v4",
+                "acme/streams/topologies"
+            ))
+        );
         Ok(())
+    }
+
+    #[test]
+    fn a_forge_with_a_bad_repository_or_url_is_refused() {
+        let forge = |section: &str| match parse(&format!("{MINIMAL}forge: {section}\n")) {
+            Err(Error::Invalid { field, .. }) => field,
+            other => format!("not refused: {other:?}"),
+        };
+        assert_eq!(
+            forge("{ kind: github, repo: topologies, tokenFile: /t }"),
+            "forge.repo"
+        );
+        assert_eq!(
+            forge("{ kind: github, repo: a/b, tokenFile: /t, url: 'ftp://x' }"),
+            "forge.url"
+        );
+        let token = parse(&format!(
+            "{MINIMAL}forge: {{ kind: github, repo: a/b, token: x }}\n"
+        ));
+        assert!(matches!(token, Err(Error::Parse { .. })), "{token:?}");
     }
 
     #[test]

@@ -105,8 +105,9 @@ pub struct TopologyStatus {
     /// The `metadata.generation` of the object this status was written for.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    /// The commit the topology fully runs (40 hex digits); absent before its first cutover
-    /// ends.
+    /// The commit whose graph the topology runs: the last one that changed it (40 hex
+    /// digits; commits that leave it as it is do not move it); absent before its first
+    /// cutover ends.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub commit: Option<String>,
     /// The first 12 hex digits of `commit`, as the processors' `plumber.dev/commit` labels

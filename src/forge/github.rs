@@ -1,0 +1,188 @@
+//! GitHub's REST API (and GitHub Enterprise's, at `https://HOST/api/v3`): a pull request's
+//! comments are its issue's comments; the status is a commit status with `context: plumber`.
+
+use std::sync::{Mutex, PoisonError};
+
+use serde::Deserialize;
+use serde_json::json;
+use ureq::http::Method;
+
+use super::{
+    CommentOutcome, CommitStatus, Error, Forge, Http, Kind, Result, STATUS_CONTEXT, State, Token,
+    check_sha, is_plan_comment, plan_comment_body, says_already, shorten,
+};
+
+/// A client of one repository.
+#[derive(Debug)]
+pub struct GitHub {
+    http: Http,
+    /// `OWNER/NAME`, checked by [`check_repo`].
+    repo: String,
+    /// Whose comments can be the plan comment, for the token it was asked with.
+    author: Mutex<Option<(Token, Author)>>,
+}
+
+/// The account of the token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Author {
+    /// A user's token (personal, OAuth, a machine user's): comments by that login.
+    User(String),
+    /// A GitHub App's installation token, which has no user: comments an app made, which no
+    /// person can make.
+    App,
+}
+
+#[derive(Debug, Deserialize)]
+struct Comment {
+    id: u64,
+    #[serde(default)]
+    body: Option<String>,
+    #[serde(default)]
+    user: Option<User>,
+    #[serde(default)]
+    performed_via_github_app: Option<serde_json::Value>,
+}
+
+#[derive(Debug, Deserialize)]
+struct User {
+    login: String,
+    #[serde(default, rename = "type")]
+    kind: String,
+}
+
+impl Comment {
+    fn is_by(&self, author: &Author) -> bool {
+        match author {
+            Author::User(login) => self.user.as_ref().is_some_and(|u| u.login == *login),
+            Author::App => {
+                self.performed_via_github_app.is_some()
+                    && self.user.as_ref().is_some_and(|u| u.kind == "Bot")
+            }
+        }
+    }
+}
+
+/// `OWNER/NAME`, each of letters, digits, `-`, `_` and `.`.
+pub(crate) fn check_repo(repo: &str) -> std::result::Result<(), String> {
+    let segment = |s: &str| {
+        !s.is_empty()
+            && s != "."
+            && s != ".."
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+    };
+    match repo.split_once('/') {
+        Some((owner, name)) if segment(owner) && segment(name) => Ok(()),
+        _ => Err("a GitHub repository is OWNER/NAME, as in github.com/OWNER/NAME".into()),
+    }
+}
+
+impl GitHub {
+    pub(crate) fn new(http: Http, repo: &str) -> GitHub {
+        GitHub {
+            http,
+            repo: repo.to_owned(),
+            author: Mutex::new(None),
+        }
+    }
+
+    /// The token's account (`GET /user`), asked once per token.
+    fn author(&self) -> Result<Author> {
+        let token = self.http.token();
+        if let Some((known, author)) = &*self.author.lock().unwrap_or_else(PoisonError::into_inner)
+            && *known == token
+        {
+            return Ok(author.clone());
+        }
+        let url = self.http.url("/user");
+        let author = match self.http.send(Method::GET, &url, None) {
+            Ok(answer) => Author::User(answer.json::<User>(&Method::GET, &url)?.login),
+            // An installation token: "Resource not accessible by integration".
+            Err(Error::Status {
+                status: 403,
+                rate_limited: false,
+                ..
+            }) => Author::App,
+            Err(error) => return Err(error),
+        };
+        *self.author.lock().unwrap_or_else(PoisonError::into_inner) = Some((token, author.clone()));
+        Ok(author)
+    }
+
+    fn find_plan_comment(&self, number: u64) -> Result<Option<Comment>> {
+        let author = self.author()?;
+        let first = self.http.url(&format!(
+            "/repos/{}/issues/{number}/comments?per_page=100",
+            self.repo
+        ));
+        self.http.find_in_pages(
+            first,
+            |answer, _| answer.next_link(),
+            |c: &Comment| c.is_by(&author) && c.body.as_deref().is_some_and(is_plan_comment),
+        )
+    }
+}
+
+impl Forge for GitHub {
+    fn kind(&self) -> Kind {
+        Kind::GitHub
+    }
+
+    fn upsert_plan_comment(
+        &self,
+        number: u64,
+        render: &dyn Fn(usize) -> String,
+    ) -> Result<CommentOutcome> {
+        let body = plan_comment_body(Kind::GitHub, render)?;
+        self.http
+            .retrying("plan comment", || match self.find_plan_comment(number)? {
+                Some(comment) if says_already(comment.body.as_deref().unwrap_or(""), &body) => {
+                    Ok(CommentOutcome::Unchanged(comment.id))
+                }
+                Some(comment) => {
+                    let url = self.http.url(&format!(
+                        "/repos/{}/issues/comments/{}",
+                        self.repo, comment.id
+                    ));
+                    self.http
+                        .send(Method::PATCH, &url, Some(&json!({ "body": body })))?;
+                    Ok(CommentOutcome::Updated(comment.id))
+                }
+                None => {
+                    let url = self
+                        .http
+                        .url(&format!("/repos/{}/issues/{number}/comments", self.repo));
+                    let created: Comment = self
+                        .http
+                        .send(Method::POST, &url, Some(&json!({ "body": body })))?
+                        .json(&Method::POST, &url)?;
+                    Ok(CommentOutcome::Created(created.id))
+                }
+            })
+    }
+
+    fn set_commit_status(&self, sha: &str, status: &CommitStatus) -> Result<()> {
+        check_sha(sha)?;
+        let state = match status.state {
+            // GitHub has no `running`.
+            State::Pending | State::Running => "pending",
+            State::Success => "success",
+            State::Failure => "failure",
+            State::Error => "error",
+        };
+        let mut body = json!({
+            "state": state,
+            "context": STATUS_CONTEXT,
+            "description": shorten(&status.description, Kind::GitHub.description_limit()),
+        });
+        if let Some(target) = &status.target_url {
+            body["target_url"] = json!(target);
+        }
+        let url = self
+            .http
+            .url(&format!("/repos/{}/statuses/{sha}", self.repo));
+        self.http.retrying("commit status", || {
+            self.http.send(Method::POST, &url, Some(&body)).map(drop)
+        })
+    }
+}
