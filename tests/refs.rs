@@ -205,11 +205,18 @@ fn a_branch_gets_a_plan_against_what_runs_that_follows_its_moves_until_it_is_del
     assert_eq!(plan.from.as_deref(), Some(main.to_string().as_str()));
     assert_eq!(step_change(&plan, "orders", "clean"), Change::Replaced);
     assert_eq!(step_change(&plan, "payments", "clean"), Change::Unchanged);
-    assert!(actions(&plan, "payments").is_empty(), "payments runs as it is");
+    assert!(
+        actions(&plan, "payments").is_empty(),
+        "payments runs as it is"
+    );
     let orders = actions(&plan, "orders");
     assert!(
-        orders.iter().any(|a| matches!(a, Action::StartProcessor(s) if s.step == "clean"))
-            && orders.iter().any(|a| matches!(a, Action::StopProcessor { step, .. } if step == "clean")),
+        orders
+            .iter()
+            .any(|a| matches!(a, Action::StartProcessor(s) if s.step == "clean"))
+            && orders
+                .iter()
+                .any(|a| matches!(a, Action::StopProcessor { step, .. } if step == "clean")),
         "the engine's cutover of clean: {orders:?}"
     );
     assert!(
@@ -218,7 +225,10 @@ fn a_branch_gets_a_plan_against_what_runs_that_follows_its_moves_until_it_is_del
     );
     // The note on the head is the review text, written once.
     assert!(plan.markdown.contains("`orders`"), "{}", plan.markdown);
-    assert_eq!(note(&repo.git, &plan.head).as_deref(), Some(plan.markdown.as_str()));
+    assert_eq!(
+        note(&repo.git, &plan.head).as_deref(),
+        Some(plan.markdown.as_str())
+    );
 
     // The branch moves: a new plan of the new head.
     let second = repo.commit("feature", "stricter still", &[clean("orders", 9)]);
@@ -238,17 +248,15 @@ fn a_branch_gets_a_plan_against_what_runs_that_follows_its_moves_until_it_is_del
     assert_eq!(step_change(&forced, "payments", "clean"), Change::Replaced);
 
     // Deleted: the plan goes, and says so.
-    repo.git
-        .find_reference(FEATURE)
-        .unwrap()
-        .delete()
-        .unwrap();
+    repo.git.find_reference(FEATURE).unwrap().delete().unwrap();
     wait_until("the deleted ref's plan is dropped", PATIENCE, || {
         harness.plan(FEATURE).is_none()
     });
-    wait_until("the removal is announced", PATIENCE, || {
-        matches!(events.try_recv(), Ok(e) if e.change == PlanChange::Removed && e.name == FEATURE)
-    });
+    wait_until(
+        "the removal is announced",
+        PATIENCE,
+        || matches!(events.try_recv(), Ok(e) if e.change == PlanChange::Removed && e.name == FEATURE),
+    );
 }
 
 #[test]
@@ -272,7 +280,11 @@ fn the_tracked_branch_moving_recomputes_every_plan_and_parses_only_new_trees() {
     let moved = repo.commit(
         "main",
         "a third topology",
-        &[source("refunds"), clean("refunds", 1), sink("refunds", "clean")],
+        &[
+            source("refunds"),
+            clean("refunds", 1),
+            sink("refunds", "clean"),
+        ],
     );
     let feature_plan = harness.plan_of(FEATURE, feature, Some(moved));
     let other_plan = harness.plan_of("refs/heads/other", other, Some(moved));
@@ -312,7 +324,10 @@ fn what_runs_changing_makes_the_plans_again_from_it() {
         replanned.is_some()
     });
     let replanned = replanned.unwrap();
-    assert_eq!(step_change(&replanned, "orders", "clean"), Change::Unchanged);
+    assert_eq!(
+        step_change(&replanned, "orders", "clean"),
+        Change::Unchanged
+    );
     assert!(
         replanned.topologies.iter().all(|t| t.actions.is_empty()),
         "nothing left to do: {:?}",
@@ -334,12 +349,14 @@ fn a_conflicting_branch_names_the_files() {
     assert_eq!(plan.conflicts, ["topologies/orders/steps/clean.yaml"]);
     assert!(plan.topologies.is_empty());
     assert!(
-        plan.markdown
-            .contains("topologies/orders/steps/clean.yaml"),
+        plan.markdown.contains("topologies/orders/steps/clean.yaml"),
         "{}",
         plan.markdown
     );
-    assert_eq!(note(&repo.git, &plan.head).as_deref(), Some(plan.markdown.as_str()));
+    assert_eq!(
+        note(&repo.git, &plan.head).as_deref(),
+        Some(plan.markdown.as_str())
+    );
 }
 
 #[test]
@@ -374,8 +391,116 @@ fn a_branch_valid_alone_but_broken_by_the_merge_reports_the_error_in_its_file() 
     let error = plan.errors.first().expect("an error");
     assert_eq!(error.file, "topologies/orders/steps/enrich.yaml");
     assert!(error.message.contains("clean"), "{}", error.message);
-    assert!(plan.markdown.contains("valid on its own"), "{}", plan.markdown);
+    assert!(
+        plan.markdown.contains("valid on its own"),
+        "{}",
+        plan.markdown
+    );
     assert!(plan.markdown.contains("enrich.yaml"), "{}", plan.markdown);
+}
+
+/// What `plumber plan REPO --base main --head REF --format markdown [--keep-topics]` prints.
+fn cli_markdown(repo: &TestRepo, head: &str, keep_topics: bool) -> String {
+    let mut command = Command::new(common::plumber_bin());
+    command
+        .args(["plan", &repo.location(), "--base", "main", "--head", head])
+        .args(["--format", "markdown"]);
+    if keep_topics {
+        command.arg("--keep-topics");
+    }
+    let output = command.output().unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).unwrap()
+}
+
+#[test]
+fn the_review_text_is_what_plumber_plan_prints_for_the_merge_preview_with_owners_and_kept_topics() {
+    let (repo, _) = repository();
+    let main = repo.commit(
+        "main",
+        "owners; enrich after clean",
+        &[
+            write(".github/CODEOWNERS", "/topologies/orders/ @orders-team\n"),
+            write(
+                "topologies/orders/steps/enrich.yaml",
+                "kind: processor\ninput: clean\njq: '. + {enriched: true}'\n",
+            ),
+            sink("orders", "enrich"),
+        ],
+    );
+    branch(&repo, "feature", main);
+    // Replaced, the old `clean` retires its internal topic (enrich's input), which
+    // --keep-topics keeps.
+    let feature = repo.commit(
+        "feature",
+        "orders stricter, payments wider",
+        &[clean("orders", 5), clean("payments", 0)],
+    );
+    let harness = Harness::start_with(
+        &repo.location(),
+        |c| c.cutover.keep_topics = true,
+        |c| deploy(c, &repo, main),
+    );
+    let plan = harness.plan_of(FEATURE, feature, Some(main));
+    assert!(plan.valid && plan.keep_topics);
+    let cli = cli_markdown(&repo, FEATURE, true);
+    let footer = plan
+        .markdown
+        .strip_prefix(cli.as_str())
+        .unwrap_or_else(|| panic!("the daemon's\n{}\nthe CLI's\n{cli}", plan.markdown));
+    assert!(
+        footer.contains("Merge preview of `refs/heads/feature` into `main`"),
+        "{footer}"
+    );
+    assert!(cli.contains("@orders-team"), "owners of the base: {cli}");
+    assert!(cli.contains("--keep-topics"), "{cli}");
+    let orders = plan.topologies.iter().find(|t| t.name == "orders").unwrap();
+    assert!(!orders.kept_topics.is_empty(), "{orders:?}");
+    assert!(
+        !orders
+            .actions
+            .iter()
+            .any(|a| matches!(a, Action::DeleteTopic { .. })),
+        "{:?}",
+        orders.actions
+    );
+
+    // Within a limit: shortened as `markdown_within` shortens the CLI's plan, footer kept.
+    let limit = plan.markdown.len() - 200;
+    let short = plan.markdown_within(limit);
+    assert!(short.len() <= limit, "{} > {limit}", short.len());
+    assert!(short.contains("Shortened to fit one comment"), "{short}");
+    assert!(short.ends_with(footer), "{short}");
+    assert_eq!(plan.markdown_within(plan.markdown.len()), plan.markdown);
+}
+
+#[test]
+fn a_ref_that_cannot_be_planned_is_cut_between_its_list_items_within_a_limit() {
+    let (repo, main) = repository();
+    branch(&repo, "feature", main);
+    let many: Vec<common::Change> = (0..40)
+        .map(|i| {
+            write(
+                &format!("topologies/orders/steps/broken{i:02}.yaml"),
+                format!("kind: processor\ninput: missing{i:02}\njq: '.'\n"),
+            )
+        })
+        .collect();
+    let feature = repo.commit("feature", "broken steps", &many);
+    let harness = Harness::start(&repo.location(), |_| {});
+    let plan = harness.plan_of(FEATURE, feature, Some(main));
+    assert!(!plan.valid && plan.errors.len() >= 40, "{:?}", plan.errors);
+    let short = plan.markdown_within(1_000);
+    assert!(short.len() <= 1_000, "{}", short.len());
+    assert!(short.ends_with("has all of it.\n"), "{short}");
+    assert!(plan.markdown.starts_with(short.lines().next().unwrap()));
+    for line in short.lines().filter(|l| l.starts_with("- `")) {
+        assert!(plan.markdown.contains(line), "a whole error line: {line}");
+    }
 }
 
 #[test]
@@ -429,8 +554,12 @@ fn a_remote_repository_mirrors_pull_request_refs_and_gets_its_notes_pushed() {
         harness.plan("refs/heads/pr-work").is_none(),
         "only the watched patterns"
     );
-    let mirror = git2::Repository::open_bare(harness._state.path().join("state/mirror.git")).unwrap();
-    assert_eq!(note(&mirror, &plan.head).as_deref(), Some(plan.markdown.as_str()));
+    let mirror =
+        git2::Repository::open_bare(harness._state.path().join("state/mirror.git")).unwrap();
+    assert_eq!(
+        note(&mirror, &plan.head).as_deref(),
+        Some(plan.markdown.as_str())
+    );
     wait_until("the note is pushed to the repository", PATIENCE, || {
         note(&origin, &plan.head).as_deref() == Some(plan.markdown.as_str())
     });
@@ -441,9 +570,11 @@ fn a_remote_repository_mirrors_pull_request_refs_and_gets_its_notes_pushed() {
         .unwrap()
         .delete()
         .unwrap();
-    wait_until("the closed pull request's plan is dropped", PATIENCE, || {
-        harness.plan("refs/pull/7/head").is_none()
-    });
+    wait_until(
+        "the closed pull request's plan is dropped",
+        PATIENCE,
+        || harness.plan("refs/pull/7/head").is_none(),
+    );
     assert!(mirror.find_reference("refs/pull/7/head").is_err());
     assert!(
         mirror.find_reference("refs/notes/plumber").is_ok(),
@@ -493,7 +624,9 @@ fn plumber_up_serves_plans_over_http_with_markdown_errors_and_events() {
             .and_then(|(_, body)| serde_json::from_str(&body).ok())
             .unwrap_or_default();
         listed.as_array().is_some_and(|plans| {
-            plans.iter().any(|p| p["ref"] == FEATURE && p["head"] == feature.to_string())
+            plans
+                .iter()
+                .any(|p| p["ref"] == FEATURE && p["head"] == feature.to_string())
         })
     });
     let plans = listed.as_array().unwrap();
@@ -520,11 +653,22 @@ fn plumber_up_serves_plans_over_http_with_markdown_errors_and_events() {
     assert_eq!(status, 200);
     assert!(markdown.starts_with("### Plumber plan"), "{markdown}");
     assert!(markdown.contains("`orders`"), "{markdown}");
+    let (status, within) =
+        get("/api/plans/refs%2Fheads%2Ffeature?format=markdown&limit=1000").unwrap();
+    assert_eq!(status, 200);
+    assert!(
+        within.len() <= 1000 && within.len() < markdown.len(),
+        "{within}"
+    );
+    assert!(within.contains("Shortened to fit one comment"), "{within}");
     let (status, missing) = get("/api/plans/refs%2Fheads%2Fnope").unwrap();
     assert_eq!(status, 404);
     let missing: serde_json::Value = serde_json::from_str(&missing).unwrap();
     assert!(
-        missing["error"].as_str().unwrap().contains("refs/heads/nope"),
+        missing["error"]
+            .as_str()
+            .unwrap()
+            .contains("refs/heads/nope"),
         "{missing}"
     );
     assert_eq!(missing["watched"], serde_json::json!([FEATURE]));
@@ -532,7 +676,9 @@ fn plumber_up_serves_plans_over_http_with_markdown_errors_and_events() {
     // A change event on /api/events when a branch moves.
     let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
     stream
-        .write_all(b"GET /api/events HTTP/1.1\r\nHost: plumber\r\nAccept: text/event-stream\r\n\r\n")
+        .write_all(
+            b"GET /api/events HTTP/1.1\r\nHost: plumber\r\nAccept: text/event-stream\r\n\r\n",
+        )
         .unwrap();
     stream.set_read_timeout(Some(PATIENCE)).unwrap();
     let mut lines = BufReader::new(stream).lines();

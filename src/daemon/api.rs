@@ -1,5 +1,5 @@
 //! The daemon's HTTP API (SPEC §6): `GET /healthz`, `GET /metrics`, `GET /api/status`,
-//! `GET /api/history`, `GET /api/plans`, `GET /api/plans/{ref}` (`?format=markdown`),
+//! `GET /api/history`, `GET /api/plans`, `GET /api/plans/{ref}` (`?format=markdown[&limit=N]`),
 //! `GET /api/events` (Server-Sent Events: `plan` events, for now) and `POST /hooks/git`.
 //! Handlers only read the status store, the plans and the state directory; the webhook only
 //! sends a trigger.
@@ -16,11 +16,11 @@ use std::sync::mpsc::Sender;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
-use axum::response::sse::{Event, KeepAlive, Sse};
-use futures::StreamExt as _;
 use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use futures::StreamExt as _;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
@@ -147,16 +147,25 @@ async fn plans(State(api): State<Api>) -> Response {
 #[derive(serde::Deserialize)]
 struct PlanQuery {
     format: Option<String>,
+    /// With `format=markdown`: at most this many bytes (a forge's comment limit).
+    limit: Option<usize>,
 }
 
 /// `GET /api/plans/{ref}`: the ref URL-encoded (`refs%2Fheads%2Fx`) or not (`refs/heads/x`).
+/// `?format=markdown` is the review text, `&limit=N` shortens it to N bytes at most.
 async fn plan_of(
     State(api): State<Api>,
     Path(name): Path<String>,
     Query(query): Query<PlanQuery>,
 ) -> Response {
     let Some(plan) = api.context.plans.get(&name) else {
-        let watched: Vec<String> = api.context.plans.list().iter().map(|p| p.name.clone()).collect();
+        let watched: Vec<String> = api
+            .context
+            .plans
+            .list()
+            .iter()
+            .map(|p| p.name.clone())
+            .collect();
         return (
             StatusCode::NOT_FOUND,
             axum::Json(serde_json::json!({
@@ -174,7 +183,10 @@ async fn plan_of(
         None | Some("json") => axum::Json(plan.as_ref()).into_response(),
         Some("markdown") => (
             [(header::CONTENT_TYPE, "text/markdown; charset=utf-8")],
-            plan.markdown.clone(),
+            match query.limit {
+                Some(limit) => plan.markdown_within(limit),
+                None => plan.markdown.clone(),
+            },
         )
             .into_response(),
         Some(other) => (
@@ -207,7 +219,9 @@ async fn events(State(api): State<Api>) -> Response {
     .take_until(async move {
         let _ = stopping.wait_for(|stop| *stop).await;
     });
-    Sse::new(stream).keep_alive(KeepAlive::default()).into_response()
+    Sse::new(stream)
+        .keep_alive(KeepAlive::default())
+        .into_response()
 }
 
 async fn hook(State(api): State<Api>, headers: HeaderMap, body: Bytes) -> Response {

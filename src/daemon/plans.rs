@@ -30,6 +30,7 @@ use super::watch::{NOTES_REF, ref_matches};
 use super::{Context, Error};
 use crate::diagnostic::Diagnostic;
 use crate::graph::Topology;
+use crate::owners::CodeOwners;
 use crate::plan::{Change, Plan, TopologyPlan};
 use crate::repo::{MergeTree, Repository};
 
@@ -61,9 +62,77 @@ pub struct RefPlan {
     /// The pull (GitHub) or merge (GitLab) request of `refs/pull/N/head` and
     /// `refs/merge-requests/N/head`.
     pub pull_request: Option<u64>,
-    /// The review text (`?format=markdown`), also the git note on the head.
+    /// Planned for a daemon that keeps retired topics (`--keep-topics`), as
+    /// `plan --keep-topics`: `delete-topic` actions are listed as kept topics instead.
+    pub keep_topics: bool,
+    /// The review text (`?format=markdown`), also the git note on the head: what
+    /// `plumber plan --base BRANCH --head REF --format markdown` prints when what runs is the
+    /// branch's head, then a line saying it is a merge preview.
     #[serde(skip)]
     pub markdown: String,
+    /// What [`RefPlan::markdown_within`] shortens (`None`: the ref cannot be planned).
+    #[serde(skip)]
+    review: Option<Review>,
+}
+
+/// The graphs the review text draws, of the topologies that change.
+#[derive(Debug, Clone)]
+struct Review {
+    new_graphs: Vec<Topology>,
+    old_graphs: Vec<Topology>,
+    /// The closing line: which merge this previews.
+    footer: String,
+}
+
+impl RefPlan {
+    /// The plan as `plumber plan` builds it (`from` what runs, `to` the ref's head).
+    pub fn as_plan(&self) -> Plan {
+        Plan {
+            from: self.from.clone(),
+            to: self.head.clone(),
+            topologies: self.topologies.clone(),
+            keep_topics: self.keep_topics,
+        }
+    }
+
+    /// [`RefPlan::markdown`] within `limit` bytes (a forge's comment limit, e.g.
+    /// [`crate::output::plan::GITHUB_COMMENT_LIMIT`]), shortened as
+    /// [`crate::output::plan::markdown_within`] does: whole sections, never mid-table. The
+    /// errors of a ref that cannot be planned are cut between list items.
+    pub fn markdown_within(&self, limit: usize) -> String {
+        if self.markdown.len() <= limit {
+            return self.markdown.clone();
+        }
+        let Some(review) = &self.review else {
+            return cut_between_lines(&self.markdown, limit);
+        };
+        let body = crate::output::plan::markdown_within(
+            &self.as_plan(),
+            &review.new_graphs,
+            &review.old_graphs,
+            limit.saturating_sub(review.footer.len()),
+        );
+        if body.len() + review.footer.len() <= limit {
+            body + &review.footer
+        } else {
+            // Too small for the footer too: the body alone, which fits by itself.
+            body
+        }
+    }
+}
+
+/// `text` cut after its last whole line that leaves room for a line saying it was cut.
+fn cut_between_lines(text: &str, limit: usize) -> String {
+    const CUT: &str = "- …\n\nShortened to fit; `GET /api/plans/{ref}` has all of it.\n";
+    let room = limit.saturating_sub(CUT.len());
+    let mut end = room.min(text.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    match text[..end].rfind('\n') {
+        Some(line_end) if limit >= CUT.len() => format!("{}{CUT}", &text[..=line_end]),
+        _ => text[..end].to_owned(),
+    }
 }
 
 /// What a plan was computed from: a plan is fresh while all three are unchanged.
@@ -251,6 +320,8 @@ pub struct Planner {
     versions: u64,
     /// Each topology's plan by (name, its tree in the merge, the version of what runs of it).
     topology_plans: HashMap<(String, Option<TopologyKey>, u64), Arc<TopologyPlan>>,
+    /// The `CODEOWNERS` of the last base planned against.
+    owners: Option<(Oid, Option<Arc<CodeOwners>>)>,
 }
 
 /// The plans worker: runs until the daemon stops.
@@ -274,6 +345,7 @@ impl Default for Planner {
             running: None,
             versions: 0,
             topology_plans: HashMap::new(),
+            owners: None,
         }
     }
 }
@@ -422,7 +494,10 @@ impl Planner {
         }
         let same = previous.topologies.is_empty()
             && previous.revision != 0
-            && running.topologies.values().all(|t| t.version <= previous.revision);
+            && running
+                .topologies
+                .values()
+                .all(|t| t.version <= previous.revision);
         running.revision = if same {
             previous.revision
         } else {
@@ -459,7 +534,9 @@ impl Planner {
             topologies: Vec::new(),
             preview: false,
             pull_request: pull_request_of(name),
+            keep_topics: false,
             markdown: String::new(),
+            review: None,
         };
         let merged = match repository.merge_tree(inputs.base, inputs.head)? {
             MergeTree::Conflicts(paths) => {
@@ -474,7 +551,8 @@ impl Planner {
             }
         };
         let Some(merged) = merged.filter(TreeValidation::is_valid) else {
-            let alone = trees.validate(&repository, repository.tree_of(inputs.head)?, inputs.head)?;
+            let alone =
+                trees.validate(&repository, repository.tree_of(inputs.head)?, inputs.head)?;
             plan.valid_alone = alone.is_valid();
             plan.markdown = unplannable_markdown(&plan, branch);
             return Ok(plan);
@@ -487,7 +565,11 @@ impl Planner {
             graph: None,
         };
         let running = self.running.as_ref();
-        let mut names: BTreeSet<&str> = merged.topologies.iter().map(|(n, _, _)| n.as_str()).collect();
+        let mut names: BTreeSet<&str> = merged
+            .topologies
+            .iter()
+            .map(|(n, _, _)| n.as_str())
+            .collect();
         if let Some(running) = running {
             names.extend(running.topologies.keys().map(String::as_str));
         }
@@ -512,7 +594,8 @@ impl Planner {
                         &now.record.deployment,
                         new,
                     ));
-                    self.topology_plans.insert(cache_key.clone(), planned.clone());
+                    self.topology_plans
+                        .insert(cache_key.clone(), planned.clone());
                     planned
                 }
             };
@@ -523,34 +606,66 @@ impl Planner {
             }
             plan.topologies.push((*planned).clone());
         }
-        let shown = Plan {
+        // As `plumber plan` finishes it: owners as of the base (a branch cannot name its own
+        // reviewers), then the daemon's --keep-topics.
+        let mut whole = Plan {
             from: plan.from.clone(),
             to: plan.head.clone(),
-            topologies: plan
-                .topologies
-                .iter()
-                .filter(|t| t.change != Change::Unchanged || !t.actions.is_empty())
-                .cloned()
-                .collect(),
+            topologies: std::mem::take(&mut plan.topologies),
             keep_topics: false,
         };
-        plan.markdown = format!(
-            "{}\n<sub>Merge preview of `{name}` into `{branch}` ({}), planned against what runs now.</sub>\n",
-            crate::output::plan::markdown(&shown, &new_graphs, &old_graphs),
+        if let Some(owners) = self.owners_at(&repository, inputs.base)? {
+            whole = whole.with_owners(|file| owners.owners_of(file));
+        }
+        if context.config.cutover.keep_topics {
+            whole = whole.keeping_topics();
+        }
+        let footer = format!(
+            "\n<sub>Merge preview of `{name}` into `{branch}` ({}), planned against what runs now.</sub>\n",
             crate::output::short_commit(&plan.base),
         );
+        plan.markdown = crate::output::plan::markdown(&whole, &new_graphs, &old_graphs) + &footer;
+        plan.topologies = whole.topologies;
+        plan.keep_topics = whole.keep_topics;
+        plan.review = Some(Review {
+            new_graphs,
+            old_graphs,
+            footer,
+        });
         Ok(plan)
+    }
+
+    /// The `CODEOWNERS` of `base`, read once per base.
+    fn owners_at(
+        &mut self,
+        repository: &Repository,
+        base: Oid,
+    ) -> Result<Option<Arc<CodeOwners>>, Error> {
+        if let Some((at, owners)) = &self.owners
+            && *at == base
+        {
+            return Ok(owners.clone());
+        }
+        let owners = repository.codeowners(base)?.map(Arc::new);
+        self.owners = Some((base, owners.clone()));
+        Ok(owners)
     }
 }
 
 /// The watched refs of the repository and their targets, the tracked branch aside.
-fn watched_refs(git: &git2::Repository, patterns: &[String], tracked: &str) -> BTreeMap<String, Oid> {
+fn watched_refs(
+    git: &git2::Repository,
+    patterns: &[String],
+    tracked: &str,
+) -> BTreeMap<String, Oid> {
     let mut out = BTreeMap::new();
     let Ok(references) = git.references() else {
         return out;
     };
     for reference in references.flatten() {
-        let Some(name) = reference.name() else { continue };
+        let Some(name) = reference.name() else {
+            continue;
+        };
         if name == tracked || name.starts_with("refs/notes/") || name.starts_with("refs/plumber/") {
             continue;
         }
@@ -564,7 +679,11 @@ fn watched_refs(git: &git2::Repository, patterns: &[String], tracked: &str) -> B
     out
 }
 
-fn validate_commit(context: &Context, repository: &Repository, commit: &str) -> Option<TreeValidation> {
+fn validate_commit(
+    context: &Context,
+    repository: &Repository,
+    commit: &str,
+) -> Option<TreeValidation> {
     let oid = Oid::from_str(commit).ok()?;
     let tree = repository.tree_of(oid).ok()?;
     match context.revisions.trees().validate(repository, tree, oid) {
