@@ -100,11 +100,17 @@ fn bench(n: usize, runs: usize) {
     let (main, changed) = repo_gen::generate(&repo_dir, n, 10).expect("generate");
     let git = Repository::open(&repo_dir).expect("open");
     // generate() leaves HEAD (main) at the second commit; main starts at the first.
-    git.reference("refs/heads/main", main, true, "bench").expect("main");
+    git.reference("refs/heads/main", main, true, "bench")
+        .expect("main");
     for b in 0..BRANCHES {
         // Topologies apart from those `changed` and the pushes below touch.
         let topology = (b * n / BRANCHES + 1) % n;
-        commit(&git, &format!("refs/heads/b{b:02}"), main, &[(topology, 5, 1000)]);
+        commit(
+            &git,
+            &format!("refs/heads/b{b:02}"),
+            main,
+            &[(topology, 5, 1000)],
+        );
     }
     let packed = std::process::Command::new("git")
         .args(["gc", "--quiet"])
@@ -217,7 +223,12 @@ fn bench(n: usize, runs: usize) {
     let mut branch_head = git.refname_to_id("refs/heads/b03").expect("b03");
     let push_branch = measure(runs, || {
         pushes += 1;
-        branch_head = commit(&git, "refs/heads/b03", branch_head, &[(3 * n / BRANCHES + 1, 9, 2000 + pushes)]);
+        branch_head = commit(
+            &git,
+            "refs/heads/b03",
+            branch_head,
+            &[(3 * n / BRANCHES + 1, 9, 2000 + pushes)],
+        );
         let before = context.plans.computed();
         let started = Instant::now();
         planner.pass(&context).expect("pass");
@@ -242,7 +253,10 @@ fn bench(n: usize, runs: usize) {
         row("push to main → 30 plans fresh", push_main),
         push_main.0 / full.0
     );
-    println!("{}", row("push to one branch → its plan fresh", push_branch));
+    println!(
+        "{}",
+        row("push to one branch → its plan fresh", push_branch)
+    );
     println!("topologies validated in all (cache misses): {parsed}");
     println!();
 }

@@ -293,7 +293,10 @@ fn run(command: Command) -> Result<ExitCode> {
             };
             let validate_at = |rev: &str| -> Result<(String, Validation)> {
                 let commit = repo.resolve(rev)?;
-                Ok((commit.to_string(), validate_tree(repo.tree_of(commit)?, commit)?))
+                Ok((
+                    commit.to_string(),
+                    validate_tree(repo.tree_of(commit)?, commit)?,
+                ))
             };
             let (from, to) = match (base, head, to) {
                 (Some(base), Some(head), _) => {

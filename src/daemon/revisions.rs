@@ -74,10 +74,7 @@ impl Revisions {
         let repository = self.source.open()?;
         let oid = repository.resolve(commit)?;
         let tree = repository.tree_of(oid)?;
-        let validation = self
-            .trees
-            .validate(&repository, tree, oid)?
-            .to_validation();
+        let validation = self.trees.validate(&repository, tree, oid)?.to_validation();
         let Some(topologies) = validation.topologies else {
             let errors: Vec<String> = validation.errors().map(ToString::to_string).collect();
             return Err(Error::Invalid {

@@ -363,8 +363,7 @@ impl Source {
             std::thread::Builder::new()
                 .name("git-fetch".into())
                 .spawn(move || {
-                    let fetched =
-                        fetch_into(&url, &mirror, &auth, &refspecs, &progress);
+                    let fetched = fetch_into(&url, &mirror, &auth, &refspecs, &progress);
                     // Abandoned meanwhile: nobody waits, and it no longer hangs.
                     if progress.state.swap(FINISHED, Ordering::SeqCst) == ABANDONED {
                         HANGING_FETCHES.fetch_sub(1, Ordering::SeqCst);
