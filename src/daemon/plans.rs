@@ -314,6 +314,7 @@ struct RunningTopology {
 
 /// The plans worker's memory between passes (pub for the benchmark, which drives passes
 /// itself).
+#[derive(Default)]
 pub struct Planner {
     running: Option<Running>,
     /// Counts versions of what runs of a topology, and revisions of the whole.
@@ -335,17 +336,6 @@ pub(super) fn run(context: &Arc<Context>, wake: &Receiver<()>) {
         }
         if let Err(error) = worker.pass(context) {
             tracing::warn!(%error, "cannot plan the watched refs; trying again at the next change");
-        }
-    }
-}
-
-impl Default for Planner {
-    fn default() -> Self {
-        Planner {
-            running: None,
-            versions: 0,
-            topology_plans: HashMap::new(),
-            owners: None,
         }
     }
 }
