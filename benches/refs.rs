@@ -6,8 +6,8 @@
 //! - `read both`: reading both commits' blobs out of git, the floor;
 //! - `cached plan`: one plan as `plumber plan` makes it now (each tree validated once);
 //! - `push to main`: a new commit on the tracked branch (one step of another topology): the
-//!   follower's load of it (validation and checkout), then one pass of the plans worker
-//!   making all 30 plans fresh;
+//!   follower's load of it (validation and checkout), then, timed apart, one pass of the
+//!   plans worker making all 30 plans fresh;
 //! - `push to a branch`: one new commit on one branch, and the pass that makes its plan fresh.
 //!
 //! Medians and ranges of RUNS runs (default 5) at 100 and 1,000 topologies (SIZES="100 1000
@@ -74,10 +74,6 @@ fn measure(runs: usize, mut f: impl FnMut() -> Duration) -> (f64, f64, f64) {
     (times[times.len() / 2], times[0], times[times.len() - 1])
 }
 
-fn row(name: &str, (median, min, max): (f64, f64, f64)) -> String {
-    format!("{name}: median {median:.3} s (range {min:.3}–{max:.3})")
-}
-
 fn main() {
     // `cargo bench` passes `--bench`; nothing else is read from the command line.
     let runs: usize = std::env::var("RUNS")
@@ -99,9 +95,18 @@ fn bench(n: usize, runs: usize) {
     let repo_dir = dir.path().join("repo");
     let (main, changed) = repo_gen::generate(&repo_dir, n, 10).expect("generate");
     let git = Repository::open(&repo_dir).expect("open");
-    // generate() leaves HEAD (main) at the second commit; main starts at the first.
+    // generate() leaves HEAD at the second commit; `main` starts at the first. HEAD's branch
+    // (git's default name, unless it is `main`) would be a 31st watched ref: it goes.
+    let generated = git.head().expect("head").name().map(str::to_owned);
     git.reference("refs/heads/main", main, true, "bench")
         .expect("main");
+    git.set_head("refs/heads/main").expect("HEAD");
+    if let Some(generated) = generated.filter(|name| name != "refs/heads/main") {
+        git.find_reference(&generated)
+            .expect("generated branch")
+            .delete()
+            .expect("delete");
+    }
     for b in 0..BRANCHES {
         // Topologies apart from those `changed` and the pushes below touch.
         let topology = (b * n / BRANCHES + 1) % n;
@@ -202,22 +207,29 @@ fn bench(n: usize, runs: usize) {
     // A push to main: the follower loads it, then the pass plans all 30 again.
     let mut head = main;
     let mut pushes = 0;
-    let mut load_times = Vec::new();
-    let push_main = measure(runs, || {
+    // Timed apart: the load writes a checkout of every file, whose time is the disk's (it
+    // varied 10× between runs on this shared machine), while the pass is the plans' work.
+    let mut pass_times = Vec::new();
+    let load = measure(runs, || {
         pushes += 1;
         head = commit(&git, "refs/heads/main", head, &[(0, 7, 1000 + pushes)]);
         let before = context.plans.computed();
         let started = Instant::now();
         context.revisions.load(&head.to_string()).expect("load");
-        load_times.push(started.elapsed());
+        let loaded = started.elapsed();
         context.plans.followed(Some(&head.to_string()));
+        let started = Instant::now();
         planner.pass(&context).expect("pass");
-        let took = started.elapsed();
+        pass_times.push(seconds(started.elapsed()));
         assert_eq!(context.plans.computed() - before, BRANCHES as u64);
-        took
+        loaded
     });
-    load_times.sort();
-    let load = seconds(load_times[load_times.len() / 2]);
+    pass_times.sort_by(f64::total_cmp);
+    let push_main = (
+        pass_times[pass_times.len() / 2],
+        pass_times[0],
+        pass_times[pass_times.len() - 1],
+    );
 
     // A push to one branch: its plan alone.
     let mut branch_head = git.refname_to_id("refs/heads/b03").expect("b03");
@@ -238,25 +250,35 @@ fn bench(n: usize, runs: usize) {
     });
     let parsed = context.revisions.trees().parsed();
 
-    println!("## {n} topologies × 20 steps, {BRANCHES} branches, {runs} runs");
-    println!("{}", row("read both commits (floor)", read_both));
-    println!("{}", row("full plan today (validate both + plan)", full));
-    println!(
-        "{} — ratio to read both {:.1}× (was {:.1}×)",
-        row("cached plan (plumber plan now)", cached),
-        cached.0 / read_both.0,
-        full.0 / read_both.0
-    );
-    println!("first pass, 30 plans cold: {:.3} s", seconds(first));
-    println!(
-        "{} — {:.2}× one full plan today; of it the follower's load (validation + checkout) median {load:.3} s",
-        row("push to main → 30 plans fresh", push_main),
-        push_main.0 / full.0
-    );
-    println!(
-        "{}",
-        row("push to one branch → its plan fresh", push_branch)
-    );
-    println!("topologies validated in all (cache misses): {parsed}");
-    println!();
+    // A markdown section per size: bench/refs.sh appends them to bench/results/refs.md.
+    println!("## {n} topologies × 20 steps, {BRANCHES} branches, {runs} runs\n");
+    println!("| measurement | median s | range s | × full plan today |");
+    println!("|---|---:|---:|---:|");
+    let ratio = |median: f64| median / full.0;
+    let first = seconds(first);
+    let rows = [
+        ("read both commits (floor)", read_both),
+        (
+            "**full plan today** (validate both + plan; the baseline)",
+            full,
+        ),
+        ("cached plan (`plumber plan` now)", cached),
+        ("first pass: 30 plans cold (1 run)", (first, first, first)),
+        (
+            "push to main: the follower's load (validation + checkout)",
+            load,
+        ),
+        (
+            "push to main: then the pass making 30 plans fresh",
+            push_main,
+        ),
+        ("push to one branch → its plan fresh", push_branch),
+    ];
+    for (name, (median, min, max)) in rows {
+        println!(
+            "| {name} | {median:.3} | {min:.3}–{max:.3} | {:.2}× |",
+            ratio(median)
+        );
+    }
+    println!("\nTopologies validated in all (tree cache misses): {parsed}.\n");
 }
