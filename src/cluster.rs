@@ -125,6 +125,8 @@ fn daemon_config(config: &Config) -> Result<DaemonConfig> {
     out.listen = config.listen;
     out.poll_interval = config.repository.poll_interval;
     out.trusted_keys = config.trusted_keys.clone();
+    out.watch_refs = config.repository.watch_refs.clone();
+    out.push_notes = config.repository.push_notes;
     out.webhook_secret = config
         .webhook
         .as_ref()

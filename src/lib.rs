@@ -74,11 +74,42 @@ pub const VALIDATION_STACK_BYTES: usize = 16 * 1024 * 1024;
 /// any thread: the work runs on a thread of its own with a stack of
 /// [`VALIDATION_STACK_BYTES`].
 pub fn validate(files: &[SourceFile]) -> Validation {
+    on_validation_stack(|| validate_here(files))
+}
+
+/// Validates topologies one by one, each given its own files (`topologies/<name>/…`) and the
+/// repository's settings: what [`validate`] finds of each, since a topology's validity depends
+/// only on its files and `plumber.yaml`. The settings' own problems are not repeated here
+/// ([`spec::load_settings`] reports them). All of them on one thread of
+/// [`VALIDATION_STACK_BYTES`].
+pub fn validate_topologies(
+    settings: &spec::RepoSettings,
+    topologies: &[Vec<SourceFile>],
+) -> Vec<Validation> {
+    on_validation_stack(|| {
+        topologies
+            .iter()
+            .map(|files| {
+                let (spec, mut diagnostics) = spec::load_with(settings.clone(), files);
+                let graphs = graph::build(&spec, &mut diagnostics);
+                diagnostic::normalize(&mut diagnostics);
+                Validation {
+                    found: found(&spec),
+                    topologies: graphs,
+                    diagnostics,
+                    clusters: spec.settings.clusters,
+                }
+            })
+            .collect()
+    })
+}
+
+fn on_validation_stack<T: Send>(work: impl Fn() -> T + Sync) -> T {
     std::thread::scope(|scope| {
         let validating = std::thread::Builder::new()
             .name("validate".into())
             .stack_size(VALIDATION_STACK_BYTES)
-            .spawn_scoped(scope, || validate_here(files));
+            .spawn_scoped(scope, &work);
         match validating {
             Ok(thread) => thread
                 .join()
@@ -86,10 +117,17 @@ pub fn validate(files: &[SourceFile]) -> Validation {
             // Out of threads or memory: this thread's stack is the best there is.
             Err(error) => {
                 tracing::warn!(%error, "cannot start a validation thread; validating on this one");
-                validate_here(files)
+                work()
             }
         }
     })
+}
+
+fn found(spec: &spec::RepoSpec) -> Vec<(String, usize)> {
+    spec.topologies
+        .iter()
+        .map(|t| (t.name.clone(), t.steps.len()))
+        .collect()
 }
 
 fn validate_here(files: &[SourceFile]) -> Validation {
@@ -97,11 +135,7 @@ fn validate_here(files: &[SourceFile]) -> Validation {
     let topologies = graph::build(&spec, &mut diagnostics);
     diagnostic::normalize(&mut diagnostics);
     Validation {
-        found: spec
-            .topologies
-            .iter()
-            .map(|t| (t.name.clone(), t.steps.len()))
-            .collect(),
+        found: found(&spec),
         topologies,
         diagnostics,
         clusters: spec.settings.clusters,

@@ -9,7 +9,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 use plumber::daemon::DaemonConfig;
 use plumber::graph::Topology;
-use plumber::repo::{MergePreview, Repository};
+use plumber::repo::{MergeTree, Repository};
 use plumber::{Validation, output, plan, validate};
 
 mod cluster;
@@ -138,6 +138,14 @@ enum Command {
         /// what runs keeps running. Read at start.
         #[arg(long, env = "PLUMBER_TRUSTED_KEYS", value_name = "DIR")]
         trusted_keys: Option<std::path::PathBuf>,
+        /// Refs whose merge into the branch is planned (`GET /api/plans`, a git note on each
+        /// head in refs/notes/plumber); repeat for several. `*` matches any characters.
+        #[arg(long = "watch-refs", value_name = "GLOB",
+              default_values_t = plumber::daemon::watch::DEFAULT_WATCH_REFS.map(str::to_owned))]
+        watch_refs: Vec<String>,
+        /// Push the plan notes to a remote repository (they stay in the mirror otherwise).
+        #[arg(long)]
+        push_notes: bool,
     },
     /// Show what a running daemon is doing: per topology, commit, phase, steps and lag.
     Status {
@@ -325,13 +333,25 @@ fn run(command: Command) -> Result<ExitCode> {
             let preview = preview.then(|| {
                 plumber::plan::preview::slug_of_ref(head.as_deref().or(to.as_deref()).unwrap_or(""))
             });
+            // Both sides share most topologies: each tree is read and validated once.
+            let trees = plumber::daemon::revisions::TreeCache::default();
+            let validate_tree = |tree: git2::Oid, commit: git2::Oid| -> Result<Validation> {
+                Ok(trees.validate(&repo, tree, commit)?.to_validation())
+            };
+            let validate_at = |rev: &str| -> Result<(String, Validation)> {
+                let commit = repo.resolve(rev)?;
+                Ok((
+                    commit.to_string(),
+                    validate_tree(repo.tree_of(commit)?, commit)?,
+                ))
+            };
             let (from, to) = match (base, head, to) {
                 (Some(base), Some(head), _) => {
                     let base_commit = repo.resolve(&base)?;
                     let head_commit = repo.resolve(&head)?;
-                    let files = match repo.merge_preview(base_commit, head_commit)? {
-                        MergePreview::Merged(files) => files,
-                        MergePreview::Conflicts(paths) => {
+                    let tree = match repo.merge_tree(base_commit, head_commit)? {
+                        MergeTree::Merged(tree) => tree,
+                        MergeTree::Conflicts(paths) => {
                             eprintln!(
                                 "error: merging `{head}` into `{base}` conflicts in:\n{}\nresolve the conflicts on the branch, then plan again",
                                 paths
@@ -343,12 +363,12 @@ fn run(command: Command) -> Result<ExitCode> {
                             return Ok(ExitCode::from(INVALID));
                         }
                     };
-                    let to = (head_commit.to_string(), validate(&files));
-                    (Some(validate_commit(&repo, base_commit)?), to)
+                    let to = (head_commit.to_string(), validate_tree(tree, head_commit)?);
+                    (Some(validate_at(&base_commit.to_string())?), to)
                 }
                 (_, _, Some(to)) => {
-                    let from = from.map(|rev| validate_rev(&repo, &rev)).transpose()?;
-                    (from, validate_rev(&repo, &to)?)
+                    let from = from.map(|rev| validate_at(&rev)).transpose()?;
+                    (from, validate_at(&to)?)
                 }
                 _ => anyhow::bail!("give --to REV, or --base BRANCH with --head REF"),
             };
@@ -382,6 +402,8 @@ fn run(command: Command) -> Result<ExitCode> {
             kafka_credentials,
             assignor,
             trusted_keys,
+            watch_refs,
+            push_notes,
         } => {
             let branch = match branch {
                 Some(branch) => branch,
@@ -400,6 +422,8 @@ fn run(command: Command) -> Result<ExitCode> {
                 .transpose()?;
             config.kafka_credentials = kafka_credentials.clone();
             config.trusted_keys = trusted_keys;
+            config.watch_refs = watch_refs;
+            config.push_notes = push_notes;
             config.assignor = match assignor {
                 AssignorChoice::Cooperative => plumber::runtime::Assignor::Cooperative,
                 AssignorChoice::Eager => plumber::runtime::Assignor::Eager,

@@ -63,6 +63,29 @@ pub enum MergePreview {
     Conflicts(Vec<String>),
 }
 
+/// What a merge of two commits gives, in memory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MergeTree {
+    /// The tree of the topology repository in the merge; its new objects live only in the
+    /// [`Repository`] handle that merged (read it through that handle).
+    Merged(Oid),
+    /// Paths with conflicts, sorted.
+    Conflicts(Vec<String>),
+}
+
+/// A tree of a topology repository by parts, so each part can be read (and validated) only
+/// when it is new: `plumber.yaml`, each `topologies/<name>` directory, and whatever else
+/// lies directly in `topologies/`.
+#[derive(Debug, Clone)]
+pub struct Layout {
+    /// The blob of `plumber.yaml`, and the file itself (read: it is small).
+    pub settings: Option<(Oid, SourceFile)>,
+    /// Each topology directory and its tree, by name.
+    pub topologies: Vec<(String, Oid)>,
+    /// Entries directly in `topologies/` that are not directories (reported by validation).
+    pub loose: Vec<SourceFile>,
+}
+
 /// One commit's topology files.
 #[derive(Debug, Clone)]
 pub struct Snapshot {
@@ -155,6 +178,40 @@ impl Repository {
     /// The tree that merging `head` into `base` would produce. Objects the merge writes go to
     /// an in-memory object store, so the repository on disk is never changed.
     pub fn merge_preview(&self, base: Oid, head: Oid) -> Result<MergePreview> {
+        match self.merge_tree(base, head)? {
+            MergeTree::Conflicts(paths) => Ok(MergePreview::Conflicts(paths)),
+            MergeTree::Merged(tree) => {
+                let tree = self.git.find_tree(tree).map_err(|source| Error::Read {
+                    what: "the merged tree".into(),
+                    commit: head,
+                    source,
+                })?;
+                Ok(MergePreview::Merged(self.files_of(&tree, head)?))
+            }
+        }
+    }
+
+    /// As [`Repository::merge_preview`], giving the topology repository's tree of the merge
+    /// (unchanged directories keep their tree ids, so what is known of them stays known).
+    /// When one side already contains the other, the merge is that side's tree.
+    pub fn merge_tree(&self, base: Oid, head: Oid) -> Result<MergeTree> {
+        let fail = |what: &str, source| Error::Read {
+            what: what.to_owned(),
+            commit: head,
+            source,
+        };
+        // Unrelated histories have no merge base: the merge below works from an empty one.
+        let merge_base = match self.git.merge_base(base, head) {
+            Ok(found) => Some(found),
+            Err(e) if e.code() == git2::ErrorCode::NotFound => None,
+            Err(e) => return Err(fail("the merge base", e)),
+        };
+        if let Some(merge_base) = merge_base
+            && (merge_base == base || merge_base == head)
+        {
+            let side = if merge_base == base { head } else { base };
+            return Ok(MergeTree::Merged(self.commit_root(side)?.id()));
+        }
         let fail = |what: &str, source| Error::Read {
             what: what.to_owned(),
             commit: head,
@@ -185,14 +242,86 @@ impl Repository {
                 .collect();
             paths.sort();
             paths.dedup();
-            return Ok(MergePreview::Conflicts(paths));
+            return Ok(MergeTree::Conflicts(paths));
         }
         let tree = index
             .write_tree_to(&self.git)
             .and_then(|oid| self.git.find_tree(oid))
             .map_err(|e| fail("the merged tree", e))?;
-        let tree = self.topology_root(&tree, head)?;
-        Ok(MergePreview::Merged(self.files_of(&tree, head)?))
+        Ok(MergeTree::Merged(self.topology_root(&tree, head)?.id()))
+    }
+
+    /// The tree of the topology repository at `commit`.
+    pub fn tree_of(&self, commit: Oid) -> Result<Oid> {
+        Ok(self.commit_root(commit)?.id())
+    }
+
+    /// The parts of a topology repository's tree (`commit` names it in errors).
+    pub fn layout(&self, tree: Oid, commit: Oid) -> Result<Layout> {
+        let read = |what: &str, source| Error::Read {
+            what: what.to_owned(),
+            commit,
+            source,
+        };
+        let tree = self.git.find_tree(tree).map_err(|e| read("the tree", e))?;
+        let odb = self.git.odb().map_err(|e| read("the object database", e))?;
+        let mut layout = Layout {
+            settings: None,
+            topologies: Vec::new(),
+            loose: Vec::new(),
+        };
+        if let Some(entry) = tree.get_name(spec::SETTINGS_FILE)
+            && entry.kind() != Some(ObjectType::Tree)
+        {
+            let content = entry_content(&odb, &entry).map_err(|e| read(spec::SETTINGS_FILE, e))?;
+            layout.settings = Some((
+                entry.id(),
+                SourceFile {
+                    path: spec::SETTINGS_FILE.to_owned(),
+                    content,
+                },
+            ));
+        }
+        let Some(dir) = tree.get_name(spec::TOPOLOGIES_DIR) else {
+            return Ok(layout);
+        };
+        if dir.kind() != Some(ObjectType::Tree) {
+            return Ok(layout);
+        }
+        let dir = self
+            .git
+            .find_tree(dir.id())
+            .map_err(|e| read("topologies/", e))?;
+        for entry in dir.iter() {
+            let Some(name) = entry.name() else { continue };
+            if entry.kind() == Some(ObjectType::Tree) {
+                // Dot-directories are never read.
+                if name.starts_with('.') {
+                    continue;
+                }
+                layout.topologies.push((name.to_owned(), entry.id()));
+                continue;
+            }
+            let path = format!("{}/{name}", spec::TOPOLOGIES_DIR);
+            let is_link = entry.filemode() == i32::from(git2::FileMode::Link);
+            let is_submodule = entry.kind() == Some(ObjectType::Commit);
+            if !(spec::is_wanted(&path) || is_link || is_submodule) {
+                continue;
+            }
+            let content = entry_content(&odb, &entry).map_err(|e| read(&path, e))?;
+            layout.loose.push(SourceFile { path, content });
+        }
+        Ok(layout)
+    }
+
+    /// The wanted files of the topology directory `topologies/<name>` whose tree is `tree`.
+    pub fn topology_files(&self, name: &str, tree: Oid, commit: Oid) -> Result<Vec<SourceFile>> {
+        let tree = self.git.find_tree(tree).map_err(|source| Error::Read {
+            what: format!("{}/{name}", spec::TOPOLOGIES_DIR),
+            commit,
+            source,
+        })?;
+        self.files_below(&tree, &format!("{}/{name}/", spec::TOPOLOGIES_DIR), commit)
     }
 
     /// The `CODEOWNERS` of `commit`, where GitHub looks for it (at the root of the git
@@ -277,7 +406,7 @@ impl Repository {
         let partial = dest.with_extension("partial");
         let _ = std::fs::remove_dir_all(&partial);
         let mut blobs = Vec::new();
-        walk(&self.git, &tree, |dir, entry| {
+        walk(&self.git, &tree, "", |dir, entry| {
             if entry.kind() == Some(ObjectType::Blob)
                 && entry.filemode() != 0o120000
                 && let Some(name) = entry.name()
@@ -306,6 +435,11 @@ impl Repository {
 
     /// Reads the wanted files of any tree (a commit's, or a merge preview's).
     pub fn files_of(&self, tree: &git2::Tree, commit: Oid) -> Result<Vec<SourceFile>> {
+        self.files_below(tree, "", commit)
+    }
+
+    /// As [`Repository::files_of`], for the tree at path `dir` (`""`, or `a/b/`).
+    fn files_below(&self, tree: &git2::Tree, dir: &str, commit: Oid) -> Result<Vec<SourceFile>> {
         let odb = self.git.odb().map_err(|source| Error::Read {
             what: "the object database".into(),
             commit,
@@ -313,7 +447,7 @@ impl Repository {
         })?;
         let mut files = Vec::new();
         let mut failure = None;
-        let walked = walk(&self.git, tree, |dir, entry| {
+        let walked = walk(&self.git, tree, dir, |dir, entry| {
             let Some(name) = entry.name() else {
                 return TreeWalkResult::Skip;
             };
@@ -336,21 +470,11 @@ impl Repository {
             if !(spec::is_wanted(&path) || ((is_link || is_submodule) && maybe_topology)) {
                 return TreeWalkResult::Ok;
             }
-            let content = if is_link {
-                FileContent::Unsupported {
-                    what: "a symlink (symlinks are never followed)",
-                }
-            } else if is_submodule {
-                FileContent::Unsupported {
-                    what: "a submodule",
-                }
-            } else {
-                match read_blob(&odb, entry.id()) {
-                    Ok(content) => content,
-                    Err(e) => {
-                        failure = Some((path, e));
-                        return TreeWalkResult::Abort;
-                    }
+            let content = match entry_content(&odb, entry) {
+                Ok(content) => content,
+                Err(e) => {
+                    failure = Some((path, e));
+                    return TreeWalkResult::Abort;
                 }
             };
             files.push(SourceFile { path, content });
@@ -381,6 +505,7 @@ impl Repository {
 fn walk(
     git: &git2::Repository,
     tree: &git2::Tree,
+    start: &str,
     mut visit: impl FnMut(&str, &git2::TreeEntry<'_>) -> TreeWalkResult,
 ) -> std::result::Result<(), git2::Error> {
     /// A tree being walked, its next entry, and the length of `dir` without its name.
@@ -392,9 +517,9 @@ fn walk(
     let mut stack = vec![Level {
         tree: tree.clone(),
         next: 0,
-        dir_len: 0,
+        dir_len: start.len(),
     }];
-    let mut dir = String::new();
+    let mut dir = start.to_owned();
     while let Some(level) = stack.last_mut() {
         let index = level.next;
         level.next += 1;
@@ -423,6 +548,24 @@ fn walk(
         }
     }
     Ok(())
+}
+
+/// What a tree entry holds for validation: a symlink or submodule is reported, never read.
+fn entry_content(
+    odb: &git2::Odb,
+    entry: &git2::TreeEntry<'_>,
+) -> std::result::Result<FileContent, git2::Error> {
+    if entry.filemode() == i32::from(git2::FileMode::Link) {
+        return Ok(FileContent::Unsupported {
+            what: "a symlink (symlinks are never followed)",
+        });
+    }
+    if entry.kind() == Some(ObjectType::Commit) {
+        return Ok(FileContent::Unsupported {
+            what: "a submodule",
+        });
+    }
+    read_blob(odb, entry.id())
 }
 
 /// A blob's bytes, or `TooLarge` without reading it (the header gives the size).

@@ -1,6 +1,8 @@
 //! The daemon's HTTP API (SPEC §6): `GET /healthz`, `GET /metrics`, `GET /api/status`,
-//! `GET /api/history` and `POST /hooks/git`. Handlers only read the status store and the
-//! state directory; the webhook only sends a trigger.
+//! `GET /api/history`, `GET /api/plans`, `GET /api/plans/{ref}` (`?format=markdown[&limit=N]`),
+//! `GET /api/events` (Server-Sent Events: `plan` events, for now) and `POST /hooks/git`.
+//! Handlers only read the status store, the plans and the state directory; the webhook only
+//! sends a trigger.
 //!
 //! `POST /hooks/git` accepts GitHub (`X-Hub-Signature-256: sha256=HMAC`), GitLab
 //! (`X-Gitlab-Token: SECRET`) and generic (`X-Plumber-Signature: sha256=HMAC`) pushes. With a
@@ -13,10 +15,12 @@ use std::sync::mpsc::Sender;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::State;
+use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use futures::StreamExt as _;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
@@ -26,12 +30,16 @@ use super::{Context, Error, Trigger};
 struct Api {
     context: Arc<Context>,
     triggers: Sender<Trigger>,
+    /// Turns true when the server stops: event streams end, so the graceful shutdown does not
+    /// wait for their clients.
+    stopping: tokio::sync::watch::Receiver<bool>,
 }
 
 /// The API server, on its own thread with a small tokio runtime.
 pub struct Server {
     pub addr: SocketAddr,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    streams: tokio::sync::watch::Sender<bool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -42,6 +50,7 @@ impl Server {
         let listener = std::net::TcpListener::bind(addr).map_err(listen_error)?;
         listener.set_nonblocking(true).map_err(listen_error)?;
         let bound = listener.local_addr().map_err(listen_error)?;
+        let (streams, stopping) = tokio::sync::watch::channel(false);
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -51,8 +60,15 @@ impl Server {
             .route("/metrics", get(metrics))
             .route("/api/status", get(status))
             .route("/api/history", get(history))
+            .route("/api/plans", get(plans))
+            .route("/api/plans/{*name}", get(plan_of))
+            .route("/api/events", get(events))
             .route("/hooks/git", post(hook))
-            .with_state(Api { context, triggers });
+            .with_state(Api {
+                context,
+                triggers,
+                stopping: stopping.clone(),
+            });
         let (shutdown, stopped) = tokio::sync::oneshot::channel::<()>();
         let thread = std::thread::Builder::new()
             .name("api".into())
@@ -79,11 +95,13 @@ impl Server {
         Ok(Server {
             addr: bound,
             shutdown: Some(shutdown),
+            streams,
             thread: Some(thread),
         })
     }
 
     pub fn stop(mut self) {
+        let _ = self.streams.send(true);
         if let Some(shutdown) = self.shutdown.take() {
             let _ = shutdown.send(());
         }
@@ -119,6 +137,91 @@ async fn history(State(api): State<Api>) -> Response {
         Ok(entries) => axum::Json(entries).into_response(),
         Err(error) => (StatusCode::INTERNAL_SERVER_ERROR, error.to_string()).into_response(),
     }
+}
+
+async fn plans(State(api): State<Api>) -> Response {
+    let plans = api.context.plans.list();
+    axum::Json(plans.iter().map(AsRef::as_ref).collect::<Vec<_>>()).into_response()
+}
+
+#[derive(serde::Deserialize)]
+struct PlanQuery {
+    format: Option<String>,
+    /// With `format=markdown`: at most this many bytes (a forge's comment limit).
+    limit: Option<usize>,
+}
+
+/// `GET /api/plans/{ref}`: the ref URL-encoded (`refs%2Fheads%2Fx`) or not (`refs/heads/x`).
+/// `?format=markdown` is the review text, `&limit=N` shortens it to N bytes at most.
+async fn plan_of(
+    State(api): State<Api>,
+    Path(name): Path<String>,
+    Query(query): Query<PlanQuery>,
+) -> Response {
+    let Some(plan) = api.context.plans.get(&name) else {
+        let watched: Vec<String> = api
+            .context
+            .plans
+            .list()
+            .iter()
+            .map(|p| p.name.clone())
+            .collect();
+        return (
+            StatusCode::NOT_FOUND,
+            axum::Json(serde_json::json!({
+                "error": format!(
+                    "ref `{name}` is not watched (or has no plan yet); give the full ref name, \
+                     URL-encoded, e.g. /api/plans/refs%2Fheads%2Fmy-branch"
+                ),
+                "watched": watched,
+                "patterns": api.context.config.watch_refs,
+            })),
+        )
+            .into_response();
+    };
+    match query.format.as_deref() {
+        None | Some("json") => axum::Json(plan.as_ref()).into_response(),
+        Some("markdown") => (
+            [(header::CONTENT_TYPE, "text/markdown; charset=utf-8")],
+            match query.limit {
+                Some(limit) => plan.markdown_within(limit),
+                None => plan.markdown.clone(),
+            },
+        )
+            .into_response(),
+        Some(other) => (
+            StatusCode::BAD_REQUEST,
+            axum::Json(serde_json::json!({
+                "error": format!("unknown format `{other}`; use json or markdown"),
+            })),
+        )
+            .into_response(),
+    }
+}
+
+/// Server-Sent Events: one `plan` event per plan change (see [`super::plans::PlanEvent`]).
+async fn events(State(api): State<Api>) -> Response {
+    let receiver = api.context.plans.subscribe();
+    let mut stopping = api.stopping.clone();
+    let stream = futures::stream::unfold(receiver, |mut receiver| async move {
+        loop {
+            match receiver.recv().await {
+                Ok(event) => {
+                    let event = Event::default().event("plan").json_data(&event);
+                    return Some((event, receiver));
+                }
+                // Fell behind: the next event is as good (readers fetch the plan itself).
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+            }
+        }
+    })
+    .take_until(async move {
+        let _ = stopping.wait_for(|stop| *stop).await;
+    });
+    Sse::new(stream)
+        .keep_alive(KeepAlive::default())
+        .into_response()
 }
 
 async fn hook(State(api): State<Api>, headers: HeaderMap, body: Bytes) -> Response {

@@ -29,7 +29,10 @@ pub(super) fn follow(context: &Arc<Context>, receiver: &Receiver<Trigger>) {
         }
         workers.retain(|_, w| !w.is_finished());
         tracing::debug!(triggers = ?burst, "looking at the branch");
-        match newest_valid(context, &mut followed) {
+        let looked = newest_valid(context, &mut followed);
+        // Refs other than the branch may have moved too (the same watcher, the same fetch).
+        context.plans.followed(followed.head.as_deref());
+        match looked {
             Ok(Some(revision)) => {
                 desire(context, &mut workers, &revision);
                 recent.push_front(revision.commit.clone());

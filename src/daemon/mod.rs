@@ -13,6 +13,7 @@
 pub mod api;
 mod follow;
 mod observe;
+pub mod plans;
 mod reconcile;
 pub mod revisions;
 pub mod status;
@@ -79,6 +80,11 @@ pub struct DaemonConfig {
     /// When set, only commits signed by a key of this directory are applied
     /// (`--trusted-keys`, [`crate::trust`]); read once, at start.
     pub trusted_keys: Option<PathBuf>,
+    /// Refs planned as merge previews into the branch (`--watch-refs`; the branch itself
+    /// aside): glob patterns with one `*` at most.
+    pub watch_refs: Vec<String>,
+    /// Push the plan notes of a remote repository's mirror back to it (`--push-notes`).
+    pub push_notes: bool,
 }
 
 impl DaemonConfig {
@@ -111,6 +117,8 @@ impl DaemonConfig {
             cutover: CutoverConfig::default(),
             webhook_secret: None,
             trusted_keys: None,
+            watch_refs: watch::DEFAULT_WATCH_REFS.map(str::to_owned).to_vec(),
+            push_notes: false,
         }
     }
 }
@@ -248,6 +256,8 @@ pub struct Context {
     pub store: Store,
     /// The keys of [`DaemonConfig::trusted_keys`]: only commits they signed are applied.
     pub trusted_keys: Option<Arc<crate::trust::TrustedKeys>>,
+    /// The plans of the watched refs.
+    pub plans: Arc<plans::Plans>,
     connect: Box<Connect>,
     /// Per use and cluster: the cutover engine and the observer have clients of their own,
     /// so the observer's many lag reads (tansu answers each in up to seconds under load)
@@ -317,7 +327,11 @@ impl Context {
         };
         let state = Arc::new(StateDir::open(&config.state_dir)?);
         let records = records.unwrap_or_else(|| state.clone() as Arc<dyn CutoverStore>);
-        let mut source = Source::new(&config.repo, &config.state_dir);
+        for pattern in &config.watch_refs {
+            watch::check_ref_pattern(pattern)?;
+        }
+        let mut source =
+            Source::new(&config.repo, &config.state_dir).with_watched_refs(&config.watch_refs);
         if let Some(auth) = &config.git_auth {
             source = source.with_auth(auth.clone());
         }
@@ -332,6 +346,7 @@ impl Context {
             runtime,
             store,
             trusted_keys,
+            plans: Arc::new(plans::Plans::default()),
             connect,
             admins: Mutex::new(BTreeMap::new()),
             deliveries: Mutex::new(BTreeMap::new()),
@@ -435,6 +450,7 @@ pub struct Daemon {
     triggers: Sender<Trigger>,
     follower: Option<JoinHandle<()>>,
     observer: Option<JoinHandle<()>>,
+    planner: Option<JoinHandle<()>>,
     api: Option<api::Server>,
     pub listening: SocketAddr,
 }
@@ -458,6 +474,11 @@ impl Daemon {
             let context = context.clone();
             move || observe::observe_loop(&context)
         })?;
+        let wake_planner = context.plans.receiver();
+        let planner = spawn("plans", {
+            let context = context.clone();
+            move || plans::run(&context, &wake_planner)
+        })?;
         let _ = triggers.send(Trigger::Startup);
         tracing::info!(repo = %context.revisions.source().display(), branch = %context.config.branch, api = %listening, "daemon started");
         Ok(Daemon {
@@ -465,6 +486,7 @@ impl Daemon {
             triggers,
             follower: Some(follower),
             observer: Some(observer),
+            planner: Some(planner),
             api: Some(api),
             listening,
         })
@@ -484,6 +506,10 @@ impl Daemon {
         }
         // The observer only reads; it may be inside a slow Kafka call and ends on its own.
         drop(self.observer.take());
+        self.context.plans.look();
+        if let Some(planner) = self.planner.take() {
+            let _ = planner.join();
+        }
         if let Some(api) = self.api.take() {
             api.stop();
         }

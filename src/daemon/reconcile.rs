@@ -156,6 +156,8 @@ fn show(name: &str, context: &Context, event: Event<'_>) {
                 t.last_error = None;
             });
             context.store.clear_error_of(name);
+            // What runs changed: the plans of the watched refs start from it.
+            context.plans.running_changed();
         }
     }
 }

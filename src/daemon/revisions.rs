@@ -1,13 +1,19 @@
 //! Loading a commit once: its files validated into graphs, and a checkout of it for the
 //! processors that run commands next to their step files (`exec`, `http`).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
+use git2::Oid;
+
 use super::{Error, Source};
+use crate::Validation;
+use crate::diagnostic::Diagnostic;
 use crate::graph::Topology;
-use crate::spec::ClusterSpec;
+use crate::repo::Repository;
+use crate::spec::{ClusterSpec, RepoSettings};
 use crate::store::StateDir;
 
 /// One valid commit, ready to run: its graphs, clusters and a checkout of its files.
@@ -33,6 +39,7 @@ pub struct Revisions {
     source: Source,
     checkouts: PathBuf,
     cache: Mutex<BTreeMap<String, Arc<Revision>>>,
+    trees: Arc<TreeCache>,
 }
 
 impl Revisions {
@@ -41,11 +48,17 @@ impl Revisions {
             source,
             checkouts: state.checkouts(),
             cache: Mutex::new(BTreeMap::new()),
+            trees: Arc::new(TreeCache::default()),
         }
     }
 
     pub fn source(&self) -> &Source {
         &self.source
+    }
+
+    /// What is known of topology trees: shared with the plans of watched refs.
+    pub fn trees(&self) -> &Arc<TreeCache> {
+        &self.trees
     }
 
     /// The revision of `commit`; an error if it is not valid.
@@ -60,8 +73,8 @@ impl Revisions {
         }
         let repository = self.source.open()?;
         let oid = repository.resolve(commit)?;
-        let snapshot = repository.snapshot(oid)?;
-        let validation = crate::validate(&snapshot.files);
+        let tree = repository.tree_of(oid)?;
+        let validation = self.trees.validate(&repository, tree, oid)?.to_validation();
         let Some(topologies) = validation.topologies else {
             let errors: Vec<String> = validation.errors().map(ToString::to_string).collect();
             return Err(Error::Invalid {
@@ -107,6 +120,219 @@ impl Revisions {
                 tracing::debug!(commit, "unused checkout removed");
             }
         }
+    }
+}
+
+/// Which settings and which tree a topology was validated with: nothing else decides what it
+/// is ([`crate::validate_topologies`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TopologyKey {
+    /// The blob of `plumber.yaml`, if there is one.
+    pub settings: Option<Oid>,
+    /// The tree of `topologies/<name>`.
+    pub tree: Oid,
+}
+
+/// `plumber.yaml` read once per blob.
+#[derive(Debug)]
+struct Settings {
+    settings: RepoSettings,
+    diagnostics: Vec<Diagnostic>,
+}
+
+/// A cached topology: its validation (`None`: the directory holds no step file, so it is no
+/// topology) and the last validation that used it.
+struct Cached {
+    validation: Option<Arc<Validation>>,
+    used: u64,
+}
+
+#[derive(Default)]
+struct TreeCacheInner {
+    settings: HashMap<Option<Oid>, Arc<Settings>>,
+    topologies: HashMap<TopologyKey, Cached>,
+    /// Counts validations, for [`Cached::used`].
+    stamp: u64,
+}
+
+/// Validations of topology trees, by git tree id (with the settings' blob id), so a topology
+/// that did not change between two commits, or between a branch and the merge preview of a
+/// ref into it, is read from git and validated once. Entries unused by the last
+/// [`KEPT_VALIDATIONS`] validations go once the cache outgrows what they hold.
+#[derive(Default)]
+pub struct TreeCache {
+    inner: Mutex<TreeCacheInner>,
+    parsed: AtomicU64,
+}
+
+/// Validations whose topologies are kept in a full cache.
+const KEPT_VALIDATIONS: u64 = 64;
+
+/// A tree of a topology repository, validated.
+#[derive(Debug, Clone)]
+pub struct TreeValidation {
+    pub tree: Oid,
+    settings: Arc<Settings>,
+    /// Problems of entries directly in `topologies/`.
+    loose: Vec<Diagnostic>,
+    /// Each topology, by name.
+    pub topologies: Vec<(String, TopologyKey, Arc<Validation>)>,
+}
+
+impl TreeValidation {
+    /// Whether the tree has no errors at all.
+    pub fn is_valid(&self) -> bool {
+        self.errors().next().is_none()
+    }
+
+    /// Every error of the tree.
+    pub fn errors(&self) -> impl Iterator<Item = &Diagnostic> {
+        self.settings
+            .diagnostics
+            .iter()
+            .chain(&self.loose)
+            .chain(self.topologies.iter().flat_map(|(_, _, v)| &v.diagnostics))
+            .filter(|d| d.is_error())
+    }
+
+    /// A topology's graph, when it is valid.
+    pub fn graph(&self, name: &str) -> Option<&Topology> {
+        self.topologies
+            .iter()
+            .find(|(n, _, _)| n == name)
+            .and_then(|(_, _, v)| v.topologies.as_ref())
+            .and_then(|graphs| graphs.first())
+    }
+
+    pub fn clusters(&self) -> &BTreeMap<String, ClusterSpec> {
+        &self.settings.settings.clusters
+    }
+
+    /// What [`crate::validate`] says of the tree's files.
+    pub fn to_validation(&self) -> Validation {
+        let mut diagnostics: Vec<Diagnostic> = self.settings.diagnostics.clone();
+        diagnostics.extend(self.loose.iter().cloned());
+        let mut found = Vec::new();
+        let mut graphs = Vec::new();
+        for (_, _, validation) in &self.topologies {
+            diagnostics.extend(validation.diagnostics.iter().cloned());
+            found.extend(validation.found.iter().cloned());
+            graphs.extend(validation.topologies.iter().flatten().cloned());
+        }
+        crate::diagnostic::normalize(&mut diagnostics);
+        let valid = !diagnostics.iter().any(Diagnostic::is_error);
+        Validation {
+            found,
+            topologies: valid.then_some(graphs),
+            diagnostics,
+            clusters: self.settings.settings.clusters.clone(),
+        }
+    }
+}
+
+impl TreeCache {
+    /// How many topologies were read and validated (cache misses) so far.
+    pub fn parsed(&self) -> u64 {
+        self.parsed.load(Ordering::Relaxed)
+    }
+
+    /// Validates the topology repository's tree `tree` (of `commit`, or of a merge of it):
+    /// only the topologies not validated before with the same tree and settings are read.
+    /// `repository` must be the handle that can read `tree` (a merge's lives in memory).
+    pub fn validate(
+        &self,
+        repository: &Repository,
+        tree: Oid,
+        commit: Oid,
+    ) -> Result<TreeValidation, crate::repo::Error> {
+        let layout = repository.layout(tree, commit)?;
+        let settings_id = layout.settings.as_ref().map(|(id, _)| *id);
+        let lock = || self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        let known = lock().settings.get(&settings_id).cloned();
+        let settings = match known {
+            Some(settings) => settings,
+            None => {
+                let (settings, diagnostics) =
+                    crate::spec::load_settings(layout.settings.as_ref().map(|(_, file)| file));
+                let settings = Arc::new(Settings {
+                    settings,
+                    diagnostics,
+                });
+                let mut inner = lock();
+                // A new plumber.yaml makes every topology new: the old ones can go.
+                if inner.settings.len() >= 4 {
+                    inner.settings.clear();
+                }
+                inner.settings.insert(settings_id, settings.clone());
+                settings
+            }
+        };
+        let mut found: Vec<(String, TopologyKey, Option<Arc<Validation>>)> = Vec::new();
+        let mut missing: Vec<usize> = Vec::new();
+        {
+            let mut inner = lock();
+            inner.stamp += 1;
+            let stamp = inner.stamp;
+            for (name, tree) in &layout.topologies {
+                let key = TopologyKey {
+                    settings: settings_id,
+                    tree: *tree,
+                };
+                let cached = inner.topologies.get_mut(&key).map(|cached| {
+                    cached.used = stamp;
+                    cached.validation.clone()
+                });
+                if cached.is_none() {
+                    missing.push(found.len());
+                }
+                found.push((name.clone(), key, cached.flatten()));
+            }
+        }
+        if !missing.is_empty() {
+            let mut files = Vec::with_capacity(missing.len());
+            for &i in &missing {
+                let (name, key, _) = &found[i];
+                files.push(repository.topology_files(name, key.tree, commit)?);
+            }
+            let validations = crate::validate_topologies(&settings.settings, &files);
+            self.parsed
+                .fetch_add(missing.len() as u64, Ordering::Relaxed);
+            let mut inner = lock();
+            let stamp = inner.stamp;
+            for ((&i, files), validation) in missing.iter().zip(&files).zip(validations) {
+                // A directory without step files is no topology, as for `validate`.
+                let validation = (!files.is_empty()).then(|| Arc::new(validation));
+                found[i].2 = validation.clone();
+                inner.topologies.insert(
+                    found[i].1,
+                    Cached {
+                        validation,
+                        used: stamp,
+                    },
+                );
+            }
+            let limit = 2 * layout.topologies.len() + 256;
+            if inner.topologies.len() > limit {
+                let oldest = stamp.saturating_sub(KEPT_VALIDATIONS);
+                inner.topologies.retain(|_, cached| cached.used > oldest);
+            }
+        }
+        let loose = if layout.loose.is_empty() {
+            Vec::new()
+        } else {
+            crate::spec::load_with(RepoSettings::default(), &layout.loose).1
+        };
+        let mut topologies: Vec<(String, TopologyKey, Arc<Validation>)> = found
+            .into_iter()
+            .filter_map(|(name, key, v)| v.map(|v| (name, key, v)))
+            .collect();
+        topologies.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(TreeValidation {
+            tree,
+            settings,
+            loose,
+            topologies,
+        })
     }
 }
 

@@ -71,6 +71,21 @@ pub enum Error {
          not starting another (retried at the next poll or webhook)"
     )]
     FetchesHanging { url: String, count: usize },
+    #[error("--watch-refs `{pattern}`: {problem}")]
+    RefPattern {
+        pattern: String,
+        problem: &'static str,
+    },
+    #[error("cannot write the plan note of {commit} in {repository}: {source}")]
+    Note {
+        commit: String,
+        repository: String,
+        #[source]
+        source: git2::Error,
+    },
+    /// The message is libgit2's with every credential scrubbed out.
+    #[error("cannot push {NOTES_REF} to {url}: {message} (tried again with the next plan change)")]
+    PushNotes { url: String, message: String },
     #[error("cannot watch {path} for new commits: {source}")]
     Watch {
         path: PathBuf,
@@ -90,7 +105,56 @@ pub enum Source {
         mirror: PathBuf,
         auth: GitAuth,
         timeouts: FetchTimeouts,
+        /// Ref patterns mirrored besides `refs/heads/*` (`refs/pull/*/head`, …).
+        watched: Vec<String>,
     },
+}
+
+/// The refs a daemon watches by default besides its branch: branches, GitHub pull requests
+/// and GitLab merge requests.
+pub const DEFAULT_WATCH_REFS: [&str; 3] = [
+    "refs/heads/*",
+    "refs/pull/*/head",
+    "refs/merge-requests/*/head",
+];
+
+/// Where the plans of watched refs are kept as git notes.
+pub const NOTES_REF: &str = "refs/notes/plumber";
+
+/// Checks `--watch-refs` patterns: each names refs under `refs/` (not Plumber's own or the
+/// notes), with at most one `*` (a fetch refspec has one), which matches any characters.
+pub fn check_ref_pattern(pattern: &str) -> Result<(), Error> {
+    let problem = if !pattern.starts_with("refs/") {
+        Some("it must start with `refs/` (e.g. `refs/heads/*`)")
+    } else if pattern.matches('*').count() > 1 {
+        Some("it may hold one `*` only (as a git refspec), e.g. `refs/pull/*/head`")
+    } else if pattern.starts_with("refs/notes/") || pattern.starts_with("refs/plumber/") {
+        Some("`refs/notes/` and `refs/plumber/` are Plumber's own")
+    } else if pattern.contains(['?', '[', '\\', ' ', ':']) {
+        Some("only `*` is a wildcard; `?`, `[`, `\\`, `:` and spaces are not allowed")
+    } else {
+        None
+    };
+    match problem {
+        Some(problem) => Err(Error::RefPattern {
+            pattern: pattern.to_owned(),
+            problem,
+        }),
+        None => Ok(()),
+    }
+}
+
+/// Whether `name` matches a `--watch-refs` pattern (`*` matches any characters, `/` too, as
+/// in git refspecs).
+pub fn ref_matches(pattern: &str, name: &str) -> bool {
+    match pattern.split_once('*') {
+        None => pattern == name,
+        Some((before, after)) => {
+            name.len() >= before.len() + after.len()
+                && name.starts_with(before)
+                && name.ends_with(after)
+        }
+    }
 }
 
 /// How long a fetch may take before it is abandoned.
@@ -205,6 +269,7 @@ impl Source {
                 mirror: state_dir.join("mirror.git"),
                 auth: GitAuth::from_env(),
                 timeouts: FetchTimeouts::default(),
+                watched: Vec::new(),
             }
         } else {
             Source::Local {
@@ -217,6 +282,19 @@ impl Source {
     pub fn with_auth(mut self, credentials: GitAuth) -> Source {
         if let Source::Remote { auth, .. } = &mut self {
             *auth = credentials;
+        }
+        self
+    }
+
+    /// The same source mirroring the refs of `patterns` too (a remote's; a local repository
+    /// has all its refs already).
+    pub fn with_watched_refs(mut self, patterns: &[String]) -> Source {
+        if let Source::Remote { watched, .. } = &mut self {
+            *watched = patterns
+                .iter()
+                .filter(|p| !p.starts_with("refs/heads/"))
+                .cloned()
+                .collect();
         }
         self
     }
@@ -256,6 +334,7 @@ impl Source {
             mirror,
             auth,
             timeouts,
+            watched,
         } = self
         else {
             return Ok(());
@@ -279,11 +358,12 @@ impl Source {
         let spawned = {
             let (url, mirror, auth, namespace) =
                 (url.clone(), mirror.clone(), auth.clone(), namespace.clone());
+            let refspecs = refspecs(watched, &namespace);
             let progress = progress.clone();
             std::thread::Builder::new()
                 .name("git-fetch".into())
                 .spawn(move || {
-                    let fetched = fetch_into(&url, &mirror, &auth, &namespace, &progress);
+                    let fetched = fetch_into(&url, &mirror, &auth, &refspecs, &progress);
                     // Abandoned meanwhile: nobody waits, and it no longer hangs.
                     if progress.state.swap(FINISHED, Ordering::SeqCst) == ABANDONED {
                         HANGING_FETCHES.fetch_sub(1, Ordering::SeqCst);
@@ -338,7 +418,69 @@ impl Source {
             });
         };
         fetched?;
-        publish(url, mirror, &namespace)
+        publish(url, mirror, &namespace, watched)
+    }
+
+    /// Where plan notes are written: the repository itself when it is local, the mirror when
+    /// it is remote.
+    pub fn notes_repository(&self) -> Result<Repository, Error> {
+        self.open()
+    }
+
+    /// Pushes the mirror's [`NOTES_REF`] to the remote (nothing for a local repository, whose
+    /// notes are in it already). Forced: the daemon is the notes ref's only writer, and a
+    /// daemon with a new mirror starts it again.
+    pub fn push_notes(&self) -> Result<(), Error> {
+        let Source::Remote {
+            url, mirror, auth, ..
+        } = self
+        else {
+            return Ok(());
+        };
+        let secrets = auth.secrets(url);
+        let push_error = |source: git2::Error| Error::PushNotes {
+            url: redact(url),
+            message: scrub(source.message(), &secrets),
+        };
+        let git = git2::Repository::open_bare(mirror).map_err(push_error)?;
+        if git.find_reference(NOTES_REF).is_err() {
+            return Ok(());
+        }
+        let mut remote = git.remote_anonymous(url).map_err(push_error)?;
+        let mut callbacks = git2::RemoteCallbacks::new();
+        let mut attempts = 0;
+        callbacks.credentials(move |url, username, allowed| {
+            attempts += 1;
+            credentials(auth, url, username, allowed, attempts)
+        });
+        let rejected = Arc::new(Mutex::new(None));
+        {
+            let rejected = rejected.clone();
+            callbacks.push_update_reference(move |_, status| {
+                if let Some(status) = status {
+                    *rejected.lock().unwrap_or_else(PoisonError::into_inner) =
+                        Some(status.to_owned());
+                }
+                Ok(())
+            });
+        }
+        let mut options = git2::PushOptions::new();
+        options.remote_callbacks(callbacks);
+        let refspec = format!("+{NOTES_REF}:{NOTES_REF}");
+        remote
+            .push(&[refspec.as_str()], Some(&mut options))
+            .map_err(push_error)?;
+        if let Some(status) = rejected
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+        {
+            return Err(Error::PushNotes {
+                url: redact(url),
+                message: format!("the server refused it: {}", scrub(&status, &secrets)),
+            });
+        }
+        Ok(())
     }
 
     /// For a local repository: a watcher that sends [`Trigger::RefsChanged`] when a ref moves.
@@ -462,12 +604,24 @@ fn follow_url(url: &str, mirror: &Path) -> Result<(), Error> {
     Ok(())
 }
 
-/// Fetches every branch of `url` into `namespace` of the mirror.
+/// Every branch, and the refs of each watched pattern, into `namespace` (`refs/x` →
+/// `<namespace>x`).
+fn refspecs(watched: &[String], namespace: &str) -> Vec<String> {
+    std::iter::once("refs/heads/*")
+        .chain(watched.iter().map(String::as_str))
+        .filter_map(|pattern| {
+            let rest = pattern.strip_prefix("refs/")?;
+            Some(format!("+{pattern}:{namespace}{rest}"))
+        })
+        .collect()
+}
+
+/// Fetches `refspecs` of `url` into the mirror.
 fn fetch_into(
     url: &str,
     mirror: &Path,
     auth: &GitAuth,
-    namespace: &str,
+    refspecs: &[String],
     progress: &Progress,
 ) -> Result<(), Error> {
     let secrets = auth.secrets(url);
@@ -496,22 +650,22 @@ fn fetch_into(
         .remote_callbacks(callbacks)
         .prune(git2::FetchPrune::Off)
         .download_tags(git2::AutotagOption::None);
-    let refspec = format!("+refs/heads/*:{namespace}heads/*");
+    let refspecs: Vec<&str> = refspecs.iter().map(String::as_str).collect();
     remote
-        .fetch(&[refspec.as_str()], Some(&mut options), None)
+        .fetch(&refspecs, Some(&mut options), None)
         .map_err(fetch_error)
 }
 
-/// Makes `refs/heads/` exactly what a completed fetch put in `namespace`, then removes every
-/// fetch namespace (an abandoned fetch that ends later writes only its own again).
-fn publish(url: &str, mirror: &Path, namespace: &str) -> Result<(), Error> {
+/// Makes `refs/heads/` and the watched refs exactly what a completed fetch put in
+/// `namespace`, then removes every fetch namespace (an abandoned fetch that ends later writes
+/// only its own again). Notes and Plumber's own refs are never touched.
+fn publish(url: &str, mirror: &Path, namespace: &str, watched: &[String]) -> Result<(), Error> {
     let mirror_error = |source| Error::Mirror {
         url: redact(url),
         mirror: mirror.to_path_buf(),
         source,
     };
     let git = git2::Repository::open_bare(mirror).map_err(mirror_error)?;
-    let fetched_prefix = format!("{namespace}heads/");
     let mut fetched: Vec<(String, git2::Oid)> = Vec::new();
     let mut stale: Vec<String> = Vec::new();
     for reference in git.references().map_err(mirror_error)? {
@@ -519,8 +673,11 @@ fn publish(url: &str, mirror: &Path, namespace: &str) -> Result<(), Error> {
         let (Some(name), Some(target)) = (reference.name(), reference.target()) else {
             continue;
         };
-        if let Some(branch) = name.strip_prefix(&fetched_prefix) {
-            fetched.push((format!("refs/heads/{branch}"), target));
+        if let Some(rest) = name.strip_prefix(namespace) {
+            let mirrored = format!("refs/{rest}");
+            if !is_own_ref(&mirrored) {
+                fetched.push((mirrored, target));
+            }
         }
         if name.starts_with(FETCH_NAMESPACE) {
             stale.push(name.to_owned());
@@ -533,12 +690,16 @@ fn publish(url: &str, mirror: &Path, namespace: &str) -> Result<(), Error> {
                 .map_err(mirror_error)?;
         }
     }
+    let mirrored = |name: &str| {
+        !is_own_ref(name)
+            && (name.starts_with("refs/heads/") || watched.iter().any(|p| ref_matches(p, name)))
+    };
     let gone: Vec<String> = git
-        .references_glob("refs/heads/*")
+        .references()
         .map_err(mirror_error)?
         .flatten()
         .filter_map(|r| r.name().map(str::to_owned))
-        .filter(|name| !fetched.iter().any(|(n, _)| n == name))
+        .filter(|name| mirrored(name) && !fetched.iter().any(|(n, _)| n == name))
         .collect();
     for name in gone.iter().chain(&stale) {
         if let Ok(mut reference) = git.find_reference(name) {
@@ -547,6 +708,11 @@ fn publish(url: &str, mirror: &Path, namespace: &str) -> Result<(), Error> {
         }
     }
     Ok(())
+}
+
+/// Refs a fetch never writes or removes: the notes, and the fetch namespaces.
+fn is_own_ref(name: &str) -> bool {
+    name.starts_with("refs/notes/") || name.starts_with("refs/plumber/")
 }
 
 fn init_mirror(url: &str, mirror: &Path) -> Result<(), Error> {
@@ -668,6 +834,30 @@ mod tests {
         let secrets = auth.secrets("https://bot:s3cret@h/x");
         assert_eq!(scrub("bad tok3n and s3cret", &secrets), "bad *** and ***");
         assert!(!format!("{auth:?}").contains("tok3n"));
+    }
+
+    #[test]
+    fn ref_patterns_match_as_refspecs_do() {
+        assert!(ref_matches("refs/heads/*", "refs/heads/a/b"));
+        assert!(ref_matches("refs/pull/*/head", "refs/pull/12/head"));
+        assert!(!ref_matches("refs/pull/*/head", "refs/pull/12/merge"));
+        assert!(!ref_matches("refs/pull/*/head", "refs/pull/head"));
+        assert!(ref_matches("refs/heads/main", "refs/heads/main"));
+        for good in DEFAULT_WATCH_REFS {
+            assert!(check_ref_pattern(good).is_ok(), "{good}");
+        }
+        for bad in ["heads/*", "refs/*/x/*", "refs/notes/*", "refs/heads/[ab]"] {
+            let error = check_ref_pattern(bad).unwrap_err().to_string();
+            assert!(error.contains(bad), "{error}");
+        }
+        let namespace = "refs/plumber/fetch/1-0/";
+        assert_eq!(
+            refspecs(&["refs/pull/*/head".into()], namespace),
+            [
+                "+refs/heads/*:refs/plumber/fetch/1-0/heads/*",
+                "+refs/pull/*/head:refs/plumber/fetch/1-0/pull/*/head"
+            ]
+        );
     }
 
     #[test]

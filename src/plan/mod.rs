@@ -268,6 +268,17 @@ pub fn plan(from: Option<(&str, &[Topology])>, to: (&str, &[Topology])) -> Plan 
 
 /// Plans one topology; at least one side is present.
 pub fn plan_topology(old: Option<&Topology>, new: Option<&Topology>) -> TopologyPlan {
+    let deployed = old.map(Deployment::of).unwrap_or_default();
+    plan_topology_from(old, &deployed, new)
+}
+
+/// Plans one topology from what runs of it (`deployed`, as the engine would: its actions are
+/// the ones the engine runs), with `old` the graph it runs (to tell each step's change).
+pub fn plan_topology_from(
+    old: Option<&Topology>,
+    deployed: &Deployment,
+    new: Option<&Topology>,
+) -> TopologyPlan {
     let steps = step_changes(old, new);
     let change = match (old, new) {
         (None, _) => Change::Added,
@@ -290,7 +301,7 @@ pub fn plan_topology(old: Option<&Topology>, new: Option<&Topology>) -> Topology
         cutover: shown.map(|t| t.cutover).unwrap_or_default(),
         cluster: shown.map(|t| t.cluster.clone()).unwrap_or_default(),
         steps,
-        actions: moves::plan(&old.map(Deployment::of).unwrap_or_default(), new),
+        actions: moves::plan(deployed, new),
         kept_topics: Vec::new(),
     }
 }

@@ -282,11 +282,27 @@ pub enum StartFrom {
 /// Reads every topology of one commit's files. Files whose problems prevent reading them
 /// still contribute their step name; all problems are returned, sorted.
 pub fn load(files: &[SourceFile]) -> (RepoSpec, Vec<Diagnostic>) {
+    let (settings, mut diagnostics) = load_settings(files.iter().find(|f| f.path == SETTINGS_FILE));
+    let (spec, more) = load_with(settings, files);
+    diagnostics.extend(more);
+    (spec, diagnostics)
+}
+
+/// `plumber.yaml` (its defaults without one), with its problems.
+pub fn load_settings(file: Option<&SourceFile>) -> (RepoSettings, Vec<Diagnostic>) {
     let mut diagnostics = Vec::new();
-    let settings = match files.iter().find(|f| f.path == SETTINGS_FILE) {
+    let settings = match file {
         Some(file) => settings::repo_settings(file, &mut diagnostics),
         None => RepoSettings::default(),
     };
+    (settings, diagnostics)
+}
+
+/// As [`load`], with the settings already read (`plumber.yaml` among `files` is ignored):
+/// what a topology is depends only on its own files and the settings, so a topology can be
+/// read alone and the result kept for as long as both are unchanged.
+pub fn load_with(settings: RepoSettings, files: &[SourceFile]) -> (RepoSpec, Vec<Diagnostic>) {
+    let mut diagnostics = Vec::new();
 
     // Group files by topology directory; BTreeMap keeps topologies in name order.
     let mut by_topology: BTreeMap<&str, Vec<&SourceFile>> = BTreeMap::new();

@@ -138,6 +138,13 @@ pub struct Repository {
     /// Where the pod mounts the git credentials.
     #[serde(default)]
     pub credentials: GitCredentials,
+    /// Refs whose merge into the branch is planned (`GET /api/plans`, git notes); `*`
+    /// matches any characters.
+    #[serde(default = "default_watch_refs")]
+    pub watch_refs: Vec<String>,
+    /// Push the plan notes from the mirror to the repository.
+    #[serde(default)]
+    pub push_notes: bool,
 }
 
 /// Git credentials, as files of a mounted Secret (read at each fetch, so a rotated Secret
@@ -249,6 +256,12 @@ fn default_branch() -> String {
     "main".into()
 }
 
+fn default_watch_refs() -> Vec<String> {
+    crate::daemon::watch::DEFAULT_WATCH_REFS
+        .map(str::to_owned)
+        .to_vec()
+}
+
 fn default_poll() -> Duration {
     Duration::from_secs(30)
 }
@@ -313,6 +326,11 @@ impl Config {
                 "repository.pollInterval",
                 "the interval must be longer than 0 s".into(),
             ));
+        }
+        for pattern in &self.repository.watch_refs {
+            if let Err(error) = crate::daemon::watch::check_ref_pattern(pattern) {
+                return Err(invalid("repository.watchRefs", error.to_string()));
+            }
         }
         for (name, cluster) in &self.kafka.clusters {
             if let Some(key) = cluster.properties.keys().find(|k| looks_secret(k)) {
@@ -428,6 +446,11 @@ images: { processor: 'plumber-processor:dev' }
         assert_eq!(config.listen, SocketAddr::from(([0, 0, 0, 0], 7878)));
         assert!(config.kafka.clusters.is_empty() && config.webhook.is_none());
         assert_eq!(config.cache_dir, Path::new("/var/lib/plumber"));
+        assert_eq!(
+            config.repository.watch_refs,
+            crate::daemon::watch::DEFAULT_WATCH_REFS
+        );
+        assert!(!config.repository.push_notes);
         assert!(config.forge.is_none());
         assert!(config.trusted_keys.is_none());
         Ok(())
@@ -442,6 +465,8 @@ repository:
   url: ssh://git@git.example/acme/topologies.git
   branch: production
   pollInterval: 2m
+  watchRefs: ['refs/heads/*', 'refs/pull/*/head']
+  pushNotes: true
   credentials:
     sshKeyFile: /var/run/secrets/plumber/git/ssh-privatekey
     knownHostsFile: /var/run/secrets/plumber/git/known_hosts
@@ -469,6 +494,11 @@ trustedKeys: /etc/plumber-trusted-keys
         );
         assert_eq!(config.kubernetes.namespace.as_deref(), Some("streams"));
         assert_eq!(config.repository.poll_interval, Duration::from_secs(120));
+        assert_eq!(
+            config.repository.watch_refs,
+            ["refs/heads/*", "refs/pull/*/head"]
+        );
+        assert!(config.repository.push_notes);
         let cluster = &config.kafka.clusters["default"];
         assert_eq!(cluster.bootstrap.as_deref(), Some("kafka:9093"));
         assert_eq!(
@@ -556,6 +586,13 @@ trustedKeys: /etc/plumber-trusted-keys
                 "repository: { url: 'https://git.example/t.git', pollInterval: 0s }"
             )),
             "repository.pollInterval"
+        );
+        assert_eq!(
+            invalid_field(&MINIMAL.replace(
+                "repository: { url: 'https://git.example/acme/topologies.git' }",
+                "repository: { url: 'https://git.example/t.git', watchRefs: ['heads/*'] }"
+            )),
+            "repository.watchRefs"
         );
         // A user name alone is not a secret (ssh://git@…, https://ci@…).
         assert!(has_password("https://me:t@host/x") && !has_password("https://me@host/x"));
