@@ -14,6 +14,7 @@ pub mod api;
 mod follow;
 mod observe;
 pub mod plans;
+pub mod publish;
 mod reconcile;
 pub mod revisions;
 pub mod status;
@@ -82,6 +83,11 @@ pub struct DaemonConfig {
     pub watch_refs: Vec<String>,
     /// Push the plan notes of a remote repository's mirror back to it (`--push-notes`).
     pub push_notes: bool,
+    /// Where each pull request's plan and its head's commit status are published (`--forge`).
+    pub forge: Option<crate::forge::Config>,
+    /// The daemon's API as the forge's readers reach it: commit statuses link to
+    /// `{public_url}/api/plans/{ref}` (`--public-url`; absent: no link).
+    pub public_url: Option<String>,
 }
 
 impl DaemonConfig {
@@ -115,6 +121,8 @@ impl DaemonConfig {
             webhook_secret: None,
             watch_refs: watch::DEFAULT_WATCH_REFS.map(str::to_owned).to_vec(),
             push_notes: false,
+            forge: None,
+            public_url: None,
         }
     }
 }
@@ -152,6 +160,8 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    #[error(transparent)]
+    Forge(#[from] crate::forge::Error),
     #[error("cannot start the {name} thread: {source}")]
     Thread {
         name: String,
@@ -179,6 +189,7 @@ impl Error {
     pub fn is_retryable(&self) -> bool {
         match self {
             Error::Cutover(e) => e.is_retryable(),
+            Error::Forge(e) => e.is_retryable(),
             Error::Store(e) => e.is_retryable(),
             Error::Invalid { .. } | Error::NoCluster { .. } | Error::NoBranch { .. } => false,
             Error::Watch(_)
@@ -244,6 +255,8 @@ pub struct Context {
     pub store: Store,
     /// The plans of the watched refs.
     pub plans: Arc<plans::Plans>,
+    /// Asks the forge publisher to publish a pull request's plan again (webhooks).
+    pub publish: publish::Requests,
     connect: Box<Connect>,
     /// Per use and cluster: the cutover engine and the observer have clients of their own,
     /// so the observer's many lag reads (tansu answers each in up to seconds under load)
@@ -322,6 +335,7 @@ impl Context {
             runtime,
             store,
             plans: Arc::new(plans::Plans::default()),
+            publish: publish::Requests::default(),
             connect,
             admins: Mutex::new(BTreeMap::new()),
             deliveries: Mutex::new(BTreeMap::new()),
@@ -426,6 +440,7 @@ pub struct Daemon {
     follower: Option<JoinHandle<()>>,
     observer: Option<JoinHandle<()>>,
     planner: Option<JoinHandle<()>>,
+    publisher: Option<publish::Running>,
     api: Option<api::Server>,
     pub listening: SocketAddr,
 }
@@ -433,6 +448,8 @@ pub struct Daemon {
 impl Daemon {
     /// Starts watching, reconciling, observing and serving the API.
     pub fn start(context: Arc<Context>) -> Result<Daemon, Error> {
+        // First: a forge that cannot be used (its token file) stops the daemon before it acts.
+        let publisher = publish::start(&context)?;
         let (triggers, receiver) = mpsc::channel();
         let api = api::Server::start(context.clone(), triggers.clone())?;
         let listening = api.addr;
@@ -462,6 +479,7 @@ impl Daemon {
             follower: Some(follower),
             observer: Some(observer),
             planner: Some(planner),
+            publisher,
             api: Some(api),
             listening,
         })
@@ -484,6 +502,9 @@ impl Daemon {
         self.context.plans.look();
         if let Some(planner) = self.planner.take() {
             let _ = planner.join();
+        }
+        if let Some(publisher) = self.publisher.take() {
+            publisher.stop(&self.context);
         }
         if let Some(api) = self.api.take() {
             api.stop();

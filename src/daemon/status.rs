@@ -30,6 +30,9 @@ pub struct Status {
     pub phase: Phase,
     pub topologies: Vec<TopologyStatus>,
     pub last_error: Option<LastError>,
+    /// What was published on the forge (absent without one).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub forge: Option<super::publish::ForgeStatus>,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -131,6 +134,8 @@ pub struct Metrics {
     pub exactly_once: Family<TopologyLabel, Gauge>,
     pub lag: Family<StepLabels, Gauge>,
     pub instances: Family<StepLabels, Gauge>,
+    pub forge_publications: Counter,
+    pub forge_publish_failures: Counter,
 }
 
 impl Default for Metrics {
@@ -147,6 +152,8 @@ impl Default for Metrics {
         let exactly_once = Family::<TopologyLabel, Gauge>::default();
         let lag = Family::<StepLabels, Gauge>::default();
         let instances = Family::<StepLabels, Gauge>::default();
+        let forge_publications = Counter::default();
+        let forge_publish_failures = Counter::default();
         registry.register(
             "commits_seen",
             "New branch heads seen",
@@ -188,6 +195,16 @@ impl Default for Metrics {
             "Running instances of a processor",
             instances.clone(),
         );
+        registry.register(
+            "forge_publications",
+            "Commit statuses and plan comments sent to the forge",
+            forge_publications.clone(),
+        );
+        registry.register(
+            "forge_publish_failures",
+            "Commit statuses and plan comments the forge did not take, after retries",
+            forge_publish_failures.clone(),
+        );
         Metrics {
             registry: Arc::new(registry),
             commits_seen,
@@ -199,6 +216,8 @@ impl Default for Metrics {
             exactly_once,
             lag,
             instances,
+            forge_publications,
+            forge_publish_failures,
         }
     }
 }

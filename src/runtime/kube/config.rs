@@ -28,6 +28,7 @@
 //!   repo: acme/topologies        # GitLab: the project id or its path
 //!   tokenFile: /var/run/secrets/plumber/forge/token
 //!   # url: https://ghe.example/api/v3   (default: the public service's API)
+//! # publicUrl: https://plumber.example  # commit statuses link to {publicUrl}/api/plans/{ref}
 //! ```
 
 use std::collections::BTreeMap;
@@ -89,6 +90,10 @@ pub struct Config {
     /// The forge the daemon posts pull requests' plans and commit statuses to; absent: none.
     #[serde(default)]
     pub forge: Option<crate::forge::Config>,
+    /// The daemon's API as the forge's readers reach it (its Ingress): commit statuses link
+    /// to `{publicUrl}/api/plans/{ref}`; absent: no link.
+    #[serde(default)]
+    pub public_url: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
