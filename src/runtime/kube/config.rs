@@ -483,6 +483,7 @@ forge:
   url: https://gitlab.example/api/v4
   repo: acme/streams/topologies
   tokenFile: /var/run/secrets/plumber/forge/token
+publicUrl: https://plumber.example
 ",
         )?;
         assert_eq!(config.kubernetes.namespace.as_deref(), Some("streams"));
@@ -513,6 +514,7 @@ forge:
                 "acme/streams/topologies"
             ))
         );
+        assert_eq!(config.public_url.as_deref(), Some("https://plumber.example"));
         Ok(())
     }
 
