@@ -449,6 +449,7 @@ impl Daemon {
     /// Starts watching, reconciling, observing and serving the API.
     pub fn start(context: Arc<Context>) -> Result<Daemon, Error> {
         // First: a forge that cannot be used (its token file) stops the daemon before it acts.
+        // Should a later step fail, dropping it ends it.
         let publisher = publish::start(&context)?;
         let (triggers, receiver) = mpsc::channel();
         let api = api::Server::start(context.clone(), triggers.clone())?;
@@ -503,9 +504,8 @@ impl Daemon {
         if let Some(planner) = self.planner.take() {
             let _ = planner.join();
         }
-        if let Some(publisher) = self.publisher.take() {
-            publisher.stop(&self.context);
-        }
+        // Ends the publisher (after the publication in hand: the clients' waits end at once).
+        drop(self.publisher.take());
         if let Some(api) = self.api.take() {
             api.stop();
         }

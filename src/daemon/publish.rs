@@ -529,17 +529,20 @@ impl forge::Clock for StoppableClock {
     }
 }
 
-/// The running publisher; [`Running::stop`] ends it.
+/// The running publisher; dropping it ends it (waiting for a publication in hand).
 pub(super) struct Running {
-    thread: JoinHandle<()>,
+    thread: Option<JoinHandle<()>>,
     clock: Arc<StoppableClock>,
+    context: Arc<Context>,
 }
 
-impl Running {
-    pub(super) fn stop(self, context: &Context) {
+impl Drop for Running {
+    fn drop(&mut self) {
         self.clock.stop();
-        context.publish.detach();
-        let _ = self.thread.join();
+        self.context.publish.detach();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
     }
 }
 
@@ -567,7 +570,11 @@ pub(super) fn start(context: &Arc<Context>) -> Result<Option<Running>, Error> {
         let context = context.clone();
         move || run(&context, forge, events, requests)
     })?;
-    Ok(Some(Running { thread, clock }))
+    Ok(Some(Running {
+        thread: Some(thread),
+        clock,
+        context: context.clone(),
+    }))
 }
 
 /// What woke the publisher.

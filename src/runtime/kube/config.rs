@@ -514,7 +514,10 @@ publicUrl: https://plumber.example
                 "acme/streams/topologies"
             ))
         );
-        assert_eq!(config.public_url.as_deref(), Some("https://plumber.example"));
+        assert_eq!(
+            config.public_url.as_deref(),
+            Some("https://plumber.example")
+        );
         Ok(())
     }
 
