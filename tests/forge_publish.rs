@@ -343,6 +343,7 @@ fn gitlab_merge_request_gets_one_note_updated_in_place_and_a_status_per_head() {
 
 /// (c) an invalid head: a failure status naming the file of the first error, and the comment
 /// says what is wrong. (d) a burst of 502s, then the forge answers: one comment all the same.
+/// A merge that conflicts fails naming the files.
 fn an_invalid_head_fails_and_a_502_burst_still_ends_with_one_comment(kind: Kind) {
     let setup = Setup::start(kind);
     setup.open(2);
@@ -386,6 +387,21 @@ fn an_invalid_head_fails_and_a_502_burst_still_ends_with_one_comment(kind: Kind)
     );
     assert_eq!(setup.writes(3).0, 1, "one comment");
     assert_eq!(setup.statuses_of(head).len(), 1);
+
+    // The branch moves under pull request 3: it now conflicts, and its head says where.
+    setup
+        .repo
+        .commit("main", "orders stricter on main", &[clean("orders", 2)]);
+    let mut description = String::new();
+    wait_until("pull request 3 fails on the conflict", PATIENCE, || {
+        let last = setup.statuses_of(head).pop().unwrap_or_default();
+        description = last["description"].as_str().unwrap_or("").to_owned();
+        last["state"] == failed
+    });
+    assert_eq!(
+        description,
+        "merge conflicts in topologies/orders/steps/clean.yaml"
+    );
     let output = setup.finish();
     assert!(
         output.contains("forge request failed; retrying"),
