@@ -328,6 +328,26 @@ fn a_pull_request_gets_one_comment_updated_in_place_and_a_status_per_head(kind: 
     assert_eq!(created, 1, "never a second comment");
     assert!(updated >= 1, "updated in place");
     assert_eq!(setup.statuses_of(first).len(), 1, "one status per head");
+    let get = |path: &str| {
+        ureq::get(&format!("{}{path}", setup.api))
+            .call()
+            .unwrap()
+            .into_body()
+            .read_to_string()
+            .unwrap()
+    };
+    let status: Value = serde_json::from_str(&get("/api/status")).unwrap();
+    let forge = &status["forge"];
+    assert_eq!(forge["kind"], kind.to_string(), "{status}");
+    assert_eq!(forge["repo"], GITHUB_REPO);
+    assert!(forge["published"].as_u64().unwrap() >= 4, "{forge}");
+    assert_eq!(forge["lastPublished"]["ref"], pull_ref(kind, 1), "{forge}");
+    assert!(forge["lastError"].is_null(), "{forge}");
+    let metrics = get("/metrics");
+    assert!(
+        metrics.contains("plumber_forge_publications_total"),
+        "{metrics}"
+    );
     setup.finish();
 }
 
