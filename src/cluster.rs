@@ -127,6 +127,8 @@ fn daemon_config(config: &Config) -> Result<DaemonConfig> {
     out.trusted_keys = config.trusted_keys.clone();
     out.watch_refs = config.repository.watch_refs.clone();
     out.push_notes = config.repository.push_notes;
+    out.forge = config.forge.clone();
+    out.public_url = config.public_url.clone();
     out.webhook_secret = config
         .webhook
         .as_ref()

@@ -27,6 +27,8 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once at start: the size of `up`'s many flags costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Check a commit of a topology repository: every error with file, line and column.
@@ -146,6 +148,40 @@ enum Command {
         /// Push the plan notes to a remote repository (they stay in the mirror otherwise).
         #[arg(long)]
         push_notes: bool,
+        /// Publish each pull request's plan as one comment (updated in place) and a commit
+        /// status on each watched ref's head, on this forge.
+        #[arg(long, env = "PLUMBER_FORGE", value_enum,
+              requires_all = ["forge_repo", "forge_token_file"])]
+        forge: Option<plumber::forge::Kind>,
+        /// The forge's API (GitHub Enterprise: https://HOST/api/v3; self-hosted GitLab:
+        /// https://HOST/api/v4); default: the public service's.
+        #[arg(
+            long,
+            env = "PLUMBER_FORGE_URL",
+            value_name = "URL",
+            requires = "forge"
+        )]
+        forge_url: Option<String>,
+        /// The repository on the forge: GitHub OWNER/NAME; GitLab the project's path or id.
+        #[arg(
+            long,
+            env = "PLUMBER_FORGE_REPO",
+            value_name = "OWNER/NAME",
+            requires = "forge"
+        )]
+        forge_repo: Option<String>,
+        /// File holding the forge's API token (read again before each request, never logged).
+        #[arg(
+            long,
+            env = "PLUMBER_FORGE_TOKEN_FILE",
+            value_name = "FILE",
+            requires = "forge"
+        )]
+        forge_token_file: Option<std::path::PathBuf>,
+        /// This daemon's API as the forge's readers reach it: commit statuses link to
+        /// URL/api/plans/REF.
+        #[arg(long, env = "PLUMBER_PUBLIC_URL", value_name = "URL")]
+        public_url: Option<String>,
     },
     /// Show what a running daemon is doing: per topology, commit, phase, steps and lag.
     Status {
@@ -404,6 +440,11 @@ fn run(command: Command) -> Result<ExitCode> {
             trusted_keys,
             watch_refs,
             push_notes,
+            forge,
+            forge_url,
+            forge_repo,
+            forge_token_file,
+            public_url,
         } => {
             let branch = match branch {
                 Some(branch) => branch,
@@ -424,6 +465,15 @@ fn run(command: Command) -> Result<ExitCode> {
             config.trusted_keys = trusted_keys;
             config.watch_refs = watch_refs;
             config.push_notes = push_notes;
+            // clap makes --forge-repo and --forge-token-file required with --forge.
+            if let (Some(kind), Some(repo), Some(token_file)) =
+                (forge, forge_repo, forge_token_file)
+            {
+                let mut forge = plumber::forge::Config::new(kind, repo, token_file);
+                forge.url = forge_url;
+                config.forge = Some(forge);
+            }
+            config.public_url = public_url;
             config.assignor = match assignor {
                 AssignorChoice::Cooperative => plumber::runtime::Assignor::Cooperative,
                 AssignorChoice::Eager => plumber::runtime::Assignor::Eager,

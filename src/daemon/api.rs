@@ -7,7 +7,9 @@
 //! `POST /hooks/git` accepts GitHub (`X-Hub-Signature-256: sha256=HMAC`), GitLab
 //! (`X-Gitlab-Token: SECRET`) and generic (`X-Plumber-Signature: sha256=HMAC`) pushes. With a
 //! secret configured, a request without a valid signature or token gets 401; without one, any
-//! request triggers a fetch (the fetch itself is harmless).
+//! request triggers a fetch (the fetch itself is harmless). A pull-request event (GitHub
+//! `pull_request` opened/synchronize/reopened, GitLab `Merge Request Hook` open/update/reopen)
+//! also has that pull request's plan published on the forge again (see [`super::publish`]).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -232,6 +234,14 @@ async fn hook(State(api): State<Api>, headers: HeaderMap, body: Bytes) -> Respon
         return (StatusCode::UNAUTHORIZED, "missing or wrong signature\n").into_response();
     }
     let _ = api.triggers.send(Trigger::Webhook);
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    if let Some(number) = super::publish::webhook_pull_request(header, &body) {
+        tracing::info!(
+            pull_request = number,
+            "pull-request webhook: its plan is published again"
+        );
+        api.context.publish.republish(number);
+    }
     (StatusCode::ACCEPTED, "fetching\n").into_response()
 }
 

@@ -14,6 +14,7 @@ pub mod api;
 mod follow;
 mod observe;
 pub mod plans;
+pub mod publish;
 mod reconcile;
 pub mod revisions;
 pub mod status;
@@ -85,6 +86,11 @@ pub struct DaemonConfig {
     pub watch_refs: Vec<String>,
     /// Push the plan notes of a remote repository's mirror back to it (`--push-notes`).
     pub push_notes: bool,
+    /// Where each pull request's plan and its head's commit status are published (`--forge`).
+    pub forge: Option<crate::forge::Config>,
+    /// The daemon's API as the forge's readers reach it: commit statuses link to
+    /// `{public_url}/api/plans/{ref}` (`--public-url`; absent: no link).
+    pub public_url: Option<String>,
 }
 
 impl DaemonConfig {
@@ -119,6 +125,8 @@ impl DaemonConfig {
             trusted_keys: None,
             watch_refs: watch::DEFAULT_WATCH_REFS.map(str::to_owned).to_vec(),
             push_notes: false,
+            forge: None,
+            public_url: None,
         }
     }
 }
@@ -160,6 +168,8 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    #[error(transparent)]
+    Forge(#[from] crate::forge::Error),
     #[error("cannot start the {name} thread: {source}")]
     Thread {
         name: String,
@@ -187,6 +197,7 @@ impl Error {
     pub fn is_retryable(&self) -> bool {
         match self {
             Error::Cutover(e) => e.is_retryable(),
+            Error::Forge(e) => e.is_retryable(),
             Error::Store(e) => e.is_retryable(),
             Error::Invalid { .. }
             | Error::NoCluster { .. }
@@ -258,6 +269,8 @@ pub struct Context {
     pub trusted_keys: Option<Arc<crate::trust::TrustedKeys>>,
     /// The plans of the watched refs.
     pub plans: Arc<plans::Plans>,
+    /// Asks the forge publisher to publish a pull request's plan again (webhooks).
+    pub publish: publish::Requests,
     connect: Box<Connect>,
     /// Per use and cluster: the cutover engine and the observer have clients of their own,
     /// so the observer's many lag reads (tansu answers each in up to seconds under load)
@@ -347,6 +360,7 @@ impl Context {
             store,
             trusted_keys,
             plans: Arc::new(plans::Plans::default()),
+            publish: publish::Requests::default(),
             connect,
             admins: Mutex::new(BTreeMap::new()),
             deliveries: Mutex::new(BTreeMap::new()),
@@ -451,6 +465,7 @@ pub struct Daemon {
     follower: Option<JoinHandle<()>>,
     observer: Option<JoinHandle<()>>,
     planner: Option<JoinHandle<()>>,
+    publisher: Option<publish::Running>,
     api: Option<api::Server>,
     pub listening: SocketAddr,
 }
@@ -458,6 +473,9 @@ pub struct Daemon {
 impl Daemon {
     /// Starts watching, reconciling, observing and serving the API.
     pub fn start(context: Arc<Context>) -> Result<Daemon, Error> {
+        // First: a forge that cannot be used (its token file) stops the daemon before it acts.
+        // Should a later step fail, dropping it ends it.
+        let publisher = publish::start(&context)?;
         let (triggers, receiver) = mpsc::channel();
         let api = api::Server::start(context.clone(), triggers.clone())?;
         let listening = api.addr;
@@ -487,6 +505,7 @@ impl Daemon {
             follower: Some(follower),
             observer: Some(observer),
             planner: Some(planner),
+            publisher,
             api: Some(api),
             listening,
         })
@@ -510,6 +529,8 @@ impl Daemon {
         if let Some(planner) = self.planner.take() {
             let _ = planner.join();
         }
+        // Ends the publisher (after the publication in hand: the clients' waits end at once).
+        drop(self.publisher.take());
         if let Some(api) = self.api.take() {
             api.stop();
         }

@@ -33,6 +33,9 @@ pub struct Status {
     /// With `--trusted-keys`: the verdict on the branch's head (absent without).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub signature: Option<SignatureStatus>,
+    /// What was published on the forge (absent without one).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub forge: Option<super::publish::ForgeStatus>,
 }
 
 /// The verdict of the trusted keys on the branch's head. It is also what a forge's commit
@@ -174,6 +177,8 @@ pub struct Metrics {
     pub exactly_once: Family<TopologyLabel, Gauge>,
     pub lag: Family<StepLabels, Gauge>,
     pub instances: Family<StepLabels, Gauge>,
+    pub forge_publications: Counter,
+    pub forge_publish_failures: Counter,
 }
 
 impl Default for Metrics {
@@ -192,6 +197,8 @@ impl Default for Metrics {
         let exactly_once = Family::<TopologyLabel, Gauge>::default();
         let lag = Family::<StepLabels, Gauge>::default();
         let instances = Family::<StepLabels, Gauge>::default();
+        let forge_publications = Counter::default();
+        let forge_publish_failures = Counter::default();
         registry.register(
             "commits_seen",
             "New branch heads seen",
@@ -243,6 +250,16 @@ impl Default for Metrics {
             "Running instances of a processor",
             instances.clone(),
         );
+        registry.register(
+            "forge_publications",
+            "Commit statuses and plan comments sent to the forge",
+            forge_publications.clone(),
+        );
+        registry.register(
+            "forge_publish_failures",
+            "Commit statuses and plan comments the forge did not take, after retries",
+            forge_publish_failures.clone(),
+        );
         Metrics {
             registry: Arc::new(registry),
             commits_seen,
@@ -256,6 +273,8 @@ impl Default for Metrics {
             exactly_once,
             lag,
             instances,
+            forge_publications,
+            forge_publish_failures,
         }
     }
 }

@@ -29,6 +29,7 @@
 //!   tokenFile: /var/run/secrets/plumber/forge/token
 //!   # url: https://ghe.example/api/v3   (default: the public service's API)
 //! trustedKeys: /etc/plumber-trusted-keys  # apply only commits signed by these keys; absent: any
+//! # publicUrl: https://plumber.example  # commit statuses link to {publicUrl}/api/plans/{ref}
 //! ```
 
 use std::collections::BTreeMap;
@@ -95,6 +96,10 @@ pub struct Config {
     /// `plumber up --trusted-keys`); absent: every valid head is.
     #[serde(default)]
     pub trusted_keys: Option<PathBuf>,
+    /// The daemon's API as the forge's readers reach it (its Ingress): commit statuses link
+    /// to `{publicUrl}/api/plans/{ref}`; absent: no link.
+    #[serde(default)]
+    pub public_url: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -486,6 +491,7 @@ forge:
   repo: acme/streams/topologies
   tokenFile: /var/run/secrets/plumber/forge/token
 trustedKeys: /etc/plumber-trusted-keys
+publicUrl: https://plumber.example
 ",
         )?;
         assert_eq!(
@@ -519,6 +525,10 @@ trustedKeys: /etc/plumber-trusted-keys
                 "https://gitlab.example/api/v4",
                 "acme/streams/topologies"
             ))
+        );
+        assert_eq!(
+            config.public_url.as_deref(),
+            Some("https://plumber.example")
         );
         Ok(())
     }

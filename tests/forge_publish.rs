@@ -1,0 +1,569 @@
+//! `plumber up --forge` against the fake GitHub and GitLab of `support/fake_forge.rs`, which
+//! checks every request (method, path, query, token header, body, the forge's limits): real
+//! git repositories with pull-request refs (`refs/pull/N/head`, `refs/merge-requests/N/head`)
+//! made with git2, the real binary, and what it publishes read back from the fake.
+//!
+//! No broker: the daemon's bootstrap servers answer nothing, so nothing runs and every plan
+//! adds its topologies (what is published is what matters here). Every wait is on a condition
+//! with a generous timeout; the local repository's watcher notices the refs moving.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly
+
+mod common;
+#[path = "support/fake_forge.rs"]
+mod fake_forge;
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::{TestRepo, write};
+use fake_forge::{Fault, GITHUB_REPO, GITLAB_PROJECT, Server, TOKEN};
+use git2::Oid;
+use hmac::{Hmac, Mac};
+use plumber::forge::{Kind, MARKER};
+use plumber_testkit::{Process, wait_until};
+use serde_json::Value;
+use sha2::Sha256;
+
+const PATIENCE: Duration = Duration::from_secs(60);
+const WEBHOOK_SECRET: &str = "hook-s3cret";
+
+fn source(topology: &str) -> common::Change {
+    write(
+        &format!("topologies/{topology}/sources/in.yaml"),
+        format!("kind: source\ntopic: {topology}\n"),
+    )
+}
+
+fn clean(topology: &str, threshold: u32) -> common::Change {
+    write(
+        &format!("topologies/{topology}/steps/clean.yaml"),
+        format!("kind: processor\ninput: in\njq: 'select(.v > {threshold})'\n"),
+    )
+}
+
+fn sink(topology: &str, input: &str) -> common::Change {
+    write(
+        &format!("topologies/{topology}/sinks/out.yaml"),
+        format!("kind: sink\ntopic: {topology}-out\ninput: {input}\n"),
+    )
+}
+
+/// `main` with one topology, `orders` (source → clean → sink).
+fn repository() -> (TestRepo, Oid) {
+    let repo = TestRepo::new();
+    let main = repo.commit(
+        "main",
+        "orders",
+        &[
+            source("orders"),
+            clean("orders", 1),
+            sink("orders", "clean"),
+        ],
+    );
+    (repo, main)
+}
+
+/// The pull-request ref of `number` for `kind`.
+fn pull_ref(kind: Kind, number: u64) -> String {
+    match kind {
+        Kind::GitHub => format!("refs/pull/{number}/head"),
+        Kind::GitLab => format!("refs/merge-requests/{number}/head"),
+    }
+}
+
+/// Commits `changes` on the pull request's own branch (`pr-N`, from `main`) and points its
+/// pull-request ref there, as the forge does on a push.
+fn push(repo: &TestRepo, kind: Kind, number: u64, changes: &[common::Change]) -> Oid {
+    let branch = format!("pr-{number}");
+    if repo
+        .git
+        .find_reference(&format!("refs/heads/{branch}"))
+        .is_err()
+    {
+        let main = repo.git.refname_to_id("refs/heads/main").unwrap();
+        repo.git
+            .reference(&format!("refs/heads/{branch}"), main, true, "branch")
+            .unwrap();
+    }
+    let head = repo.commit(&branch, "change", changes);
+    repo.git
+        .reference(&pull_ref(kind, number), head, true, "pull request")
+        .unwrap();
+    head
+}
+
+/// `plumber up --forge KIND` on a repository, with the fake forge and a webhook secret.
+struct Setup {
+    kind: Kind,
+    repo: TestRepo,
+    forge: Server,
+    daemon: Process,
+    api: String,
+    state: tempfile::TempDir,
+}
+
+impl Setup {
+    fn start(kind: Kind) -> Setup {
+        let (repo, _) = repository();
+        let forge = Server::start(kind);
+        let state = tempfile::tempdir().unwrap();
+        let token_file = state.path().join("token");
+        std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
+        let secret_file = state.path().join("webhook-secret");
+        std::fs::write(&secret_file, WEBHOOK_SECRET).unwrap();
+        let port = {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            listener.local_addr().unwrap().port()
+        };
+        let api = format!("http://127.0.0.1:{port}");
+        let forge_name = match kind {
+            Kind::GitHub => "github",
+            Kind::GitLab => "gitlab",
+        };
+        let daemon = Process::spawn(
+            "plumber up",
+            Command::new(env!("CARGO_BIN_EXE_plumber"))
+                .args(["up", &repo.location(), "--branch", "main"])
+                .args(["--bootstrap", "127.0.0.1:1"])
+                .arg("--state-dir")
+                .arg(state.path().join("state"))
+                .args(["--listen", &format!("127.0.0.1:{port}")])
+                .args(["--watch-refs", &pull_ref(kind, 0).replace("/0/", "/*/")])
+                .args(["--forge", forge_name, "--forge-url", &forge.url])
+                .args(["--forge-repo", GITHUB_REPO])
+                .arg("--forge-token-file")
+                .arg(&token_file)
+                .arg("--webhook-secret-file")
+                .arg(&secret_file)
+                .args(["--public-url", &api])
+                // Everything the daemon says, the forge clients' debug lines included, is
+                // searched for the token.
+                .env("RUST_LOG", "debug,librdkafka=warn")
+                .stdin(Stdio::null())
+                .stdout(std::fs::File::create(state.path().join("stdout")).unwrap())
+                .stderr(std::fs::File::create(state.path().join("stderr")).unwrap()),
+        );
+        Setup {
+            kind,
+            repo,
+            forge,
+            daemon,
+            api,
+            state,
+        }
+    }
+
+    /// A pull request the forge knows (with no comment yet).
+    fn open(&self, number: u64) {
+        self.forge.seed(number, 0, None, "");
+    }
+
+    fn plan_comments(&self, number: u64) -> Vec<fake_forge::Comment> {
+        self.forge
+            .comments(number)
+            .into_iter()
+            .filter(|c| c.body.starts_with(MARKER))
+            .collect()
+    }
+
+    /// Waits until pull request `number` has a plan comment for which `check` holds.
+    fn comment_where(&self, number: u64, what: &str, check: impl Fn(&str) -> bool) -> String {
+        let mut body = String::new();
+        wait_until(what, PATIENCE, || {
+            match self.plan_comments(number).as_slice() {
+                [comment] if check(&comment.body) => {
+                    body = comment.body.clone();
+                    true
+                }
+                [_] | [] => false,
+                more => panic!("{} plan comments on {number}: {more:#?}", more.len()),
+            }
+        });
+        body
+    }
+
+    /// The statuses set on `head`, oldest first.
+    fn statuses_of(&self, head: Oid) -> Vec<Value> {
+        self.forge
+            .statuses()
+            .into_iter()
+            .filter(|(sha, _)| *sha == head.to_string())
+            .map(|(_, body)| body)
+            .collect()
+    }
+
+    fn status_of(&self, head: Oid) -> Value {
+        let mut found = Value::Null;
+        wait_until(&format!("a status on {head}"), PATIENCE, || {
+            found = self.statuses_of(head).pop().unwrap_or_default();
+            !found.is_null()
+        });
+        found
+    }
+
+    fn comments_path(&self, number: u64) -> String {
+        match self.kind {
+            Kind::GitHub => format!("/api/v3/repos/{GITHUB_REPO}/issues/{number}/comments"),
+            Kind::GitLab => {
+                format!("/api/v4/projects/{GITLAB_PROJECT}/merge_requests/{number}/notes")
+            }
+        }
+    }
+
+    /// The comment writes of pull request `number`: (creations, updates).
+    fn writes(&self, number: u64) -> (usize, usize) {
+        let path = self.comments_path(number);
+        let requests = self.forge.requests();
+        let created = requests
+            .iter()
+            .filter(|r| r.method == "POST" && r.path == path)
+            .count();
+        let updated = requests
+            .iter()
+            .filter(|r| match self.kind {
+                Kind::GitHub => {
+                    r.method == "PATCH"
+                        && r.path
+                            .starts_with(&format!("/api/v3/repos/{GITHUB_REPO}/issues/comments/"))
+                }
+                Kind::GitLab => r.method == "PUT" && r.path.starts_with(&format!("{path}/")),
+            })
+            .count();
+        (created, updated)
+    }
+
+    fn hook(&self, headers: &[(&str, String)], body: &str) -> u16 {
+        let mut request = ureq::post(&format!("{}/hooks/git", self.api))
+            .config()
+            .http_status_as_error(false)
+            .build();
+        for (name, value) in headers {
+            request = request.header(*name, value);
+        }
+        request.send(body).unwrap().status().as_u16()
+    }
+
+    fn output(&self) -> String {
+        let read = |name: &str| std::fs::read_to_string(self.state.path().join(name)).unwrap();
+        read("stdout") + &read("stderr")
+    }
+
+    /// Stops the daemon (SIGTERM) and checks what it said and asked of the forge.
+    fn finish(mut self) -> String {
+        self.daemon.signal(nix::sys::signal::Signal::SIGTERM);
+        assert!(
+            self.daemon.wait_exit(PATIENCE).is_some(),
+            "the daemon stops on SIGTERM"
+        );
+        self.forge.assert_clean();
+        let output = self.output();
+        assert!(
+            !output.contains(TOKEN),
+            "the token is in the daemon's output"
+        );
+        assert!(
+            output.contains("commit status set"),
+            "the daemon logs what it publishes: {output}"
+        );
+        output
+    }
+}
+
+fn short(commit: Oid) -> String {
+    commit.to_string()[..7].to_owned()
+}
+
+fn signed(body: &str) -> String {
+    let mut mac = Hmac::<Sha256>::new_from_slice(WEBHOOK_SECRET.as_bytes()).unwrap();
+    mac.update(body.as_bytes());
+    format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
+}
+
+/// (a) one comment and a success status; (b) a new head updates the comment in place and
+/// gets its own status.
+fn a_pull_request_gets_one_comment_updated_in_place_and_a_status_per_head(kind: Kind) {
+    let setup = Setup::start(kind);
+    setup.open(1);
+    let first = push(&setup.repo, kind, 1, &[clean("orders", 5)]);
+    let body = setup.comment_where(1, "the plan comment of the first head", |body| {
+        body.contains(&short(first))
+    });
+    assert!(body.contains("### Plumber plan"), "{body}");
+    assert!(body.contains("`orders`"), "{body}");
+    let status = setup.status_of(first);
+    assert_eq!(status["state"], "success", "{status}");
+    let description = status["description"].as_str().unwrap();
+    assert!(
+        description.starts_with("valid; 1 topology changes"),
+        "{description}"
+    );
+    let link = status["target_url"].as_str().unwrap();
+    let expected = format!(
+        "{}/api/plans/{}",
+        setup.api,
+        pull_ref(kind, 1).replace('/', "%2F")
+    );
+    assert_eq!(link, expected);
+    let linked = ureq::get(link)
+        .call()
+        .unwrap()
+        .into_body()
+        .read_to_string()
+        .unwrap();
+    assert!(
+        linked.contains(&first.to_string()),
+        "the link shows the plan: {linked}"
+    );
+    assert_eq!(setup.writes(1), (1, 0), "created once");
+
+    let second = push(&setup.repo, kind, 1, &[clean("orders", 9)]);
+    setup.comment_where(1, "the plan comment of the new head", |body| {
+        body.contains(&short(second))
+    });
+    let status = setup.status_of(second);
+    assert_eq!(status["state"], "success", "{status}");
+    let (created, updated) = setup.writes(1);
+    assert_eq!(created, 1, "never a second comment");
+    assert!(updated >= 1, "updated in place");
+    assert_eq!(setup.statuses_of(first).len(), 1, "one status per head");
+    let get = |path: &str| {
+        ureq::get(&format!("{}{path}", setup.api))
+            .call()
+            .unwrap()
+            .into_body()
+            .read_to_string()
+            .unwrap()
+    };
+    let status: Value = serde_json::from_str(&get("/api/status")).unwrap();
+    let forge = &status["forge"];
+    assert_eq!(forge["kind"], kind.to_string(), "{status}");
+    assert_eq!(forge["repo"], GITHUB_REPO);
+    assert!(forge["published"].as_u64().unwrap() >= 4, "{forge}");
+    assert_eq!(forge["lastPublished"]["ref"], pull_ref(kind, 1), "{forge}");
+    assert!(forge["lastError"].is_null(), "{forge}");
+    let metrics = get("/metrics");
+    assert!(
+        metrics.contains("plumber_forge_publications_total"),
+        "{metrics}"
+    );
+    setup.finish();
+}
+
+#[test]
+fn github_pull_request_gets_one_comment_updated_in_place_and_a_status_per_head() {
+    a_pull_request_gets_one_comment_updated_in_place_and_a_status_per_head(Kind::GitHub);
+}
+
+#[test]
+fn gitlab_merge_request_gets_one_note_updated_in_place_and_a_status_per_head() {
+    a_pull_request_gets_one_comment_updated_in_place_and_a_status_per_head(Kind::GitLab);
+}
+
+/// (c) an invalid head: a failure status naming the file of the first error, and the comment
+/// says what is wrong. (d) a burst of 502s, then the forge answers: one comment all the same.
+/// A merge that conflicts fails naming the files.
+fn an_invalid_head_fails_and_a_502_burst_still_ends_with_one_comment(kind: Kind) {
+    let setup = Setup::start(kind);
+    setup.open(2);
+    let broken = push(
+        &setup.repo,
+        kind,
+        2,
+        &[write(
+            "topologies/orders/steps/enrich.yaml",
+            "kind: processor\ninput: nowhere\njq: '.'\n",
+        )],
+    );
+    let status = setup.status_of(broken);
+    let failed = match kind {
+        Kind::GitHub => "failure",
+        Kind::GitLab => "failed",
+    };
+    assert_eq!(status["state"], failed, "{status}");
+    let description = status["description"].as_str().unwrap();
+    assert!(
+        description.starts_with("topologies/orders/steps/enrich.yaml:"),
+        "the first error and its file: {description}"
+    );
+    let body = setup.comment_where(2, "the comment of the invalid head", |_| true);
+    assert!(body.contains("cannot be merged"), "{body}");
+    assert!(body.contains("enrich.yaml"), "{body}");
+
+    // The next three requests answer 502 (what the fake injects: before any effect).
+    setup.open(3);
+    for later in 0..3 {
+        setup.forge.fail(later, Fault::status(502));
+    }
+    let head = push(&setup.repo, kind, 3, &[clean("orders", 7)]);
+    setup.comment_where(3, "the comment after the 502s", |body| {
+        body.contains(&short(head))
+    });
+    assert_eq!(setup.status_of(head)["state"], "success");
+    assert!(
+        setup.forge.fake().faults.is_empty(),
+        "every injected 502 was answered"
+    );
+    assert_eq!(setup.writes(3).0, 1, "one comment");
+    assert_eq!(setup.statuses_of(head).len(), 1);
+
+    // The branch moves under pull request 3: it now conflicts, and its head says where.
+    setup
+        .repo
+        .commit("main", "orders stricter on main", &[clean("orders", 2)]);
+    let mut description = String::new();
+    wait_until("pull request 3 fails on the conflict", PATIENCE, || {
+        let last = setup.statuses_of(head).pop().unwrap_or_default();
+        description = last["description"].as_str().unwrap_or("").to_owned();
+        last["state"] == failed
+    });
+    assert_eq!(
+        description,
+        "merge conflicts in topologies/orders/steps/clean.yaml"
+    );
+    let output = setup.finish();
+    assert!(
+        output.contains("forge request failed; retrying"),
+        "{output}"
+    );
+}
+
+#[test]
+fn github_an_invalid_head_fails_and_a_502_burst_still_ends_with_one_comment() {
+    an_invalid_head_fails_and_a_502_burst_still_ends_with_one_comment(Kind::GitHub);
+}
+
+#[test]
+fn gitlab_an_invalid_head_fails_and_a_502_burst_still_ends_with_one_note() {
+    an_invalid_head_fails_and_a_502_burst_still_ends_with_one_comment(Kind::GitLab);
+}
+
+/// (e) a verified pull-request webhook publishes the plan again (the comment was deleted);
+/// a webhook with a wrong signature gets 401 and causes nothing.
+fn a_pull_request_webhook_publishes_again_and_a_bad_signature_nothing(kind: Kind) {
+    let setup = Setup::start(kind);
+    setup.open(1);
+    let head = push(&setup.repo, kind, 1, &[clean("orders", 5)]);
+    setup.comment_where(1, "the plan comment", |_| true);
+    setup.status_of(head);
+    // Someone deletes the comment.
+    setup.forge.fake().comments.get_mut(&1).unwrap().clear();
+
+    let (event, body) = match kind {
+        Kind::GitHub => (
+            ("x-github-event", "pull_request".to_owned()),
+            r#"{"action":"synchronize","number":1,"pull_request":{"number":1}}"#,
+        ),
+        Kind::GitLab => (
+            ("x-gitlab-event", "Merge Request Hook".to_owned()),
+            r#"{"object_kind":"merge_request","object_attributes":{"iid":1,"action":"update"}}"#,
+        ),
+    };
+    let wrong = match kind {
+        Kind::GitHub => ("x-hub-signature-256", signed("another body")),
+        Kind::GitLab => ("x-gitlab-token", "not-the-secret".to_owned()),
+    };
+    assert_eq!(setup.hook(&[event.clone(), wrong], body), 401);
+    // A republish it had asked for would come before the plan of a pull request pushed after
+    // (the publisher reads requests first): pull request 4's comment is the sign it did not.
+    setup.open(4);
+    push(&setup.repo, kind, 4, &[clean("orders", 6)]);
+    setup.comment_where(4, "pull request 4's comment", |_| true);
+    assert!(
+        setup.plan_comments(1).is_empty(),
+        "a refused webhook republished pull request 1"
+    );
+
+    let right = match kind {
+        Kind::GitHub => ("x-hub-signature-256", signed(body)),
+        Kind::GitLab => ("x-gitlab-token", WEBHOOK_SECRET.to_owned()),
+    };
+    assert_eq!(setup.hook(&[event, right], body), 202);
+    setup.comment_where(1, "the comment put back by the webhook", |body| {
+        body.contains(&short(head))
+    });
+    assert_eq!(setup.writes(1).0, 2, "created again, once");
+    let output = setup.finish();
+    assert!(output.contains("webhook refused"), "{output}");
+}
+
+#[test]
+fn github_a_pull_request_webhook_publishes_again_and_a_bad_signature_nothing() {
+    a_pull_request_webhook_publishes_again_and_a_bad_signature_nothing(Kind::GitHub);
+}
+
+#[test]
+fn gitlab_a_merge_request_webhook_publishes_again_and_a_bad_token_nothing() {
+    a_pull_request_webhook_publishes_again_and_a_bad_signature_nothing(Kind::GitLab);
+}
+
+/// A plan longer than a GitHub comment takes is shortened to fit, whole sections only.
+#[test]
+fn github_a_plan_over_the_comment_limit_is_shortened_to_fit() {
+    let kind = Kind::GitHub;
+    let setup = Setup::start(kind);
+    setup.open(5);
+    let many: Vec<common::Change> = (0..120)
+        .flat_map(|i| {
+            let name = format!("t{i:03}");
+            [source(&name), clean(&name, i), sink(&name, "clean")]
+        })
+        .collect();
+    let head = push(&setup.repo, kind, 5, &many);
+    let body = setup.comment_where(5, "the shortened comment", |_| true);
+    let full = ureq::get(&format!(
+        "{}/api/plans/{}?format=markdown",
+        setup.api,
+        pull_ref(kind, 5).replace('/', "%2F")
+    ))
+    .call()
+    .unwrap()
+    .into_body()
+    .with_config()
+    .limit(16 * 1024 * 1024)
+    .read_to_string()
+    .unwrap();
+    assert!(
+        full.chars().count() > kind.comment_limit(),
+        "the test's plan is over the limit: {} characters",
+        full.chars().count()
+    );
+    assert!(body.chars().count() <= kind.comment_limit());
+    assert!(
+        body.contains("Shortened to fit"),
+        "{}",
+        &body[body.len() - 500..]
+    );
+    assert_eq!(setup.status_of(head)["state"], "success");
+    setup.finish();
+}
+
+/// A token file that cannot be read stops `plumber up` at start, naming the file (exit 2).
+#[test]
+fn a_missing_token_file_stops_the_daemon_at_start_naming_it() {
+    let (repo, _) = repository();
+    let state = tempfile::tempdir().unwrap();
+    let missing: PathBuf = state.path().join("no-such-token");
+    let stderr_file = state.path().join("stderr");
+    let mut daemon = Process::spawn(
+        "plumber up",
+        Command::new(env!("CARGO_BIN_EXE_plumber"))
+            .args(["up", &repo.location(), "--branch", "main"])
+            .arg("--state-dir")
+            .arg(state.path().join("state"))
+            .args(["--listen", "127.0.0.1:0"])
+            .args(["--forge", "github", "--forge-repo", GITHUB_REPO])
+            .arg("--forge-token-file")
+            .arg(&missing)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&stderr_file).unwrap()),
+    );
+    let exit = daemon
+        .wait_exit(PATIENCE)
+        .expect("the daemon stops at start");
+    assert_eq!(exit.code(), Some(2));
+    let stderr = std::fs::read_to_string(&stderr_file).unwrap();
+    assert!(stderr.contains(&missing.display().to_string()), "{stderr}");
+}
