@@ -106,6 +106,11 @@ struct Setup {
 
 impl Setup {
     fn start(kind: Kind) -> Setup {
+        Setup::start_with(kind, &[])
+    }
+
+    /// [`Setup::start`] with more arguments for `plumber up`.
+    fn start_with(kind: Kind, more: &[std::ffi::OsString]) -> Setup {
         let (repo, _) = repository();
         let forge = Server::start(kind);
         let state = tempfile::tempdir().unwrap();
@@ -138,6 +143,7 @@ impl Setup {
                 .arg("--webhook-secret-file")
                 .arg(&secret_file)
                 .args(["--public-url", &api])
+                .args(more)
                 // Everything the daemon says, the forge clients' debug lines included, is
                 // searched for the token.
                 .env("RUST_LOG", "debug,librdkafka=warn")
@@ -540,6 +546,33 @@ fn github_a_plan_over_the_comment_limit_is_shortened_to_fit() {
 }
 
 /// A token file that cannot be read stops `plumber up` at start, naming the file (exit 2).
+#[test]
+fn a_tracked_head_no_trusted_key_signed_gets_a_failing_status_saying_what_to_do() {
+    // A directory trusting one SSH key (made here), and a branch whose head nobody signed.
+    let keys = tempfile::tempdir().unwrap();
+    let generated = Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-C", "alice", "-f"])
+        .arg(keys.path().join("alice"))
+        .status()
+        .unwrap();
+    assert!(generated.success());
+    std::fs::remove_file(keys.path().join("alice")).unwrap();
+    let setup = Setup::start_with(
+        Kind::GitHub,
+        &["--trusted-keys".into(), keys.path().as_os_str().to_owned()],
+    );
+    let head = setup.repo.git.refname_to_id("refs/heads/main").unwrap();
+    let status = setup.status_of(head);
+    assert_eq!(status["state"], "failure", "{status}");
+    let description = status["description"].as_str().unwrap();
+    assert!(
+        description.contains("is not signed") && description.contains("sign it"),
+        "{description}"
+    );
+    assert_eq!(setup.statuses_of(head).len(), 1, "one status per head");
+    setup.finish();
+}
+
 #[test]
 fn a_missing_token_file_stops_the_daemon_at_start_naming_it() {
     let (repo, _) = repository();

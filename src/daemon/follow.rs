@@ -189,6 +189,8 @@ fn newest_valid(
                     .set(i64::from(!trusted));
                 context.store.write().signature =
                     Some(SignatureStatus::new(&commit, verdict.clone(), keys.dir()));
+                // A refused head gets a failing commit status on the forge, if there is one.
+                context.publish.signature_changed();
             }
             if !trusted {
                 refuse_untrusted(context, keys, &commit, &verdict, candidate == head);

@@ -283,15 +283,6 @@ impl Plans {
     }
 }
 
-/// The pull-request number of a GitHub or GitLab pull-request ref.
-pub fn pull_request_of(name: &str) -> Option<u64> {
-    ["refs/pull/", "refs/merge-requests/"]
-        .iter()
-        .find_map(|prefix| name.strip_prefix(prefix))
-        .and_then(|rest| rest.strip_suffix("/head"))
-        .and_then(|number| number.parse().ok())
-}
-
 /// What runs, as the store holds it: per topology its record and the graph it runs.
 #[derive(Default)]
 struct Running {
@@ -523,7 +514,7 @@ impl Planner {
             errors: Vec::new(),
             topologies: Vec::new(),
             preview: false,
-            pull_request: pull_request_of(name),
+            pull_request: crate::forge::pull_request_of_ref(name),
             keep_topics: false,
             markdown: String::new(),
             review: None,
@@ -731,17 +722,4 @@ fn write_note(git: &git2::Repository, commit: Oid, text: &str) -> Result<bool, E
     git.note(&signature, &signature, Some(NOTES_REF), commit, text, true)
         .map_err(note_error)?;
     Ok(true)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn pull_request_refs_name_their_number() {
-        assert_eq!(pull_request_of("refs/pull/17/head"), Some(17));
-        assert_eq!(pull_request_of("refs/merge-requests/3/head"), Some(3));
-        assert_eq!(pull_request_of("refs/pull/17/merge"), None);
-        assert_eq!(pull_request_of("refs/heads/feature"), None);
-    }
 }

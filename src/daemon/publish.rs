@@ -45,6 +45,8 @@ const REMEMBERED_HEADS: usize = 10_000;
 enum Request {
     /// Publish this pull request's plan again, even unchanged.
     Republish(u64),
+    /// The trusted keys judged a new head of the tracked branch (`status.signature`).
+    Signature,
 }
 
 /// How the API asks the publisher (a no-op without a forge).
@@ -56,13 +58,23 @@ pub struct Requests {
 impl Requests {
     /// Asks for pull request `number`'s plan to be published again (never waits).
     pub fn republish(&self, number: u64) {
+        self.send(Request::Republish(number));
+    }
+
+    /// The verdict on the tracked branch's head is in `status.signature`: a refused head
+    /// gets a failing commit status (never waits).
+    pub fn signature_changed(&self) {
+        self.send(Request::Signature);
+    }
+
+    fn send(&self, request: Request) {
         if let Some(sender) = self
             .sender
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .as_ref()
         {
-            let _ = sender.send(Request::Republish(number));
+            let _ = sender.send(request);
         }
     }
 
@@ -212,6 +224,20 @@ impl Subject {
             render: Arc::new(move |budget| render.markdown_within(budget)),
         }
     }
+}
+
+/// The failing commit status of a tracked-branch head the trusted keys refused (`None`
+/// for a trusted head: it has no plan of its own to report).
+fn refused_head(branch: &str, signature: &super::status::SignatureStatus) -> Option<Subject> {
+    let status = signature.commit_status()?;
+    Some(Subject {
+        name: format!("refs/heads/{branch}"),
+        head: signature.commit.clone(),
+        pull_request: None,
+        status,
+        markdown: String::new(),
+        render: Arc::new(|_| String::new()),
+    })
 }
 
 /// The one line of a plan's commit status.
@@ -646,6 +672,14 @@ fn run(
             }
             Wake::Request(Request::Republish(number)) => {
                 publisher.republish(&source, number, now);
+            }
+            Wake::Request(Request::Signature) => {
+                let signature = context.store.read().signature.clone();
+                if let Some(subject) =
+                    signature.and_then(|s| refused_head(&context.config.branch, &s))
+                {
+                    publisher.publish(subject, false, now);
+                }
             }
             Wake::Due => publisher.retry_due(&source, now),
             Wake::Stop => break,
