@@ -4,7 +4,7 @@
 //!
 //! - `full plan today`: read both commits, validate both, plan (no cache), the reference;
 //! - `read both`: reading both commits' blobs out of git, the floor;
-//! - `cached plan`: one plan as `plumber plan` makes it now (each tree validated once);
+//! - `cached plan`: one plan through the daemon's tree cache (each tree validated once);
 //! - `push to main`: a new commit on the tracked branch (one step of another topology): the
 //!   follower's load of it (validation and checkout), then, timed apart, one pass of the
 //!   plans worker making all 30 plans fresh;
@@ -262,7 +262,7 @@ fn bench(n: usize, runs: usize) {
             "**full plan today** (validate both + plan; the baseline)",
             full,
         ),
-        ("cached plan (`plumber plan` now)", cached),
+        ("cached plan (one plan through the tree cache)", cached),
         ("first pass: 30 plans cold (1 run)", (first, first, first)),
         (
             "push to main: the follower's load (validation + checkout)",

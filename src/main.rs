@@ -9,7 +9,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 use plumber::daemon::DaemonConfig;
 use plumber::graph::Topology;
-use plumber::repo::{MergeTree, Repository};
+use plumber::repo::{MergePreview, Repository};
 use plumber::{Validation, output, plan, validate};
 
 mod cluster;
@@ -369,25 +369,15 @@ fn run(command: Command) -> Result<ExitCode> {
             let preview = preview.then(|| {
                 plumber::plan::preview::slug_of_ref(head.as_deref().or(to.as_deref()).unwrap_or(""))
             });
-            // Both sides share most topologies: each tree is read and validated once.
-            let trees = plumber::daemon::revisions::TreeCache::default();
-            let validate_tree = |tree: git2::Oid, commit: git2::Oid| -> Result<Validation> {
-                Ok(trees.validate(&repo, tree, commit)?.to_validation())
-            };
-            let validate_at = |rev: &str| -> Result<(String, Validation)> {
-                let commit = repo.resolve(rev)?;
-                Ok((
-                    commit.to_string(),
-                    validate_tree(repo.tree_of(commit)?, commit)?,
-                ))
-            };
+            // One-off: validating each side whole is faster than the daemon's per-topology
+            // tree cache, which pays off only across many plans (bench/results/refs.md).
             let (from, to) = match (base, head, to) {
                 (Some(base), Some(head), _) => {
                     let base_commit = repo.resolve(&base)?;
                     let head_commit = repo.resolve(&head)?;
-                    let tree = match repo.merge_tree(base_commit, head_commit)? {
-                        MergeTree::Merged(tree) => tree,
-                        MergeTree::Conflicts(paths) => {
+                    let files = match repo.merge_preview(base_commit, head_commit)? {
+                        MergePreview::Merged(files) => files,
+                        MergePreview::Conflicts(paths) => {
                             eprintln!(
                                 "error: merging `{head}` into `{base}` conflicts in:\n{}\nresolve the conflicts on the branch, then plan again",
                                 paths
@@ -399,12 +389,12 @@ fn run(command: Command) -> Result<ExitCode> {
                             return Ok(ExitCode::from(INVALID));
                         }
                     };
-                    let to = (head_commit.to_string(), validate_tree(tree, head_commit)?);
-                    (Some(validate_at(&base_commit.to_string())?), to)
+                    let to = (head_commit.to_string(), validate(&files));
+                    (Some(validate_commit(&repo, base_commit)?), to)
                 }
                 (_, _, Some(to)) => {
-                    let from = from.map(|rev| validate_at(&rev)).transpose()?;
-                    (from, validate_at(&to)?)
+                    let from = from.map(|rev| validate_rev(&repo, &rev)).transpose()?;
+                    (from, validate_rev(&repo, &to)?)
                 }
                 _ => anyhow::bail!("give --to REV, or --base BRANCH with --head REF"),
             };
