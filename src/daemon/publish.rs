@@ -724,6 +724,14 @@ mod tests {
             forge::Kind::GitHub
         }
 
+        fn pull_request(&self, number: u64) -> forge::Result<forge::PullRequest> {
+            self.answer(format!("pull request {number}"))
+                .map(|()| forge::PullRequest {
+                    state: forge::PullRequestState::Open,
+                    labels: Vec::new(),
+                })
+        }
+
         fn upsert_plan_comment(
             &self,
             number: u64,
