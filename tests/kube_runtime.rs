@@ -699,6 +699,7 @@ fn observed_status_is_published_beside_the_record_and_only_when_it_changed() {
         ],
         last_error: None,
         delivery: Some("exactly-once".into()),
+        preview_of: None,
     };
     store.publish(&observed, None);
     let status = fake
@@ -907,6 +908,7 @@ fn a_publish_after_another_replica_wrote_the_record_leaves_the_next_save_a_confl
         steps: Vec::new(),
         last_error: None,
         delivery: None,
+        preview_of: None,
     };
     ours.publish(&observed, None);
     let status = fake
