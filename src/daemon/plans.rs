@@ -852,3 +852,37 @@ fn write_note(git: &git2::Repository, commit: Oid, text: &str) -> Result<bool, E
         .map_err(note_error)?;
     Ok(true)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_running_preview_is_shown_at_the_end_of_the_plan_and_kept_when_it_is_shortened() {
+        let mut plan = RefPlan::for_test("refs/pull/7/head");
+        plan.markdown = "- an error\n".repeat(100);
+        let shown = ShownPreview {
+            topologies: vec![PreviewTopology {
+                topology: "t".into(),
+                preview: "t.pr-7".into(),
+                processors: vec!["b".into()],
+                shadow_topics: BTreeMap::from([("out.preview.pr-7".into(), "out".into())]),
+            }],
+            markdown: "### Preview environment `pr-7` runs\n".into(),
+        };
+        let showing = plan.showing(Some(&shown));
+        assert!(showing.preview);
+        assert_eq!(showing.previews, shown.topologies);
+        assert!(showing.markdown.starts_with(&plan.markdown));
+        assert!(showing.markdown.ends_with(&shown.markdown));
+        let short = showing.markdown_within(300);
+        assert!(short.len() <= 300, "{short}");
+        assert!(short.ends_with(&shown.markdown), "{short}");
+        assert!(short.contains("Shortened to fit"), "{short}");
+        // Shown again, or no longer: the preview section is replaced, never repeated.
+        assert_eq!(showing.showing(Some(&shown)).markdown, showing.markdown);
+        let gone = showing.showing(None);
+        assert!(!gone.preview && gone.previews.is_empty());
+        assert_eq!(gone.markdown, plan.markdown);
+    }
+}

@@ -220,8 +220,8 @@ struct Previews {
     forge: Arc<dyn Forge>,
     label: String,
     environments: BTreeMap<String, Environment>,
-    /// Pull requests whose last verdict was to run (looked at again every poll, also when
-    /// starting failed).
+    /// Pull requests whose last verdict was to run, or unknown (looked at again every poll,
+    /// also when starting failed).
     wanted: BTreeSet<u64>,
     /// Shadow topics of torn-down previews still to delete, with their bootstrap servers.
     to_delete: BTreeMap<String, String>,
@@ -433,7 +433,10 @@ impl Previews {
         let verdict = verdict(plan.as_deref(), || forge.pull_request(number), &self.label);
         tracing::debug!(pull_request = number, ?verdict, "preview decided");
         match (verdict, plan) {
-            (Verdict::Unknown, _) => {}
+            // Asked again at the next poll.
+            (Verdict::Unknown, _) => {
+                self.wanted.insert(number);
+            }
             (Verdict::Run, Some(plan)) => {
                 self.wanted.insert(number);
                 match self.wanted_previews(&plan) {
