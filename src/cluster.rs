@@ -129,6 +129,7 @@ fn daemon_config(config: &Config) -> Result<DaemonConfig> {
     out.push_notes = config.repository.push_notes;
     out.forge = config.forge.clone();
     out.public_url = config.public_url.clone();
+    out.preview_label = config.preview_label.clone();
     out.webhook_secret = config
         .webhook
         .as_ref()

@@ -182,6 +182,16 @@ enum Command {
         /// URL/api/plans/REF.
         #[arg(long, env = "PLUMBER_PUBLIC_URL", value_name = "URL")]
         public_url: Option<String>,
+        /// Run a preview environment for each open pull request carrying this label (which
+        /// only people with write access can set): its changed steps on live data, writing
+        /// shadow topics `<sink>.preview.pr-N`; torn down when it closes or loses the label.
+        #[arg(
+            long,
+            env = "PLUMBER_PREVIEW_LABEL",
+            value_name = "LABEL",
+            requires = "forge"
+        )]
+        preview_label: Option<String>,
     },
     /// Show what a running daemon is doing: per topology, commit, phase, steps and lag.
     Status {
@@ -435,6 +445,7 @@ fn run(command: Command) -> Result<ExitCode> {
             forge_repo,
             forge_token_file,
             public_url,
+            preview_label,
         } => {
             let branch = match branch {
                 Some(branch) => branch,
@@ -464,6 +475,7 @@ fn run(command: Command) -> Result<ExitCode> {
                 config.forge = Some(forge);
             }
             config.public_url = public_url;
+            config.preview_label = preview_label;
             config.assignor = match assignor {
                 AssignorChoice::Cooperative => plumber::runtime::Assignor::Cooperative,
                 AssignorChoice::Eager => plumber::runtime::Assignor::Eager,

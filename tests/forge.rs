@@ -16,7 +16,8 @@ use std::time::{Duration, SystemTime};
 
 use fake_forge::*;
 use plumber::forge::{
-    self, Clock, CommentOutcome, CommitStatus, Config, Error, Forge, Kind, MARKER, Settings, State,
+    self, Clock, CommentOutcome, CommitStatus, Config, Error, Forge, Kind, MARKER, PullRequest,
+    PullRequestState, Settings, State,
 };
 use serde_json::json;
 
@@ -758,4 +759,92 @@ fn gitlab_pending_twice_is_pending() {
     assert_eq!(states, [json!("pending"), json!("success")]);
     assert!(s.sleeps().is_empty());
     s.server.assert_clean();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pull requests: state and labels (what decides a preview environment).
+
+fn pull_request_path(kind: Kind, number: u64) -> String {
+    match kind {
+        Kind::GitHub => format!("/api/v3/repos/{GITHUB_REPO}/pulls/{number}"),
+        Kind::GitLab => format!("/api/v4/projects/{GITLAB_PROJECT}/merge_requests/{number}"),
+    }
+}
+
+fn pull_requests_are_read_with_their_state_and_labels(kind: Kind) {
+    let s = setup(kind);
+    s.server
+        .set_pull_request(7, PullRequestState::Open, &["preview", "needs-review"]);
+    s.server
+        .set_pull_request(8, PullRequestState::Closed, &["preview"]);
+    s.server.set_pull_request(9, PullRequestState::Merged, &[]);
+    let open = s.forge.pull_request(7).unwrap();
+    assert_eq!(open.state, PullRequestState::Open);
+    assert_eq!(open.labels, ["preview", "needs-review"]);
+    assert!(open.is_open() && open.has_label("preview") && !open.has_label("previe"));
+    let closed = s.forge.pull_request(8).unwrap();
+    assert_eq!(closed.state, PullRequestState::Closed);
+    assert!(!closed.is_open());
+    assert_eq!(
+        s.forge.pull_request(9).unwrap(),
+        PullRequest {
+            state: PullRequestState::Merged,
+            labels: Vec::new()
+        }
+    );
+    // The label removed: read again, it is gone (nothing is cached).
+    s.server
+        .set_pull_request(7, PullRequestState::Open, &["needs-review"]);
+    assert!(!s.forge.pull_request(7).unwrap().has_label("preview"));
+    let lines: Vec<String> = [7, 8, 9, 7]
+        .iter()
+        .map(|n| format!("GET {}", pull_request_path(kind, *n)))
+        .collect();
+    assert_eq!(s.server.lines(), lines);
+    s.server.assert_clean();
+}
+
+#[test]
+fn github_pull_requests_are_read_with_their_state_and_labels() {
+    pull_requests_are_read_with_their_state_and_labels(Kind::GitHub);
+}
+
+#[test]
+fn gitlab_merge_requests_are_read_with_their_state_and_labels() {
+    pull_requests_are_read_with_their_state_and_labels(Kind::GitLab);
+}
+
+fn a_missing_pull_request_is_a_404_and_a_502_is_retried(kind: Kind) {
+    let s = setup(kind);
+    let error = s.forge.pull_request(404).unwrap_err();
+    assert!(
+        matches!(error, Error::Status { status: 404, .. }),
+        "{error}"
+    );
+    assert!(!error.is_retryable());
+    s.server
+        .set_pull_request(3, PullRequestState::Open, &["preview"]);
+    s.server.fail_next(Fault::status(502));
+    assert!(s.forge.pull_request(3).unwrap().has_label("preview"));
+    let path = format!("GET {}", pull_request_path(kind, 3));
+    assert_eq!(
+        s.server.lines(),
+        [
+            format!("GET {}", pull_request_path(kind, 404)),
+            path.clone(),
+            path
+        ]
+    );
+    assert_eq!(s.sleeps().len(), 1, "one backoff before the second attempt");
+    s.server.assert_clean();
+}
+
+#[test]
+fn github_a_missing_pull_request_is_a_404_and_a_502_is_retried() {
+    a_missing_pull_request_is_a_404_and_a_502_is_retried(Kind::GitHub);
+}
+
+#[test]
+fn gitlab_a_missing_merge_request_is_a_404_and_a_502_is_retried() {
+    a_missing_pull_request_is_a_404_and_a_502_is_retried(Kind::GitLab);
 }

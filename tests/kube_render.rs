@@ -500,3 +500,118 @@ fn plumber_render_prints_the_objects_of_the_example_repository() {
     assert_eq!(code, 1);
     assert!(out.is_empty(), "{out}");
 }
+
+/// A pull request's preview environment (SPEC §9) runs as topology `<topology>.<slug>`: its
+/// objects are valid at the longest topology name and slug, their names with the dot are
+/// DNS subdomains, label values stay within 63 characters, and the pods of a life whose
+/// Deployment went are still found from the group's name alone.
+#[test]
+fn a_preview_topology_renders_valid_objects_at_the_longest_names() {
+    let name = "t".repeat(plumber::spec::names::MAX_NAME_LEN);
+    let files = |jq: &str| {
+        let files: Vec<plumber::spec::SourceFile> = [
+            ("sources/in.yaml", "kind: source\ntopic: in\n".to_owned()),
+            (
+                "steps/score.yaml",
+                format!("kind: processor\ninput: in\njq: '{jq}'\n"),
+            ),
+            (
+                "sinks/out.yaml",
+                "kind: sink\ntopic: out\ninput: score\n".to_owned(),
+            ),
+        ]
+        .into_iter()
+        .map(|(path, text)| plumber::spec::SourceFile {
+            path: format!("topologies/{name}/{path}"),
+            content: plumber::spec::FileContent::Bytes(text.into_bytes()),
+        })
+        .collect();
+        plumber::validate(&files)
+    };
+    let running = files(".").topologies.unwrap().remove(0);
+    let merged = files(".score").topologies.unwrap().remove(0);
+    let clusters = files(".").clusters;
+    let deployment = plumber::plan::Deployment::of(&running);
+    let slug = plumber::plan::preview::slug_of_ref("refs/pull/12345678901234567/head");
+    assert_eq!(slug.len(), plumber::plan::preview::MAX_SLUG_LEN);
+    let previews = plumber::plan::preview::previews(
+        std::slice::from_ref(&merged),
+        |_| Some(&deployment),
+        &clusters,
+        &slug,
+    )
+    .unwrap();
+    let [preview] = previews.as_slice() else {
+        panic!("one preview: {previews:?}");
+    };
+    assert_eq!(preview.graph.name, format!("{name}.{slug}"));
+    let documents = render::revision(
+        "0123456789abcdef0123456789abcdef01234567",
+        std::slice::from_ref(&preview.graph),
+        &clusters,
+        &render::Source {
+            repository: "https://git.example.com/data/topologies.git".into(),
+            git_ref: "refs/pull/12345678901234567/head".into(),
+        },
+        &config(),
+    )
+    .unwrap();
+    let topology_crd = serde_json::to_value(plumber::runtime::kube::crd::definition()).unwrap();
+    let topologies = crd_validator(&topology_crd);
+    let scaled_objects = keda(KEDA_SCALED_OBJECT_CRD);
+    let kinds: Vec<&str> = documents
+        .iter()
+        .map(|d| d["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        kinds,
+        ["Topology", "Deployment", "ScaledObject"],
+        "one processor"
+    );
+    for document in &documents {
+        let object_name = document["metadata"]["name"].as_str().unwrap();
+        assert_eq!(
+            plumber::spec::names::secret_name_problem(object_name),
+            None,
+            "a DNS subdomain, as object names must be"
+        );
+        for (key, value) in document["metadata"]["labels"].as_object().unwrap() {
+            let value = value.as_str().unwrap();
+            assert!(value.len() <= 63, "{key}={value}");
+            assert!(
+                value
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)),
+                "{key}={value}"
+            );
+        }
+        match document["kind"].as_str().unwrap() {
+            "Topology" => {
+                assert_valid(&topologies, document);
+                assert_eq!(object_name, preview.graph.name);
+                // One dot, for a preview; never more.
+                let mut two_dots = document.clone();
+                two_dots["spec"]["topology"] = "a.b.c".into();
+                assert!(!topologies.is_valid(&two_dots));
+            }
+            "ScaledObject" => assert_valid(&scaled_objects, document),
+            _ => {
+                let deployment: Deployment = serde_json::from_value(document.clone()).unwrap();
+                let group = deployment.metadata.name.clone().unwrap();
+                assert!(group.starts_with(&format!("plumber.{name}.{slug}.score.")));
+                assert_eq!(
+                    render::selector_of_group(&group),
+                    deployment.spec.selector.match_labels.clone(),
+                    "the selector from the group's name alone"
+                );
+                assert_eq!(
+                    render::selector_of_group(&format!("{group}.3"))
+                        .unwrap()
+                        .get("plumber.dev/life")
+                        .map(String::as_str),
+                    Some("3")
+                );
+            }
+        }
+    }
+}

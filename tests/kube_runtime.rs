@@ -699,6 +699,7 @@ fn observed_status_is_published_beside_the_record_and_only_when_it_changed() {
         ],
         last_error: None,
         delivery: Some("exactly-once".into()),
+        preview_of: None,
     };
     store.publish(&observed, None);
     let status = fake
@@ -907,6 +908,7 @@ fn a_publish_after_another_replica_wrote_the_record_leaves_the_next_save_a_confl
         steps: Vec::new(),
         last_error: None,
         delivery: None,
+        preview_of: None,
     };
     ours.publish(&observed, None);
     let status = fake
@@ -1008,4 +1010,28 @@ fn a_processor_whose_objects_were_all_deleted_while_no_daemon_ran_is_unknown_unt
         fake.get_dynamic(&scaled_objects(), NS, &spec.group)
             .is_some()
     );
+}
+
+/// A pull request's preview environment keeps its record as any topology does: in a Topology
+/// object named `<topology>.<slug>` (a DNS subdomain; the CRD takes the name with its one
+/// dot), beside the topology it previews and apart from it.
+#[test]
+fn a_preview_topology_keeps_its_record_in_a_topology_object_of_its_own() {
+    let fake = fake();
+    let leader = Arc::new(AtomicBool::new(true));
+    let store = store(&fake, &leader);
+    store.save("shop", &moved("aaa")).unwrap();
+    store.save("shop.pr-7", &moved("bbb")).unwrap();
+    let object: crd::Topology = fake.get(NS, "shop.pr-7").unwrap();
+    assert_eq!(object.spec.topology, "shop.pr-7");
+    assert_eq!(object.status.unwrap().record.unwrap()["commit"], "bbb");
+    assert_eq!(
+        store.topologies().unwrap().keys().collect::<Vec<_>>(),
+        ["shop", "shop.pr-7"]
+    );
+    assert_eq!(store.load("shop").unwrap(), moved("aaa"), "untouched");
+    // Torn down: its record is retired, never mistaken for the topology's.
+    store.save("shop.pr-7", &TopologyRecord::default()).unwrap();
+    assert!(store.load("shop.pr-7").unwrap().is_retired());
+    assert_eq!(store.load("shop").unwrap(), moved("aaa"));
 }

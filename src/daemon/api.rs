@@ -242,6 +242,10 @@ async fn hook(State(api): State<Api>, headers: HeaderMap, body: Bytes) -> Respon
         );
         api.context.publish.republish(number);
     }
+    if let Some(number) = super::publish::webhook_pull_request_changed(header, &body) {
+        // Labelled, unlabelled, closed, merged: whether its preview runs may have changed.
+        api.context.previews.look(number);
+    }
     (StatusCode::ACCEPTED, "fetching\n").into_response()
 }
 

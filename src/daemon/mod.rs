@@ -14,6 +14,7 @@ pub mod api;
 mod follow;
 mod observe;
 pub mod plans;
+pub mod previews;
 pub mod publish;
 mod reconcile;
 pub mod revisions;
@@ -91,6 +92,9 @@ pub struct DaemonConfig {
     /// The daemon's API as the forge's readers reach it: commit statuses link to
     /// `{public_url}/api/plans/{ref}` (`--public-url`; absent: no link).
     pub public_url: Option<String>,
+    /// Open pull requests carrying this label get a preview environment (`--preview-label`,
+    /// [`previews`]); needs `forge`. `None`: no previews.
+    pub preview_label: Option<String>,
 }
 
 impl DaemonConfig {
@@ -127,6 +131,7 @@ impl DaemonConfig {
             push_notes: false,
             forge: None,
             public_url: None,
+            preview_label: None,
         }
     }
 }
@@ -271,6 +276,8 @@ pub struct Context {
     pub plans: Arc<plans::Plans>,
     /// Asks the forge publisher to publish a pull request's plan again (webhooks).
     pub publish: publish::Requests,
+    /// Asks the previews thread to decide a pull request's preview again (webhooks).
+    pub previews: previews::Requests,
     connect: Box<Connect>,
     /// Per use and cluster: the cutover engine and the observer have clients of their own,
     /// so the observer's many lag reads (tansu answers each in up to seconds under load)
@@ -361,6 +368,7 @@ impl Context {
             trusted_keys,
             plans: Arc::new(plans::Plans::default()),
             publish: publish::Requests::default(),
+            previews: previews::Requests::default(),
             connect,
             admins: Mutex::new(BTreeMap::new()),
             deliveries: Mutex::new(BTreeMap::new()),
@@ -466,6 +474,7 @@ pub struct Daemon {
     observer: Option<JoinHandle<()>>,
     planner: Option<JoinHandle<()>>,
     publisher: Option<publish::Running>,
+    previews: Option<previews::Running>,
     api: Option<api::Server>,
     pub listening: SocketAddr,
 }
@@ -476,6 +485,7 @@ impl Daemon {
         // First: a forge that cannot be used (its token file) stops the daemon before it acts.
         // Should a later step fail, dropping it ends it.
         let publisher = publish::start(&context)?;
+        let previews = previews::start(&context)?;
         let (triggers, receiver) = mpsc::channel();
         let api = api::Server::start(context.clone(), triggers.clone())?;
         let listening = api.addr;
@@ -506,6 +516,7 @@ impl Daemon {
             observer: Some(observer),
             planner: Some(planner),
             publisher,
+            previews,
             api: Some(api),
             listening,
         })
@@ -523,6 +534,8 @@ impl Daemon {
         if let Some(follower) = self.follower.take() {
             let _ = follower.join();
         }
+        // Its workers finish the action in hand, as the topologies' do.
+        drop(self.previews.take());
         // The observer only reads; it may be inside a slow Kafka call and ends on its own.
         drop(self.observer.take());
         self.context.plans.look();

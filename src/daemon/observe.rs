@@ -67,9 +67,31 @@ fn observe(context: &Context, watchdog: &Watchdog, acting: &mut bool, resume: &m
             return;
         }
     };
-    let Ok(records) = context.records.topologies() else {
+    let Ok(mut records) = context.records.topologies() else {
         return;
     };
+    // A preview environment torn down leaves status (its record stays, so that one started
+    // again gets new names).
+    let gone: Vec<String> = records
+        .iter()
+        .filter(|(name, record)| {
+            super::previews::is_preview(name) && record.as_ref().is_ok_and(|r| r.is_retired())
+        })
+        .map(|(name, _)| name.clone())
+        .collect();
+    for name in gone {
+        records.remove(&name);
+        // One the previews thread starts again already says what it previews.
+        let started_again = context
+            .store
+            .read()
+            .topologies
+            .iter()
+            .any(|t| t.name == name && t.preview_of.is_some());
+        if !started_again {
+            context.store.remove_topology(&name);
+        }
+    }
     // Lag is read group by group (committed offsets and watermarks): at 1,000 topologies of
     // 20 steps a full round takes minutes (`bench/results/kafka-lag.md`), and repair and
     // status must not wait for it, so a look reads for a while and the next goes on.

@@ -33,6 +33,7 @@ use crate::graph::Topology;
 use crate::owners::CodeOwners;
 use crate::plan::{Change, Plan, TopologyPlan};
 use crate::repo::{MergeTree, Repository};
+use crate::spec::ClusterSpec;
 
 /// The plan of one watched ref: `GET /api/plans/{ref}`.
 #[derive(Debug, Clone, Serialize)]
@@ -57,8 +58,10 @@ pub struct RefPlan {
     pub errors: Vec<Diagnostic>,
     /// As `plan --format json`: every topology, in name order.
     pub topologies: Vec<TopologyPlan>,
-    /// Whether a preview environment runs the ref (never, yet).
+    /// Whether a preview environment runs the ref (`--preview-label`, [`super::previews`]).
     pub preview: bool,
+    /// The topologies of its preview environment, when `preview`.
+    pub previews: Vec<PreviewTopology>,
     /// The pull (GitHub) or merge (GitLab) request of `refs/pull/N/head` and
     /// `refs/merge-requests/N/head`.
     pub pull_request: Option<u64>,
@@ -70,9 +73,34 @@ pub struct RefPlan {
     /// branch's head, then a line saying it is a merge preview.
     #[serde(skip)]
     pub markdown: String,
+    /// The end of `markdown` that says what its preview environment runs (empty: none).
+    #[serde(skip)]
+    preview_markdown: String,
     /// What [`RefPlan::markdown_within`] shortens (`None`: the ref cannot be planned).
     #[serde(skip)]
     review: Option<Review>,
+}
+
+/// A topology of a ref's preview environment, as `GET /api/plans/{ref}` lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PreviewTopology {
+    /// The topology it previews.
+    pub topology: String,
+    /// Its own name, `<topology>.<slug>`: the name its processors, groups and status have.
+    pub preview: String,
+    /// The processors it runs.
+    pub processors: Vec<String>,
+    /// Shadow topic → the sink topic it stands in for.
+    pub shadow_topics: BTreeMap<String, String>,
+}
+
+/// What a plan shows of its running preview environment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShownPreview {
+    pub topologies: Vec<PreviewTopology>,
+    /// The comment's section ([`crate::output::preview::markdown`]).
+    pub markdown: String,
 }
 
 /// The graphs the review text draws, of the topologies that change.
@@ -82,6 +110,8 @@ struct Review {
     old_graphs: Vec<Topology>,
     /// The closing line: which merge this previews.
     footer: String,
+    /// The clusters of the merge.
+    clusters: BTreeMap<String, ClusterSpec>,
 }
 
 impl RefPlan {
@@ -103,8 +133,74 @@ impl RefPlan {
         if self.markdown.len() <= limit {
             return self.markdown.clone();
         }
+        let preview = &self.preview_markdown;
+        let body = self.plan_markdown_within(limit.saturating_sub(preview.len()));
+        if body.len() + preview.len() <= limit {
+            body + preview
+        } else {
+            self.plan_markdown_within(limit)
+        }
+    }
+
+    /// An invalid plan of `name`, for tests.
+    #[cfg(test)]
+    pub(super) fn for_test(name: &str) -> RefPlan {
+        RefPlan {
+            name: name.to_owned(),
+            head: String::new(),
+            base: String::new(),
+            from: None,
+            valid: false,
+            valid_alone: false,
+            conflicts: Vec::new(),
+            errors: Vec::new(),
+            topologies: Vec::new(),
+            preview: false,
+            previews: Vec::new(),
+            pull_request: crate::forge::pull_request_of_ref(name),
+            keep_topics: false,
+            markdown: String::new(),
+            preview_markdown: String::new(),
+            review: None,
+        }
+    }
+
+    /// The graphs of the merge of the topologies that change (those a preview can run).
+    pub fn merged_graphs(&self) -> &[Topology] {
+        self.review.as_ref().map_or(&[], |r| &r.new_graphs)
+    }
+
+    /// The clusters of the merge (`None`: the ref cannot be planned).
+    pub fn merged_clusters(&self) -> Option<&BTreeMap<String, ClusterSpec>> {
+        self.review.as_ref().map(|r| &r.clusters)
+    }
+
+    /// `markdown` without its preview section.
+    fn plan_markdown(&self) -> &str {
+        let end = self.markdown.len() - self.preview_markdown.len();
+        self.markdown.get(..end).unwrap_or(&self.markdown)
+    }
+
+    /// This plan showing `shown` (`None`: no preview runs).
+    fn showing(&self, shown: Option<&ShownPreview>) -> RefPlan {
+        let mut plan = self.clone();
+        plan.markdown = self.plan_markdown().to_owned();
+        plan.preview = shown.is_some();
+        plan.previews = shown.map(|s| s.topologies.clone()).unwrap_or_default();
+        plan.preview_markdown = shown
+            .map(|s| format!("\n{}", s.markdown))
+            .unwrap_or_default();
+        plan.markdown.push_str(&plan.preview_markdown);
+        plan
+    }
+
+    fn plan_markdown_within(&self, limit: usize) -> String {
+        let markdown = self.plan_markdown();
+        if markdown.len() <= limit {
+            return markdown.to_owned();
+        }
         let Some(review) = &self.review else {
-            return cut_between_lines(&self.markdown, limit);
+            return cut_between_lines(markdown, limit);
         };
         let body = crate::output::plan::markdown_within(
             &self.as_plan(),
@@ -168,6 +264,8 @@ pub enum PlanChange {
 /// readers (API, forge).
 pub struct Plans {
     book: Mutex<BTreeMap<String, (Inputs, Arc<RefPlan>)>>,
+    /// Per ref, what its running preview environment is (its plan shows it).
+    previews: Mutex<BTreeMap<String, ShownPreview>>,
     events: tokio::sync::broadcast::Sender<PlanEvent>,
     /// Wakes the worker; `None` until it runs.
     wake: Mutex<Option<Sender<()>>>,
@@ -183,6 +281,7 @@ impl Default for Plans {
     fn default() -> Self {
         Plans {
             book: Mutex::new(BTreeMap::new()),
+            previews: Mutex::new(BTreeMap::new()),
             events: tokio::sync::broadcast::channel(1024).0,
             wake: Mutex::new(None),
             settled: AtomicU64::new(0),
@@ -250,7 +349,30 @@ impl Plans {
         receiver
     }
 
+    /// Ref `name`'s preview environment now runs `shown` (`None`: none): its plan says so, and
+    /// is announced again when that changes.
+    pub(super) fn show_preview(&self, name: &str, shown: Option<ShownPreview>) {
+        {
+            let mut previews = self.previews.lock().unwrap_or_else(PoisonError::into_inner);
+            if previews.get(name) == shown.as_ref() {
+                return;
+            }
+            match &shown {
+                Some(shown) => previews.insert(name.to_owned(), shown.clone()),
+                None => previews.remove(name),
+            };
+        }
+        let plan = self.lock().get(name).cloned();
+        if let Some((inputs, plan)) = plan {
+            self.publish(inputs, plan.showing(None));
+        }
+    }
+
     fn publish(&self, inputs: Inputs, plan: RefPlan) {
+        let plan = {
+            let previews = self.previews.lock().unwrap_or_else(PoisonError::into_inner);
+            plan.showing(previews.get(&plan.name))
+        };
         let event = PlanEvent {
             name: plan.name.clone(),
             change: PlanChange::Updated,
@@ -441,7 +563,11 @@ impl Planner {
         };
         let mut trees: BTreeMap<String, Option<TreeValidation>> = BTreeMap::new();
         let mut commits: BTreeMap<String, usize> = BTreeMap::new();
-        for (name, record) in records {
+        // Preview environments run beside the topologies, never as what a merge changes.
+        for (name, record) in records
+            .into_iter()
+            .filter(|(name, _)| !super::previews::is_preview(name))
+        {
             let record = match record {
                 Ok(record) if !record.is_retired() => record,
                 Ok(_) => continue,
@@ -514,9 +640,11 @@ impl Planner {
             errors: Vec::new(),
             topologies: Vec::new(),
             preview: false,
+            previews: Vec::new(),
             pull_request: crate::forge::pull_request_of_ref(name),
             keep_topics: false,
             markdown: String::new(),
+            preview_markdown: String::new(),
             review: None,
         };
         let merged = match repository.merge_tree(inputs.base, inputs.head)? {
@@ -612,6 +740,7 @@ impl Planner {
             new_graphs,
             old_graphs,
             footer,
+            clusters: merged.clusters().clone(),
         });
         Ok(plan)
     }
@@ -722,4 +851,38 @@ fn write_note(git: &git2::Repository, commit: Oid, text: &str) -> Result<bool, E
     git.note(&signature, &signature, Some(NOTES_REF), commit, text, true)
         .map_err(note_error)?;
     Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_running_preview_is_shown_at_the_end_of_the_plan_and_kept_when_it_is_shortened() {
+        let mut plan = RefPlan::for_test("refs/pull/7/head");
+        plan.markdown = "- an error\n".repeat(100);
+        let shown = ShownPreview {
+            topologies: vec![PreviewTopology {
+                topology: "t".into(),
+                preview: "t.pr-7".into(),
+                processors: vec!["b".into()],
+                shadow_topics: BTreeMap::from([("out.preview.pr-7".into(), "out".into())]),
+            }],
+            markdown: "### Preview environment `pr-7` runs\n".into(),
+        };
+        let showing = plan.showing(Some(&shown));
+        assert!(showing.preview);
+        assert_eq!(showing.previews, shown.topologies);
+        assert!(showing.markdown.starts_with(&plan.markdown));
+        assert!(showing.markdown.ends_with(&shown.markdown));
+        let short = showing.markdown_within(300);
+        assert!(short.len() <= 300, "{short}");
+        assert!(short.ends_with(&shown.markdown), "{short}");
+        assert!(short.contains("Shortened to fit"), "{short}");
+        // Shown again, or no longer: the preview section is replaced, never repeated.
+        assert_eq!(showing.showing(Some(&shown)).markdown, showing.markdown);
+        let gone = showing.showing(None);
+        assert!(!gone.preview && gone.previews.is_empty());
+        assert_eq!(gone.markdown, plan.markdown);
+    }
 }

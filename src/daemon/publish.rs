@@ -101,6 +101,44 @@ pub fn webhook_pull_request<'a>(
     header: impl Fn(&str) -> Option<&'a str>,
     body: &[u8],
 ) -> Option<u64> {
+    let (github, action, number) = pull_request_event(header, body)?;
+    let wanted: &[&str] = if github {
+        &["opened", "synchronize", "reopened"]
+    } else {
+        &["open", "update", "reopen"]
+    };
+    wanted.contains(&action.as_str()).then_some(number)
+}
+
+/// The pull request a verified webhook is about, when whether it runs a preview environment
+/// may have changed: GitHub's `pull_request` event (opened, synchronize, reopened, labeled,
+/// unlabeled, closed: a merge is a close), GitLab's `Merge Request Hook` (open, update: labels
+/// changed are an update, reopen, close, merge).
+pub fn webhook_pull_request_changed<'a>(
+    header: impl Fn(&str) -> Option<&'a str>,
+    body: &[u8],
+) -> Option<u64> {
+    let (github, action, number) = pull_request_event(header, body)?;
+    let wanted: &[&str] = if github {
+        &[
+            "opened",
+            "synchronize",
+            "reopened",
+            "labeled",
+            "unlabeled",
+            "closed",
+        ]
+    } else {
+        &["open", "update", "reopen", "close", "merge"]
+    };
+    wanted.contains(&action.as_str()).then_some(number)
+}
+
+/// A pull-request webhook's forge (`true`: GitHub), action and number.
+fn pull_request_event<'a>(
+    header: impl Fn(&str) -> Option<&'a str>,
+    body: &[u8],
+) -> Option<(bool, String, u64)> {
     let github = header("x-github-event") == Some("pull_request");
     let gitlab = header("x-gitlab-event") == Some("Merge Request Hook");
     if !github && !gitlab {
@@ -113,25 +151,22 @@ pub fn webhook_pull_request<'a>(
             return None;
         }
     };
-    let (action, number, wanted): (_, _, &[&str]) = if github {
+    let (action, number) = if github {
         (
             json.get("action"),
             json.get("number")
                 .or_else(|| json.pointer("/pull_request/number")),
-            &["opened", "synchronize", "reopened"],
         )
     } else {
         (
             json.pointer("/object_attributes/action"),
             json.pointer("/object_attributes/iid"),
-            &["open", "update", "reopen"],
         )
     };
     let action = action.and_then(serde_json::Value::as_str);
     let number = number.and_then(serde_json::Value::as_u64);
     match (action, number) {
-        (Some(action), Some(number)) if wanted.contains(&action) => Some(number),
-        (Some(_), Some(_)) => None,
+        (Some(action), Some(number)) => Some((github, action.to_owned(), number)),
         _ => {
             tracing::debug!(
                 github,
@@ -530,13 +565,13 @@ fn unix_now() -> u64 {
 /// The clients' clock: real time, but a wait between attempts ends when the daemon stops, so
 /// a flaky forge never holds a shutdown up.
 #[derive(Default)]
-struct StoppableClock {
+pub(super) struct StoppableClock {
     stopped: Mutex<bool>,
     woken: Condvar,
 }
 
 impl StoppableClock {
-    fn stop(&self) {
+    pub(super) fn stop(&self) {
         *self.stopped.lock().unwrap_or_else(PoisonError::into_inner) = true;
         self.woken.notify_all();
     }
@@ -722,6 +757,14 @@ mod tests {
     impl Forge for Recording {
         fn kind(&self) -> forge::Kind {
             forge::Kind::GitHub
+        }
+
+        fn pull_request(&self, number: u64) -> forge::Result<forge::PullRequest> {
+            self.answer(format!("pull request {number}"))
+                .map(|()| forge::PullRequest {
+                    state: forge::PullRequestState::Open,
+                    labels: Vec::new(),
+                })
         }
 
         fn upsert_plan_comment(
@@ -944,6 +987,46 @@ mod tests {
         let merged = r#"{"object_attributes":{"iid":4,"action":"merge"}}"#;
         assert_eq!(webhook(&gitlab, merged), None);
         assert_eq!(webhook(&[], r#"{"action":"opened","number":1}"#), None);
+    }
+
+    #[test]
+    fn labels_closes_and_merges_ask_for_the_preview_again() {
+        let changed = |headers: &[(&str, &str)], body: &str| {
+            let headers: BTreeMap<String, String> = headers
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            webhook_pull_request_changed(
+                |name| headers.get(name).map(String::as_str),
+                body.as_bytes(),
+            )
+        };
+        let github = [("x-github-event", "pull_request")];
+        for action in ["labeled", "unlabeled", "closed", "opened", "synchronize"] {
+            let body = format!(r#"{{"action":"{action}","number":12}}"#);
+            assert_eq!(changed(&github, &body), Some(12), "{action}");
+        }
+        // A label is not the plan: the comment is not published again for it.
+        assert_eq!(
+            webhook(&github, r#"{"action":"labeled","number":12}"#),
+            None
+        );
+        assert_eq!(
+            changed(&github, r#"{"action":"assigned","number":12}"#),
+            None
+        );
+        let gitlab = [("x-gitlab-event", "Merge Request Hook")];
+        for action in ["update", "close", "merge", "reopen"] {
+            let body = format!(r#"{{"object_attributes":{{"iid":4,"action":"{action}"}}}}"#);
+            assert_eq!(changed(&gitlab, &body), Some(4), "{action}");
+        }
+        assert_eq!(
+            changed(
+                &gitlab,
+                r#"{"object_attributes":{"iid":4,"action":"approved"}}"#
+            ),
+            None
+        );
     }
 
     #[test]

@@ -40,6 +40,9 @@ pub struct Revisions {
     checkouts: PathBuf,
     cache: Mutex<BTreeMap<String, Arc<Revision>>>,
     trees: Arc<TreeCache>,
+    /// Checkouts [`Revisions::collect_checkouts`] keeps whatever it is told: the heads that
+    /// preview environments run or are about to.
+    pinned: Mutex<BTreeSet<String>>,
 }
 
 impl Revisions {
@@ -49,7 +52,23 @@ impl Revisions {
             checkouts: state.checkouts(),
             cache: Mutex::new(BTreeMap::new()),
             trees: Arc::new(TreeCache::default()),
+            pinned: Mutex::new(BTreeSet::new()),
         }
+    }
+
+    /// A checkout of `commit`, valid or not on its own (a preview runs a pull request's
+    /// head, whose merge was validated), kept until [`Revisions::pin`] no longer names it.
+    pub fn checkout(&self, commit: &str) -> Result<PathBuf, Error> {
+        let repository = self.source.open()?;
+        let oid = repository.resolve(commit)?;
+        let checkout = self.checkouts.join(oid.to_string());
+        repository.checkout(oid, &checkout)?;
+        Ok(checkout)
+    }
+
+    /// The commits whose checkouts are kept besides those the follower keeps.
+    pub fn pin(&self, commits: BTreeSet<String>) {
+        *self.pinned.lock().unwrap_or_else(PoisonError::into_inner) = commits;
     }
 
     pub fn source(&self) -> &Source {
@@ -106,11 +125,16 @@ impl Revisions {
         let Ok(entries) = std::fs::read_dir(&self.checkouts) else {
             return;
         };
+        let pinned = self
+            .pinned
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
         let mut cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
             let commit = name.strip_suffix(".partial").unwrap_or(&name);
-            if keep.contains(commit) {
+            if keep.contains(commit) || pinned.contains(commit) {
                 continue;
             }
             cache.remove(commit);

@@ -2,6 +2,7 @@
 //! Prometheus metrics. The reconcile loop and the topology workers write it; HTTP handlers
 //! only read snapshots.
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -83,6 +84,23 @@ pub struct TopologyStatus {
     pub last_error: Option<String>,
     /// How its processors deliver: `exactly-once` or `at-least-once` (decided per cluster).
     pub delivery: Option<String>,
+    /// Set on a pull request's preview environment: what it previews.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub preview_of: Option<PreviewOf>,
+}
+
+/// What a preview topology previews.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PreviewOf {
+    /// The pull request's ref (`refs/pull/N/head`).
+    #[serde(rename = "ref")]
+    pub name: String,
+    pub pull_request: u64,
+    /// The topology whose changed steps it runs.
+    pub topology: String,
+    /// Shadow topic → the sink topic it stands in for.
+    pub shadow_topics: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]

@@ -8,8 +8,9 @@ use serde_json::json;
 use ureq::http::Method;
 
 use super::{
-    CommentOutcome, CommitStatus, Error, Forge, Http, Kind, Result, STATUS_CONTEXT, State, Token,
-    check_sha, is_plan_comment, plan_comment_body, says_already, shorten,
+    CommentOutcome, CommitStatus, Error, Forge, Http, Kind, PullRequest, PullRequestState, Result,
+    STATUS_CONTEXT, State, Token, check_sha, is_plan_comment, plan_comment_body, says_already,
+    shorten,
 };
 
 /// A client of one repository.
@@ -48,6 +49,24 @@ struct User {
     login: String,
     #[serde(default, rename = "type")]
     kind: String,
+}
+
+/// `GET /repos/{repo}/pulls/{n}`, what is read of it.
+#[derive(Debug, Deserialize)]
+struct Pull {
+    /// `open` or `closed` (a merged pull request is closed, with `merged`).
+    state: String,
+    #[serde(default)]
+    merged: bool,
+    #[serde(default)]
+    merged_at: Option<String>,
+    #[serde(default)]
+    labels: Vec<Label>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Label {
+    name: String,
 }
 
 impl Comment {
@@ -126,6 +145,33 @@ impl GitHub {
 impl Forge for GitHub {
     fn kind(&self) -> Kind {
         Kind::GitHub
+    }
+
+    fn pull_request(&self, number: u64) -> Result<PullRequest> {
+        let url = self
+            .http
+            .url(&format!("/repos/{}/pulls/{number}", self.repo));
+        let pull: Pull = self.http.retrying("pull request", || {
+            self.http
+                .send(Method::GET, &url, None)?
+                .json(&Method::GET, &url)
+        })?;
+        let state = match pull.state.as_str() {
+            _ if pull.merged || pull.merged_at.is_some() => PullRequestState::Merged,
+            "open" => PullRequestState::Open,
+            "closed" => PullRequestState::Closed,
+            other => {
+                return Err(Error::Protocol {
+                    method: Method::GET,
+                    url,
+                    message: format!("pull request state {other:?}"),
+                });
+            }
+        };
+        Ok(PullRequest {
+            state,
+            labels: pull.labels.into_iter().map(|l| l.name).collect(),
+        })
     }
 
     fn upsert_plan_comment(

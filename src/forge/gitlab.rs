@@ -8,8 +8,9 @@ use serde_json::json;
 use ureq::http::Method;
 
 use super::{
-    CommentOutcome, CommitStatus, Error, Forge, Http, Kind, Result, STATUS_CONTEXT, State, Token,
-    check_sha, is_plan_comment, plan_comment_body, says_already, shorten,
+    CommentOutcome, CommitStatus, Error, Forge, Http, Kind, PullRequest, PullRequestState, Result,
+    STATUS_CONTEXT, State, Token, check_sha, is_plan_comment, plan_comment_body, says_already,
+    shorten,
 };
 
 /// A client of one project.
@@ -34,6 +35,16 @@ struct Note {
     system: bool,
     #[serde(default)]
     author: Option<UserId>,
+}
+
+/// `GET /projects/{id}/merge_requests/{iid}`, what is read of it.
+#[derive(Debug, Deserialize)]
+struct MergeRequest {
+    /// `opened`, `closed`, `merged` or `locked`.
+    state: String,
+    /// Label names (the default; `with_labels_details` would make them objects).
+    #[serde(default)]
+    labels: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -126,6 +137,34 @@ impl GitLab {
 impl Forge for GitLab {
     fn kind(&self) -> Kind {
         Kind::GitLab
+    }
+
+    fn pull_request(&self, iid: u64) -> Result<PullRequest> {
+        let url = self
+            .http
+            .url(&format!("/projects/{}/merge_requests/{iid}", self.project));
+        let request: MergeRequest = self.http.retrying("merge request", || {
+            self.http
+                .send(Method::GET, &url, None)?
+                .json(&Method::GET, &url)
+        })?;
+        let state = match request.state.as_str() {
+            // `locked`: being merged right now; still open until the merge is done.
+            "opened" | "locked" => PullRequestState::Open,
+            "closed" => PullRequestState::Closed,
+            "merged" => PullRequestState::Merged,
+            other => {
+                return Err(Error::Protocol {
+                    method: Method::GET,
+                    url,
+                    message: format!("merge request state {other:?}"),
+                });
+            }
+        };
+        Ok(PullRequest {
+            state,
+            labels: request.labels,
+        })
     }
 
     fn upsert_plan_comment(

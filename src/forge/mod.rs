@@ -385,9 +385,40 @@ pub enum CommentOutcome {
     Unchanged(u64),
 }
 
+/// Where a pull request (GitLab: a merge request) stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PullRequestState {
+    Open,
+    Closed,
+    Merged,
+}
+
+/// What the daemon reads of a pull request: whether it is open, and its labels (which only
+/// people with write access to the repository can set).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PullRequest {
+    pub state: PullRequestState,
+    pub labels: Vec<String>,
+}
+
+impl PullRequest {
+    pub fn is_open(&self) -> bool {
+        self.state == PullRequestState::Open
+    }
+
+    pub fn has_label(&self, label: &str) -> bool {
+        self.labels.iter().any(|l| l == label)
+    }
+}
+
 /// The operations the daemon needs of a forge.
 pub trait Forge: Send + Sync + fmt::Debug {
     fn kind(&self) -> Kind;
+
+    /// Pull request (GitHub) or merge request (GitLab, its iid) `number`: its state and
+    /// labels, as the forge says now.
+    fn pull_request(&self, number: u64) -> Result<PullRequest>;
 
     /// Puts the plan on pull request (GitHub) or merge request (GitLab, its iid) `number`:
     /// updates the comment carrying [`MARKER`] in place, or creates it when there is none.

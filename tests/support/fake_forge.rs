@@ -16,7 +16,7 @@ use axum::body::Bytes;
 use axum::extract::State as AxumState;
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
-use plumber::forge::{Kind, MARKER};
+use plumber::forge::{Kind, MARKER, PullRequestState};
 use serde_json::{Value, json};
 
 /// The only token the fake takes.
@@ -100,6 +100,13 @@ impl Fault {
     }
 }
 
+/// A pull request (GitLab: merge request) as the forge keeps it; tests set it.
+#[derive(Debug, Clone)]
+pub struct PullRequest {
+    pub state: PullRequestState,
+    pub labels: Vec<String>,
+}
+
 pub struct Fake {
     pub kind: Kind,
     /// `http://127.0.0.1:PORT`.
@@ -117,6 +124,8 @@ pub struct Fake {
     pub foreign_next: bool,
     /// GitHub: the token is a GitHub App's installation token (it has no user).
     pub app_token: bool,
+    /// By number (GitLab: iid); one not here answers 404.
+    pub pull_requests: BTreeMap<u64, PullRequest>,
 }
 
 pub struct Server {
@@ -158,6 +167,7 @@ impl Server {
             violations: Vec::new(),
             foreign_next: false,
             app_token: false,
+            pull_requests: BTreeMap::new(),
         }));
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let app = axum::Router::new()
@@ -219,6 +229,17 @@ impl Server {
         }
         fake.comments.entry(number).or_default();
         ids
+    }
+
+    /// Pull request `number` is now in `state`, with `labels`.
+    pub fn set_pull_request(&self, number: u64, state: PullRequestState, labels: &[&str]) {
+        self.fake().pull_requests.insert(
+            number,
+            PullRequest {
+                state,
+                labels: labels.iter().map(|l| (*l).to_owned()).collect(),
+            },
+        );
     }
 
     /// `fault` answers the request `later` requests from now (0: the next one).
@@ -307,6 +328,8 @@ pub enum Route {
     /// One comment (GitHub's path has no pull request number: 0).
     Comment(u64, u64),
     Status(String),
+    /// A pull request (GitLab: a merge request) itself.
+    PullRequest(u64),
     /// The token's own account.
     User,
 }
@@ -447,8 +470,14 @@ impl Fake {
             {
                 Some(Route::Comment(0, number(id)?))
             }
+            (Kind::GitHub, ["repos", o, r, "pulls", n]) if (*o, *r) == (owner, name) => {
+                Some(Route::PullRequest(number(n)?))
+            }
             (Kind::GitHub, ["repos", o, r, "statuses", sha]) if (*o, *r) == (owner, name) => {
                 Some(Route::Status((*sha).to_owned()))
+            }
+            (Kind::GitLab, ["projects", GITLAB_PROJECT, "merge_requests", n]) => {
+                Some(Route::PullRequest(number(n)?))
             }
             (Kind::GitLab, ["projects", GITLAB_PROJECT, "merge_requests", n, "notes"]) => {
                 Some(Route::Comments(number(n)?))
@@ -515,6 +544,15 @@ impl Fake {
                 self.update(n, id, body, what)
             }
             (Route::Status(sha), "POST") => self.status(sha, body, what),
+            (Route::PullRequest(n), "GET") => {
+                if !query.is_empty() {
+                    self.violations.push(format!("{what}: a query"));
+                }
+                match self.pull_requests.get(&n) {
+                    Some(pull) => answer(200, Vec::new(), self.render_pull_request(n, pull)),
+                    None => message(404, "Not Found"),
+                }
+            }
             (_, method) => {
                 self.violations
                     .push(format!("{what}: {method} is not allowed here"));
@@ -703,6 +741,35 @@ impl Fake {
             return None;
         }
         Some(text.to_owned())
+    }
+
+    /// A pull request as each forge's API gives it (the fields read, and a few others).
+    pub fn render_pull_request(&self, n: u64, pull: &PullRequest) -> Value {
+        match self.kind {
+            Kind::GitHub => {
+                let merged = pull.state == PullRequestState::Merged;
+                json!({
+                    "number": n,
+                    "state": if pull.state == PullRequestState::Open { "open" } else { "closed" },
+                    "merged": merged,
+                    "merged_at": if merged { json!("2026-01-01T00:00:00Z") } else { Value::Null },
+                    "labels": pull.labels.iter().enumerate().map(|(i, name)| json!({
+                        "id": i + 1, "name": name, "color": "ededed",
+                    })).collect::<Vec<_>>(),
+                    "head": { "ref": format!("feature-{n}") },
+                })
+            }
+            Kind::GitLab => json!({
+                "iid": n,
+                "state": match pull.state {
+                    PullRequestState::Open => "opened",
+                    PullRequestState::Closed => "closed",
+                    PullRequestState::Merged => "merged",
+                },
+                "labels": pull.labels,
+                "source_branch": format!("feature-{n}"),
+            }),
+        }
     }
 
     pub fn render(&self, comment: &Comment) -> Value {

@@ -30,6 +30,7 @@
 //!   # url: https://ghe.example/api/v3   (default: the public service's API)
 //! trustedKeys: /etc/plumber-trusted-keys  # apply only commits signed by these keys; absent: any
 //! # publicUrl: https://plumber.example  # commit statuses link to {publicUrl}/api/plans/{ref}
+//! # previewLabel: preview  # open pull requests with this label get a preview environment
 //! ```
 
 use std::collections::BTreeMap;
@@ -100,6 +101,10 @@ pub struct Config {
     /// to `{publicUrl}/api/plans/{ref}`; absent: no link.
     #[serde(default)]
     pub public_url: Option<String>,
+    /// Open pull requests carrying this label get a preview environment (SPEC §9); needs
+    /// `forge`. Absent: none.
+    #[serde(default)]
+    pub preview_label: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -367,6 +372,18 @@ impl Config {
                 Ok(()) => {}
             }
         }
+        match &self.preview_label {
+            Some(label) if label.trim().is_empty() => {
+                return Err(invalid("previewLabel", "the label is empty".into()));
+            }
+            Some(_) if self.forge.is_none() => {
+                return Err(invalid(
+                    "previewLabel",
+                    "previews are decided by pull requests' labels: configure `forge` too".into(),
+                ));
+            }
+            _ => {}
+        }
         Ok(())
     }
 }
@@ -492,6 +509,7 @@ forge:
   tokenFile: /var/run/secrets/plumber/forge/token
 trustedKeys: /etc/plumber-trusted-keys
 publicUrl: https://plumber.example
+previewLabel: preview
 ",
         )?;
         assert_eq!(
@@ -530,6 +548,7 @@ publicUrl: https://plumber.example
             config.public_url.as_deref(),
             Some("https://plumber.example")
         );
+        assert_eq!(config.preview_label.as_deref(), Some("preview"));
         Ok(())
     }
 
@@ -551,6 +570,14 @@ publicUrl: https://plumber.example
             "{MINIMAL}forge: {{ kind: github, repo: a/b, token: x }}\n"
         ));
         assert!(matches!(token, Err(Error::Parse { .. })), "{token:?}");
+    }
+
+    #[test]
+    fn a_preview_label_needs_a_forge() {
+        match parse(&format!("{MINIMAL}previewLabel: preview\n")) {
+            Err(Error::Invalid { field, .. }) => assert_eq!(field, "previewLabel"),
+            other => panic!("not refused: {other:?}"),
+        }
     }
 
     #[test]

@@ -88,8 +88,12 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[serde(rename_all = "camelCase")]
 pub struct TopologySpec {
     /// The topology's name in the repository: its directory under `topologies/` (a DNS-1123
-    /// label of at most 40 characters).
-    #[schemars(length(min = 1, max = 40), pattern(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"))]
+    /// label of at most 40 characters); a pull request's preview environment is
+    /// `<topology>.<slug>` (a slug of at most 20 characters).
+    #[schemars(
+        length(min = 1, max = 61),
+        pattern(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)?$")
+    )]
     pub topology: String,
     /// The URL of the Git repository the daemon follows (without credentials).
     pub repository: String,

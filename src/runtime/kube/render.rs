@@ -180,23 +180,33 @@ pub fn selector(spec: &ProcessorSpec) -> BTreeMap<String, String> {
 }
 
 /// [`selector`] of the life whose consumer group is `group`, from the name alone
-/// (`plumber.<topology>.<step>.<id12>[.<life>]`; topology and step names have no dots): the
-/// pods of a life whose Deployment, and with it its spec, is gone. `None` for a name Plumber
-/// does not give.
+/// (`plumber.<topology>.<step>.<id12>[.<life>]`; step names have no dots, topology names
+/// neither, but a preview environment's `<topology>.<slug>` has one): the pods of a life
+/// whose Deployment, and with it its spec, is gone. `None` for a name Plumber does not give.
 pub fn selector_of_group(group: &str) -> Option<BTreeMap<String, String>> {
-    let parts: Vec<&str> = group.strip_prefix("plumber.")?.split('.').collect();
-    let (topology, step, identity, life) = match parts.as_slice() {
-        [topology, step, identity] => (*topology, *step, *identity, "1"),
-        [topology, step, identity, life] => (*topology, *step, *identity, *life),
-        _ => return None,
-    };
+    let mut parts: Vec<&str> = group.strip_prefix("plumber.")?.split('.').collect();
+    // Read from the end: a life's number is shorter than an identity.
+    let life = match parts.last() {
+        Some(last) if last.len() < SHORT_LEN && last.chars().all(|c| c.is_ascii_digit()) => {
+            parts.pop()
+        }
+        _ => None,
+    }
+    .unwrap_or("1");
+    let identity = parts.pop()?;
+    let step = parts.pop()?;
+    let topology = parts.join(".");
     let hex = identity.len() == SHORT_LEN && identity.chars().all(|c| c.is_ascii_hexdigit());
-    let number = !life.is_empty() && life.chars().all(|c| c.is_ascii_digit());
-    if topology.is_empty() || step.is_empty() || !hex || !number {
+    if !(1..=2).contains(&parts.len())
+        || parts.iter().any(|p| p.is_empty())
+        || step.is_empty()
+        || !hex
+        || life.is_empty()
+    {
         return None;
     }
     Some(BTreeMap::from([
-        (TOPOLOGY.into(), topology.into()),
+        (TOPOLOGY.into(), topology),
         (STEP.into(), step.into()),
         (IDENTITY.into(), identity.into()),
         (LIFE.into(), life.into()),

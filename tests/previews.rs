@@ -1,0 +1,356 @@
+//! Preview environments (SPEC §9) end to end: a broker (tansu unless `PLUMBER_TEST_BOOTSTRAP`
+//! names another), a real git repository with a pull-request ref, the fake GitHub of
+//! `support/fake_forge.rs` (which checks every request), and `plumber up --preview-label` as a
+//! real process running real processors.
+//!
+//! Tansu cannot delete topics without breaking, so on tansu the daemon runs with
+//! `--keep-topics` and the teardown is asserted through processes and status, not topic
+//! deletion. Every wait is on a condition with a generous timeout.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly
+
+mod common;
+#[path = "support/fake_forge.rs"]
+mod fake_forge;
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{TestRepo, write};
+use fake_forge::{GITHUB_REPO, Server, TOKEN};
+use plumber::forge::{Kind, MARKER, PullRequestState};
+use plumber_testkit::{Broker, Process, TestRecord, unique, wait_until};
+use rdkafka::producer::{BaseProducer, Producer as _};
+use serde_json::Value;
+
+/// A cutover on a slow broker and a busy machine.
+const PATIENCE: Duration = Duration::from_secs(180);
+const LABEL: &str = "preview";
+
+/// Topology `t`: `in` (the source) → `clean` (tags each record with `by`) → `out`.
+fn topology(source: &str, sink: &str, by: &str) -> Vec<common::Change> {
+    vec![
+        write(
+            "topologies/t/sources/in.yaml",
+            format!("kind: source\ntopic: {source}\n"),
+        ),
+        clean(by),
+        write(
+            "topologies/t/sinks/out.yaml",
+            format!("kind: sink\ntopic: {sink}\ninput: clean\n"),
+        ),
+    ]
+}
+
+fn clean(by: &str) -> common::Change {
+    write(
+        "topologies/t/steps/clean.yaml",
+        format!("kind: processor\ninput: in\njq: '. + {{by: \"{by}\"}}'\n"),
+    )
+}
+
+struct Daemon {
+    process: Process,
+    api: String,
+}
+
+impl Daemon {
+    fn status(&self) -> Option<Value> {
+        let mut response = ureq::get(&format!("{}/api/status", self.api)).call().ok()?;
+        response.body_mut().read_json().ok()
+    }
+
+    /// The status of topology `name` once `condition` holds of it.
+    fn wait_topology(&self, name: &str, what: &str, condition: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + PATIENCE;
+        let mut last = Value::Null;
+        while Instant::now() < deadline {
+            if let Some(status) = self.status() {
+                let found = status["topologies"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .find(|t| t["name"] == name)
+                    .cloned()
+                    .unwrap_or(Value::Null);
+                if condition(&found) {
+                    return found;
+                }
+                last = status;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("timed out waiting until {what}; last status: {last:#}");
+    }
+
+    fn plan(&self, refname: &str) -> Value {
+        let mut response = ureq::get(&format!(
+            "{}/api/plans/{}",
+            self.api,
+            refname.replace('/', "%2F")
+        ))
+        .call()
+        .unwrap();
+        response.body_mut().read_json().unwrap()
+    }
+
+    fn hook(&self, event: &str, body: &str) -> u16 {
+        ureq::post(&format!("{}/hooks/git", self.api))
+            .header("x-github-event", event)
+            .send(body)
+            .unwrap()
+            .status()
+            .as_u16()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.process.signal(nix::sys::signal::Signal::SIGTERM);
+        let _ = self.process.wait_exit(PATIENCE);
+    }
+}
+
+/// The step `step` of a topology's status, when its processor runs: its group.
+fn running_group(topology: &Value, step: &str) -> Option<String> {
+    topology["steps"]
+        .as_array()?
+        .iter()
+        .find(|s| s["name"] == step && s["state"] == "running")?["group"]
+        .as_str()
+        .map(str::to_owned)
+}
+
+/// Processes on this machine started for consumer group `group`.
+fn live_instances(group: &str) -> usize {
+    let needle = format!("--group\0{group}\0");
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .bytes()
+                .all(|b| b.is_ascii_digit())
+        })
+        .filter(|e| {
+            std::fs::read(e.path().join("cmdline"))
+                .map(|c| String::from_utf8_lossy(&c).contains(&needle))
+                .unwrap_or(false)
+                && !std::fs::read_to_string(e.path().join("stat"))
+                    .map(|s| s.contains(") Z "))
+                    .unwrap_or(true)
+        })
+        .count()
+}
+
+fn partitions(broker: &Broker, topic: &str) -> usize {
+    let client: BaseProducer = broker.client().create().unwrap();
+    let metadata = client
+        .client()
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .unwrap();
+    metadata
+        .topics()
+        .first()
+        .map_or(0, |t| t.partitions().len())
+}
+
+fn records(from: u32, count: u32) -> Vec<TestRecord> {
+    (from..from + count)
+        .map(|v| TestRecord::new(&format!("k{v}"), &format!("{{\"v\":{v}}}")))
+        .collect()
+}
+
+/// The `v`s on `topic` tagged `by`.
+fn values_by(records: &[TestRecord], by: &str) -> Vec<u64> {
+    let mut values: Vec<u64> = records
+        .iter()
+        .filter_map(|r| serde_json::from_str::<Value>(r.value_str()).ok())
+        .filter(|json| json["by"] == by)
+        .filter_map(|json| json["v"].as_u64())
+        .collect();
+    values.sort_unstable();
+    values.dedup();
+    values
+}
+
+#[test]
+fn a_labelled_pull_request_previews_its_change_on_live_data_into_shadow_topics_until_unlabelled() {
+    let broker = Broker::start();
+    let source = unique("preview-in");
+    let sink = unique("preview-out");
+    broker.create_topic(&source, 3);
+    broker.create_topic(&sink, 3);
+    let repo = TestRepo::new();
+    let main = repo.commit("main", "t", &topology(&source, &sink, "main"));
+
+    let forge = Server::start(Kind::GitHub);
+    forge.seed(7, 0, None, "");
+    forge.set_pull_request(7, PullRequestState::Open, &[LABEL]);
+    let state = tempfile::tempdir().unwrap();
+    let token_file = state.path().join("token");
+    std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let log = state.path().join("daemon.log");
+    eprintln!("daemon log: {}", log.display());
+    let mut command = Command::new(env!("CARGO_BIN_EXE_plumber"));
+    command
+        .args(["up", &repo.location(), "--branch", "main"])
+        .args(["--bootstrap", broker.bootstrap()])
+        .arg("--state-dir")
+        .arg(state.path().join("state"))
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .args(["--poll-interval", "1"])
+        .args(["--stall-timeout", "15", "--record-timeout", "5"])
+        .args(["--watch-refs", "refs/pull/*/head"])
+        .args(["--forge", "github", "--forge-url", &forge.url])
+        .args(["--forge-repo", GITHUB_REPO])
+        .arg("--forge-token-file")
+        .arg(&token_file)
+        .args(["--preview-label", LABEL])
+        .env("PLUMBER_PROCESSOR", processor_binary())
+        .env("RUST_LOG", "info,librdkafka=warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap());
+    if broker.is_tansu() {
+        command.arg("--keep-topics");
+        command.env("PLUMBER_ASSIGNOR", "eager");
+    }
+    let daemon = Daemon {
+        process: Process::spawn("plumber up", &mut command),
+        api: format!("http://127.0.0.1:{port}"),
+    };
+    let real = daemon.wait_topology("t", "t runs main", |t| {
+        t["commit"] == main.to_string().as_str()
+            && t["phase"] == "idle"
+            && running_group(t, "clean").is_some()
+    });
+    let real_group = running_group(&real, "clean").unwrap();
+
+    // The pull request changes `clean`; the forge says it is open and labelled.
+    repo.git
+        .reference("refs/heads/pr-7", main, true, "branch")
+        .unwrap();
+    let head = repo.commit("pr-7", "tag by pr", &[clean("pr")]);
+    repo.git
+        .reference("refs/pull/7/head", head, true, "pull request")
+        .unwrap();
+    let preview = daemon.wait_topology("t.pr-7", "the preview runs", |t| {
+        t["previewOf"]["topology"] == "t" && running_group(t, "clean").is_some()
+    });
+    let shadow = format!("{sink}.preview.pr-7");
+    assert_eq!(preview["previewOf"]["ref"], "refs/pull/7/head");
+    assert_eq!(preview["previewOf"]["pullRequest"], 7);
+    assert_eq!(preview["previewOf"]["shadowTopics"][&shadow], sink.as_str());
+    let preview_group = running_group(&preview, "clean").unwrap();
+    assert!(
+        preview_group.starts_with("plumber.t.pr-7.clean."),
+        "a group of its own: {preview_group}"
+    );
+    assert_ne!(preview_group, real_group);
+    assert_eq!(
+        partitions(&broker, &shadow),
+        3,
+        "the shadow topic has the sink's partitions"
+    );
+    let plan = daemon.plan("refs/pull/7/head");
+    assert_eq!(plan["preview"], true, "{plan:#}");
+    assert_eq!(plan["previews"][0]["preview"], "t.pr-7", "{plan:#}");
+    wait_until("the plan comment shows the preview", PATIENCE, || {
+        forge
+            .comments(7)
+            .iter()
+            .any(|c| c.body.starts_with(MARKER) && c.body.contains(&shadow))
+    });
+
+    // Records written now reach the shadow topic transformed by the pull request's step, and
+    // the users' sink only through main's.
+    broker.produce(&source, &records(1, 10));
+    let expected: Vec<u64> = (1..=10).collect();
+    broker.wait_for_records(&shadow, "the preview's output", |r| {
+        values_by(r, "pr") == expected
+    });
+    let real_output =
+        broker.wait_for_records(&sink, "main's output", |r| values_by(r, "main") == expected);
+    assert!(
+        values_by(&real_output, "pr").is_empty(),
+        "the preview wrote the users' sink"
+    );
+    let shadowed = broker.read_all(&shadow);
+    assert!(
+        values_by(&shadowed, "main").is_empty(),
+        "main wrote the shadow topic"
+    );
+
+    // The label removed (the webhook says so): the preview's processes exit and it leaves
+    // status; the real topology runs on, untouched.
+    forge.set_pull_request(7, PullRequestState::Open, &[]);
+    assert_eq!(
+        daemon.hook("pull_request", r#"{"action":"unlabeled","number":7}"#),
+        202
+    );
+    daemon.wait_topology("t.pr-7", "the preview left status", Value::is_null);
+    wait_until("the preview's processes exit", PATIENCE, || {
+        live_instances(&preview_group) == 0
+    });
+    assert!(
+        live_instances(&real_group) > 0,
+        "the real topology's processor runs on"
+    );
+    let real = daemon.wait_topology("t", "t still runs main", |t| t["phase"] == "idle");
+    assert_eq!(real["commit"], main.to_string().as_str());
+    assert_eq!(
+        running_group(&real, "clean").as_deref(),
+        Some(real_group.as_str())
+    );
+    wait_until(
+        "the plan comment no longer shows the preview",
+        PATIENCE,
+        || {
+            forge
+                .comments(7)
+                .iter()
+                .any(|c| c.body.starts_with(MARKER) && !c.body.contains(&shadow))
+        },
+    );
+    assert_eq!(daemon.plan("refs/pull/7/head")["preview"], false);
+    broker.produce(&source, &records(11, 5));
+    let more: Vec<u64> = (1..=15).collect();
+    broker.wait_for_records(&sink, "main's output after the teardown", |r| {
+        values_by(r, "main") == more
+    });
+    assert!(
+        values_by(&broker.read_all(&shadow), "pr")
+            .iter()
+            .all(|v| *v <= 10),
+        "nothing reaches the shadow topic after the teardown"
+    );
+    forge.assert_clean();
+}
+
+/// `plumber-processor`, built if it is not there yet.
+fn processor_binary() -> std::path::PathBuf {
+    let plumber = std::path::PathBuf::from(env!("CARGO_BIN_EXE_plumber"));
+    let sibling = plumber.with_file_name("plumber-processor");
+    if !sibling.is_file() {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let status = Command::new(cargo)
+            .args([
+                "build",
+                "-p",
+                "plumber-processor",
+                "--bin",
+                "plumber-processor",
+            ])
+            .status()
+            .expect("cargo build");
+        assert!(status.success(), "building plumber-processor failed");
+    }
+    sibling
+}
