@@ -340,6 +340,13 @@ impl Admin for Kafka {
         Ok(())
     }
 
+    fn delete_group(&self, group: &str) -> kafka::Result<()> {
+        self.with(|s| {
+            s.committed.remove(group);
+        });
+        Ok(())
+    }
+
     fn supports_transactions(&self) -> kafka::Result<bool> {
         Ok(true)
     }

@@ -86,6 +86,14 @@ pub enum Error {
         #[source]
         source: KafkaError,
     },
+    #[error("cannot delete group {group}: {message}")]
+    DeleteGroup {
+        group: String,
+        message: String,
+        /// Whether asking again can help: the group still has members, its coordinator
+        /// moved, or no broker answered.
+        retryable: bool,
+    },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -111,6 +119,9 @@ pub trait Admin: Send + Sync {
     fn committed(&self, group: &str, topics: &[String]) -> Result<Vec<PartitionOffset>>;
     /// Sets the group's offsets. The group must have no live member.
     fn commit(&self, group: &str, offsets: &[PartitionOffset]) -> Result<()>;
+    /// Deletes the group with its committed offsets; a group that does not exist is no
+    /// error. It must have no member.
+    fn delete_group(&self, group: &str) -> Result<()>;
 
     /// Whether the cluster supports transactions (its processors then run exactly-once).
     /// No answer is an error, never a "no".
@@ -467,6 +478,35 @@ impl Admin for KafkaAdmin {
                         topic: topic.to_owned(),
                         message: code.to_string(),
                     });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn delete_group(&self, group: &str) -> Result<()> {
+        let failed = |message: String, retryable| Error::DeleteGroup {
+            group: group.to_owned(),
+            message,
+            retryable,
+        };
+        let options = AdminOptions::new().operation_timeout(Some(CALL_TIMEOUT));
+        let results = self
+            .runtime
+            .block_on(self.admin.delete_groups(&[group], &options))
+            .map_err(|e| failed(e.to_string(), true))?;
+        for result in results {
+            match result {
+                Ok(_) | Err((_, RDKafkaErrorCode::GroupIdNotFound)) => {}
+                Err((_, code)) => {
+                    let retryable = matches!(
+                        code,
+                        RDKafkaErrorCode::NonEmptyGroup
+                            | RDKafkaErrorCode::CoordinatorNotAvailable
+                            | RDKafkaErrorCode::NotCoordinator
+                            | RDKafkaErrorCode::CoordinatorLoadInProgress
+                    );
+                    return Err(failed(code.to_string(), retryable));
                 }
             }
         }

@@ -304,6 +304,16 @@ impl Admin for World {
         })
         .map_err(kafka_error)
     }
+    fn delete_group(&self, group: &str) -> kafka::Result<()> {
+        self.with(Site::Kafka, |w| {
+            assert!(
+                !w.running.contains_key(group),
+                "{group} deleted while it runs"
+            );
+            w.committed.remove(group);
+        })
+        .map_err(kafka_error)
+    }
 }
 
 fn runtime_error(message: String) -> runtime::Error {

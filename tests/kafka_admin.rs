@@ -1,6 +1,6 @@
 //! The Kafka operations of a cutover against a real broker (tansu, or
 //! `PLUMBER_TEST_BOOTSTRAP`): idempotent topic creation, missing topics, setting and reading a
-//! group's offsets, lag and drains; what group membership says.
+//! group's offsets, lag and drains, deleting a group; what group membership says.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly
 
 use plumber::kafka::{Admin, Error, KafkaAdmin};
@@ -85,6 +85,13 @@ fn topics_offsets_lag_and_drains() {
         .unwrap();
     assert_eq!(admin.lag(&group, &topics).unwrap(), 0);
     assert!(admin.drained(&group, &topics).unwrap());
+
+    // A deleted group's offsets are gone; deleting it again (or any missing group) is no error.
+    admin.delete_group(&group).unwrap();
+    assert_eq!(admin.committed(&group, &topics).unwrap(), vec![]);
+    assert_eq!(admin.lag(&group, &topics).unwrap(), 10);
+    admin.delete_group(&group).unwrap();
+    admin.delete_group(&unique("never-was")).unwrap();
 }
 
 /// The engine's stop reads a stopped life's offsets once `members` says its group is empty,

@@ -303,6 +303,14 @@ fn a_labelled_pull_request_previews_its_change_on_live_data_into_shadow_topics_u
         live_instances(&real_group) > 0,
         "the real topology's processor runs on"
     );
+    // Its consumer group goes too (tansu deletes groups; only topics it cannot).
+    wait_until("the preview's group is deleted", PATIENCE, || {
+        broker.committed(&preview_group, &source, 3).is_empty()
+    });
+    assert!(
+        !broker.committed(&real_group, &source, 3).is_empty(),
+        "the real topology's group keeps its offsets"
+    );
     let real = daemon.wait_topology("t", "t still runs main", |t| t["phase"] == "idle");
     assert_eq!(real["commit"], main.to_string().as_str());
     assert_eq!(

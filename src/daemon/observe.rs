@@ -473,6 +473,9 @@ mod tests {
         fn commit(&self, _: &str, _: &[PartitionOffset]) -> KafkaResult<()> {
             unreachable!()
         }
+        fn delete_group(&self, _: &str) -> KafkaResult<()> {
+            unreachable!()
+        }
         fn drained(&self, _: &str, _: &[String]) -> KafkaResult<bool> {
             Ok(self.only_markers)
         }
@@ -551,6 +554,9 @@ mod tests {
             Ok(Vec::new())
         }
         fn commit(&self, _: &str, _: &[PartitionOffset]) -> KafkaResult<()> {
+            unreachable!()
+        }
+        fn delete_group(&self, _: &str) -> KafkaResult<()> {
             unreachable!()
         }
         fn supports_transactions(&self) -> KafkaResult<bool> {

@@ -225,6 +225,8 @@ struct Previews {
     wanted: BTreeSet<u64>,
     /// Shadow topics of torn-down previews still to delete, with their bootstrap servers.
     to_delete: BTreeMap<String, String>,
+    /// Consumer groups of torn-down previews still to delete, with their bootstrap servers.
+    groups_to_delete: BTreeMap<String, String>,
 }
 
 /// The running thread; dropping it ends it (and its workers, after the action in hand).
@@ -273,6 +275,7 @@ pub(super) fn start(context: &Arc<Context>) -> Result<Option<Running>, Error> {
                 environments: BTreeMap::new(),
                 wanted: BTreeSet::new(),
                 to_delete: BTreeMap::new(),
+                groups_to_delete: BTreeMap::new(),
             };
             previews.run(events, requests);
         }
@@ -316,8 +319,9 @@ impl Previews {
         let poll = self.context.config.poll_interval;
         let mut next_poll = tokio::time::Instant::now();
         loop {
-            let busy =
-                self.environments.values().any(|e| e.tearing_down) || !self.to_delete.is_empty();
+            let busy = self.environments.values().any(|e| e.tearing_down)
+                || !self.to_delete.is_empty()
+                || !self.groups_to_delete.is_empty();
             let wake = runtime.block_on(async {
                 let until = if busy {
                     next_poll.min(tokio::time::Instant::now() + TEARDOWN_LOOK)
@@ -643,8 +647,8 @@ impl Previews {
         }));
     }
 
-    /// Forgets the previews whose workers are done, deleting their shadow topics unless
-    /// `--keep-topics`.
+    /// Forgets the previews whose workers are done, deleting their consumer groups, and
+    /// their shadow topics unless `--keep-topics`.
     fn reap(&mut self) {
         let done: Vec<String> = self
             .environments
@@ -657,12 +661,13 @@ impl Previews {
             let Some(environment) = self.environments.remove(&name) else {
                 continue;
             };
-            let bootstrap = self
-                .context
-                .records
-                .load(&name)
-                .ok()
-                .and_then(|r| r.bootstrap);
+            let record = self.context.records.load(&name).ok();
+            let bootstrap = record.as_ref().and_then(|r| r.bootstrap.clone());
+            if let (Some(record), Some(bootstrap)) = (&record, &bootstrap) {
+                for group in groups_of(&name, &record.deployment) {
+                    self.groups_to_delete.insert(group, bootstrap.clone());
+                }
+            }
             if !self.context.config.cutover.keep_topics
                 && let Some(bootstrap) = bootstrap
             {
@@ -692,6 +697,33 @@ impl Previews {
                 Err(error) => {
                     tracing::warn!(topic = %shadow, %error, "cannot delete a shadow topic; trying again");
                     self.to_delete.insert(shadow, bootstrap);
+                }
+            }
+        }
+        let deleting = std::mem::take(&mut self.groups_to_delete);
+        for (group, bootstrap) in deleting {
+            let admin = match self.context.admin(AdminUse::Cutover, &bootstrap) {
+                Ok(admin) => admin,
+                Err(error) => {
+                    tracing::warn!(%group, %error, "cannot delete a preview's group; trying again");
+                    self.groups_to_delete.insert(group, bootstrap);
+                    continue;
+                }
+            };
+            match admin.delete_group(&group) {
+                Ok(()) => tracing::info!(%group, "preview group deleted"),
+                Err(crate::kafka::Error::DeleteGroup {
+                    retryable: false,
+                    message,
+                    ..
+                }) => {
+                    // The broker refuses (authorization, an old broker): the group's offsets
+                    // expire by its offsets.retention.minutes instead.
+                    tracing::warn!(%group, error = %message, "cannot delete a preview's group; leaving it to expire");
+                }
+                Err(error) => {
+                    tracing::warn!(%group, %error, "cannot delete a preview's group; trying again");
+                    self.groups_to_delete.insert(group, bootstrap);
                 }
             }
         }
@@ -787,6 +819,20 @@ fn markdown(topologies: &[PreviewTopology], slug: &str) -> String {
         ));
     }
     out
+}
+
+/// Every consumer group the preview `name` ever had: each life of each of its processors
+/// (`plumber.<name>.<step>.<id12>[.<n>]`), and never a group outside its own names.
+fn groups_of(name: &str, deployment: &crate::plan::Deployment) -> Vec<String> {
+    let prefix = format!("plumber.{name}.");
+    deployment
+        .lives_used
+        .iter()
+        .filter(|(base, _)| base.starts_with(&prefix))
+        .flat_map(|(base, last)| {
+            (1..=*last).map(move |life| crate::plan::deployment::life_name(base, life))
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -923,5 +969,31 @@ mod tests {
 
     fn test_plan(name: &str) -> RefPlan {
         RefPlan::for_test(name)
+    }
+
+    #[test]
+    fn a_preview_s_groups_are_every_life_of_its_own_processors_only() {
+        let mut deployment = crate::plan::Deployment::default();
+        deployment
+            .lives_used
+            .insert("plumber.shop.pr-7.clean.0123456789ab".into(), 2);
+        deployment
+            .lives_used
+            .insert("plumber.shop.pr-7.enrich.ba9876543210".into(), 1);
+        // Another preview's, and the real topology's: never this preview's to delete.
+        deployment
+            .lives_used
+            .insert("plumber.shop.pr-70.clean.0123456789ab".into(), 1);
+        deployment
+            .lives_used
+            .insert("plumber.shop.clean.0123456789ab".into(), 1);
+        assert_eq!(
+            groups_of("shop.pr-7", &deployment),
+            [
+                "plumber.shop.pr-7.clean.0123456789ab",
+                "plumber.shop.pr-7.clean.0123456789ab.2",
+                "plumber.shop.pr-7.enrich.ba9876543210",
+            ]
+        );
     }
 }
