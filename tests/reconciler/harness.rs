@@ -737,6 +737,29 @@ impl Load {
 pub struct Plumber {
     process: Option<Process>,
     server: String,
+    /// The world's repository, where a commit's graph is read.
+    repo: PathBuf,
+}
+
+/// The identities of `topology`'s processors in `commit`'s graph, by step name.
+fn processors_at(
+    repo: &std::path::Path,
+    topology: &str,
+    commit: git2::Oid,
+) -> BTreeMap<String, String> {
+    let repo = plumber::repo::Repository::open(repo.to_str().unwrap()).unwrap();
+    let snapshot = repo.snapshot(commit).unwrap();
+    let validation = plumber::validate(&snapshot.files);
+    let topologies = validation
+        .topologies
+        .unwrap_or_else(|| panic!("{commit} is not valid: {:?}", validation.diagnostics));
+    topologies
+        .iter()
+        .filter(|t| t.name == topology)
+        .flat_map(|t| t.steps())
+        .filter(|(_, step)| step.kind() == plumber::graph::Kind::Processor)
+        .map(|(_, step)| (step.name.clone(), step.identity.to_string()))
+        .collect()
 }
 
 /// `plumber-processor`, built if it is not there yet.
@@ -806,6 +829,7 @@ impl Plumber {
         let plumber = Plumber {
             process: Some(Process::spawn("plumber up", &mut command)),
             server: format!("http://127.0.0.1:{port}"),
+            repo: world.repo.path().to_owned(),
         };
         wait_until("the daemon answers", PATIENCE, || {
             plumber.try_status().is_some()
@@ -848,17 +872,41 @@ impl Plumber {
             .unwrap_or(Value::Null)
     }
 
+    /// Waits until `topology` runs `commit`'s graph: the daemon has read the commit, the
+    /// topology is idle, and its processors are the commit's. Not that the topology's
+    /// `commit` is `commit`: a commit that leaves a topology as it runs (a step added, then
+    /// removed again before the first move) does not move it (README, "Where this differs").
     pub fn wait_applied(&self, topology: &str, commit: git2::Oid) {
+        let wanted = processors_at(&self.repo, topology, commit);
         let commit = commit.to_string();
-        self.wait_until(&format!("{topology} runs {commit}"), |status| {
-            status["topologies"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .any(|t| {
-                    t["name"] == topology && t["commit"] == commit.as_str() && t["phase"] == "idle"
-                })
-        });
+        self.wait_until(
+            &format!("{topology} runs the graph of {commit}"),
+            |status| {
+                status["commit"] == commit.as_str()
+                    && status["topologies"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .any(|t| {
+                            let processors: BTreeMap<String, String> = t["steps"]
+                                .as_array()
+                                .into_iter()
+                                .flatten()
+                                .filter(|s| s["kind"] == "processor")
+                                .filter_map(|s| {
+                                    Some((
+                                        s["name"].as_str()?.to_owned(),
+                                        s["identity"].as_str()?.to_owned(),
+                                    ))
+                                })
+                                .collect();
+                            t["name"] == topology
+                                && t["phase"] == "idle"
+                                && t["cutover"].is_null()
+                                && processors == wanted
+                        })
+            },
+        );
     }
 
     pub fn applied(&self, topology: &str) -> Option<String> {
