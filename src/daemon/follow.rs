@@ -73,7 +73,7 @@ fn desire(
             known
                 .into_iter()
                 // Preview environments have workers of their own (`previews`).
-                .filter(|(name, _)| !super::previews::is_preview(name))
+                .filter(|(name, _)| !crate::plan::preview::is_preview(name))
                 .filter(|(_, record)| {
                     record.as_ref().is_ok_and(|r| !r.is_retired()) || record.is_err()
                 })

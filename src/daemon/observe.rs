@@ -75,7 +75,7 @@ fn observe(context: &Context, watchdog: &Watchdog, acting: &mut bool, resume: &m
     let gone: Vec<String> = records
         .iter()
         .filter(|(name, record)| {
-            super::previews::is_preview(name) && record.as_ref().is_ok_and(|r| r.is_retired())
+            crate::plan::preview::is_preview(name) && record.as_ref().is_ok_and(|r| r.is_retired())
         })
         .map(|(name, _)| name.clone())
         .collect();

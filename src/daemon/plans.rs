@@ -566,7 +566,7 @@ impl Planner {
         // Preview environments run beside the topologies, never as what a merge changes.
         for (name, record) in records
             .into_iter()
-            .filter(|(name, _)| !super::previews::is_preview(name))
+            .filter(|(name, _)| !crate::plan::preview::is_preview(name))
         {
             let record = match record {
                 Ok(record) if !record.is_retired() => record,

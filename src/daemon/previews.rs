@@ -28,20 +28,13 @@ use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 
 use super::plans::{PlanEvent, PreviewTopology, RefPlan, ShownPreview};
-use super::publish::StoppableClock;
 use super::status::PreviewOf;
 use super::worker::Worker;
 use super::{AdminUse, Context, Error, Revision};
 use crate::forge::{self, Forge, PullRequest, PullRequestState};
 use crate::graph::Kind;
 use crate::plan::Deployment;
-use crate::plan::preview::{self, Preview};
-
-/// Whether a topology name is a preview environment's (`<topology>.<slug>`): real topology
-/// names never hold a dot.
-pub(super) fn is_preview(name: &str) -> bool {
-    name.contains('.')
-}
+use crate::plan::preview::{self, Preview, is_preview};
 
 /// The pull request a preview topology belongs to: `t.pr-7` and `t.mr-7` are 7's.
 fn pull_request_of_preview(name: &str) -> Option<u64> {
@@ -232,7 +225,7 @@ struct Previews {
 /// The running thread; dropping it ends it (and its workers, after the action in hand).
 pub(super) struct Running {
     thread: Option<std::thread::JoinHandle<()>>,
-    clock: Arc<StoppableClock>,
+    clock: Arc<forge::StoppableClock>,
     context: Arc<Context>,
 }
 
@@ -259,7 +252,7 @@ pub(super) fn start(context: &Arc<Context>) -> Result<Option<Running>, Error> {
                 .into(),
         }));
     };
-    let clock = Arc::new(StoppableClock::default());
+    let clock = Arc::new(forge::StoppableClock::default());
     let forge: Arc<dyn Forge> =
         forge::connect_with(config, forge::Settings::default(), clock.clone())?.into();
     let events = context.plans.subscribe();

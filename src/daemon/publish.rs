@@ -16,16 +16,15 @@
 //! clients' errors blank it out.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
-use serde::Serialize;
 use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 
 use super::plans::{PlanChange, PlanEvent, Plans, RefPlan};
-use super::status::Store;
+use super::status::{Failed, ForgeStatus, Published, Store};
 use super::{Context, Error};
 use crate::forge::{self, CommentOutcome, CommitStatus, Forge, State};
 use crate::plan::Change;
@@ -175,46 +174,6 @@ fn pull_request_event<'a>(
             None
         }
     }
-}
-
-/// What the API shows of the forge (`forge` in `GET /api/status`).
-#[derive(Debug, Clone, Default, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ForgeStatus {
-    /// `github` or `gitlab`.
-    pub kind: String,
-    pub repo: String,
-    /// Statuses and comments sent (an unchanged comment counts: the forge was asked).
-    pub published: u64,
-    /// Publications that failed after the client's retries.
-    pub failures: u64,
-    pub last_published: Option<Published>,
-    pub last_error: Option<Failed>,
-}
-
-#[derive(Debug, Clone, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Published {
-    #[serde(rename = "ref")]
-    pub name: String,
-    pub head: String,
-    pub pull_request: Option<u64>,
-    /// `status`, or the comment's fate: `created`, `updated`, `unchanged`.
-    pub what: String,
-    /// Seconds since the Unix epoch.
-    pub at: u64,
-}
-
-#[derive(Debug, Clone, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Failed {
-    #[serde(rename = "ref")]
-    pub name: String,
-    pub pull_request: Option<u64>,
-    pub message: String,
-    /// Whether it is tried again later (else: when the plan changes).
-    pub retrying: bool,
-    pub at: u64,
 }
 
 /// A plan as the publisher needs it.
@@ -562,38 +521,10 @@ fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-/// The clients' clock: real time, but a wait between attempts ends when the daemon stops, so
-/// a flaky forge never holds a shutdown up.
-#[derive(Default)]
-pub(super) struct StoppableClock {
-    stopped: Mutex<bool>,
-    woken: Condvar,
-}
-
-impl StoppableClock {
-    pub(super) fn stop(&self) {
-        *self.stopped.lock().unwrap_or_else(PoisonError::into_inner) = true;
-        self.woken.notify_all();
-    }
-}
-
-impl forge::Clock for StoppableClock {
-    fn now(&self) -> SystemTime {
-        SystemTime::now()
-    }
-
-    fn sleep(&self, duration: Duration) {
-        let stopped = self.stopped.lock().unwrap_or_else(PoisonError::into_inner);
-        let _ = self
-            .woken
-            .wait_timeout_while(stopped, duration, |stopped| !*stopped);
-    }
-}
-
 /// The running publisher; dropping it ends it (waiting for a publication in hand).
 pub(super) struct Running {
     thread: Option<JoinHandle<()>>,
-    clock: Arc<StoppableClock>,
+    clock: Arc<forge::StoppableClock>,
     context: Arc<Context>,
 }
 
@@ -613,7 +544,7 @@ pub(super) fn start(context: &Arc<Context>) -> Result<Option<Running>, Error> {
     let Some(config) = &context.config.forge else {
         return Ok(None);
     };
-    let clock = Arc::new(StoppableClock::default());
+    let clock = Arc::new(forge::StoppableClock::default());
     let forge: Arc<dyn Forge> =
         forge::connect_with(config, forge::Settings::default(), clock.clone())?.into();
     {

@@ -36,7 +36,7 @@ pub struct Status {
     pub signature: Option<SignatureStatus>,
     /// What was published on the forge (absent without one).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub forge: Option<super::publish::ForgeStatus>,
+    pub forge: Option<ForgeStatus>,
 }
 
 /// The verdict of the trusted keys on the branch's head. It is also what a forge's commit
@@ -68,6 +68,46 @@ impl SignatureStatus {
         (!self.trusted)
             .then(|| crate::forge::CommitStatus::new(crate::forge::State::Failure, &self.message))
     }
+}
+
+/// What the API shows of the forge (`forge` in `GET /api/status`).
+#[derive(Debug, Clone, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ForgeStatus {
+    /// `github` or `gitlab`.
+    pub kind: String,
+    pub repo: String,
+    /// Statuses and comments sent (an unchanged comment counts: the forge was asked).
+    pub published: u64,
+    /// Publications that failed after the client's retries.
+    pub failures: u64,
+    pub last_published: Option<Published>,
+    pub last_error: Option<Failed>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Published {
+    #[serde(rename = "ref")]
+    pub name: String,
+    pub head: String,
+    pub pull_request: Option<u64>,
+    /// `status`, or the comment's fate: `created`, `updated`, `unchanged`.
+    pub what: String,
+    /// Seconds since the Unix epoch.
+    pub at: u64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Failed {
+    #[serde(rename = "ref")]
+    pub name: String,
+    pub pull_request: Option<u64>,
+    pub message: String,
+    /// Whether it is tried again later (else: when the plan changes).
+    pub retrying: bool,
+    pub at: u64,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]

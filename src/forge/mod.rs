@@ -22,7 +22,7 @@ use std::fmt;
 use std::hash::{BuildHasher, RandomState};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::{Arc, Condvar, Mutex, PoisonError, RwLock};
 use std::time::{Duration, SystemTime};
 
 use serde::Deserialize;
@@ -335,6 +335,34 @@ impl Clock for SystemClock {
 
     fn sleep(&self, duration: Duration) {
         std::thread::sleep(duration);
+    }
+}
+
+/// A clock of real time whose waits between attempts end once it is stopped, so that a flaky
+/// forge never holds a daemon's shutdown up.
+#[derive(Default)]
+pub struct StoppableClock {
+    stopped: Mutex<bool>,
+    woken: Condvar,
+}
+
+impl StoppableClock {
+    pub fn stop(&self) {
+        *self.stopped.lock().unwrap_or_else(PoisonError::into_inner) = true;
+        self.woken.notify_all();
+    }
+}
+
+impl Clock for StoppableClock {
+    fn now(&self) -> SystemTime {
+        SystemTime::now()
+    }
+
+    fn sleep(&self, duration: Duration) {
+        let stopped = self.stopped.lock().unwrap_or_else(PoisonError::into_inner);
+        let _ = self
+            .woken
+            .wait_timeout_while(stopped, duration, |stopped| !*stopped);
     }
 }
 

@@ -60,6 +60,12 @@ pub enum Error {
     Invalid { topology: String, message: String },
 }
 
+/// Whether a topology name is a preview environment's (`<topology>.<slug>`): real topology
+/// names never hold a dot.
+pub fn is_preview(name: &str) -> bool {
+    name.contains('.')
+}
+
 /// The slug of a watched ref: `pr-N` (GitHub's `refs/pull/N/head`), `mr-N` (GitLab's
 /// `refs/merge-requests/N/head`), else the branch's name as a DNS label, cut to
 /// [`MAX_SLUG_LEN`].
