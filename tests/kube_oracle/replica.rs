@@ -43,6 +43,17 @@ pub struct Replica {
 
 impl Replica {
     pub fn start(fake: &FakeApi, world: &World, name: &str, cache: &Path) -> Replica {
+        Replica::start_with(fake, world, name, cache, |_| ())
+    }
+
+    /// A replica whose daemon config `configure` changes last (e.g. a forge and previews).
+    pub fn start_with(
+        fake: &FakeApi,
+        world: &World,
+        name: &str,
+        cache: &Path,
+        configure: impl FnOnce(&mut DaemonConfig),
+    ) -> Replica {
         let tokio = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name(format!("kube-{name}"))
@@ -92,6 +103,7 @@ impl Replica {
         config.record_timeout = Duration::from_secs(5);
         // tansu 0.6 breaks the topics beside one it deletes (README, tansu).
         config.cutover.keep_topics = world.broker.is_tansu();
+        configure(&mut config);
         let context = Context::with_records(
             config,
             Arc::new(runtime),
@@ -107,6 +119,14 @@ impl Replica {
             lease: Some(lease),
             daemon: Some(daemon),
         }
+    }
+
+    /// The base URL of this replica's API (`/api`, `/hooks`).
+    pub fn api(&self) -> String {
+        self.daemon
+            .as_ref()
+            .map(|d| format!("http://{}", d.listening))
+            .unwrap_or_default()
     }
 
     pub fn holds_lease(&self) -> bool {
