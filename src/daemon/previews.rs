@@ -19,6 +19,11 @@
 //! pull-request webhook ([`Requests::look`]), and every poll interval while its preview runs
 //! or is wanted: GitHub keeps `refs/pull/N/head` after a close, so closing is learnt from the
 //! forge. A forge that cannot answer now (retrying may help) changes nothing.
+//!
+//! Every daemon replica decides (so its status says what runs), but only the one that may
+//! act (the lease holder on Kubernetes) creates and deletes shadow topics and groups; its
+//! workers' engines act only then too. A replica that starts acting runs every preview it
+//! knows again, creating what the previous holder had not.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -318,8 +323,11 @@ impl Previews {
         self.adopt();
         let poll = self.context.config.poll_interval;
         let mut next_poll = tokio::time::Instant::now();
+        let mut acting = false;
         loop {
-            let busy = self.environments.values().any(|e| e.tearing_down)
+            // A standby looks often, to act soon after it took the lease over.
+            let busy = !acting
+                || self.environments.values().any(|e| e.tearing_down)
                 || !self.to_delete.is_empty()
                 || !self.groups_to_delete.is_empty();
             let wake = runtime.block_on(async {
@@ -342,6 +350,17 @@ impl Previews {
             if self.context.is_stopping() {
                 break;
             }
+            let may_act = self.context.records.may_act();
+            if may_act && !acting {
+                // What a standby decided, it did not act on (no shadow topics), and the
+                // previous holder may have stopped halfway: every preview is run again
+                // (creating what is missing; the engine resumes from the record).
+                for environment in self.environments.values_mut() {
+                    environment.fingerprint = None;
+                }
+                next_poll = tokio::time::Instant::now();
+            }
+            acting = may_act;
             match wake {
                 Wake::Plan(event) => {
                     if let Some(number) = event
@@ -539,8 +558,15 @@ impl Previews {
             checkout,
         };
         let cluster = self.context.cluster(&revision, &preview.graph)?;
+        // Only the lease holder acts on Kafka; a standby runs it again once it holds the
+        // lease.
+        let shadows = if self.context.records.may_act() {
+            &preview.shadow_topics
+        } else {
+            &BTreeMap::new()
+        };
         let admin = self.context.admin(AdminUse::Cutover, &cluster.bootstrap)?;
-        for (shadow, sink) in &preview.shadow_topics {
+        for (shadow, sink) in shadows {
             let partitions = admin.partitions(sink)?;
             admin.create_topic(
                 shadow,
@@ -685,6 +711,12 @@ impl Previews {
             self.context.store.remove_topology(&name);
             touched.insert(environment.pull_request);
             tracing::info!(topology = %name, "preview gone");
+        }
+        if !self.context.records.may_act() {
+            // The lease holder deletes them: a standby's deletion could race the holder
+            // starting the preview again.
+            self.to_delete.clear();
+            self.groups_to_delete.clear();
         }
         let deleting = std::mem::take(&mut self.to_delete);
         for (shadow, bootstrap) in deleting {

@@ -36,7 +36,7 @@ use plumber_testkit::wait_until;
 
 use harness::{Model, Proc, World, processor_binary};
 use kubelet::{FINALIZER, Kubelet};
-use replica::{NS, Replica};
+use replica::{LeaseHolder, NS, Replica};
 
 /// How long a cutover may take on tansu and a busy machine.
 const PATIENCE: Duration = Duration::from_secs(180);
@@ -657,6 +657,119 @@ fn shown(replica: &Replica, name: &str) -> Option<plumber::daemon::status::Topol
         .find(|t| t.name == name)
 }
 
+/// A daemon that previews pull requests labelled [`PREVIEW_LABEL`] (the fake GitHub says
+/// which), watching pull requests' refs and taking webhooks signed with [`HOOK_SECRET`].
+fn with_previews(
+    config: &mut plumber::daemon::DaemonConfig,
+    forge: &fake_forge::Server,
+    token: &std::path::Path,
+) {
+    config.watch_refs = vec!["refs/pull/*/head".into()];
+    config.forge = Some(
+        plumber::forge::Config::new(plumber::forge::Kind::GitHub, fake_forge::GITHUB_REPO, token)
+            .with_url(&forge.url),
+    );
+    config.preview_label = Some(PREVIEW_LABEL.into());
+    config.webhook_secret = Some(HOOK_SECRET.into());
+    config.poll_interval = Duration::from_secs(1);
+}
+
+/// Whether the broker has topic `topic` (listing all topics: asking for one by name may
+/// create it).
+fn topic_exists(world: &World, topic: &str) -> bool {
+    use rdkafka::producer::{BaseProducer, Producer as _};
+    let client: BaseProducer = world.broker.client().create().unwrap();
+    let metadata = client
+        .client()
+        .fetch_metadata(None, Duration::from_secs(10))
+        .unwrap();
+    metadata.topics().iter().any(|t| t.name() == topic)
+}
+
+/// A replica that does not hold the lease leaves a labelled pull request's preview to the
+/// holder: it creates no shadow topic and applies nothing. Once it holds the lease (the
+/// other holder gave it up), it runs the preview: shadow topic, Deployment, records.
+#[test]
+fn a_standby_leaves_previews_to_the_lease_holder_until_it_holds_the_lease() {
+    use fake_forge::{Server, TOKEN};
+    use plumber::forge::{Kind, PullRequestState};
+
+    let scratch = Scratch::new();
+    let world = World::new("kube-preview-standby");
+    let fake = cluster();
+    let kubelet = Kubelet::start(&fake, NS, &processor_binary(), &scratch.path("pods"));
+    let sink = world.topic("kube-preview-standby-out");
+    let main = world.commit_with("main", &Model::new(), &tagging(&world, &sink, "main"));
+    world.pull_request(
+        7,
+        "tag by pr",
+        "topologies/s/steps/clean.yaml",
+        &clean("pr"),
+    );
+    let forge = Server::start(Kind::GitHub);
+    forge.seed(7, 0, None, "");
+    forge.set_pull_request(7, PullRequestState::Open, &[PREVIEW_LABEL]);
+    let token = world.scratch_file("forge-token", &format!("{TOKEN}\n"));
+    // Injected: the Lease is held by "elsewhere", which is no daemon and never acts.
+    let elsewhere = LeaseHolder::start(&fake, "elsewhere");
+    wait_until("elsewhere holds the lease", PATIENCE, || elsewhere.held());
+    let standby = Replica::start_with(
+        &fake,
+        &world,
+        "plumber-0",
+        &scratch.path("plumber-0"),
+        |config| with_previews(config, &forge, &token),
+    );
+    wait_until(
+        "the standby decided to preview pull request 7",
+        PATIENCE,
+        || shown(&standby, "s.pr-7").is_some_and(|t| t.preview_of.is_some()),
+    );
+    let shadow = format!("{sink}.preview.pr-7");
+    assert!(
+        !topic_exists(&world, &shadow),
+        "a standby created the shadow topic"
+    );
+    assert!(
+        deployments(&fake).is_empty(),
+        "a standby applied Deployments"
+    );
+    assert!(!standby.holds_lease());
+
+    elsewhere.release();
+    wait_until("plumber-0 takes the lease", PATIENCE, || {
+        standby.holds_lease()
+    });
+    wait_until("s runs main", PATIENCE, || {
+        record_of(&fake, "s")
+            .is_some_and(|r| r.commit == Some(main.to_string()) && r.moving.is_none())
+    });
+    let group = wait_until_some("the preview's step runs", PATIENCE, || {
+        let preview = shown(&standby, "s.pr-7")?;
+        preview
+            .steps
+            .iter()
+            .find(|s| s.name == "clean" && s.state == "running")?
+            .group
+            .clone()
+    });
+    assert!(
+        topic_exists(&world, &shadow),
+        "the holder creates the shadow topic"
+    );
+    wait_until("the kubelet runs the preview's pod", PATIENCE, || {
+        kubelet.processes().iter().any(|p| p.group == group)
+    });
+    world.broker.produce(world.source_topic(), &numbered(1, 10));
+    let expected: Vec<u64> = (1..=10).collect();
+    world
+        .broker
+        .wait_for_records(&shadow, "the preview's output", |r| {
+            sorted(values_by(r, "pr")) == expected
+        });
+    standby.stop();
+}
+
 /// GitHub's `X-Hub-Signature-256` of `body`.
 fn github_signature(body: &str) -> String {
     use hmac::Mac as _;
@@ -675,7 +788,7 @@ fn github_signature(body: &str) -> String {
 /// leaves status, and the real topology's Deployment is left as it was.
 #[test]
 fn a_labelled_pull_request_s_preview_runs_as_deployments_and_goes_when_unlabelled() {
-    use fake_forge::{GITHUB_REPO, Server, TOKEN};
+    use fake_forge::{Server, TOKEN};
     use plumber::forge::{Kind, PullRequestState};
 
     let scratch = Scratch::new();
@@ -689,14 +802,7 @@ fn a_labelled_pull_request_s_preview_runs_as_deployments_and_goes_when_unlabelle
     forge.set_pull_request(7, PullRequestState::Open, &[PREVIEW_LABEL]);
     let token = world.scratch_file("forge-token", &format!("{TOKEN}\n"));
     let configure = |config: &mut plumber::daemon::DaemonConfig| {
-        config.watch_refs = vec!["refs/pull/*/head".into()];
-        config.forge = Some(
-            plumber::forge::Config::new(Kind::GitHub, GITHUB_REPO, token.clone())
-                .with_url(&forge.url),
-        );
-        config.preview_label = Some(PREVIEW_LABEL.into());
-        config.webhook_secret = Some(HOOK_SECRET.into());
-        config.poll_interval = Duration::from_secs(1);
+        with_previews(config, &forge, &token);
     };
     let holder = Replica::start_with(
         &fake,

@@ -202,3 +202,40 @@ impl Crashed {
         eprintln!("crashed replica {} reaped", self.name);
     }
 }
+
+/// The Lease held by someone who is no daemon of this test (another replica, as far as the
+/// daemons can tell), until [`LeaseHolder::release`].
+pub struct LeaseHolder {
+    tokio: tokio::runtime::Runtime,
+    lease: Option<Lease>,
+}
+
+impl LeaseHolder {
+    pub fn start(fake: &FakeApi, identity: &str) -> LeaseHolder {
+        let tokio = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("the lease holder's tokio runtime");
+        let client = {
+            let _inside = tokio.enter();
+            fake.client(NS)
+        };
+        let lease = Lease::seek(client, tokio.handle(), lease(identity));
+        LeaseHolder {
+            tokio,
+            lease: Some(lease),
+        }
+    }
+
+    pub fn held(&self) -> bool {
+        self.lease.as_ref().is_some_and(Lease::held)
+    }
+
+    pub fn release(mut self) {
+        if let Some(lease) = self.lease.take() {
+            lease.release(Duration::from_secs(5));
+        }
+        drop(self.tokio);
+    }
+}
