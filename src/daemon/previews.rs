@@ -13,7 +13,10 @@
 //! wanted (closed, merged, the label removed, the merge invalid, the ref gone), its worker's
 //! target is "gone": the engine stops its processors and deletes its internal topics (unless
 //! `--keep-topics`), then its shadow topics are deleted (unless `--keep-topics`) and it is
-//! forgotten. Its retired record stays, so that one started again gets new names.
+//! forgotten. Its record is forgotten too ([`crate::store::CutoverStore::forget`]; on
+//! Kubernetes its Topology object is deleted) once its groups are deleted, unless
+//! `--keep-topics`: then its internal topics keep their records, and its retired record stays
+//! so that one started again gets new names and never reads them.
 //!
 //! One thread decides, looking at a pull request again on a change of its plan, on a
 //! pull-request webhook ([`Requests::look`]), and every poll interval while its preview runs
@@ -232,6 +235,54 @@ struct Previews {
     to_delete: BTreeMap<String, String>,
     /// Consumer groups of torn-down previews still to delete, with their bootstrap servers.
     groups_to_delete: BTreeMap<String, String>,
+    /// Torn-down previews whose records are forgotten once their groups are deleted.
+    to_forget: ForgetQueue,
+}
+
+/// Torn-down previews whose records are to be forgotten, each with its groups still to
+/// delete: a group left behind (its offsets) must not be taken up by one started again
+/// with the same names.
+#[derive(Debug, Default)]
+struct ForgetQueue(BTreeMap<String, BTreeSet<String>>);
+
+impl ForgetQueue {
+    /// `preview` was reaped; these groups of its are being deleted.
+    fn reaped(&mut self, preview: &str, groups: impl IntoIterator<Item = String>) {
+        self.0
+            .insert(preview.to_owned(), groups.into_iter().collect());
+    }
+
+    fn group_deleted(&mut self, group: &str) {
+        for groups in self.0.values_mut() {
+            groups.remove(group);
+        }
+    }
+
+    /// A group the broker will not delete: its preview's record stays.
+    fn group_refused(&mut self, group: &str) {
+        self.0.retain(|_, groups| !groups.contains(group));
+    }
+
+    /// The previews whose groups are all deleted.
+    fn ready(&self) -> Vec<String> {
+        self.0
+            .iter()
+            .filter(|(_, groups)| groups.is_empty())
+            .map(|(name, _)| name.clone())
+            .collect()
+    }
+
+    fn done(&mut self, preview: &str) {
+        self.0.remove(preview);
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    fn clear(&mut self) {
+        self.0.clear();
+    }
 }
 
 /// The running thread; dropping it ends it (and its workers, after the action in hand).
@@ -281,6 +332,7 @@ pub(super) fn start(context: &Arc<Context>) -> Result<Option<Running>, Error> {
                 wanted: BTreeSet::new(),
                 to_delete: BTreeMap::new(),
                 groups_to_delete: BTreeMap::new(),
+                to_forget: ForgetQueue::default(),
             };
             previews.run(events, requests);
         }
@@ -329,7 +381,8 @@ impl Previews {
             let busy = !acting
                 || self.environments.values().any(|e| e.tearing_down)
                 || !self.to_delete.is_empty()
-                || !self.groups_to_delete.is_empty();
+                || !self.groups_to_delete.is_empty()
+                || !self.to_forget.is_empty();
             let wake = runtime.block_on(async {
                 let until = if busy {
                     next_poll.min(tokio::time::Instant::now() + TEARDOWN_LOOK)
@@ -690,8 +743,13 @@ impl Previews {
             let record = self.context.records.load(&name).ok();
             let bootstrap = record.as_ref().and_then(|r| r.bootstrap.clone());
             if let (Some(record), Some(bootstrap)) = (&record, &bootstrap) {
-                for group in groups_of(&name, &record.deployment) {
-                    self.groups_to_delete.insert(group, bootstrap.clone());
+                let groups = groups_of(&name, &record.deployment);
+                for group in &groups {
+                    self.groups_to_delete
+                        .insert(group.clone(), bootstrap.clone());
+                }
+                if !self.context.config.cutover.keep_topics {
+                    self.to_forget.reaped(&name, groups);
                 }
             }
             if !self.context.config.cutover.keep_topics
@@ -717,6 +775,7 @@ impl Previews {
             // starting the preview again.
             self.to_delete.clear();
             self.groups_to_delete.clear();
+            self.to_forget.clear();
         }
         let deleting = std::mem::take(&mut self.to_delete);
         for (shadow, bootstrap) in deleting {
@@ -743,15 +802,20 @@ impl Previews {
                 }
             };
             match admin.delete_group(&group) {
-                Ok(()) => tracing::info!(%group, "preview group deleted"),
+                Ok(()) => {
+                    tracing::info!(%group, "preview group deleted");
+                    self.to_forget.group_deleted(&group);
+                }
                 Err(crate::kafka::Error::DeleteGroup {
                     retryable: false,
                     message,
                     ..
                 }) => {
                     // The broker refuses (authorization, an old broker): the group's offsets
-                    // expire by its offsets.retention.minutes instead.
+                    // expire by its offsets.retention.minutes instead, and the record stays,
+                    // so that one started again does not take them up.
                     tracing::warn!(%group, error = %message, "cannot delete a preview's group; leaving it to expire");
+                    self.to_forget.group_refused(&group);
                 }
                 Err(error) => {
                     tracing::warn!(%group, %error, "cannot delete a preview's group; trying again");
@@ -759,10 +823,42 @@ impl Previews {
                 }
             }
         }
+        self.forget_reaped();
         if !touched.is_empty() {
             self.pin_heads(None);
             for number in touched {
                 self.show(number);
+            }
+        }
+    }
+
+    /// Forgets the records of reaped previews whose groups are all deleted, unless started
+    /// again meanwhile.
+    fn forget_reaped(&mut self) {
+        for name in self.to_forget.ready() {
+            // Read again just before: only a retired record is forgotten (another replica
+            // may have started it again; a write after this read makes the forget conflict).
+            let retired = self
+                .context
+                .records
+                .load(&name)
+                .is_ok_and(|r| r.is_retired());
+            if self.environments.contains_key(&name) || !retired {
+                self.to_forget.done(&name);
+                continue;
+            }
+            match self.context.records.forget(&name) {
+                Ok(()) => {
+                    tracing::info!(topology = %name, "preview's record forgotten");
+                    self.to_forget.done(&name);
+                }
+                Err(error) if error.is_retryable() => {
+                    tracing::warn!(topology = %name, %error, "cannot forget a preview's record; trying again");
+                }
+                Err(error) => {
+                    tracing::warn!(topology = %name, %error, "cannot forget a preview's record; it stays");
+                    self.to_forget.done(&name);
+                }
             }
         }
     }
@@ -876,6 +972,30 @@ mod tests {
             state,
             labels: labels.iter().map(|l| (*l).to_owned()).collect(),
         })
+    }
+
+    #[test]
+    fn a_preview_s_record_is_forgotten_once_its_groups_are_deleted_and_never_when_one_is_refused() {
+        let mut queue = ForgetQueue::default();
+        queue.reaped(
+            "t.pr-1",
+            ["plumber.t.pr-1.a.1".into(), "plumber.t.pr-1.b.1".into()],
+        );
+        queue.reaped("t.pr-2", ["plumber.t.pr-2.a.1".into()]);
+        queue.reaped("t.pr-3", []);
+        assert_eq!(queue.ready(), ["t.pr-3"], "nothing left to delete");
+        queue.group_deleted("plumber.t.pr-1.a.1");
+        queue.group_refused("plumber.t.pr-2.a.1");
+        assert_eq!(queue.ready(), ["t.pr-3"], "one group of t.pr-1 is left");
+        queue.group_deleted("plumber.t.pr-1.b.1");
+        assert_eq!(
+            queue.ready(),
+            ["t.pr-1", "t.pr-3"],
+            "t.pr-2 keeps its record"
+        );
+        queue.done("t.pr-1");
+        queue.done("t.pr-3");
+        assert!(queue.is_empty());
     }
 
     #[test]

@@ -770,6 +770,95 @@ fn a_standby_leaves_previews_to_the_lease_holder_until_it_holds_the_lease() {
     standby.stop();
 }
 
+/// Without `--keep-topics`, a torn-down preview's record is forgotten: its Topology object
+/// is deleted once its processors stopped and its group was deleted, and labelled again it
+/// starts over in a new Topology that owns its new Deployment. The topology's own Topology
+/// and record stay. (Deleting the shadow topic breaks tansu's other topics, the sink the
+/// preview needs to start again among them: on tansu the test ends with the teardown.)
+#[test]
+fn a_torn_down_preview_s_topology_is_deleted_and_made_again_when_labelled_again() {
+    use fake_forge::{Server, TOKEN};
+    use plumber::forge::{Kind, PullRequestState};
+
+    let scratch = Scratch::new();
+    let world = World::new("kube-preview-forget");
+    let fake = cluster();
+    let _kubelet = Kubelet::start(&fake, NS, &processor_binary(), &scratch.path("pods"));
+    let sink = world.topic("kube-preview-forget-out");
+    let main = world.commit_with("main", &Model::new(), &tagging(&world, &sink, "main"));
+    world.pull_request(
+        7,
+        "tag by pr",
+        "topologies/s/steps/clean.yaml",
+        &clean("pr"),
+    );
+    let forge = Server::start(Kind::GitHub);
+    forge.seed(7, 0, None, "");
+    forge.set_pull_request(7, PullRequestState::Open, &[PREVIEW_LABEL]);
+    let token = world.scratch_file("forge-token", &format!("{TOKEN}\n"));
+    let daemon = Replica::start_with(
+        &fake,
+        &world,
+        "plumber-0",
+        &scratch.path("plumber-0"),
+        |config| {
+            with_previews(config, &forge, &token);
+            config.cutover.keep_topics = false;
+        },
+    );
+    let running = |what: &str| {
+        wait_until_some(what, PATIENCE, || {
+            let preview = shown(&daemon, "s.pr-7")?;
+            preview
+                .steps
+                .iter()
+                .find(|s| s.name == "clean" && s.state == "running")?
+                .group
+                .clone()
+        })
+    };
+    let group = running("the preview runs");
+    let first = fake.get::<Topology>(NS, "s.pr-7").unwrap();
+    let owner = |group: &str| {
+        deployments(&fake)
+            .remove(group)
+            .and_then(|d| d.metadata.owner_references)
+            .and_then(|o| o.into_iter().next())
+            .map(|o| o.uid)
+    };
+    assert_eq!(owner(&group), first.metadata.uid);
+
+    forge.set_pull_request(7, PullRequestState::Open, &[]);
+    daemon.look_at_pull_request(7);
+    wait_until("the preview's Topology is deleted", PATIENCE, || {
+        fake.get::<Topology>(NS, "s.pr-7").is_none()
+    });
+    assert!(!deployments(&fake).contains_key(&group));
+    assert_eq!(
+        record_of(&fake, "s").and_then(|r| r.commit),
+        Some(main.to_string()),
+        "the topology's record stays"
+    );
+
+    if world.broker.is_tansu() {
+        daemon.stop();
+        return;
+    }
+    forge.set_pull_request(7, PullRequestState::Open, &[PREVIEW_LABEL]);
+    daemon.look_at_pull_request(7);
+    let again = running("the preview runs again");
+    assert_eq!(
+        again, group,
+        "its first life's names, its old group deleted"
+    );
+    let second = fake.get::<Topology>(NS, "s.pr-7").expect("a new Topology");
+    assert_ne!(second.metadata.uid, first.metadata.uid);
+    wait_until("the new Topology owns the new Deployment", PATIENCE, || {
+        owner(&again) == second.metadata.uid
+    });
+    daemon.stop();
+}
+
 /// GitHub's `X-Hub-Signature-256` of `body`.
 fn github_signature(body: &str) -> String {
     use hmac::Mac as _;
@@ -1008,6 +1097,19 @@ fn a_labelled_pull_request_s_preview_runs_as_deployments_and_goes_when_unlabelle
             .all(|v| *v <= 15),
         "nothing reaches the shadow topic after the teardown"
     );
+    // Its record: with --keep-topics (tansu) its internal topics keep their records, so its
+    // retired record stays and one started again gets new names; otherwise its Topology goes.
+    if world.broker.is_tansu() {
+        assert!(
+            record_of(&fake, "s.pr-7").is_some_and(|r| r.is_retired()),
+            "the retired record stays beside kept topics"
+        );
+    } else {
+        wait_until("the preview's Topology is deleted", PATIENCE, || {
+            fake.get::<Topology>(NS, "s.pr-7").is_none()
+        });
+    }
+    assert!(fake.get::<Topology>(NS, "s").is_some());
     assert_eq!(kubelet.refused(), Vec::<String>::new(), "every Pod ran");
     forge.assert_clean();
     daemon.stop();

@@ -129,6 +129,13 @@ impl Replica {
             .unwrap_or_default()
     }
 
+    /// What a pull-request webhook asks: pull request `number`'s preview decided again.
+    pub fn look_at_pull_request(&self, number: u64) {
+        if let Some(daemon) = &self.daemon {
+            daemon.context().previews.look(number);
+        }
+    }
+
     pub fn holds_lease(&self) -> bool {
         self.lease.as_ref().is_some_and(Lease::held)
     }
