@@ -425,6 +425,9 @@ impl CutoverStore for Store<'_> {
     fn history(&self) -> store::Result<Vec<HistoryEntry>> {
         self.dir.history()
     }
+    fn forget(&self, preview: &str) -> store::Result<()> {
+        self.dir.forget(preview)
+    }
 }
 
 static CLUSTER: std::sync::LazyLock<runtime::Cluster> =

@@ -1035,3 +1035,66 @@ fn a_preview_topology_keeps_its_record_in_a_topology_object_of_its_own() {
     assert!(store.load("shop.pr-7").unwrap().is_retired());
     assert_eq!(store.load("shop").unwrap(), moved("aaa"));
 }
+
+/// A torn-down preview's record is forgotten by deleting the Topology object the store
+/// created for it, only as the store last saw it: a record another replica wrote since is a
+/// conflict and the object stays; a topology's record is never forgotten; only the lease
+/// holder deletes.
+#[test]
+fn a_preview_s_topology_is_deleted_when_forgotten_and_a_topology_s_never() {
+    let fake = fake();
+    let leader = Arc::new(AtomicBool::new(true));
+    let this = store(&fake, &leader);
+    this.save("shop", &moved("aaa")).unwrap();
+    this.save("shop.pr-7", &TopologyRecord::default()).unwrap();
+    this.save("shop.pr-8", &TopologyRecord::default()).unwrap();
+
+    let refused = this.forget("shop").unwrap_err();
+    assert!(refused.to_string().contains("only a preview"), "{refused}");
+    assert!(fake.get::<crd::Topology>(NS, "shop").is_some());
+
+    leader.store(false, Ordering::SeqCst);
+    let refused = this.forget("shop.pr-7").unwrap_err();
+    assert!(refused.to_string().contains("lease"), "{refused}");
+    assert!(fake.get::<crd::Topology>(NS, "shop.pr-7").is_some());
+    leader.store(true, Ordering::SeqCst);
+
+    this.forget("shop.pr-7").unwrap();
+    assert!(fake.get::<crd::Topology>(NS, "shop.pr-7").is_none());
+    let delete = fake
+        .requests()
+        .into_iter()
+        .find(|r| r.verb() == Verb::Delete && r.resource() == Some("topologies"))
+        .expect("a delete of the Topology");
+    assert!(
+        delete
+            .body
+            .as_ref()
+            .and_then(|b| b.pointer("/preconditions/resourceVersion"))
+            .is_some(),
+        "deleted with the version last seen as a precondition: {:?}",
+        delete.body
+    );
+    assert_eq!(this.load("shop.pr-7").unwrap(), TopologyRecord::default());
+    assert_eq!(
+        this.topologies().unwrap().keys().collect::<Vec<_>>(),
+        ["shop", "shop.pr-8"]
+    );
+    this.forget("shop.pr-7").unwrap();
+
+    // Another replica starts pull request 8's preview again after this store last saw it.
+    let other = store(&fake, &leader);
+    other.load("shop.pr-8").unwrap();
+    other.save("shop.pr-8", &moved("bbb")).unwrap();
+    let conflict = this.forget("shop.pr-8").unwrap_err();
+    assert!(
+        conflict.to_string().contains("another daemon replica"),
+        "{conflict}"
+    );
+    assert_eq!(
+        other.load("shop.pr-8").unwrap(),
+        moved("bbb"),
+        "left as it is"
+    );
+    assert_eq!(this.load("shop").unwrap(), moved("aaa"), "untouched");
+}

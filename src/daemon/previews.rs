@@ -13,12 +13,20 @@
 //! wanted (closed, merged, the label removed, the merge invalid, the ref gone), its worker's
 //! target is "gone": the engine stops its processors and deletes its internal topics (unless
 //! `--keep-topics`), then its shadow topics are deleted (unless `--keep-topics`) and it is
-//! forgotten. Its retired record stays, so that one started again gets new names.
+//! forgotten. Its record is forgotten too ([`crate::store::CutoverStore::forget`]; on
+//! Kubernetes its Topology object is deleted) once its groups are deleted, unless
+//! `--keep-topics`: then its internal topics keep their records, and its retired record stays
+//! so that one started again gets new names and never reads them.
 //!
 //! One thread decides, looking at a pull request again on a change of its plan, on a
 //! pull-request webhook ([`Requests::look`]), and every poll interval while its preview runs
 //! or is wanted: GitHub keeps `refs/pull/N/head` after a close, so closing is learnt from the
 //! forge. A forge that cannot answer now (retrying may help) changes nothing.
+//!
+//! Every daemon replica decides (so its status says what runs), but only the one that may
+//! act (the lease holder on Kubernetes) creates and deletes shadow topics and groups; its
+//! workers' engines act only then too. A replica that starts acting runs every preview it
+//! knows again, creating what the previous holder had not.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -220,6 +228,54 @@ struct Previews {
     to_delete: BTreeMap<String, String>,
     /// Consumer groups of torn-down previews still to delete, with their bootstrap servers.
     groups_to_delete: BTreeMap<String, String>,
+    /// Torn-down previews whose records are forgotten once their groups are deleted.
+    to_forget: ForgetQueue,
+}
+
+/// Torn-down previews whose records are to be forgotten, each with its groups still to
+/// delete: a group left behind (its offsets) must not be taken up by one started again
+/// with the same names.
+#[derive(Debug, Default)]
+struct ForgetQueue(BTreeMap<String, BTreeSet<String>>);
+
+impl ForgetQueue {
+    /// `preview` was reaped; these groups of its are being deleted.
+    fn reaped(&mut self, preview: &str, groups: impl IntoIterator<Item = String>) {
+        self.0
+            .insert(preview.to_owned(), groups.into_iter().collect());
+    }
+
+    fn group_deleted(&mut self, group: &str) {
+        for groups in self.0.values_mut() {
+            groups.remove(group);
+        }
+    }
+
+    /// A group the broker will not delete: its preview's record stays.
+    fn group_refused(&mut self, group: &str) {
+        self.0.retain(|_, groups| !groups.contains(group));
+    }
+
+    /// The previews whose groups are all deleted.
+    fn ready(&self) -> Vec<String> {
+        self.0
+            .iter()
+            .filter(|(_, groups)| groups.is_empty())
+            .map(|(name, _)| name.clone())
+            .collect()
+    }
+
+    fn done(&mut self, preview: &str) {
+        self.0.remove(preview);
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    fn clear(&mut self) {
+        self.0.clear();
+    }
 }
 
 /// The running thread; dropping it ends it (and its workers, after the action in hand).
@@ -269,6 +325,7 @@ pub(super) fn start(context: &Arc<Context>) -> Result<Option<Running>, Error> {
                 wanted: BTreeSet::new(),
                 to_delete: BTreeMap::new(),
                 groups_to_delete: BTreeMap::new(),
+                to_forget: ForgetQueue::default(),
             };
             previews.run(events, requests);
         }
@@ -311,10 +368,14 @@ impl Previews {
         self.adopt();
         let poll = self.context.config.poll_interval;
         let mut next_poll = tokio::time::Instant::now();
+        let mut acting = false;
         loop {
-            let busy = self.environments.values().any(|e| e.tearing_down)
+            // A standby looks often, to act soon after it took the lease over.
+            let busy = !acting
+                || self.environments.values().any(|e| e.tearing_down)
                 || !self.to_delete.is_empty()
-                || !self.groups_to_delete.is_empty();
+                || !self.groups_to_delete.is_empty()
+                || !self.to_forget.is_empty();
             let wake = runtime.block_on(async {
                 let until = if busy {
                     next_poll.min(tokio::time::Instant::now() + TEARDOWN_LOOK)
@@ -335,6 +396,17 @@ impl Previews {
             if self.context.is_stopping() {
                 break;
             }
+            let may_act = self.context.records.may_act();
+            if may_act && !acting {
+                // What a standby decided, it did not act on (no shadow topics), and the
+                // previous holder may have stopped halfway: every preview is run again
+                // (creating what is missing; the engine resumes from the record).
+                for environment in self.environments.values_mut() {
+                    environment.fingerprint = None;
+                }
+                next_poll = tokio::time::Instant::now();
+            }
+            acting = may_act;
             match wake {
                 Wake::Plan(event) => {
                     if let Some(number) = event
@@ -532,8 +604,15 @@ impl Previews {
             checkout,
         };
         let cluster = self.context.cluster(&revision, &preview.graph)?;
+        // Only the lease holder acts on Kafka; a standby runs it again once it holds the
+        // lease.
+        let shadows = if self.context.records.may_act() {
+            &preview.shadow_topics
+        } else {
+            &BTreeMap::new()
+        };
         let admin = self.context.admin(AdminUse::Cutover, &cluster.bootstrap)?;
-        for (shadow, sink) in &preview.shadow_topics {
+        for (shadow, sink) in shadows {
             let partitions = admin.partitions(sink)?;
             admin.create_topic(
                 shadow,
@@ -657,8 +736,13 @@ impl Previews {
             let record = self.context.records.load(&name).ok();
             let bootstrap = record.as_ref().and_then(|r| r.bootstrap.clone());
             if let (Some(record), Some(bootstrap)) = (&record, &bootstrap) {
-                for group in groups_of(&name, &record.deployment) {
-                    self.groups_to_delete.insert(group, bootstrap.clone());
+                let groups = groups_of(&name, &record.deployment);
+                for group in &groups {
+                    self.groups_to_delete
+                        .insert(group.clone(), bootstrap.clone());
+                }
+                if !self.context.config.cutover.keep_topics {
+                    self.to_forget.reaped(&name, groups);
                 }
             }
             if !self.context.config.cutover.keep_topics
@@ -678,6 +762,13 @@ impl Previews {
             self.context.store.remove_topology(&name);
             touched.insert(environment.pull_request);
             tracing::info!(topology = %name, "preview gone");
+        }
+        if !self.context.records.may_act() {
+            // The lease holder deletes them: a standby's deletion could race the holder
+            // starting the preview again.
+            self.to_delete.clear();
+            self.groups_to_delete.clear();
+            self.to_forget.clear();
         }
         let deleting = std::mem::take(&mut self.to_delete);
         for (shadow, bootstrap) in deleting {
@@ -704,15 +795,20 @@ impl Previews {
                 }
             };
             match admin.delete_group(&group) {
-                Ok(()) => tracing::info!(%group, "preview group deleted"),
+                Ok(()) => {
+                    tracing::info!(%group, "preview group deleted");
+                    self.to_forget.group_deleted(&group);
+                }
                 Err(crate::kafka::Error::DeleteGroup {
                     retryable: false,
                     message,
                     ..
                 }) => {
                     // The broker refuses (authorization, an old broker): the group's offsets
-                    // expire by its offsets.retention.minutes instead.
+                    // expire by its offsets.retention.minutes instead, and the record stays,
+                    // so that one started again does not take them up.
                     tracing::warn!(%group, error = %message, "cannot delete a preview's group; leaving it to expire");
+                    self.to_forget.group_refused(&group);
                 }
                 Err(error) => {
                     tracing::warn!(%group, %error, "cannot delete a preview's group; trying again");
@@ -720,10 +816,42 @@ impl Previews {
                 }
             }
         }
+        self.forget_reaped();
         if !touched.is_empty() {
             self.pin_heads(None);
             for number in touched {
                 self.show(number);
+            }
+        }
+    }
+
+    /// Forgets the records of reaped previews whose groups are all deleted, unless started
+    /// again meanwhile.
+    fn forget_reaped(&mut self) {
+        for name in self.to_forget.ready() {
+            // Read again just before: only a retired record is forgotten (another replica
+            // may have started it again; a write after this read makes the forget conflict).
+            let retired = self
+                .context
+                .records
+                .load(&name)
+                .is_ok_and(|r| r.is_retired());
+            if self.environments.contains_key(&name) || !retired {
+                self.to_forget.done(&name);
+                continue;
+            }
+            match self.context.records.forget(&name) {
+                Ok(()) => {
+                    tracing::info!(topology = %name, "preview's record forgotten");
+                    self.to_forget.done(&name);
+                }
+                Err(error) if error.is_retryable() => {
+                    tracing::warn!(topology = %name, %error, "cannot forget a preview's record; trying again");
+                }
+                Err(error) => {
+                    tracing::warn!(topology = %name, %error, "cannot forget a preview's record; it stays");
+                    self.to_forget.done(&name);
+                }
             }
         }
     }
@@ -837,6 +965,30 @@ mod tests {
             state,
             labels: labels.iter().map(|l| (*l).to_owned()).collect(),
         })
+    }
+
+    #[test]
+    fn a_preview_s_record_is_forgotten_once_its_groups_are_deleted_and_never_when_one_is_refused() {
+        let mut queue = ForgetQueue::default();
+        queue.reaped(
+            "t.pr-1",
+            ["plumber.t.pr-1.a.1".into(), "plumber.t.pr-1.b.1".into()],
+        );
+        queue.reaped("t.pr-2", ["plumber.t.pr-2.a.1".into()]);
+        queue.reaped("t.pr-3", []);
+        assert_eq!(queue.ready(), ["t.pr-3"], "nothing left to delete");
+        queue.group_deleted("plumber.t.pr-1.a.1");
+        queue.group_refused("plumber.t.pr-2.a.1");
+        assert_eq!(queue.ready(), ["t.pr-3"], "one group of t.pr-1 is left");
+        queue.group_deleted("plumber.t.pr-1.b.1");
+        assert_eq!(
+            queue.ready(),
+            ["t.pr-1", "t.pr-3"],
+            "t.pr-2 keeps its record"
+        );
+        queue.done("t.pr-1");
+        queue.done("t.pr-3");
+        assert!(queue.is_empty());
     }
 
     #[test]

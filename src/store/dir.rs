@@ -182,6 +182,16 @@ impl CutoverStore for StateDir {
         write_atomically(&self.topology_path(name), &bytes)
     }
 
+    fn forget(&self, preview: &str) -> Result<()> {
+        super::only_previews(preview)?;
+        let path = self.topology_path(preview);
+        match fs::remove_file(&path) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(source) => Err(Error::Write { path, source }),
+        }
+    }
+
     fn topologies(&self) -> Result<BTreeMap<String, Result<TopologyRecord>>> {
         let dir = self.root.join("topologies");
         let entries = fs::read_dir(&dir).map_err(|source| Error::Read {
@@ -322,6 +332,35 @@ mod tests {
             actions: 3,
             handovers: vec![],
         }
+    }
+
+    #[test]
+    fn a_preview_s_record_is_forgotten_and_a_topology_s_never() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = StateDir::open(dir.path()).unwrap();
+        let record = TopologyRecord {
+            commit: Some("abc".into()),
+            ..TopologyRecord::default()
+        };
+        state.save("clicks", &record).unwrap();
+        state.save("clicks.pr-7", &record).unwrap();
+        state.forget("clicks.pr-7").unwrap();
+        assert_eq!(
+            state.load("clicks.pr-7").unwrap(),
+            TopologyRecord::default()
+        );
+        assert_eq!(
+            state.topologies().unwrap().keys().collect::<Vec<_>>(),
+            ["clicks"]
+        );
+        state.forget("clicks.pr-7").unwrap();
+        let refused = state.forget("clicks").unwrap_err();
+        assert!(matches!(refused, Error::NotAPreview { .. }), "{refused}");
+        assert_eq!(
+            state.load("clicks").unwrap(),
+            record,
+            "a topology's record stays"
+        );
     }
 
     #[test]

@@ -62,6 +62,10 @@ pub enum Error {
     Conflict { topology: String },
     #[error("not writing the record of {topology}: this daemon replica does not hold the lease")]
     NotLeader { topology: String },
+    #[error(
+        "not forgetting the record of {topology}: only a preview environment's record (a name with a dot) is forgotten; a topology's keeps the lives that name its next ones"
+    )]
+    NotAPreview { topology: String },
     #[error("cannot {operation} Topology {topology}: {message}")]
     Api {
         operation: &'static str,
@@ -84,6 +88,17 @@ impl Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Refuses to forget the record of a name that is no preview's (it holds no dot).
+fn only_previews(topology: &str) -> Result<()> {
+    if topology.contains('.') {
+        Ok(())
+    } else {
+        Err(Error::NotAPreview {
+            topology: topology.to_owned(),
+        })
+    }
+}
 
 /// Everything durable about one topology.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -200,6 +215,11 @@ pub trait CutoverStore: Send + Sync {
     fn append_history(&self, entry: &HistoryEntry) -> Result<()>;
     /// Moves, oldest first.
     fn history(&self) -> Result<Vec<HistoryEntry>>;
+    /// Forgets a torn-down preview environment's record (`<topology>.<slug>`): afterwards it
+    /// has none, and one started again names its lives from the first. Refused
+    /// ([`Error::NotAPreview`]) for a topology's record, whose lives name its next ones;
+    /// nothing to forget is no error.
+    fn forget(&self, preview: &str) -> Result<()>;
     /// Whether this daemon may act on what the store holds now (it holds the lease where
     /// several replicas share one store). The engine asks before every action.
     fn may_act(&self) -> bool {

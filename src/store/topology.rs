@@ -21,7 +21,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use kube::Client;
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, PostParams, Preconditions};
 use serde::{Deserialize, Serialize};
 
 use super::{CutoverStore, Error, FORMAT, HistoryEntry, Result, TopologyRecord};
@@ -131,6 +131,22 @@ impl TopologyStore {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .insert(topology.to_owned(), object);
+    }
+
+    /// Forgets what this store knew of a Topology it deleted (or found gone).
+    fn forgotten(&self, topology: &str) {
+        self.remember(topology, None);
+        if let Some(cache) = &self.cache {
+            cache.deleted(topology);
+        }
+        self.published
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(topology);
+        self.parsed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(topology);
     }
 
     fn read(&self, topology: &str) -> Result<StatusRecord> {
@@ -528,6 +544,60 @@ impl CutoverStore for TopologyStore {
                 Some((name, record))
             })
             .collect())
+    }
+
+    /// Deletes the preview's Topology object, as this store last read or wrote it (its
+    /// `resourceVersion` and uid as preconditions: a record another replica wrote since is a
+    /// [`Error::Conflict`], nothing deleted), and only one Plumber created for that name.
+    fn forget(&self, preview: &str) -> Result<()> {
+        super::only_previews(preview)?;
+        if !(self.guard)() {
+            return Err(Error::NotLeader {
+                topology: preview.to_owned(),
+            });
+        }
+        let object = match self.last_seen(preview) {
+            Some((known, _)) => known,
+            None => self.get(preview)?,
+        };
+        let Some(object) = object else {
+            self.forgotten(preview);
+            return Ok(());
+        };
+        let labels = object.metadata.labels.as_ref();
+        let ours = labels.and_then(|l| l.get(MANAGED_BY)).map(String::as_str) == Some("plumber")
+            && labels.and_then(|l| l.get(TOPOLOGY)).map(String::as_str) == Some(preview)
+            && object.spec.topology == preview;
+        if !ours {
+            return Err(api(
+                "forget",
+                preview,
+                "it is no Topology Plumber created for this preview; left as it is".into(),
+                false,
+            ));
+        }
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                resource_version: object.metadata.resource_version.clone(),
+                uid: object.metadata.uid.clone(),
+            }),
+            ..DeleteParams::default()
+        };
+        match self.handle.block_on(self.api().delete(preview, &params)) {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 404 => {}
+            Err(kube::Error::Api(status)) if status.code == 409 => {
+                // Read again, so that the next look starts from what is there now.
+                self.read(preview)?;
+                return Err(Error::Conflict {
+                    topology: preview.to_owned(),
+                });
+            }
+            Err(error) => return Err(kube_error("delete", preview, error)),
+        }
+        self.forgotten(preview);
+        tracing::info!(topology = preview, "the preview's Topology deleted");
+        Ok(())
     }
 
     fn append_history(&self, entry: &HistoryEntry) -> Result<()> {

@@ -10,6 +10,8 @@
 mod common;
 // Shared with tests/reconciler: the world, the models, the load and the oracle (this test
 // uses no `plumber up`, so parts of it go unused here).
+#[path = "../support/fake_forge.rs"]
+mod fake_forge;
 #[allow(dead_code)]
 #[path = "../reconciler/harness.rs"]
 mod harness;
@@ -34,7 +36,7 @@ use plumber_testkit::wait_until;
 
 use harness::{Model, Proc, World, processor_binary};
 use kubelet::{FINALIZER, Kubelet};
-use replica::{NS, Replica};
+use replica::{LeaseHolder, NS, Replica};
 
 /// How long a cutover may take on tansu and a busy machine.
 const PATIENCE: Duration = Duration::from_secs(180);
@@ -580,4 +582,545 @@ fn a_replica_killed_while_the_replaced_step_terminates_hands_over_to_the_other()
     t.kubelet.delay_terminations(Duration::ZERO);
     wait_applied(&t.fake, t.commits[1]);
     t.finish();
+}
+
+/// The label that opts a pull request into a preview.
+const PREVIEW_LABEL: &str = "preview";
+
+/// The webhook secret of the preview scenario's replica.
+const HOOK_SECRET: &str = "kube-preview-hook-secret";
+
+/// Topology `s`: the world's source → `clean` (tags each record with `by`) → `sink`.
+fn tagging(world: &World, sink: &str, by: &str) -> Vec<(String, String)> {
+    vec![
+        (
+            "topologies/s/sources/in.yaml".to_owned(),
+            format!("kind: source\ntopic: {}\n", world.source_topic()),
+        ),
+        ("topologies/s/steps/clean.yaml".to_owned(), clean(by)),
+        (
+            "topologies/s/sinks/out.yaml".to_owned(),
+            format!("kind: sink\ntopic: {sink}\ninput: clean\n"),
+        ),
+    ]
+}
+
+fn clean(by: &str) -> String {
+    format!("kind: processor\ninput: in\njq: '. + {{by: \"{by}\"}}'\nstartFrom: earliest\n")
+}
+
+/// The record of topology `name`, from its Topology's status.
+fn record_of(fake: &FakeApi, name: &str) -> Option<TopologyRecord> {
+    let raw = fake.get::<Topology>(NS, name)?.status?.record?;
+    Some(serde_json::from_value(raw).expect("a readable record"))
+}
+
+/// The `v`s of the records on a sink tagged `by`, in the order read (duplicates kept).
+fn values_by(records: &[plumber_testkit::TestRecord], by: &str) -> Vec<u64> {
+    records
+        .iter()
+        .filter_map(|r| serde_json::from_str::<serde_json::Value>(r.value_str()).ok())
+        .filter(|json| json["by"] == by)
+        .filter_map(|json| json["v"].as_u64())
+        .collect()
+}
+
+fn sorted(mut values: Vec<u64>) -> Vec<u64> {
+    values.sort_unstable();
+    values
+}
+
+fn numbered(from: u64, count: u64) -> Vec<plumber_testkit::TestRecord> {
+    (from..from + count)
+        .map(|v| plumber_testkit::TestRecord::new(&format!("k{v}"), &format!("{{\"v\":{v}}}")))
+        .collect()
+}
+
+/// KEDA's ScaledObjects in the namespace, by name.
+fn scaled_objects(fake: &FakeApi) -> BTreeMap<String, serde_json::Value> {
+    let resource = kube::core::ApiResource::from_gvk_with_plural(
+        &kube::core::GroupVersionKind::gvk("keda.sh", "v1alpha1", "ScaledObject"),
+        "scaledobjects",
+    );
+    fake.list_dynamic(&resource, NS)
+        .into_iter()
+        .filter_map(|o| Some((o["metadata"]["name"].as_str()?.to_owned(), o)))
+        .collect()
+}
+
+/// The status a replica shows of topology `name`.
+fn shown(replica: &Replica, name: &str) -> Option<plumber::daemon::status::TopologyStatus> {
+    replica
+        .status()
+        .topologies
+        .into_iter()
+        .find(|t| t.name == name)
+}
+
+/// A daemon that previews pull requests labelled [`PREVIEW_LABEL`] (the fake GitHub says
+/// which), watching pull requests' refs and taking webhooks signed with [`HOOK_SECRET`].
+fn with_previews(
+    config: &mut plumber::daemon::DaemonConfig,
+    forge: &fake_forge::Server,
+    token: &std::path::Path,
+) {
+    config.watch_refs = vec!["refs/pull/*/head".into()];
+    config.forge = Some(
+        plumber::forge::Config::new(plumber::forge::Kind::GitHub, fake_forge::GITHUB_REPO, token)
+            .with_url(&forge.url),
+    );
+    config.preview_label = Some(PREVIEW_LABEL.into());
+    config.webhook_secret = Some(HOOK_SECRET.into());
+    config.poll_interval = Duration::from_secs(1);
+}
+
+/// Whether the broker has topic `topic` (listing all topics: asking for one by name may
+/// create it).
+fn topic_exists(world: &World, topic: &str) -> bool {
+    use rdkafka::producer::{BaseProducer, Producer as _};
+    let client: BaseProducer = world.broker.client().create().unwrap();
+    let metadata = client
+        .client()
+        .fetch_metadata(None, Duration::from_secs(10))
+        .unwrap();
+    metadata.topics().iter().any(|t| t.name() == topic)
+}
+
+/// A replica that does not hold the lease leaves a labelled pull request's preview to the
+/// holder: it creates no shadow topic and applies nothing. Once it holds the lease (the
+/// other holder gave it up), it runs the preview: shadow topic, Deployment, records.
+#[test]
+fn a_standby_leaves_previews_to_the_lease_holder_until_it_holds_the_lease() {
+    use fake_forge::{Server, TOKEN};
+    use plumber::forge::{Kind, PullRequestState};
+
+    let scratch = Scratch::new();
+    let world = World::new("kube-preview-standby");
+    let fake = cluster();
+    let kubelet = Kubelet::start(&fake, NS, &processor_binary(), &scratch.path("pods"));
+    let sink = world.topic("kube-preview-standby-out");
+    let main = world.commit_with("main", &Model::new(), &tagging(&world, &sink, "main"));
+    world.pull_request(
+        7,
+        "tag by pr",
+        "topologies/s/steps/clean.yaml",
+        &clean("pr"),
+    );
+    let forge = Server::start(Kind::GitHub);
+    forge.seed(7, 0, None, "");
+    forge.set_pull_request(7, PullRequestState::Open, &[PREVIEW_LABEL]);
+    let token = world.scratch_file("forge-token", &format!("{TOKEN}\n"));
+    // Injected: the Lease is held by "elsewhere", which is no daemon and never acts.
+    let elsewhere = LeaseHolder::start(&fake, "elsewhere");
+    wait_until("elsewhere holds the lease", PATIENCE, || elsewhere.held());
+    let standby = Replica::start_with(
+        &fake,
+        &world,
+        "plumber-0",
+        &scratch.path("plumber-0"),
+        |config| with_previews(config, &forge, &token),
+    );
+    wait_until(
+        "the standby decided to preview pull request 7",
+        PATIENCE,
+        || shown(&standby, "s.pr-7").is_some_and(|t| t.preview_of.is_some()),
+    );
+    let shadow = format!("{sink}.preview.pr-7");
+    assert!(
+        !topic_exists(&world, &shadow),
+        "a standby created the shadow topic"
+    );
+    assert!(
+        deployments(&fake).is_empty(),
+        "a standby applied Deployments"
+    );
+    assert!(!standby.holds_lease());
+
+    elsewhere.release();
+    wait_until("plumber-0 takes the lease", PATIENCE, || {
+        standby.holds_lease()
+    });
+    wait_until("s runs main", PATIENCE, || {
+        record_of(&fake, "s")
+            .is_some_and(|r| r.commit == Some(main.to_string()) && r.moving.is_none())
+    });
+    let group = wait_until_some("the preview's step runs", PATIENCE, || {
+        let preview = shown(&standby, "s.pr-7")?;
+        preview
+            .steps
+            .iter()
+            .find(|s| s.name == "clean" && s.state == "running")?
+            .group
+            .clone()
+    });
+    assert!(
+        topic_exists(&world, &shadow),
+        "the holder creates the shadow topic"
+    );
+    wait_until("the kubelet runs the preview's pod", PATIENCE, || {
+        kubelet.processes().iter().any(|p| p.group == group)
+    });
+    world.broker.produce(world.source_topic(), &numbered(1, 10));
+    let expected: Vec<u64> = (1..=10).collect();
+    world
+        .broker
+        .wait_for_records(&shadow, "the preview's output", |r| {
+            sorted(values_by(r, "pr")) == expected
+        });
+    standby.stop();
+}
+
+/// Without `--keep-topics`, a torn-down preview's record is forgotten: its Topology object
+/// is deleted once its processors stopped and its group was deleted, and labelled again it
+/// starts over in a new Topology that owns its new Deployment. The topology's own Topology
+/// and record stay. (Deleting the shadow topic breaks tansu's other topics, the sink the
+/// preview needs to start again among them: on tansu the test ends with the teardown.)
+#[test]
+fn a_torn_down_preview_s_topology_is_deleted_and_made_again_when_labelled_again() {
+    use fake_forge::{Server, TOKEN};
+    use plumber::forge::{Kind, PullRequestState};
+
+    let scratch = Scratch::new();
+    let world = World::new("kube-preview-forget");
+    let fake = cluster();
+    let _kubelet = Kubelet::start(&fake, NS, &processor_binary(), &scratch.path("pods"));
+    let sink = world.topic("kube-preview-forget-out");
+    let main = world.commit_with("main", &Model::new(), &tagging(&world, &sink, "main"));
+    world.pull_request(
+        7,
+        "tag by pr",
+        "topologies/s/steps/clean.yaml",
+        &clean("pr"),
+    );
+    let forge = Server::start(Kind::GitHub);
+    forge.seed(7, 0, None, "");
+    forge.set_pull_request(7, PullRequestState::Open, &[PREVIEW_LABEL]);
+    let token = world.scratch_file("forge-token", &format!("{TOKEN}\n"));
+    let daemon = Replica::start_with(
+        &fake,
+        &world,
+        "plumber-0",
+        &scratch.path("plumber-0"),
+        |config| {
+            with_previews(config, &forge, &token);
+            config.cutover.keep_topics = false;
+        },
+    );
+    let running = |what: &str| {
+        wait_until_some(what, PATIENCE, || {
+            let preview = shown(&daemon, "s.pr-7")?;
+            preview
+                .steps
+                .iter()
+                .find(|s| s.name == "clean" && s.state == "running")?
+                .group
+                .clone()
+        })
+    };
+    let group = running("the preview runs");
+    let first = fake.get::<Topology>(NS, "s.pr-7").unwrap();
+    let owner = |group: &str| {
+        deployments(&fake)
+            .remove(group)
+            .and_then(|d| d.metadata.owner_references)
+            .and_then(|o| o.into_iter().next())
+            .map(|o| o.uid)
+    };
+    assert_eq!(owner(&group), first.metadata.uid);
+
+    forge.set_pull_request(7, PullRequestState::Open, &[]);
+    daemon.look_at_pull_request(7);
+    wait_until("the preview's Topology is deleted", PATIENCE, || {
+        fake.get::<Topology>(NS, "s.pr-7").is_none()
+    });
+    assert!(!deployments(&fake).contains_key(&group));
+    assert_eq!(
+        record_of(&fake, "s").and_then(|r| r.commit),
+        Some(main.to_string()),
+        "the topology's record stays"
+    );
+
+    if world.broker.is_tansu() {
+        daemon.stop();
+        return;
+    }
+    forge.set_pull_request(7, PullRequestState::Open, &[PREVIEW_LABEL]);
+    daemon.look_at_pull_request(7);
+    let again = running("the preview runs again");
+    assert_eq!(
+        again, group,
+        "its first life's names, its old group deleted"
+    );
+    let second = fake.get::<Topology>(NS, "s.pr-7").expect("a new Topology");
+    assert_ne!(second.metadata.uid, first.metadata.uid);
+    wait_until("the new Topology owns the new Deployment", PATIENCE, || {
+        owner(&again) == second.metadata.uid
+    });
+    daemon.stop();
+}
+
+/// GitHub's `X-Hub-Signature-256` of `body`.
+fn github_signature(body: &str) -> String {
+    use hmac::Mac as _;
+    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(HOOK_SECRET.as_bytes()).unwrap();
+    mac.update(body.as_bytes());
+    let digest = mac.finalize().into_bytes();
+    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    format!("sha256={hex}")
+}
+
+/// A pull request labelled for a preview, on the Kubernetes runtime: its changed step runs as
+/// a Deployment and a ScaledObject of its own (`plumber.s.pr-7.clean.<id>`) owned by the
+/// preview's Topology, whose pod the kubelet runs; what the source gets once it runs reaches
+/// the shadow topic through the pull request's step and the users' sink only through main's
+/// (once). The label removed (a signed webhook says so): the preview's objects and pod go, it
+/// leaves status, and the real topology's Deployment is left as it was.
+#[test]
+fn a_labelled_pull_request_s_preview_runs_as_deployments_and_goes_when_unlabelled() {
+    use fake_forge::{Server, TOKEN};
+    use plumber::forge::{Kind, PullRequestState};
+
+    let scratch = Scratch::new();
+    let world = World::new("kube-preview");
+    let fake = cluster();
+    let kubelet = Kubelet::start(&fake, NS, &processor_binary(), &scratch.path("pods"));
+    let sink = world.topic("kube-preview-out");
+    let main = world.commit_with("main", &Model::new(), &tagging(&world, &sink, "main"));
+    let forge = Server::start(Kind::GitHub);
+    forge.seed(7, 0, None, "");
+    forge.set_pull_request(7, PullRequestState::Open, &[PREVIEW_LABEL]);
+    let token = world.scratch_file("forge-token", &format!("{TOKEN}\n"));
+    let configure = |config: &mut plumber::daemon::DaemonConfig| {
+        with_previews(config, &forge, &token);
+    };
+    let holder = Replica::start_with(
+        &fake,
+        &world,
+        "plumber-0",
+        &scratch.path("plumber-0"),
+        configure,
+    );
+    wait_until("plumber-0 holds the lease", PATIENCE, || {
+        holder.holds_lease()
+    });
+    let standby = Replica::start_with(
+        &fake,
+        &world,
+        "plumber-1",
+        &scratch.path("plumber-1"),
+        configure,
+    );
+    wait_until("s runs main", PATIENCE, || {
+        record_of(&fake, "s")
+            .is_some_and(|r| r.commit == Some(main.to_string()) && r.moving.is_none())
+    });
+    let real: Vec<(String, Deployment)> = deployments(&fake).into_iter().collect();
+    assert_eq!(real.len(), 1, "one Deployment for s's one step");
+    let (real_name, real_deployment) = real.into_iter().next().unwrap();
+    assert!(real_name.starts_with("plumber.s.clean."), "{real_name}");
+
+    // The pull request changes `clean`.
+    world.pull_request(
+        7,
+        "tag by pr",
+        "topologies/s/steps/clean.yaml",
+        &clean("pr"),
+    );
+    let group = wait_until_some("the preview's step runs", PATIENCE, || {
+        let preview = shown(&holder, "s.pr-7")?;
+        preview
+            .steps
+            .iter()
+            .find(|s| s.name == "clean" && s.state == "running")?
+            .group
+            .clone()
+    });
+    assert!(group.starts_with("plumber.s.pr-7.clean."), "{group}");
+    let shadow = format!("{sink}.preview.pr-7");
+    let preview_of = shown(&holder, "s.pr-7").unwrap().preview_of.unwrap();
+    assert_eq!(preview_of.topology, "s");
+    assert_eq!(preview_of.pull_request, 7);
+    assert_eq!(preview_of.shadow_topics.get(&shadow), Some(&sink));
+
+    // Its objects, as rendered: labels of the preview, owned by the preview's Topology.
+    let topology = fake
+        .get::<Topology>(NS, "s.pr-7")
+        .expect("the preview's Topology");
+    let deployment = deployments(&fake)
+        .remove(&group)
+        .expect("the preview's Deployment");
+    let labels = deployment.metadata.labels.clone().unwrap_or_default();
+    assert_eq!(
+        labels.get("plumber.dev/topology").map(String::as_str),
+        Some("s.pr-7")
+    );
+    assert_eq!(
+        labels.get("plumber.dev/step").map(String::as_str),
+        Some("clean")
+    );
+    let owners = deployment
+        .metadata
+        .owner_references
+        .clone()
+        .unwrap_or_default();
+    assert_eq!(owners.len(), 1, "{owners:?}");
+    assert_eq!(owners[0].kind, "Topology");
+    assert_eq!(owners[0].name, "s.pr-7");
+    assert_eq!(Some(&owners[0].uid), topology.metadata.uid.as_ref());
+    let scaled = scaled_objects(&fake)
+        .remove(&group)
+        .expect("the preview's ScaledObject");
+    assert_eq!(scaled["metadata"]["ownerReferences"][0]["name"], "s.pr-7");
+    assert_eq!(
+        scaled["metadata"]["labels"]["plumber.dev/topology"], "s.pr-7",
+        "{scaled:#}"
+    );
+    wait_until("the kubelet runs the preview's pod", PATIENCE, || {
+        kubelet.processes().iter().any(|p| p.group == group)
+    });
+
+    // Records written now reach the shadow topic through the pull request's step, the users'
+    // sink through main's only, once each.
+    world.broker.produce(world.source_topic(), &numbered(1, 10));
+    let expected: Vec<u64> = (1..=10).collect();
+    world
+        .broker
+        .wait_for_records(&shadow, "the preview's output", |r| {
+            sorted(values_by(r, "pr")) == expected
+        });
+    let out = world.broker.wait_for_records(&sink, "main's output", |r| {
+        sorted(values_by(r, "main")) == expected
+    });
+    assert!(
+        values_by(&out, "pr").is_empty(),
+        "the preview wrote the users' sink"
+    );
+    assert!(
+        values_by(&world.broker.read_all(&shadow), "main").is_empty(),
+        "main wrote the shadow topic"
+    );
+
+    // A rolling restart of the daemon: plumber-0 stops, plumber-1 takes the lease over and
+    // leaves the preview running as it is.
+    let preview_deployment = deployment;
+    holder.stop();
+    wait_until("plumber-1 takes the lease over", PATIENCE, || {
+        standby.holds_lease()
+    });
+    world.broker.produce(world.source_topic(), &numbered(11, 5));
+    let expected: Vec<u64> = (1..=15).collect();
+    world
+        .broker
+        .wait_for_records(&shadow, "the preview's output after the takeover", |r| {
+            sorted(values_by(r, "pr")) == expected
+        });
+    world
+        .broker
+        .wait_for_records(&sink, "main's output after the takeover", |r| {
+            sorted(values_by(r, "main")) == expected
+        });
+    wait_until("plumber-1 shows the preview running", PATIENCE, || {
+        shown(&standby, "s.pr-7").is_some_and(|t| {
+            t.steps
+                .iter()
+                .any(|s| s.group.as_ref() == Some(&group) && s.state == "running")
+        })
+    });
+    let kept = deployments(&fake)
+        .remove(&group)
+        .expect("the preview's Deployment stays");
+    assert_eq!(kept.metadata.uid, preview_deployment.metadata.uid);
+    assert_eq!(
+        kept.metadata.generation,
+        preview_deployment.metadata.generation
+    );
+    let daemon = standby;
+
+    // The label removed; a signed webhook says so.
+    forge.set_pull_request(7, PullRequestState::Open, &[]);
+    let body = r#"{"action":"unlabeled","number":7}"#;
+    let answer = ureq::post(&format!("{}/hooks/git", daemon.api()))
+        .header("x-github-event", "pull_request")
+        .header("x-hub-signature-256", &github_signature(body))
+        .send(body)
+        .unwrap();
+    assert_eq!(answer.status().as_u16(), 202);
+    wait_until("the preview leaves status", PATIENCE, || {
+        shown(&daemon, "s.pr-7").is_none()
+    });
+    wait_until(
+        "the preview's Deployment and ScaledObject are deleted",
+        PATIENCE,
+        || !deployments(&fake).contains_key(&group) && !scaled_objects(&fake).contains_key(&group),
+    );
+    wait_until("the preview's pod is gone", PATIENCE, || {
+        fake.list::<Pod>(NS).iter().all(|p| {
+            p.metadata
+                .name
+                .as_deref()
+                .is_none_or(|n| !n.starts_with(&group))
+        }) && kubelet.processes().iter().all(|p| p.group != group)
+    });
+    let after = deployments(&fake)
+        .remove(&real_name)
+        .expect("s's Deployment stays");
+    assert_eq!(after.metadata.uid, real_deployment.metadata.uid);
+    assert_eq!(
+        after.metadata.generation,
+        real_deployment.metadata.generation
+    );
+    assert_eq!(
+        after.spec, real_deployment.spec,
+        "s's Deployment is untouched"
+    );
+    assert_eq!(
+        record_of(&fake, "s").and_then(|r| r.commit),
+        Some(main.to_string())
+    );
+
+    // s runs on: what comes now reaches the users' sink, once, and nothing the shadow topic.
+    world.broker.produce(world.source_topic(), &numbered(16, 5));
+    let all: Vec<u64> = (1..=20).collect();
+    let out = world
+        .broker
+        .wait_for_records(&sink, "main's output after the teardown", |r| {
+            sorted(values_by(r, "main")) == all
+        });
+    assert_eq!(
+        sorted(values_by(&out, "main")),
+        all,
+        "exactly once on the users' sink"
+    );
+    assert!(
+        values_by(&world.broker.read_all(&shadow), "pr")
+            .iter()
+            .all(|v| *v <= 15),
+        "nothing reaches the shadow topic after the teardown"
+    );
+    // Its record: with --keep-topics (tansu) its internal topics keep their records, so its
+    // retired record stays and one started again gets new names; otherwise its Topology goes.
+    if world.broker.is_tansu() {
+        assert!(
+            record_of(&fake, "s.pr-7").is_some_and(|r| r.is_retired()),
+            "the retired record stays beside kept topics"
+        );
+    } else {
+        wait_until("the preview's Topology is deleted", PATIENCE, || {
+            fake.get::<Topology>(NS, "s.pr-7").is_none()
+        });
+    }
+    assert!(fake.get::<Topology>(NS, "s").is_some());
+    assert_eq!(kubelet.refused(), Vec::<String>::new(), "every Pod ran");
+    forge.assert_clean();
+    daemon.stop();
+}
+
+/// Waits until `look` finds something, and returns it.
+fn wait_until_some<T>(what: &str, timeout: Duration, mut look: impl FnMut() -> Option<T>) -> T {
+    let mut found = None;
+    wait_until(what, timeout, || {
+        found = look();
+        found.is_some()
+    });
+    found.unwrap()
 }

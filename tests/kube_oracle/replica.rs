@@ -43,6 +43,17 @@ pub struct Replica {
 
 impl Replica {
     pub fn start(fake: &FakeApi, world: &World, name: &str, cache: &Path) -> Replica {
+        Replica::start_with(fake, world, name, cache, |_| ())
+    }
+
+    /// A replica whose daemon config `configure` changes last (e.g. a forge and previews).
+    pub fn start_with(
+        fake: &FakeApi,
+        world: &World,
+        name: &str,
+        cache: &Path,
+        configure: impl FnOnce(&mut DaemonConfig),
+    ) -> Replica {
         let tokio = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name(format!("kube-{name}"))
@@ -92,6 +103,7 @@ impl Replica {
         config.record_timeout = Duration::from_secs(5);
         // tansu 0.6 breaks the topics beside one it deletes (README, tansu).
         config.cutover.keep_topics = world.broker.is_tansu();
+        configure(&mut config);
         let context = Context::with_records(
             config,
             Arc::new(runtime),
@@ -106,6 +118,21 @@ impl Replica {
             tokio: Some(tokio),
             lease: Some(lease),
             daemon: Some(daemon),
+        }
+    }
+
+    /// The base URL of this replica's API (`/api`, `/hooks`).
+    pub fn api(&self) -> String {
+        self.daemon
+            .as_ref()
+            .map(|d| format!("http://{}", d.listening))
+            .unwrap_or_default()
+    }
+
+    /// What a pull-request webhook asks: pull request `number`'s preview decided again.
+    pub fn look_at_pull_request(&self, number: u64) {
+        if let Some(daemon) = &self.daemon {
+            daemon.context().previews.look(number);
         }
     }
 
@@ -180,5 +207,42 @@ impl Crashed {
         // Its runtime is gone: dropping it releases nothing.
         drop(self.lease.take());
         eprintln!("crashed replica {} reaped", self.name);
+    }
+}
+
+/// The Lease held by someone who is no daemon of this test (another replica, as far as the
+/// daemons can tell), until [`LeaseHolder::release`].
+pub struct LeaseHolder {
+    tokio: tokio::runtime::Runtime,
+    lease: Option<Lease>,
+}
+
+impl LeaseHolder {
+    pub fn start(fake: &FakeApi, identity: &str) -> LeaseHolder {
+        let tokio = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("the lease holder's tokio runtime");
+        let client = {
+            let _inside = tokio.enter();
+            fake.client(NS)
+        };
+        let lease = Lease::seek(client, tokio.handle(), lease(identity));
+        LeaseHolder {
+            tokio,
+            lease: Some(lease),
+        }
+    }
+
+    pub fn held(&self) -> bool {
+        self.lease.as_ref().is_some_and(Lease::held)
+    }
+
+    pub fn release(mut self) {
+        if let Some(lease) = self.lease.take() {
+            lease.release(Duration::from_secs(5));
+        }
+        drop(self.tokio);
     }
 }

@@ -317,6 +317,33 @@ impl World {
         self.repo.commit("main", message, &changes)
     }
 
+    /// Pull request `number`'s head: main's head with `path` written as `content`, at
+    /// `refs/pull/<number>/head` (main does not move).
+    #[allow(dead_code)] // for tests/kube_oracle, which shares this harness
+    pub fn pull_request(&self, number: u64, message: &str, path: &str, content: &str) -> git2::Oid {
+        let branch = format!("pr-{number}");
+        let main = self
+            .repo
+            .git
+            .refname_to_id("refs/heads/main")
+            .expect("main has a commit");
+        self.repo
+            .git
+            .reference(&format!("refs/heads/{branch}"), main, true, "branch")
+            .unwrap();
+        let head = self.repo.commit(&branch, message, &[write(path, content)]);
+        self.repo
+            .git
+            .reference(
+                &format!("refs/pull/{number}/head"),
+                head,
+                true,
+                "pull request",
+            )
+            .unwrap();
+        head
+    }
+
     pub fn source_topic(&self) -> &str {
         &self.source
     }
