@@ -12,6 +12,7 @@
 
 pub mod api;
 mod follow;
+mod mailbox;
 mod observe;
 pub mod plans;
 pub mod previews;

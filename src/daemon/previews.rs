@@ -29,11 +29,11 @@
 //! knows again, creating what the previous holder had not.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::broadcast::error::RecvError;
-use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
+use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::plans::{PlanEvent, PreviewTopology, RefPlan, ShownPreview};
 use super::status::PreviewOf;
@@ -61,33 +61,13 @@ fn pull_request_of_preview(name: &str) -> Option<u64> {
 /// previews).
 #[derive(Default)]
 pub struct Requests {
-    sender: Mutex<Option<UnboundedSender<u64>>>,
+    mailbox: super::mailbox::Mailbox<u64>,
 }
 
 impl Requests {
     /// Asks for pull request `number`'s preview to be decided again (never waits).
     pub fn look(&self, number: u64) {
-        if let Some(sender) = self
-            .sender
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .as_ref()
-        {
-            let _ = sender.send(number);
-        }
-    }
-
-    fn attach(&self) -> UnboundedReceiver<u64> {
-        let (sender, receiver) = tokio::sync::mpsc::unbounded_channel();
-        *self.sender.lock().unwrap_or_else(PoisonError::into_inner) = Some(sender);
-        receiver
-    }
-
-    fn detach(&self) {
-        self.sender
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
+        self.mailbox.send(number);
     }
 }
 
@@ -288,7 +268,7 @@ pub(super) struct Running {
 impl Drop for Running {
     fn drop(&mut self) {
         self.clock.stop();
-        self.context.previews.detach();
+        self.context.previews.mailbox.detach();
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
@@ -312,7 +292,7 @@ pub(super) fn start(context: &Arc<Context>) -> Result<Option<Running>, Error> {
     let forge: Arc<dyn Forge> =
         forge::connect_with(config, forge::Settings::default(), clock.clone())?.into();
     let events = context.plans.subscribe();
-    let requests = context.previews.attach();
+    let requests = context.previews.mailbox.attach();
     tracing::info!(label = %label, "preview environments for pull requests labelled so");
     let thread = super::spawn("previews", {
         let context = context.clone();

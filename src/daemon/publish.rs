@@ -16,12 +16,12 @@
 //! clients' errors blank it out.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
 use tokio::sync::broadcast::error::RecvError;
-use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
+use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::plans::{PlanChange, PlanEvent, Plans, RefPlan};
 use super::status::{Failed, ForgeStatus, Published, Store};
@@ -48,47 +48,22 @@ enum Request {
     Signature,
 }
 
-/// How the API asks the publisher (a no-op without a forge).
+/// How the API and the follower ask the publisher (a no-op without a forge).
 #[derive(Default)]
 pub struct Requests {
-    sender: Mutex<Option<UnboundedSender<Request>>>,
+    mailbox: super::mailbox::Mailbox<Request>,
 }
 
 impl Requests {
     /// Asks for pull request `number`'s plan to be published again (never waits).
     pub fn republish(&self, number: u64) {
-        self.send(Request::Republish(number));
+        self.mailbox.send(Request::Republish(number));
     }
 
     /// The verdict on the tracked branch's head is in `status.signature`: a refused head
     /// gets a failing commit status (never waits).
     pub fn signature_changed(&self) {
-        self.send(Request::Signature);
-    }
-
-    fn send(&self, request: Request) {
-        if let Some(sender) = self
-            .sender
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .as_ref()
-        {
-            let _ = sender.send(request);
-        }
-    }
-
-    fn attach(&self) -> UnboundedReceiver<Request> {
-        let (sender, receiver) = tokio::sync::mpsc::unbounded_channel();
-        *self.sender.lock().unwrap_or_else(PoisonError::into_inner) = Some(sender);
-        receiver
-    }
-
-    /// Ends the publisher: its receiver sees the channel closed.
-    fn detach(&self) {
-        self.sender
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
+        self.mailbox.send(Request::Signature);
     }
 }
 
@@ -531,7 +506,7 @@ pub(super) struct Running {
 impl Drop for Running {
     fn drop(&mut self) {
         self.clock.stop();
-        self.context.publish.detach();
+        self.context.publish.mailbox.detach();
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
@@ -556,7 +531,7 @@ pub(super) fn start(context: &Arc<Context>) -> Result<Option<Running>, Error> {
         });
     }
     let events = context.plans.subscribe();
-    let requests = context.publish.attach();
+    let requests = context.publish.mailbox.attach();
     tracing::info!(forge = %config.kind, url = %config.api_url(), repo = %config.repo, "publishing plans on the forge");
     let thread = super::spawn("publish", {
         let context = context.clone();
@@ -655,6 +630,8 @@ fn run(
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Mutex;
+
     use super::*;
 
     /// A forge that records what it is asked and fails as told.
