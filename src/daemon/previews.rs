@@ -889,37 +889,19 @@ impl Previews {
     }
 }
 
-/// The comment's section on a running preview: [`crate::output::preview::markdown`]'s table,
-/// from what runs.
+/// The comment's section on a running preview.
 fn markdown(topologies: &[PreviewTopology], slug: &str) -> String {
-    let code = |items: &mut dyn Iterator<Item = String>| {
-        items
-            .map(|i| format!("`{i}`"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    let mut out = format!("### Preview environment `{slug}` runs\n\n");
-    out.push_str(
-        "The changed steps and those downstream of them run on live data, in consumer groups \
-         of their own from the latest offsets, writing shadow topics instead of your sinks. \
-         Torn down when the pull request is merged or closed, or loses its label.\n\n",
-    );
-    out.push_str("| topology | runs as | processors | writes instead of your sinks |\n");
-    out.push_str("|---|---|---|---|\n");
-    for t in topologies {
-        out.push_str(&format!(
-            "| `{}` | `{}` | {} | {} |\n",
-            t.topology,
-            t.preview,
-            code(&mut t.processors.iter().cloned()),
-            t.shadow_topics
-                .iter()
-                .map(|(shadow, sink)| format!("`{shadow}` (not `{sink}`)"))
-                .collect::<Vec<_>>()
-                .join(", "),
-        ));
-    }
-    out
+    let rows: Vec<crate::output::preview::Row<'_>> = topologies
+        .iter()
+        .map(|t| crate::output::preview::Row {
+            topology: &t.topology,
+            preview: &t.preview,
+            processors: t.processors.iter().map(String::as_str).collect(),
+            reads: None,
+            shadow_topics: &t.shadow_topics,
+        })
+        .collect();
+    crate::output::preview::running_markdown(&rows, slug)
 }
 
 /// Every consumer group the preview `name` ever had: each life of each of its processors
