@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use common::{TestRepo, write};
 use fake_forge::{GITHUB_REPO, Server, TOKEN};
 use plumber::forge::{Kind, MARKER, PullRequestState};
-use plumber_testkit::{Broker, Process, TestRecord, unique, wait_until};
+use plumber_testkit::{Broker, Process, TestRecord, live_instances, unique, wait_until};
 use rdkafka::producer::{BaseProducer, Producer as _};
 use serde_json::Value;
 
@@ -119,29 +119,6 @@ fn running_group(topology: &Value, step: &str) -> Option<String> {
         .find(|s| s["name"] == step && s["state"] == "running")?["group"]
         .as_str()
         .map(str::to_owned)
-}
-
-/// Processes on this machine started for consumer group `group`.
-fn live_instances(group: &str) -> usize {
-    let needle = format!("--group\0{group}\0");
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter(|e| {
-            e.file_name()
-                .to_string_lossy()
-                .bytes()
-                .all(|b| b.is_ascii_digit())
-        })
-        .filter(|e| {
-            std::fs::read(e.path().join("cmdline"))
-                .map(|c| String::from_utf8_lossy(&c).contains(&needle))
-                .unwrap_or(false)
-                && !std::fs::read_to_string(e.path().join("stat"))
-                    .map(|s| s.contains(") Z "))
-                    .unwrap_or(true)
-        })
-        .count()
 }
 
 fn partitions(broker: &Broker, topic: &str) -> usize {

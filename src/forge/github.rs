@@ -151,11 +151,9 @@ impl Forge for GitHub {
         let url = self
             .http
             .url(&format!("/repos/{}/pulls/{number}", self.repo));
-        let pull: Pull = self.http.retrying("pull request", || {
-            self.http
-                .send(Method::GET, &url, None)?
-                .json(&Method::GET, &url)
-        })?;
+        let pull: Pull = self
+            .http
+            .retrying("pull request", || self.http.get_json(&url))?;
         let state = match pull.state.as_str() {
             _ if pull.merged || pull.merged_at.is_some() => PullRequestState::Merged,
             "open" => PullRequestState::Open,

@@ -101,10 +101,7 @@ impl GitLab {
             return Ok(*author);
         }
         let url = self.http.url("/user");
-        let user: UserId = self
-            .http
-            .send(Method::GET, &url, None)?
-            .json(&Method::GET, &url)?;
+        let user: UserId = self.http.get_json(&url)?;
         *self.author.lock().unwrap_or_else(PoisonError::into_inner) = Some((token, user.id));
         Ok(user.id)
     }
@@ -143,11 +140,9 @@ impl Forge for GitLab {
         let url = self
             .http
             .url(&format!("/projects/{}/merge_requests/{iid}", self.project));
-        let request: MergeRequest = self.http.retrying("merge request", || {
-            self.http
-                .send(Method::GET, &url, None)?
-                .json(&Method::GET, &url)
-        })?;
+        let request: MergeRequest = self
+            .http
+            .retrying("merge request", || self.http.get_json(&url))?;
         let state = match request.state.as_str() {
             // `locked`: being merged right now; still open until the merge is done.
             "opened" | "locked" => PullRequestState::Open,

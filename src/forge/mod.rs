@@ -654,6 +654,11 @@ impl Http {
             .clone()
     }
 
+    /// A GET of `url`, its body decoded as JSON of type `T`; not retried.
+    pub(crate) fn get_json<T: serde::de::DeserializeOwned>(&self, url: &str) -> Result<T> {
+        self.send(Method::GET, url, None)?.json(&Method::GET, url)
+    }
+
     /// One request, not retried. Anything but a 2xx answer is an error.
     pub(crate) fn send(
         &self,

@@ -435,6 +435,32 @@ impl TestRecord {
     }
 }
 
+/// Processes on this machine (zombies aside) started for consumer group `group`: the
+/// instances of a processor, whichever runtime started them.
+pub fn live_instances(group: &str) -> usize {
+    let needle = format!("--group\0{group}\0");
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .bytes()
+                .all(|b| b.is_ascii_digit())
+        })
+        .filter(|e| {
+            std::fs::read(e.path().join("cmdline"))
+                .map(|c| String::from_utf8_lossy(&c).contains(&needle))
+                .unwrap_or(false)
+                && !std::fs::read_to_string(e.path().join("stat"))
+                    .map(|s| s.contains(") Z "))
+                    .unwrap_or(true)
+        })
+        .count()
+}
+
 /// Polls `condition` every 20 ms until it holds; panics naming `what` after `timeout`.
 pub fn wait_until(what: &str, timeout: Duration, mut condition: impl FnMut() -> bool) {
     let deadline = Instant::now() + timeout;

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use plumber_testkit::{Broker, Process, TestRecord, unique, wait_until};
+use plumber_testkit::{Broker, Process, TestRecord, live_instances, unique, wait_until};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer as _};
 use serde_json::Value;
 use tempfile::TempDir;
@@ -443,7 +443,7 @@ impl World {
             wait_until(
                 &format!("{group} runs {replicas} instances"),
                 PATIENCE,
-                || live_instances(&group) == replicas,
+                || live_instances(&group) as u64 == replicas,
             );
         }
     }
@@ -660,28 +660,6 @@ fn judge(
     } else {
         Err(problems)
     }
-}
-
-fn live_instances(group: &str) -> u64 {
-    let needle = format!("--group\0{group}\0");
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter(|e| {
-            e.file_name()
-                .to_string_lossy()
-                .bytes()
-                .all(|b| b.is_ascii_digit())
-        })
-        .filter(|e| {
-            std::fs::read(e.path().join("cmdline"))
-                .map(|c| String::from_utf8_lossy(&c).contains(&needle))
-                .unwrap_or(false)
-                && !std::fs::read_to_string(e.path().join("stat"))
-                    .map(|s| s.contains(") Z "))
-                    .unwrap_or(true)
-        })
-        .count() as u64
 }
 
 /// Sequence-numbered records written continuously to the source.
