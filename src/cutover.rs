@@ -125,6 +125,12 @@ pub enum Event<'a> {
         remaining: usize,
         action: &'a Action,
     },
+    /// What remains of the move, each action with what holds it up (at the start of every
+    /// call that has something left, and at its end).
+    Remaining {
+        moving: &'a Move,
+        actions: &'a [Outlook],
+    },
     /// The deployment matches the target and runs the graph of `to`: the target's commit
     /// when this call finished a move (`moved`), else the commit that last changed the
     /// topology (`started_at`: when the move began, in seconds since the Unix epoch).
@@ -175,6 +181,17 @@ pub struct Wait {
     pub reason: String,
     /// Failed attempts so far (0: it waits for something, e.g. a drain or another action).
     pub failures: u32,
+}
+
+/// One action that remains, as status shows it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outlook {
+    pub action: String,
+    /// It was tried and waits, or failed and is retried: why.
+    pub waiting: Option<String>,
+    pub failures: u32,
+    /// It cannot run before another action: which.
+    pub blocked_by: Option<String>,
 }
 
 /// What the engine remembers between calls: actions that wait, and until when.
@@ -263,6 +280,7 @@ impl Engine<'_> {
         waits
             .entries
             .retain(|key, _| remaining.iter().any(|p| describe(&p.action) == *key));
+        self.show_remaining(&record, &remaining, waits, None);
         let done = record.moving.as_ref().map_or(0, |m| m.done);
         for pending in remaining.iter().filter(|p| p.blocked_by.is_none()) {
             let key = describe(&pending.action);
@@ -299,6 +317,7 @@ impl Engine<'_> {
                         m.done += 1;
                     }
                     self.save(&record)?;
+                    self.show_remaining(&record, &remaining, waits, Some(&key));
                     return Ok(Advance::Progressed);
                 }
                 Err(NotYet::Waiting(reason, retry_in)) => {
@@ -330,9 +349,11 @@ impl Engine<'_> {
                 }
             }
             if record != before {
+                self.show_remaining(&record, &remaining, waits, None);
                 return Ok(Advance::Progressed);
             }
         }
+        self.show_remaining(&record, &remaining, waits, None);
         let mut reported: Vec<Wait> = waits
             .entries
             .iter()
@@ -361,6 +382,37 @@ impl Engine<'_> {
             until,
             waits: reported,
         })
+    }
+
+    /// Tells what remains of the move (`done`: an action that took effect in this call).
+    fn show_remaining(
+        &self,
+        record: &TopologyRecord,
+        remaining: &[moves::Pending],
+        waits: &Waits,
+        done: Option<&str>,
+    ) {
+        let Some(moving) = &record.moving else {
+            return;
+        };
+        let actions: Vec<Outlook> = remaining
+            .iter()
+            .map(|pending| {
+                let action = describe(&pending.action);
+                let wait = waits.entries.get(&action);
+                Outlook {
+                    waiting: wait.map(|w| w.reason.clone()),
+                    failures: wait.map_or(0, |w| w.failures),
+                    blocked_by: pending.blocked_by.clone(),
+                    action,
+                }
+            })
+            .filter(|outlook| Some(outlook.action.as_str()) != done)
+            .collect();
+        (self.on_event)(Event::Remaining {
+            moving,
+            actions: &actions,
+        });
     }
 
     /// Starts recording a move towards the target, superseding one towards another commit.

@@ -32,6 +32,7 @@ pub mod runtime;
 pub mod spec;
 pub mod store;
 pub mod trust;
+pub mod web;
 
 use diagnostic::Diagnostic;
 use graph::Topology;

@@ -12,6 +12,7 @@ use plumber::graph::Topology;
 use plumber::repo::{MergePreview, Repository};
 use plumber::{Validation, output, plan, validate};
 
+mod ask;
 mod cluster;
 mod dev;
 mod up;
@@ -199,6 +200,10 @@ enum Command {
         server: String,
         #[arg(long, value_enum, default_value_t = TextOrJson::Text)]
         format: TextOrJson,
+        /// Follow the daemon: redraw in place whenever its status changes (with
+        /// `--format json`, one document per line); waits for a daemon that went away.
+        #[arg(long)]
+        watch: bool,
     },
     /// Helpers for trying Plumber locally: create source and sink topics, write sample records.
     #[command(subcommand)]
@@ -255,7 +260,7 @@ enum AssignorChoice {
     Eager,
 }
 
-#[derive(Clone, Copy, ValueEnum)]
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum TextOrJson {
     Text,
     Json,
@@ -493,10 +498,17 @@ fn run(command: Command) -> Result<ExitCode> {
             dev::run(command)?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Status { server, format } => {
-            ask(&server, "/api/status", format, output::status::text)
-        }
-        Command::History { server, format } => ask(
+        Command::Status {
+            server,
+            format,
+            watch: false,
+        } => ask::ask(&server, "/api/status", format, output::status::text),
+        Command::Status {
+            server,
+            format,
+            watch: true,
+        } => ask::watch_status(&server, format),
+        Command::History { server, format } => ask::ask(
             &server,
             "/api/history",
             format,
@@ -552,21 +564,6 @@ fn run(command: Command) -> Result<ExitCode> {
 }
 
 /// Asks a running daemon and prints its answer as JSON or rendered for a terminal.
-fn ask(
-    server: &str,
-    path: &str,
-    format: TextOrJson,
-    render: fn(&serde_json::Value) -> String,
-) -> Result<ExitCode> {
-    let answer = get_json(server, path)?;
-    let text = match format {
-        TextOrJson::Json => json_line(&answer)?,
-        TextOrJson::Text => render(&answer),
-    };
-    print(&text)?;
-    Ok(ExitCode::SUCCESS)
-}
-
 /// The secret of `--webhook-secret-file`. An empty one is an error: it would sign nothing,
 /// and a file left empty by mistake must not turn verification off.
 pub(crate) fn read_webhook_secret(file: &std::path::Path) -> Result<String> {
@@ -607,17 +604,6 @@ fn current_branch(repo: &str) -> Option<String> {
     head.shorthand()
         .filter(|_| head.is_branch())
         .map(str::to_owned)
-}
-
-fn get_json(server: &str, path: &str) -> Result<serde_json::Value> {
-    let url = format!("{}{path}", server.trim_end_matches('/'));
-    let mut response = ureq::get(&url)
-        .call()
-        .with_context(|| format!("asking the daemon at {server} (is `plumber up` running?)"))?;
-    response
-        .body_mut()
-        .read_json()
-        .with_context(|| format!("reading the answer of {url}"))
 }
 
 /// What `plan` plans for, besides the two revisions.

@@ -73,6 +73,17 @@ pub enum MergeTree {
     Conflicts(Vec<String>),
 }
 
+/// What a person reads of a commit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommitInfo {
+    /// `Name <email>`.
+    pub author: String,
+    /// The message's first line.
+    pub summary: String,
+    /// Authored, in seconds since the Unix epoch.
+    pub time: i64,
+}
+
 /// A tree of a topology repository by parts, so each part can be read (and validated) only
 /// when it is new: `plumber.yaml`, each `topologies/<name>` directory, and whatever else
 /// lies directly in `topologies/`.
@@ -164,6 +175,26 @@ impl Repository {
             ))
         })?;
         Ok(commit.id())
+    }
+
+    /// Who made `commit`, when, and the first line of its message.
+    pub fn commit_info(&self, commit: Oid) -> Result<CommitInfo> {
+        let read = |source| Error::Read {
+            what: "the commit".into(),
+            commit,
+            source,
+        };
+        let found = self.git.find_commit(commit).map_err(read)?;
+        let author = found.author();
+        Ok(CommitInfo {
+            author: match (author.name(), author.email()) {
+                (Some(name), Some(email)) => format!("{name} <{email}>"),
+                (Some(name), None) => name.to_owned(),
+                (None, email) => email.unwrap_or_default().to_owned(),
+            },
+            summary: found.summary().unwrap_or_default().to_owned(),
+            time: author.when().seconds(),
+        })
     }
 
     /// The files of `commit` that can matter to a topology repository ([`spec::is_wanted`]).

@@ -685,6 +685,7 @@ fn observed_status_is_published_beside_the_record_and_only_when_it_changed() {
         group: None,
         state: state.into(),
         lag,
+        ..StepStatus::default()
     };
     let observed = TopologyStatus {
         name: "shop".into(),
@@ -748,11 +749,15 @@ fn observed_status_is_published_beside_the_record_and_only_when_it_changed() {
         topology: None,
         message: "commit c0ffee is not valid: unknown field".into(),
         at: 0,
-        place: Some(plumber::diagnostic::Diagnostic::error(
-            plumber::diagnostic::Code::UnknownField,
-            "topologies/shop/validate.yaml",
-            Some(plumber::spec::yaml::Pos { line: 4, column: 1 }),
-            "unknown field `partitons`",
+        place: Some(plumber::daemon::status::Place::new(
+            plumber::diagnostic::Diagnostic::error(
+                plumber::diagnostic::Code::UnknownField,
+                "topologies/shop/validate.yaml",
+                Some(plumber::spec::yaml::Pos { line: 4, column: 1 }),
+                "unknown field `partitons`",
+            ),
+            "c0ffee",
+            None,
         )),
     };
     store.publish(&observed, Some(&invalid));

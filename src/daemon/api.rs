@@ -57,6 +57,7 @@ impl Server {
             .enable_all()
             .build()
             .map_err(listen_error)?;
+        let feeding = context.clone();
         let app = Router::new()
             .route("/healthz", get(|| async { "ok\n" }))
             .route("/metrics", get(metrics))
@@ -66,6 +67,7 @@ impl Server {
             .route("/api/plans/{*name}", get(plan_of))
             .route("/api/events", get(events))
             .route("/hooks/git", post(hook))
+            .merge(crate::web::routes())
             .with_state(Api {
                 context,
                 triggers,
@@ -83,6 +85,7 @@ impl Server {
                             return;
                         }
                     };
+                    tokio::spawn(feed_events(feeding, stopping));
                     let served = axum::serve(listener, app)
                         .with_graceful_shutdown(async {
                             let _ = stopped.await;
@@ -136,7 +139,7 @@ async fn status(State(api): State<Api>) -> Response {
 
 async fn history(State(api): State<Api>) -> Response {
     match api.context.records.history() {
-        Ok(entries) => axum::Json(entries).into_response(),
+        Ok(entries) => axum::Json(api.context.shown_history(entries)).into_response(),
         Err(error) => (StatusCode::INTERNAL_SERVER_ERROR, error.to_string()).into_response(),
     }
 }
@@ -201,29 +204,82 @@ async fn plan_of(
     }
 }
 
-/// Server-Sent Events: one `plan` event per plan change (see [`super::plans::PlanEvent`]).
+/// Server-Sent Events ([`super::events`]): the newest status at once (with the delay an
+/// EventSource waits before reconnecting), then every event in order. A client that fell
+/// behind gets the newest status and a `resync` (read history and plans again).
 async fn events(State(api): State<Api>) -> Response {
-    let receiver = api.context.plans.subscribe();
+    let (first, receiver) = api.context.events.subscribe();
+    let events = api.context.events.clone();
     let mut stopping = api.stopping.clone();
-    let stream = futures::stream::unfold(receiver, |mut receiver| async move {
-        loop {
+    let first = std::iter::once(
+        first
+            .map_or_else(Event::default, |status| sse(&status))
+            .retry(RECONNECT),
+    );
+    let rest = futures::stream::unfold(receiver, move |mut receiver| {
+        let events = events.clone();
+        async move {
             match receiver.recv().await {
-                Ok(event) => {
-                    let event = Event::default().event("plan").json_data(&event);
-                    return Some((event, receiver));
+                Ok(event) => Some((vec![sse(&event)], receiver)),
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(missed)) => {
+                    tracing::debug!(missed, "an event stream's client fell behind");
+                    let mut again: Vec<Event> = events.status().iter().map(|s| sse(s)).collect();
+                    again.push(Event::default().event("resync").data("{}"));
+                    Some((again, receiver))
                 }
-                // Fell behind: the next event is as good (readers fetch the plan itself).
-                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
-                Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => None,
             }
         }
     })
-    .take_until(async move {
-        let _ = stopping.wait_for(|stop| *stop).await;
-    });
+    .flat_map(futures::stream::iter);
+    let stream = futures::stream::iter(first)
+        .chain(rest)
+        .map(Ok::<_, std::convert::Infallible>)
+        .take_until(async move {
+            let _ = stopping.wait_for(|stop| *stop).await;
+        });
     Sse::new(stream)
         .keep_alive(KeepAlive::default())
         .into_response()
+}
+
+/// How long a browser waits before reconnecting to a daemon that went away.
+const RECONNECT: std::time::Duration = std::time::Duration::from_secs(2);
+
+fn sse(event: &super::events::Outgoing) -> Event {
+    Event::default()
+        .id(event.id.to_string())
+        .event(event.kind)
+        .data(&event.data)
+}
+
+/// Feeds the event stream: status as it is written, and the plans' changes.
+async fn feed_events(context: Arc<Context>, stopping: tokio::sync::watch::Receiver<bool>) {
+    let plans = {
+        let context = context.clone();
+        let mut stopping = stopping.clone();
+        async move {
+            let mut receiver = context.plans.subscribe();
+            loop {
+                let received = tokio::select! {
+                    received = receiver.recv() => received,
+                    _ = stopping.wait_for(|stop| *stop) => return,
+                };
+                match received {
+                    Ok(event) => context.events.publish("plan", &event),
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                        context.events.publish("resync", &serde_json::json!({}));
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                }
+            }
+        }
+    };
+    let status =
+        context
+            .events
+            .follow_status(&context.store, super::events::STATUS_INTERVAL, stopping);
+    futures::join!(plans, status);
 }
 
 async fn hook(State(api): State<Api>, headers: HeaderMap, body: Bytes) -> Response {

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 
-use super::status::{LastError, SignatureStatus, VerdictLabel};
+use super::status::{LastError, Place, SignatureStatus, VerdictLabel};
 use super::worker::Worker;
 use super::{Context, Error, Revision, Trigger};
 use crate::cutover;
@@ -231,7 +231,8 @@ fn newest_valid(
                         topology: None,
                         message: format!("commit {commit} is not valid: {errors}"),
                         at: cutover::now(),
-                        place: first.map(|d| *d),
+                        place: first
+                            .map(|d| Place::new(*d, &commit, context.config.forge.as_ref())),
                     }));
                 }
                 let parent = repository

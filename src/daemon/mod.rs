@@ -11,6 +11,7 @@
 //! in status, logs and metrics. With trusted keys, neither is a head they did not sign.
 
 pub mod api;
+pub mod events;
 mod follow;
 mod mailbox;
 mod observe;
@@ -37,7 +38,7 @@ use crate::kafka::{Admin, KafkaAdmin};
 use crate::runtime::{Cluster, Delivery, Runtime};
 use crate::store::{CutoverStore, StateDir};
 pub use revisions::{Revision, Revisions};
-use status::Store;
+use status::{HistoryShown, Store};
 pub use watch::{GitAuth, Source, Trigger};
 
 /// Settings of the daemon.
@@ -275,6 +276,8 @@ pub struct Context {
     pub trusted_keys: Option<Arc<crate::trust::TrustedKeys>>,
     /// The plans of the watched refs.
     pub plans: Arc<plans::Plans>,
+    /// What `GET /api/events` streams.
+    pub events: Arc<events::Events>,
     /// Asks the forge publisher to publish a pull request's plan again (webhooks).
     pub publish: publish::Requests,
     /// Asks the previews thread to decide a pull request's preview again (webhooks).
@@ -368,6 +371,7 @@ impl Context {
             store,
             trusted_keys,
             plans: Arc::new(plans::Plans::default()),
+            events: Arc::new(events::Events::default()),
             publish: publish::Requests::default(),
             previews: previews::Requests::default(),
             connect,
@@ -464,6 +468,25 @@ impl Context {
 
     pub fn is_stopping(&self) -> bool {
         self.stopping.load(Ordering::SeqCst)
+    }
+
+    /// History entries with the author, time and message of the commit each moved to.
+    pub fn shown_history(&self, entries: Vec<crate::store::HistoryEntry>) -> Vec<HistoryShown> {
+        let infos = self
+            .revisions
+            .commit_infos(entries.iter().map(|e| e.to.as_str()));
+        entries
+            .into_iter()
+            .map(|entry| {
+                let info = infos.get(&entry.to);
+                HistoryShown {
+                    author: info.map(|i| i.author.clone()),
+                    message: info.map(|i| i.summary.clone()),
+                    committed_at: info.map(|i| i.time),
+                    entry,
+                }
+            })
+            .collect()
     }
 }
 

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::status::{StepLabels, StepStatus};
 use super::{AdminUse, Context};
-use crate::graph::Kind;
+use crate::graph::{Kind, StepKind};
 use crate::kafka::{Admin, Progress};
 use crate::plan::{Deployment, moves};
 use crate::runtime::ProcessorStatus;
@@ -176,37 +176,68 @@ fn observe_topology(
         }
     }
     let mut steps = Vec::new();
-    let mut listed: Vec<(String, Kind, Option<String>, Option<String>)> = Vec::new();
+    let mut listed: Vec<Listed> = Vec::new();
     match topology {
         Some(topology) => {
-            for (_, step) in topology.steps() {
-                let group = (step.kind() == Kind::Processor)
+            for (id, step) in topology.steps() {
+                let processor = step.kind() == Kind::Processor;
+                let group = processor
                     .then(|| group_of(deployment, &step.name, step.identity))
                     .flatten();
-                listed.push((
-                    step.name.clone(),
-                    step.kind(),
-                    (step.kind() == Kind::Processor).then(|| step.identity.to_string()),
+                let (topic, transform, scale) = match &step.kind {
+                    StepKind::Source { topic } | StepKind::Sink { topic } => {
+                        (Some(topic.clone()), None, None)
+                    }
+                    StepKind::Processor {
+                        transform, scale, ..
+                    } => (None, Some(transform.kind().to_owned()), Some(*scale)),
+                };
+                listed.push(Listed {
+                    step: step.name.clone(),
+                    kind: step.kind(),
+                    identity: processor.then(|| step.identity.to_string()),
+                    inputs: topology
+                        .inputs(id)
+                        .iter()
+                        .map(|&i| topology.step(i).name.clone())
+                        .collect(),
+                    file: Some(step.file.clone()),
+                    topic,
+                    transform,
+                    // The running life's group is its internal topic too, when it writes one.
+                    internal_topic: group.clone().filter(|_| topology.feeds_processor(id)),
+                    dead_letter_topic: processor.then(|| topology.dlq_topic(id)),
+                    scale,
                     group,
-                ));
+                });
             }
         }
         // The commit cannot be loaded: show what runs.
         None => {
             for life in &deployment.lives {
-                listed.push((
-                    life.step().to_owned(),
-                    Kind::Processor,
-                    Some(life.identity().to_string()),
-                    Some(life.group().to_owned()),
-                ));
+                listed.push(Listed {
+                    step: life.step().to_owned(),
+                    kind: Kind::Processor,
+                    identity: Some(life.identity().to_string()),
+                    group: Some(life.group().to_owned()),
+                    inputs: Vec::new(),
+                    file: None,
+                    topic: None,
+                    transform: None,
+                    internal_topic: None,
+                    dead_letter_topic: None,
+                    scale: None,
+                });
             }
         }
     }
-    for (step, kind, identity, group) in listed {
-        let (state, lag) = match (kind, &group) {
-            (Kind::Source | Kind::Sink, _) => ("external".to_owned(), None),
-            (Kind::Processor, None) => ("stopped".to_owned(), None),
+    for listed in listed {
+        let Listed {
+            step, kind, group, ..
+        } = &listed;
+        let (state, lag, replicas) = match (kind, group) {
+            (Kind::Source | Kind::Sink, _) => ("external".to_owned(), None, None),
+            (Kind::Processor, None) => ("stopped".to_owned(), None, Some(0)),
             (Kind::Processor, Some(group)) => {
                 let state = match running.get(group) {
                     None => "stopped",
@@ -221,26 +252,53 @@ fn observe_topology(
                 if let Some(lag) = lag {
                     context.store.metrics.lag.get_or_create(&labels).set(lag);
                 }
+                let replicas = running.get(group).map_or(0, |p| p.running);
                 context
                     .store
                     .metrics
                     .instances
                     .get_or_create(&labels)
-                    .set(running.get(group).map_or(0, |p| i64::from(p.running)));
-                (state.to_owned(), lag)
+                    .set(i64::from(replicas));
+                (state.to_owned(), lag, Some(replicas))
             }
         };
         steps.push(StepStatus {
-            name: step,
-            kind: format!("{kind:?}").to_lowercase(),
-            identity,
-            group,
+            name: listed.step,
+            kind: format!("{:?}", listed.kind).to_lowercase(),
+            identity: listed.identity,
+            group: listed.group,
             state,
             lag,
+            inputs: listed.inputs,
+            file: listed.file,
+            topic: listed.topic,
+            transform: listed.transform,
+            internal_topic: listed.internal_topic,
+            dead_letter_topic: listed.dead_letter_topic,
+            replicas,
+            scale: listed.scale.map(|s| super::status::ScaleStatus {
+                min: s.min,
+                max: s.max,
+            }),
         });
     }
     context.store.topology(name, |t| t.steps = steps);
     read_all
+}
+
+/// A step as status lists it, before its state is looked up.
+struct Listed {
+    step: String,
+    kind: Kind,
+    identity: Option<String>,
+    group: Option<String>,
+    inputs: Vec<String>,
+    file: Option<String>,
+    topic: Option<String>,
+    transform: Option<String>,
+    internal_topic: Option<String>,
+    dead_letter_topic: Option<String>,
+    scale: Option<crate::spec::Scale>,
 }
 
 /// The revision whose graph of `name` to show: the one being moved to during a move, else

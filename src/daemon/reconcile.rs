@@ -4,7 +4,9 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::status::{CutoverStatus, OutcomeLabels, Phase, TopologyLabel, WaitStatus};
+use super::status::{
+    ActionState, ActionStatus, CutoverStatus, OutcomeLabels, Phase, TopologyLabel, WaitStatus,
+};
 use super::{AdminUse, Context, CutoverEvent, Error, Revision};
 use crate::cutover::{self, Advance, Engine, Event, Target, Waits};
 use crate::runtime::{Delivery, Settings};
@@ -99,9 +101,10 @@ pub(super) fn reconcile(
 /// Status and metrics of the engine's events.
 fn show(name: &str, context: &Context, event: Event<'_>) {
     // A settle that moved nothing is no cutover phase: no Event (1,000 of them per commit).
-    let quiet = matches!(event, Event::Finished { moved: false, .. });
-    if let Some(sink) = context.status_sink.as_ref().filter(|_| !quiet) {
-        sink.event(name, &describe_event(&event));
+    if let Some(sink) = &context.status_sink
+        && let Some(described) = describe_event(&event)
+    {
+        sink.event(name, &described);
     }
     let label = TopologyLabel {
         topology: name.to_owned(),
@@ -114,7 +117,9 @@ fn show(name: &str, context: &Context, event: Event<'_>) {
                 t.phase = Phase::Cutover;
                 t.commit = from.map(str::to_owned);
                 t.cutover = Some(CutoverStatus {
+                    from: from.map(str::to_owned),
                     to: to.to_owned(),
+                    started_at: Some(cutover::now()),
                     ..CutoverStatus::default()
                 });
             });
@@ -130,9 +135,26 @@ fn show(name: &str, context: &Context, event: Event<'_>) {
                 let c = t.cutover.get_or_insert_with(CutoverStatus::default);
                 c.done = done;
                 c.remaining = remaining;
-                c.current = Some(cutover::describe(action));
+                let current = cutover::describe(action);
+                for a in &mut c.actions {
+                    if a.action == current {
+                        a.state = ActionState::Running;
+                        a.reason = None;
+                    }
+                }
+                c.current = Some(current);
             });
         }
+        Event::Remaining { moving, actions } => context.store.topology(name, |t| {
+            t.phase = Phase::Cutover;
+            let c = t.cutover.get_or_insert_with(CutoverStatus::default);
+            c.from.clone_from(&moving.from);
+            c.to.clone_from(&moving.to);
+            c.started_at = Some(moving.started_at);
+            c.done = moving.done;
+            c.remaining = actions.len();
+            c.actions = shown_actions(&c.actions, actions);
+        }),
         Event::Finished { to, started_at, .. } => {
             metrics.in_cutover.get_or_create(&label).set(0);
             if let Some(started_at) = started_at {
@@ -158,14 +180,61 @@ fn show(name: &str, context: &Context, event: Event<'_>) {
             context.store.clear_error_of(name);
             // What runs changed: the plans of the watched refs start from it.
             context.plans.running_changed();
+            if started_at.is_some() {
+                show_history(name, to, context);
+            }
         }
     }
 }
 
-/// A cutover's event as the cluster's Events show it.
-fn describe_event(event: &Event<'_>) -> CutoverEvent {
+/// A finished move's history entry, for the event stream (the web page adds it).
+fn show_history(name: &str, to: &str, context: &Context) {
+    match context.records.history() {
+        Ok(entries) => {
+            let newest = entries
+                .into_iter()
+                .rev()
+                .find(|e| e.topology == name && e.to == to);
+            if let Some(shown) = newest.and_then(|e| context.shown_history(vec![e]).pop()) {
+                context.events.publish("history", &shown);
+            }
+        }
+        Err(error) => tracing::debug!(%error, topology = name, "cannot read the history"),
+    }
+}
+
+/// Action by action: those shown before that are no longer left are done (in the order they
+/// were shown), then what is left.
+fn shown_actions(before: &[ActionStatus], left: &[cutover::Outlook]) -> Vec<ActionStatus> {
+    let mut shown: Vec<ActionStatus> = before
+        .iter()
+        .filter(|a| a.state == ActionState::Done || !left.iter().any(|l| l.action == a.action))
+        .map(|a| ActionStatus {
+            state: ActionState::Done,
+            reason: None,
+            ..a.clone()
+        })
+        .collect();
+    shown.extend(left.iter().map(|l| {
+        let (state, reason) = match (&l.waiting, &l.blocked_by) {
+            (Some(reason), _) => (ActionState::Waiting, Some(reason.clone())),
+            (None, Some(blocker)) => (ActionState::Pending, Some(format!("waits for {blocker}"))),
+            (None, None) => (ActionState::Pending, None),
+        };
+        ActionStatus {
+            action: l.action.clone(),
+            state,
+            reason,
+            failures: l.failures,
+        }
+    }));
+    shown
+}
+
+/// A cutover's event as the cluster's Events show it (`None`: it is no cutover phase).
+fn describe_event(event: &Event<'_>) -> Option<CutoverEvent> {
     let short = |commit: &str| commit.chars().take(12).collect::<String>();
-    match event {
+    Some(match event {
         Event::Started {
             from,
             to,
@@ -195,9 +264,11 @@ fn describe_event(event: &Event<'_>) -> CutoverEvent {
                 remaining
             ),
         },
+        // A settle that moved nothing is no cutover phase (1,000 of them per commit).
+        Event::Finished { moved: false, .. } | Event::Remaining { .. } => return None,
         Event::Finished { to, .. } => CutoverEvent {
             reason: "CutoverFinished",
             note: format!("runs {}", short(to)),
         },
-    }
+    })
 }

@@ -43,6 +43,8 @@ pub struct Revisions {
     /// Checkouts [`Revisions::collect_checkouts`] keeps whatever it is told: the heads that
     /// preview environments run or are about to.
     pinned: Mutex<BTreeSet<String>>,
+    /// Authors and messages of the commits history shows (they never change).
+    commits: Mutex<BTreeMap<String, crate::repo::CommitInfo>>,
 }
 
 impl Revisions {
@@ -53,7 +55,43 @@ impl Revisions {
             cache: Mutex::new(BTreeMap::new()),
             trees: Arc::new(TreeCache::default()),
             pinned: Mutex::new(BTreeSet::new()),
+            commits: Mutex::new(BTreeMap::new()),
         }
+    }
+
+    /// Author, time and message of each of `commits` the repository has (one opening of the
+    /// repository for all of them; each commit read once per run).
+    pub fn commit_infos<'c>(
+        &self,
+        commits: impl IntoIterator<Item = &'c str>,
+    ) -> BTreeMap<String, crate::repo::CommitInfo> {
+        let mut known = self.commits.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut repository = None;
+        let mut found = BTreeMap::new();
+        for commit in commits {
+            if let Some(info) = known.get(commit) {
+                found.insert(commit.to_owned(), info.clone());
+                continue;
+            }
+            if repository.is_none() {
+                match self.source.open() {
+                    Ok(opened) => repository = Some(opened),
+                    Err(error) => {
+                        tracing::debug!(%error, "cannot read commit authors");
+                        break;
+                    }
+                }
+            }
+            let Some(repository) = &repository else { break };
+            let info = Oid::from_str(commit)
+                .ok()
+                .and_then(|oid| repository.commit_info(oid).ok());
+            if let Some(info) = info {
+                known.insert(commit.to_owned(), info.clone());
+                found.insert(commit.to_owned(), info);
+            }
+        }
+        found
     }
 
     /// A checkout of `commit`, valid or not on its own (a preview runs a pull request's

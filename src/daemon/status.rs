@@ -146,7 +146,11 @@ pub struct PreviewOf {
 #[derive(Debug, Clone, Default, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct CutoverStatus {
+    /// The commit it moves from (`null`: a first deployment).
+    pub from: Option<String>,
     pub to: String,
+    /// When the move began, in seconds since the Unix epoch.
+    pub started_at: Option<u64>,
     /// Actions that took effect in this move.
     pub done: usize,
     /// Actions left, the current one included.
@@ -155,6 +159,31 @@ pub struct CutoverStatus {
     pub current: Option<String>,
     /// What the move waits for: actions that cannot run yet, and why.
     pub waiting: Vec<WaitStatus>,
+    /// Action by action: those done while this daemon watched, then what remains in the
+    /// engine's order.
+    pub actions: Vec<ActionStatus>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ActionStatus {
+    pub action: String,
+    pub state: ActionState,
+    /// What a waiting (or blocked pending) action waits for.
+    pub reason: Option<String>,
+    pub failures: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ActionState {
+    Done,
+    /// Tried at the last step and not waiting.
+    Running,
+    /// Tried, and waits (a drain, a missing topic) or failed and is retried.
+    Waiting,
+    /// Not tried yet (blocked by another action when `reason` says so).
+    Pending,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -180,6 +209,28 @@ pub struct StepStatus {
     pub state: String,
     /// Records the processor's group has not consumed yet; `null` when unknown.
     pub lag: Option<i64>,
+    /// The steps it reads: the graph's edges.
+    pub inputs: Vec<String>,
+    /// The step file (`null` when the commit cannot be read).
+    pub file: Option<String>,
+    /// A source's or sink's Kafka topic.
+    pub topic: Option<String>,
+    /// A processor's transform: `jq`, `sql`, `exec` or `http`.
+    pub transform: Option<String>,
+    /// The topic a processor writes for the processors it feeds (its group's name).
+    pub internal_topic: Option<String>,
+    /// Where a processor's records that cannot be handled go.
+    pub dead_letter_topic: Option<String>,
+    /// A processor's instances running now.
+    pub replicas: Option<u32>,
+    /// A processor's scale bounds.
+    pub scale: Option<ScaleStatus>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct ScaleStatus {
+    pub min: u32,
+    pub max: u32,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -193,7 +244,42 @@ pub struct LastError {
     pub at: u64,
     /// An invalid commit's first error, with its file, line and column.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub place: Option<crate::diagnostic::Diagnostic>,
+    pub place: Option<Place>,
+}
+
+/// Where an error is, and with a forge, the link to that line of the file at the commit.
+#[derive(Debug, Clone, Serialize)]
+pub struct Place {
+    #[serde(flatten)]
+    pub diagnostic: crate::diagnostic::Diagnostic,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+}
+
+impl Place {
+    pub fn new(
+        diagnostic: crate::diagnostic::Diagnostic,
+        commit: &str,
+        forge: Option<&crate::forge::Config>,
+    ) -> Place {
+        Place {
+            url: forge.and_then(|f| f.file_url(commit, &diagnostic.file, diagnostic.line)),
+            diagnostic,
+        }
+    }
+}
+
+/// One move as `GET /api/history` shows it: with who made the commit it moved to, and why.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HistoryShown {
+    #[serde(flatten)]
+    pub entry: crate::store::HistoryEntry,
+    pub author: Option<String>,
+    /// The first line of the commit's message.
+    pub message: Option<String>,
+    /// When the commit was authored, in seconds since the Unix epoch.
+    pub committed_at: Option<i64>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -338,10 +424,49 @@ impl Default for Metrics {
 }
 
 /// The shared status; cheap to clone.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct Store {
     status: Arc<RwLock<Status>>,
+    /// Counts writes, so readers that push status (the event stream) learn of changes.
+    written: Arc<tokio::sync::watch::Sender<u64>>,
     pub metrics: Metrics,
+}
+
+impl Default for Store {
+    fn default() -> Self {
+        Store {
+            status: Arc::default(),
+            written: Arc::new(tokio::sync::watch::Sender::new(0)),
+            metrics: Metrics::default(),
+        }
+    }
+}
+
+/// A write to the status; readers are told when it ends (they find the lock free within
+/// microseconds of being woken).
+pub struct StatusWrite<'a> {
+    guard: RwLockWriteGuard<'a, Status>,
+    written: &'a tokio::sync::watch::Sender<u64>,
+}
+
+impl std::ops::Deref for StatusWrite<'_> {
+    type Target = Status;
+    fn deref(&self) -> &Status {
+        &self.guard
+    }
+}
+
+impl std::ops::DerefMut for StatusWrite<'_> {
+    fn deref_mut(&mut self) -> &mut Status {
+        &mut self.guard
+    }
+}
+
+impl Drop for StatusWrite<'_> {
+    fn drop(&mut self) {
+        self.written
+            .send_modify(|count| *count = count.wrapping_add(1));
+    }
 }
 
 impl Store {
@@ -349,8 +474,16 @@ impl Store {
         self.status.read().unwrap_or_else(PoisonError::into_inner)
     }
 
-    pub fn write(&self) -> RwLockWriteGuard<'_, Status> {
-        self.status.write().unwrap_or_else(PoisonError::into_inner)
+    pub fn write(&self) -> StatusWrite<'_> {
+        StatusWrite {
+            guard: self.status.write().unwrap_or_else(PoisonError::into_inner),
+            written: &self.written,
+        }
+    }
+
+    /// Changes whenever the status was written (maybe to the same value).
+    pub fn writes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.written.subscribe()
     }
 
     /// Changes one topology's entry, creating it if needed, and recomputes the overall phase.

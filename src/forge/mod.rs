@@ -231,6 +231,28 @@ impl Config {
             .trim_end_matches('/')
     }
 
+    /// Where a person reads `file` at `commit` on the forge's web pages, at `line`: the
+    /// API's URL without its API path (`api.github.com` → `github.com`, `HOST/api/v3` →
+    /// `HOST`, `HOST/api/v4` → `HOST`). `None` for a GitLab project given by number, whose
+    /// path the URL needs.
+    pub fn file_url(&self, commit: &str, file: &str, line: Option<u32>) -> Option<String> {
+        let api = self.api_url();
+        let web = match self.kind {
+            Kind::GitHub if api == "https://api.github.com" => "https://github.com",
+            Kind::GitHub => api.strip_suffix("/api/v3").unwrap_or(api),
+            Kind::GitLab => api.strip_suffix("/api/v4").unwrap_or(api),
+        };
+        let anchor = line.map(|l| format!("#L{l}")).unwrap_or_default();
+        let repo = self.repo.replace("%2F", "/").replace("%2f", "/");
+        match self.kind {
+            Kind::GitHub => Some(format!("{web}/{repo}/blob/{commit}/{file}{anchor}")),
+            Kind::GitLab if repo.contains('/') => {
+                Some(format!("{web}/{repo}/-/blob/{commit}/{file}{anchor}"))
+            }
+            Kind::GitLab => None,
+        }
+    }
+
     /// Checks what can be checked without the network: the URL's form and the repository's.
     pub fn check(&self) -> Result<()> {
         let url = self.api_url();
@@ -956,6 +978,31 @@ fn says_already(existing: &str, body: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn files_link_to_the_forge_s_web_pages_at_the_commit_and_line() {
+        let github = Config::new(Kind::GitHub, "acme/flows", "/t");
+        assert_eq!(
+            github
+                .file_url("abc", "topologies/t/a.yaml", Some(3))
+                .as_deref(),
+            Some("https://github.com/acme/flows/blob/abc/topologies/t/a.yaml#L3")
+        );
+        let enterprise = github.clone().with_url("https://ghe.acme.io/api/v3/");
+        assert_eq!(
+            enterprise.file_url("abc", "a.yaml", None).as_deref(),
+            Some("https://ghe.acme.io/acme/flows/blob/abc/a.yaml")
+        );
+        let gitlab = Config::new(Kind::GitLab, "data%2Fflows", "/t");
+        assert_eq!(
+            gitlab.file_url("abc", "a.yaml", Some(9)).as_deref(),
+            Some("https://gitlab.com/data/flows/-/blob/abc/a.yaml#L9")
+        );
+        assert_eq!(
+            Config::new(Kind::GitLab, "42", "/t").file_url("abc", "a.yaml", Some(9)),
+            None
+        );
+    }
 
     #[test]
     fn pull_requests_are_read_from_their_refs() {

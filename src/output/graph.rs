@@ -5,18 +5,12 @@ use std::fmt::Write;
 use serde_json::{Value, json};
 
 use crate::graph::{Kind, StepId, StepKind, Topology};
-use crate::spec::Transform;
 
 /// A short label for what a step does: its topic, or its transform kind.
 pub fn step_detail(topology: &Topology, id: StepId) -> String {
     match &topology.step(id).kind {
         StepKind::Source { topic } | StepKind::Sink { topic } => topic.clone(),
-        StepKind::Processor { transform, .. } => match transform {
-            Transform::Jq { .. } => "jq".into(),
-            Transform::Sql { .. } => "sql".into(),
-            Transform::Exec { .. } => "exec".into(),
-            Transform::Http { .. } => "http".into(),
-        },
+        StepKind::Processor { transform, .. } => transform.kind().to_owned(),
     }
 }
 

@@ -56,12 +56,27 @@ pub fn text(status: &Value) -> String {
             ));
         }
         out.push('\n');
-        for wait in cutover
+        let actions = cutover
+            .and_then(|c| c.get("actions"))
+            .and_then(Value::as_array)
+            .filter(|a| !a.is_empty());
+        // Action by action when the daemon lists them, else what waits.
+        for action in actions.into_iter().flatten() {
+            let reason = action["reason"]
+                .as_str()
+                .map(|r| format!(": {r}"))
+                .unwrap_or_default();
+            out.push_str(&format!(
+                "  {:<8} {}{reason}\n",
+                action["state"].as_str().unwrap_or("?"),
+                action["action"].as_str().unwrap_or("?"),
+            ));
+        }
+        let waits = cutover
             .and_then(|c| c.get("waiting"))
             .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-        {
+            .filter(|_| actions.is_none());
+        for wait in waits.into_iter().flatten() {
             out.push_str(&format!(
                 "  waiting: {}: {}\n",
                 wait["action"].as_str().unwrap_or("?"),
@@ -71,16 +86,28 @@ pub fn text(status: &Value) -> String {
         if let Some(error) = topology["lastError"].as_str() {
             out.push_str(&format!("  error: {error}\n"));
         }
-        let steps: Vec<[String; 6]> = topology["steps"]
+        let steps: Vec<[String; 8]> = topology["steps"]
             .as_array()
             .into_iter()
             .flatten()
             .map(|s| {
                 [
                     s["name"].as_str().unwrap_or("?").to_owned(),
-                    s["kind"].as_str().unwrap_or("?").to_owned(),
+                    s["transform"]
+                        .as_str()
+                        .or(s["kind"].as_str())
+                        .unwrap_or("?")
+                        .to_owned(),
                     s["state"].as_str().unwrap_or("?").to_owned(),
+                    s["replicas"]
+                        .as_u64()
+                        .map(|r| r.to_string())
+                        .unwrap_or_default(),
                     s["lag"].as_i64().map(|l| l.to_string()).unwrap_or_default(),
+                    s["recordsPerSecond"]
+                        .as_f64()
+                        .map(|r| format!("{r:.1}"))
+                        .unwrap_or_default(),
                     s["identity"]
                         .as_str()
                         .map(|i| i.chars().take(12).collect())
@@ -90,7 +117,9 @@ pub fn text(status: &Value) -> String {
             })
             .collect();
         out.push_str(&table(
-            ["STEP", "KIND", "STATE", "LAG", "IDENTITY", "GROUP"],
+            [
+                "STEP", "KIND", "STATE", "REPLICAS", "LAG", "REC/S", "IDENTITY", "GROUP",
+            ],
             &steps,
         ));
     }
@@ -209,5 +238,51 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("plumber.t.b.111111111111.2"), "{text}");
+    }
+
+    #[test]
+    fn a_cutover_is_shown_action_by_action_with_replicas_and_rates() {
+        let status = serde_json::json!({
+            "branch": "main", "commit": "0123456789abcdef", "phase": "cutover",
+            "topologies": [{
+                "name": "t", "commit": "aaaaaaaaaaaa0000", "phase": "cutover",
+                "cutover": {
+                    "to": "bbbbbbbbbbbb0000", "done": 1, "remaining": 2, "waiting": [],
+                    "actions": [
+                        {"action": "start-processor b as g2", "state": "done", "reason": null},
+                        {"action": "drain-processor g1 on x", "state": "waiting",
+                         "reason": "lag 4"},
+                        {"action": "stop-processor g1", "state": "pending",
+                         "reason": "waits for drain-processor g1 on x"}
+                    ]
+                },
+                "steps": [{"name": "b", "kind": "processor", "transform": "jq",
+                           "state": "running", "lag": 7, "replicas": 2,
+                           "recordsPerSecond": 12.34, "identity": "1111", "group": "g2"}]
+            }]
+        });
+        let text = text(&status);
+        assert!(
+            text.contains("  done     start-processor b as g2\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("  waiting  drain-processor g1 on x: lag 4\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("  pending  stop-processor g1: waits for drain-processor"),
+            "{text}"
+        );
+        let row = text
+            .lines()
+            .find(|l| l.trim_start().starts_with("b "))
+            .unwrap_or("");
+        let cells: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(
+            cells,
+            ["b", "jq", "running", "2", "7", "12.3", "1111", "g2"],
+            "{text}"
+        );
     }
 }

@@ -145,6 +145,8 @@ pub struct StepPlan {
     /// Why a `replaced` or `updated` step is; `None` otherwise.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<Reason>,
+    /// The steps it reads (in the old graph when the step is removed): a plan's diagram.
+    pub inputs: Vec<String>,
     /// Who owns the step file (`CODEOWNERS`), for changed steps.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub owners: Vec<String>,
@@ -306,6 +308,14 @@ pub fn plan_topology_from(
     }
 }
 
+fn input_names(topology: &Topology, id: crate::graph::StepId) -> Vec<String> {
+    topology
+        .inputs(id)
+        .into_iter()
+        .map(|i| topology.step(i).name.clone())
+        .collect()
+}
+
 /// Steps of the new graph in data-flow order, then removed steps in their old order.
 fn step_changes(old: Option<&Topology>, new: Option<&Topology>) -> Vec<StepPlan> {
     let mut out = Vec::new();
@@ -339,12 +349,13 @@ fn step_changes(old: Option<&Topology>, new: Option<&Topology>) -> Vec<StepPlan>
                 },
                 file: step.file.clone(),
                 reason,
+                inputs: input_names(new, new_id),
                 owners: Vec::new(),
             });
         }
     }
     if let Some(old) = old {
-        for (_, step) in old.steps() {
+        for (old_id, step) in old.steps() {
             if new.is_some_and(|n| n.find(&step.name).is_some()) {
                 continue;
             }
@@ -358,6 +369,7 @@ fn step_changes(old: Option<&Topology>, new: Option<&Topology>) -> Vec<StepPlan>
                 },
                 file: step.file.clone(),
                 reason: None,
+                inputs: input_names(old, old_id),
                 owners: Vec::new(),
             });
         }

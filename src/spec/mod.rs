@@ -271,6 +271,18 @@ pub enum Transform {
     },
 }
 
+impl Transform {
+    /// `jq`, `sql`, `exec` or `http`: as the step file names it.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Transform::Jq { .. } => "jq",
+            Transform::Sql { .. } => "sql",
+            Transform::Exec { .. } => "exec",
+            Transform::Http { .. } => "http",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum StartFrom {

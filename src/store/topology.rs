@@ -429,22 +429,21 @@ fn observed(
                 message: message.clone(),
                 ..LastError::default()
             }),
-            (None, Some(error)) => Some(LastError {
-                commit: error.commit.clone(),
-                code: error.place.as_ref().map(|d| d.code.to_string()),
-                file: error.place.as_ref().map(|d| d.file.clone()),
-                line: error
-                    .place
-                    .as_ref()
-                    .and_then(|d| d.line)
-                    .and_then(|n| i32::try_from(n).ok()),
-                column: error
-                    .place
-                    .as_ref()
-                    .and_then(|d| d.column)
-                    .and_then(|n| i32::try_from(n).ok()),
-                message: error.message.clone(),
-            }),
+            (None, Some(error)) => {
+                let place = error.place.as_ref().map(|p| &p.diagnostic);
+                Some(LastError {
+                    commit: error.commit.clone(),
+                    code: place.map(|d| d.code.to_string()),
+                    file: place.map(|d| d.file.clone()),
+                    line: place
+                        .and_then(|d| d.line)
+                        .and_then(|n| i32::try_from(n).ok()),
+                    column: place
+                        .and_then(|d| d.column)
+                        .and_then(|n| i32::try_from(n).ok()),
+                    message: error.message.clone(),
+                })
+            }
             (None, None) => None,
         },
         conditions: Vec::new(),

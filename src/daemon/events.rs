@@ -1,0 +1,227 @@
+//! The event stream of `GET /api/events` (Server-Sent Events), which the web page follows:
+//! `status` (the whole status document, whenever it changed, at most one per
+//! [`STATUS_INTERVAL`], always the newest), `plan` (a watched ref's plan changed or went) and
+//! `history` (a move finished: its history entry). Every event is numbered in the one order
+//! all clients see; a client that connects (or reconnects after a restart) gets the current
+//! status first.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::sync::broadcast;
+
+use super::status::Store;
+
+/// The shortest time between two `status` events: lag and records/s change every look, and a
+/// page redraws nothing faster than a person reads.
+pub const STATUS_INTERVAL: Duration = Duration::from_millis(500);
+
+/// Events a client that falls this far behind misses (it is sent the status again and told
+/// to read the rest afresh).
+const BACKLOG: usize = 256;
+
+/// One event as sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outgoing {
+    /// Increasing within one daemon run.
+    pub id: u64,
+    /// `status`, `plan`, `history` or `resync`.
+    pub kind: &'static str,
+    /// JSON.
+    pub data: String,
+}
+
+/// Numbers the events and hands them to every client.
+pub struct Events {
+    next: AtomicU64,
+    sender: broadcast::Sender<Arc<Outgoing>>,
+    /// The newest `status` event (what a client connecting gets first).
+    status: std::sync::Mutex<Option<Arc<Outgoing>>>,
+}
+
+impl Default for Events {
+    fn default() -> Self {
+        Events {
+            next: AtomicU64::new(1),
+            sender: broadcast::Sender::new(BACKLOG),
+            status: std::sync::Mutex::new(None),
+        }
+    }
+}
+
+impl Events {
+    /// Sends an event to every client connected now.
+    pub fn publish(&self, kind: &'static str, data: &impl Serialize) {
+        match serde_json::to_string(data) {
+            Ok(data) => {
+                self.send(kind, data);
+            }
+            Err(error) => tracing::warn!(%error, kind, "cannot encode an event"),
+        }
+    }
+
+    fn send(&self, kind: &'static str, data: String) -> Arc<Outgoing> {
+        // Numbered and sent under one lock, so ids reach clients in order.
+        let mut status = self
+            .status
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let event = Arc::new(Outgoing {
+            id: self.next.fetch_add(1, Ordering::Relaxed),
+            kind,
+            data,
+        });
+        if kind == "status" {
+            *status = Some(event.clone());
+        }
+        // No receiver (no page open) is no error.
+        let _ = self.sender.send(event.clone());
+        event
+    }
+
+    /// A client's stream: the newest status first, then every event from now on.
+    pub fn subscribe(&self) -> (Option<Arc<Outgoing>>, broadcast::Receiver<Arc<Outgoing>>) {
+        let status = self
+            .status
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        (status.clone(), self.sender.subscribe())
+    }
+
+    /// The newest status, for a client that fell behind.
+    pub fn status(&self) -> Option<Arc<Outgoing>> {
+        self.status
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Sends `status` events as the store is written, at most one per `interval`, never the
+    /// same document twice. Runs until the store is gone or `stop` turns true.
+    pub async fn follow_status(
+        &self,
+        store: &Store,
+        interval: Duration,
+        mut stop: tokio::sync::watch::Receiver<bool>,
+    ) {
+        let mut writes = store.writes();
+        let mut last = String::new();
+        loop {
+            let document = match serde_json::to_string(&*store.read()) {
+                Ok(document) => document,
+                Err(error) => {
+                    tracing::warn!(%error, "cannot encode the status");
+                    String::new()
+                }
+            };
+            if !document.is_empty() && document != last {
+                self.send("status", document.clone());
+                last = document;
+            }
+            // Writes during the pause are coalesced: the next document has them all.
+            tokio::select! {
+                () = tokio::time::sleep(interval) => {}
+                _ = stop.wait_for(|stop| *stop) => return,
+            }
+            tokio::select! {
+                changed = writes.changed() => if changed.is_err() { return },
+                _ = stop.wait_for(|stop| *stop) => return,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    fn status_events_are_coalesced_to_the_interval_numbered_in_order_and_never_repeated() {
+        let runtime = runtime();
+        let store = Store::default();
+        let events = Arc::new(Events::default());
+        let (stop, stopping) = tokio::sync::watch::channel(false);
+        let interval = Duration::from_millis(100);
+        runtime.block_on(async {
+            let follower = {
+                let (events, store) = (events.clone(), store.clone());
+                tokio::spawn(async move { events.follow_status(&store, interval, stopping).await })
+            };
+            let (first, mut receiver) = loop {
+                // The follower publishes the initial status as it starts.
+                if let (Some(first), receiver) = events.subscribe() {
+                    break (first, receiver);
+                }
+                tokio::task::yield_now().await;
+            };
+            assert_eq!(first.kind, "status");
+
+            // 2,000 writes as fast as they come, interleaved with a plan event.
+            let started = Instant::now();
+            for n in 0..2_000 {
+                store.write().branch = format!("b{n}");
+                if n == 1_000 {
+                    events.publish("plan", &serde_json::json!({"ref": "refs/heads/x"}));
+                }
+                if n % 100 == 0 {
+                    tokio::task::yield_now().await;
+                }
+            }
+            // Unchanged writes send nothing new.
+            for _ in 0..100 {
+                store.write().branch = "b1999".into();
+            }
+            let mut seen = vec![first.clone()];
+            let last = loop {
+                let event = tokio::time::timeout(Duration::from_secs(30), receiver.recv())
+                    .await
+                    .expect("the last write's status arrives")
+                    .unwrap();
+                seen.push(event.clone());
+                if event.kind == "status" && event.data.contains("\"b1999\"") {
+                    break event;
+                }
+            };
+            let elapsed = started.elapsed();
+            let ids: Vec<u64> = seen.iter().map(|e| e.id).collect();
+            assert!(ids.windows(2).all(|w| w[0] < w[1]), "{ids:?}");
+            let statuses = seen.iter().filter(|e| e.kind == "status").count();
+            // At most one per interval (and the first at once).
+            let allowed = (elapsed.as_millis() / interval.as_millis()) as usize + 2;
+            assert!(
+                statuses <= allowed,
+                "{statuses} status events in {elapsed:?}"
+            );
+            assert!(
+                statuses < 100,
+                "2,000 writes were not coalesced: {statuses}"
+            );
+            assert_eq!(seen.iter().filter(|e| e.kind == "plan").count(), 1);
+            assert!(seen.windows(2).all(|w| w[0].data != w[1].data));
+            assert_eq!(events.status().as_deref(), Some(&*last));
+
+            // Nothing changes any more: no status event within a few intervals.
+            let quiet = tokio::time::timeout(interval * 5, receiver.recv()).await;
+            assert!(
+                quiet.is_err(),
+                "an unchanged status was sent again: {quiet:?}"
+            );
+
+            // A client connecting now gets the newest status first.
+            let (again, _) = events.subscribe();
+            assert_eq!(again.as_deref(), Some(&*last));
+            stop.send(true).unwrap();
+            follower.await.unwrap();
+        });
+    }
+}
