@@ -152,4 +152,12 @@ async function getJson<T>(path: string): Promise<T> {
 
 export const fetchStatus = () => getJson<Status>('api/status');
 export const fetchHistory = () => getJson<HistoryEntry[]>('api/history');
-export const fetchPlans = () => getJson<RefPlan[]>('api/plans');
+// A plan as the page uses it: lists never missing.
+export const normalizePlan = (p: RefPlan): RefPlan => ({
+  ...p,
+  conflicts: p.conflicts ?? [],
+  errors: p.errors ?? [],
+  topologies: (p.topologies ?? []).map((t) => ({ ...t, steps: t.steps ?? [], actions: t.actions ?? [] })),
+});
+
+export const fetchPlans = () => getJson<RefPlan[]>('api/plans').then((plans) => plans.map(normalizePlan));

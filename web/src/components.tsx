@@ -5,6 +5,13 @@ import { ago, iso, place, short } from './format';
 // Every state is said in words; the glyph and the colour only repeat it.
 const PHASES: Record<string, string> = { idle: '● idle', cutover: '◆ cutover', error: '✕ error' };
 
+// Messages quote names in backticks (as the CLI prints them): shown as code.
+export function Text(props: { text: string }) {
+  const parts = props.text.split('`');
+  if (parts.length < 3 || parts.length % 2 === 0) return <>{props.text}</>;
+  return <>{parts.map((p, i) => (i % 2 === 1 ? <code key={i}>{p}</code> : p))}</>;
+}
+
 export function PhaseBadge(props: { phase: Phase | string; extra?: string }) {
   return (
     <span class={`pill phase-${props.phase}`}>
@@ -63,12 +70,18 @@ export function DaemonError(props: { error: LastError; now: number; title?: stri
           · <When at={e.at} now={props.now} />
         </span>
       </p>
-      <p class="error-message">{e.message}</p>
+      <p class="error-message">
+        <Text text={e.message} />
+      </p>
       {e.place ? (
         <p class="error-place">
           at <PlaceLink place={e.place} />
           {e.place.code ? <span class="muted"> ({e.place.code})</span> : null}
-          {e.place.message && e.place.message !== e.message ? <>: {e.place.message}</> : null}
+          {e.place.message && e.place.message !== e.message ? (
+            <>
+              : <Text text={e.place.message} />
+            </>
+          ) : null}
         </p>
       ) : null}
     </div>

@@ -21,7 +21,9 @@ function ConnectionState(props: { daemon: Daemon }) {
 function App() {
   const daemon = useDaemon();
   const route = useRoute();
-  const now = useNow(15000);
+  // Ticks so "2 min ago" stays true between events; a status event renders with the time too.
+  useNow(15000);
+  const now = Date.now() / 1000;
   const { status } = daemon;
 
   useEffect(() => {

@@ -1,5 +1,5 @@
 import type { PlanStep, RefPlan, TopologyPlan } from './api';
-import { Commit, PlaceLink, slug } from './components';
+import { Commit, PlaceLink, Text, slug } from './components';
 import { Dag } from './dag';
 import type { DagNode } from './dag';
 import { describeAction, short } from './format';
@@ -142,7 +142,7 @@ export function PlanCard(props: { plan: RefPlan; only?: string; level: 2 | 3 }) 
           <ul class="plain diagnostics">
             {errors.map((e, i) => (
               <li key={i} data-error>
-                <PlaceLink place={e} /> <span class="muted">{e.code}</span> {e.message}
+                <PlaceLink place={e} /> <span class="muted">{e.code}</span> <Text text={e.message} />
               </li>
             ))}
           </ul>

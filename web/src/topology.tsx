@@ -1,6 +1,6 @@
 import { useState } from 'preact/hooks';
 import type { Cutover, CutoverAction, HistoryEntry, RefPlan, Status, Step, TopologyStatus } from './api';
-import { Commit, DaemonError, PhaseBadge, When } from './components';
+import { Commit, DaemonError, PhaseBadge, Text, When } from './components';
 import { Dag, Legend } from './dag';
 import type { DagNode } from './dag';
 import { count, duration, iso, rate } from './format';
@@ -322,7 +322,9 @@ export function TopologyPage(props: {
             <span aria-hidden="true">✕ </span>
             <strong>Error in {name}</strong>
           </p>
-          <p class="error-message">{t.lastError}</p>
+          <p class="error-message">
+            <Text text={t.lastError} />
+          </p>
         </div>
       ) : null}
       {status.lastError && concerns(status, name) ? (
