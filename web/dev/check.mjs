@@ -1,0 +1,110 @@
+// Checks the built page against the fixture daemon in headless Chromium: the DOM hooks the
+// browser test relies on, live updates without relayout, keyboard access, reconnection after a
+// restart, and that no request leaves the server. Needs playwright-core, installed outside
+// the repository:
+//   (cd /tmp/pw && npm i playwright-core) && PLAYWRIGHT_CORE=/tmp/pw/node_modules/playwright-core/index.mjs node dev/check.mjs
+import { spawn } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
+
+const { chromium } = await import(process.env.PLAYWRIGHT_CORE ?? 'playwright-core');
+const port = Number(process.env.PORT ?? 7980);
+const web = fileURLToPath(new URL('..', import.meta.url));
+const base = `http://127.0.0.1:${port}/`;
+let server;
+async function start() {
+  server = spawn('node', ['dev/server.mjs', '--port', String(port)], { cwd: web, stdio: ['ignore', 'pipe', 'inherit'] });
+  await new Promise((r) => server.stdout.once('data', r));
+}
+const stop = () => new Promise((r) => { server.once('exit', r); server.kill('SIGTERM'); });
+const ok = (cond, what) => { console.log(cond ? 'ok  ' : 'FAIL', what); if (!cond) process.exitCode = 1; };
+
+await start();
+const browser = await chromium.launch({ executablePath: process.env.CHROMIUM ?? '/usr/bin/chromium', args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking', '--disable-component-update', '--disable-sync'] });
+const page = await browser.newPage({ viewport: { width: 1280, height: 800 } });
+const requests = [];
+page.on('request', (r) => requests.push(r.url()));
+page.on('pageerror', (e) => console.log('pageerror', e.message));
+
+await page.goto(base + '#/');
+await page.waitForSelector('[data-connection="live"]', { timeout: 10000 });
+ok(await page.locator('[data-topology="telemetry"][data-phase="cutover"]').count() === 1, 'overview row telemetry, phase cutover');
+ok(await page.locator('[data-topology="billing"][data-phase="idle"]').count() === 1, 'overview row billing, phase idle');
+ok((await page.locator('[data-error]').first().textContent()).includes('topologies/billing/steps/fx.yaml:12'), 'overview error has file:line');
+ok(await page.locator('[data-error] a[href^="https://github.com/acme/topologies/blob/"]').count() === 1, 'error place links to the forge');
+
+await page.click('a[href="#/topology/telemetry"]');
+await page.waitForSelector('[data-step="clean"]');
+ok(page.url().endsWith('#/topology/telemetry'), 'URL #/topology/telemetry');
+const clean = page.locator('[data-step="clean"][data-kind="processor"]');
+const text = await clean.textContent();
+ok(/clean/.test(text) && /replica/.test(text) && /lag \d/.test(text) && /rec\/s/.test(text), `processor node text: ${text}`);
+ok(await page.locator('[data-step="raw"][data-kind="source"][data-state="external"]').count() === 1, 'source node kind/state');
+ok(await page.locator('[data-step="alerts"][data-kind="sink"]').count() === 1, 'sink node');
+ok(await page.locator('[data-cutover]').count() === 1, 'cutover present');
+for (const s of ['done', 'running', 'waiting', 'pending']) ok(await page.locator(`[data-action][data-action-state="${s}"]`).count() > 0, `an action ${s}`);
+const histBefore = await page.locator('[data-history][data-to]').count();
+ok(histBefore === 3, `history of telemetry: ${histBefore} entries`);
+ok(await page.locator('[data-plan="refs/pull/42/head"]').count() === 1, 'plan touching telemetry shown');
+ok(await page.locator('[data-plan="refs/heads/fix-fx-timeout"]').count() === 0, 'plan not touching telemetry not shown');
+
+// Numbers change, the layout does not.
+const parse = await page.$('[data-step="parse"]');
+const t0 = await parse.getAttribute('transform');
+const txt0 = await parse.textContent();
+await page.waitForFunction((t) => document.querySelector('[data-step="parse"]').textContent !== t, txt0, { timeout: 5000 });
+ok(await parse.evaluate((e) => e.isConnected), 'same node element after an update (no re-render of the layout)');
+ok((await parse.getAttribute('transform')) === t0, 'node position unchanged after a numbers update');
+
+// Keyboard: Tab to a node, Enter opens its details.
+await page.locator('main').focus();
+let found = false;
+for (let i = 0; i < 30 && !found; i++) {
+  await page.keyboard.press('Tab');
+  found = await page.evaluate(() => document.activeElement?.getAttribute('data-step') === 'parse');
+}
+ok(found, 'Tab reaches a node');
+await page.keyboard.press('Enter');
+const details = await page.locator('.details').textContent();
+ok(details.includes('topologies/telemetry/steps/parse.yaml') && details.includes('plumber.telemetry.parse.dlq'), 'Enter shows details (file, dead-letter topic)');
+ok((await page.locator('[data-step="parse"]').getAttribute('aria-label')).includes('running'), 'aria-label carries the state');
+
+// The cutover walks forward, then ends and joins the history.
+const done0 = await page.locator('[data-action-state="done"]').count();
+await page.waitForFunction((n) => document.querySelectorAll('[data-action-state="done"]').length > n, done0, { timeout: 8000 });
+ok(true, 'cutover progresses');
+await page.waitForSelector('[data-cutover]', { state: 'detached', timeout: 40000 });
+ok(true, 'cutover ends');
+await page.waitForFunction((n) => document.querySelectorAll('[data-history][data-to]').length === n + 1, histBefore, { timeout: 5000 });
+ok(true, 'history event appended an entry');
+
+// A daemon restart: reconnecting, then live again, and history and plans fetched again.
+const historyFetches = () => requests.filter((u) => u.endsWith('/api/history')).length;
+const plansFetches = () => requests.filter((u) => u.endsWith('/api/plans')).length;
+const h0 = historyFetches();
+const p0 = plansFetches();
+await stop();
+await page.waitForSelector('[data-connection="reconnecting"]', { timeout: 10000 });
+ok((await page.locator('[data-connection]').textContent()).includes('reconnecting'), 'shows reconnecting');
+await start();
+await page.waitForSelector('[data-connection="live"]', { timeout: 15000 });
+ok(true, 'live again after the restart');
+await page.waitForFunction(() => document.querySelector('[data-cutover]') != null, null, { timeout: 5000 });
+ok(true, 'status of the new daemon shown (cutover again)');
+await page.waitForTimeout(500);
+ok(historyFetches() > h0 && plansFetches() > p0, `history and plans refetched (${h0}->${historyFetches()}, ${p0}->${plansFetches()})`);
+
+await page.goto(base + '#/plans');
+await page.waitForSelector('[data-plan]');
+ok(await page.locator('[data-plan]').count() === 2, 'two plans');
+ok((await page.locator('[data-plan="refs/heads/fix-fx-timeout"] [data-error]').first().textContent()).includes('topologies/billing/steps/fx.yaml:12'), 'invalid plan error with file:line');
+ok(await page.locator('[data-plan="refs/pull/42/head"] [data-change="added"]').count() === 1, 'plan diagram marks added steps');
+
+await page.goto(base + '#/topology/billing');
+await page.waitForSelector('[data-step="fx"]');
+ok((await page.locator('[data-error]').first().textContent()).includes('topologies/billing/steps/fx.yaml:12'), 'billing page shows the daemon error with file:line');
+ok(await page.locator('[data-cutover]').count() === 0, 'no cutover on billing');
+
+const outside = requests.filter((u) => !u.startsWith(base));
+ok(outside.length === 0, `no request outside the server (${requests.length} requests)`);
+await browser.close();
+await stop();

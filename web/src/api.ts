@@ -1,0 +1,163 @@
+// The daemon's JSON (SPEC §6, notes/web-api.md). Fields an older daemon may lack are optional.
+
+export type Phase = 'idle' | 'cutover' | 'error';
+export type Kind = 'source' | 'processor' | 'sink';
+
+export interface Place {
+  code: string;
+  file: string;
+  line: number | null;
+  column: number | null;
+  message: string;
+  url?: string | null;
+}
+
+export interface LastError {
+  commit: string | null;
+  topology: string | null;
+  message: string;
+  at: number;
+  place?: Place | null;
+}
+
+export interface CutoverAction {
+  action: string;
+  state: 'done' | 'running' | 'waiting' | 'pending';
+  reason?: string | null;
+  failures?: number;
+}
+
+export interface Waiting {
+  action: string;
+  reason: string;
+  failures: number;
+}
+
+export interface Cutover {
+  to: string;
+  done: number;
+  remaining: number;
+  current: string | null;
+  waiting: Waiting[];
+  from?: string | null;
+  startedAt?: number | null;
+  actions?: CutoverAction[];
+}
+
+export interface Step {
+  name: string;
+  kind: Kind;
+  identity: string | null;
+  group: string | null;
+  state: string;
+  lag: number | null;
+  inputs?: string[];
+  file?: string;
+  topic?: string | null;
+  transform?: string | null;
+  internalTopic?: string | null;
+  deadLetterTopic?: string | null;
+  replicas?: number | null;
+  scale?: { min: number; max: number } | null;
+  recordsPerSecond?: number | null;
+}
+
+export interface TopologyStatus {
+  name: string;
+  commit: string | null;
+  phase: Phase;
+  delivery?: string | null;
+  lastError: string | null;
+  previewOf?: { name: string; pullRequest: number; topology: string } | null;
+  cutover: Cutover | null;
+  steps: Step[];
+}
+
+export interface Status {
+  branch: string;
+  commit: string | null;
+  phase: Phase;
+  lastError: LastError | null;
+  forge?: { kind: string; repo: string } | null;
+  topologies: TopologyStatus[];
+}
+
+export interface Offset {
+  topic: string;
+  partition: number;
+  offset: number;
+}
+
+export interface HistoryEntry {
+  topology: string;
+  from: string | null;
+  to: string;
+  outcome: string;
+  startedAt: number;
+  finishedAt: number;
+  actions: number;
+  handovers: { step: string; fromGroup: string; toGroup: string; offsets: Offset[] }[];
+  author?: string | null;
+  message?: string | null;
+  committedAt?: number | null;
+}
+
+export type Change = 'added' | 'removed' | 'replaced' | 'updated' | 'changed' | 'unchanged';
+
+export interface PlanStep {
+  name: string;
+  kind: Kind;
+  change: Change;
+  identity: { from: string | null; to: string | null };
+  file: string;
+  reason?: { changed?: { field: string }[]; upstream?: string[] };
+  owners?: string[];
+  inputs?: string[];
+}
+
+// One plan action as `plan --format json` writes it: tagged by `action`.
+export type PlanAction = { action: string } & Record<string, unknown>;
+
+export interface TopologyPlan {
+  name: string;
+  change: Change;
+  cutover: string;
+  cluster: string;
+  steps: PlanStep[];
+  actions: PlanAction[];
+  keptTopics?: string[];
+}
+
+export interface RefPlan {
+  ref: string;
+  head: string;
+  base: string;
+  from: string | null;
+  valid: boolean;
+  validAlone?: boolean;
+  conflicts: string[];
+  errors: Place[];
+  topologies: TopologyPlan[];
+  preview?: boolean;
+  pullRequest?: number | null;
+  keepTopics?: boolean;
+}
+
+async function getJson<T>(path: string): Promise<T> {
+  // Relative: the page works behind a path prefix, and asks nothing of any other host.
+  const response = await fetch(path, { headers: { accept: 'application/json' } });
+  if (!response.ok) throw new Error(`${path}: HTTP ${response.status}`);
+  return (await response.json()) as T;
+}
+
+export const fetchStatus = () => getJson<Status>('api/status');
+export const fetchHistory = () => getJson<HistoryEntry[]>('api/history');
+// A plan as the page uses it: lists never missing.
+export const normalizePlan = (p: RefPlan): RefPlan => ({
+  ...p,
+  conflicts: p.conflicts ?? [],
+  errors: p.errors ?? [],
+  topologies: (p.topologies ?? []).map((t) => ({ ...t, steps: t.steps ?? [], actions: t.actions ?? [] })),
+});
+
+export const fetchPlans = () => getJson<RefPlan[]>('api/plans').then((plans) => plans.map(normalizePlan));
