@@ -1,0 +1,490 @@
+//! The web page (SPEC §10) in a real browser: Debian's `chromium`, headless, driven over
+//! WebDriver (`chromedriver`, through fantoccini), against `plumber up` running the example
+//! repository on a broker (tansu unless `PLUMBER_TEST_BOOTSTRAP` names another), with real
+//! processors and a real git repository.
+//!
+//! What it checks, in one page load (a marker set in the page at the start must survive, so
+//! nothing below reloads it): every topology and step shows; a commit that replaces a step
+//! and adds one whose source topic does not exist yet shows the cutover action by action,
+//! waiting for that topic, then (the topic created) finishing with the new history entry; a
+//! broken commit shows its error with file and line; a restarted daemon is reconnected to.
+//!
+//! Screenshots of the overview and of a topology are written to `PLUMBER_WEB_SCREENSHOTS`
+//! (a directory; `docs/` for the README) when it is set.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{TestRepo, write};
+use fantoccini::{Client, ClientBuilder};
+use plumber_testkit::{Broker, Process, TestRecord, unique, wait_until};
+use serde_json::{Value, json};
+
+/// A cutover on a slow broker and a busy machine.
+const PATIENCE: Duration = Duration::from_secs(180);
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `plumber up` on the repository, as a process of its own.
+struct Daemon {
+    process: Process,
+    api: String,
+}
+
+impl Daemon {
+    fn start(repo: &TestRepo, broker: &Broker, state: &Path, port: u16) -> Daemon {
+        let log = state.join(format!("daemon-{}.log", unique("run")));
+        eprintln!("daemon log: {}", log.display());
+        let mut command = Command::new(env!("CARGO_BIN_EXE_plumber"));
+        command
+            .args(["up", &repo.location(), "--branch", "main"])
+            .args(["--bootstrap", broker.bootstrap()])
+            .arg("--state-dir")
+            .arg(state.join("state"))
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(["--poll-interval", "1"])
+            .env("PLUMBER_PROCESSOR", processor_binary())
+            .env("RUST_LOG", "info,librdkafka=warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap());
+        if broker.is_tansu() {
+            command.arg("--keep-topics");
+            command.env("PLUMBER_ASSIGNOR", "eager");
+        }
+        Daemon {
+            process: Process::spawn("plumber up", &mut command),
+            api: format!("http://127.0.0.1:{port}"),
+        }
+    }
+
+    fn status(&self) -> Option<Value> {
+        let mut response = ureq::get(&format!("{}/api/status", self.api)).call().ok()?;
+        response.body_mut().read_json().ok()
+    }
+
+    /// The status once `condition` holds of it.
+    fn wait_status(&self, what: &str, condition: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + PATIENCE;
+        let mut last = Value::Null;
+        while Instant::now() < deadline {
+            if let Some(status) = self.status() {
+                if condition(&status) {
+                    return status;
+                }
+                last = status;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        panic!("timed out waiting until {what}; last status: {last:#}");
+    }
+
+    fn stop(&mut self) {
+        self.process.signal(nix::sys::signal::Signal::SIGTERM);
+        assert!(
+            self.process.wait_exit(Duration::from_secs(60)).is_some(),
+            "plumber up stops on SIGTERM"
+        );
+    }
+}
+
+fn topology<'a>(status: &'a Value, name: &str) -> &'a Value {
+    status["topologies"]
+        .as_array()
+        .and_then(|ts| ts.iter().find(|t| t["name"] == name))
+        .unwrap_or(&Value::Null)
+}
+
+/// Chromium driven by chromedriver; every call waits for its answer.
+struct Browser {
+    runtime: tokio::runtime::Runtime,
+    client: Client,
+    _driver: Process,
+    _profile: tempfile::TempDir,
+}
+
+impl Browser {
+    fn start() -> Browser {
+        let chromium =
+            std::env::var("PLUMBER_CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
+        let chromedriver =
+            std::env::var("PLUMBER_CHROMEDRIVER").unwrap_or_else(|_| "chromedriver".into());
+        assert!(
+            Path::new(&chromium).is_file(),
+            "{chromium} is missing: install Debian's chromium and chromium-driver \
+             (scripts/install-deps does), or set PLUMBER_CHROMIUM"
+        );
+        let port = free_port();
+        let driver = Process::spawn(
+            "chromedriver",
+            Command::new(&chromedriver)
+                .arg(format!("--port={port}"))
+                .stdout(Stdio::null())
+                .stderr(Stdio::null()),
+        );
+        let url = format!("http://127.0.0.1:{port}");
+        wait_until("chromedriver answers", Duration::from_secs(30), || {
+            ureq::get(&format!("{url}/status")).call().is_ok()
+        });
+        let profile = tempfile::tempdir().unwrap();
+        let mut capabilities = serde_json::Map::new();
+        capabilities.insert(
+            "goog:chromeOptions".into(),
+            json!({
+                "binary": chromium,
+                // Without the background-networking flags Chromium keeps calling out of this
+                // machine's closed network.
+                "args": [
+                    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                    "--no-first-run", "--disable-background-networking",
+                    "--disable-component-update", "--disable-sync",
+                    "--window-size=1280,900",
+                    format!("--user-data-dir={}", profile.path().display()),
+                ],
+            }),
+        );
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let client = runtime
+            .block_on(
+                ClientBuilder::native()
+                    .capabilities(capabilities)
+                    .connect(&url),
+            )
+            .expect("a chromium session");
+        Browser {
+            runtime,
+            client,
+            _driver: driver,
+            _profile: profile,
+        }
+    }
+
+    fn goto(&self, url: &str) {
+        self.runtime.block_on(self.client.goto(url)).unwrap();
+    }
+
+    fn script(&self, script: &str) -> Value {
+        self.runtime
+            .block_on(self.client.execute(script, Vec::new()))
+            .unwrap()
+    }
+
+    /// The page's answer to `probe` (a JavaScript expression) once `condition` holds of it.
+    fn wait_for(&self, what: &str, probe: &str, condition: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + PATIENCE;
+        let script = format!("return {probe};");
+        let mut last = Value::Null;
+        while Instant::now() < deadline {
+            last = self.script(&script);
+            if condition(&last) {
+                return last;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let text = self.script("return document.body.innerText;");
+        panic!("timed out waiting until {what}; last: {last}; the page says:\n{text}");
+    }
+
+    /// `(attribute value, text)` of every element matching `selector`.
+    fn elements(&self, selector: &str, attribute: &str) -> Vec<(String, String)> {
+        let selector = serde_json::to_string(selector).unwrap();
+        let attribute = serde_json::to_string(attribute).unwrap();
+        let found = self.script(&format!(
+            "return [...document.querySelectorAll({selector})]\
+             .map(e => [e.getAttribute({attribute}) || '', e.textContent || '']);"
+        ));
+        serde_json::from_value(found).unwrap()
+    }
+
+    fn screenshot(&self, file: &Path) {
+        let png = self.runtime.block_on(self.client.screenshot()).unwrap();
+        std::fs::write(file, png).unwrap();
+    }
+
+    fn resize(&self, width: u32, height: u32) {
+        self.runtime
+            .block_on(self.client.set_window_size(width, height))
+            .unwrap();
+    }
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        let _ = self.runtime.block_on(self.client.clone().close());
+    }
+}
+
+/// `plumber-processor`, built if it is not there yet.
+fn processor_binary() -> PathBuf {
+    let plumber = PathBuf::from(env!("CARGO_BIN_EXE_plumber"));
+    let sibling = plumber.with_file_name("plumber-processor");
+    if !sibling.is_file() {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let status = Command::new(cargo)
+            .args([
+                "build",
+                "-p",
+                "plumber-processor",
+                "--bin",
+                "plumber-processor",
+            ])
+            .status()
+            .expect("cargo build");
+        assert!(status.success(), "building plumber-processor failed");
+    }
+    sibling
+}
+
+fn step_names(topology: &Value) -> Vec<String> {
+    topology["steps"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|s| s["name"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[test]
+fn the_page_shows_the_example_live_through_a_cutover_a_broken_commit_and_a_restart() {
+    let broker = Broker::start();
+    let repo = TestRepo::new();
+    let main = repo.commit_snapshot("main", "The example topologies", &common::example_files());
+    let state = tempfile::tempdir().unwrap();
+    let (code, out, err) = common::run(&[
+        "dev",
+        "topics",
+        &repo.location(),
+        "--bootstrap",
+        broker.bootstrap(),
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    let records: Vec<TestRecord> = (0..20)
+        .map(|n| {
+            TestRecord::new(
+                &format!("v{n}"),
+                &json!({"vehicle": format!("v{n}"), "speed": 5 * n, "ts": n}).to_string(),
+            )
+        })
+        .collect();
+    broker.produce("vehicles.telemetry", &records);
+
+    let port = free_port();
+    let mut daemon = Daemon::start(&repo, &broker, state.path(), port);
+    let status = daemon.wait_status("both example topologies run the first commit", |s| {
+        ["clicks", "vehicle-telemetry"].iter().all(|name| {
+            let t = topology(s, name);
+            t["commit"] == main.to_string().as_str()
+                && t["phase"] == "idle"
+                && t["steps"].as_array().is_some_and(|steps| {
+                    !steps.is_empty()
+                        && steps.iter().all(|s| {
+                            ["external", "running"].contains(&s["state"].as_str().unwrap_or(""))
+                        })
+                })
+        })
+    });
+
+    let browser = Browser::start();
+    browser.goto(&format!("{}/", daemon.api));
+    browser.wait_for(
+        "the page is live",
+        "document.querySelector('[data-connection]')?.dataset.connection",
+        |v| v == "live",
+    );
+    browser.script("window.plumberTestMarker = 'not reloaded'; return null;");
+
+    // Every topology on the overview.
+    let rows = browser.wait_for(
+        "every topology is listed",
+        "[...document.querySelectorAll('[data-topology]')].map(e => e.dataset.topology)",
+        |v| v.as_array().is_some_and(|a| a.len() >= 2),
+    );
+    assert_eq!(rows, json!(["clicks", "vehicle-telemetry"]));
+    let screenshots = std::env::var_os("PLUMBER_WEB_SCREENSHOTS").map(PathBuf::from);
+    if let Some(dir) = &screenshots {
+        std::fs::create_dir_all(dir).unwrap();
+        browser.screenshot(&dir.join("overview.png"));
+    }
+
+    // Every step of each topology, with its state as status says.
+    for name in ["clicks", "vehicle-telemetry"] {
+        browser.script(&format!(
+            "location.hash = '#/topology/{name}'; return null;"
+        ));
+        let mut wanted = step_names(topology(&status, name));
+        wanted.sort();
+        assert!(wanted.len() >= 6, "{status:#}");
+        browser.wait_for(
+            &format!("every step of {name} is drawn"),
+            "[...document.querySelectorAll('svg [data-step]')].map(e => e.dataset.step).sort()",
+            |v| *v == json!(wanted),
+        );
+        for (state, text) in browser.elements("svg [data-step][data-kind=processor]", "data-state")
+        {
+            assert!(
+                ["running", "starting"].contains(&state.as_str()),
+                "a processor of {name} is {state}: {text}"
+            );
+            assert!(
+                text.contains("replica"),
+                "replicas on each processor: {text}"
+            );
+            assert!(text.contains("lag"), "lag on each processor: {text}");
+            assert!(
+                text.contains("rec/s"),
+                "records/s on each processor: {text}"
+            );
+        }
+    }
+    browser.wait_for(
+        "the first deployment is in the history",
+        "[...document.querySelectorAll('[data-history]')].map(e => e.dataset.to)",
+        |v| {
+            v.as_array()
+                .is_some_and(|a| a.contains(&json!(main.to_string())))
+        },
+    );
+    if let Some(dir) = &screenshots {
+        browser.screenshot(&dir.join("topology.png"));
+    }
+
+    // A commit that replaces `moving` and adds a step whose source topic does not exist yet:
+    // the cutover waits for it, action by action on the page.
+    let late = unique("vehicles-late");
+    let late_out = unique("vehicles-late-out");
+    broker.create_topic(&late_out, 1);
+    let replaced = repo.commit(
+        "main",
+        "Only fast vehicles, and late readings",
+        &[
+            write(
+                "topologies/vehicle-telemetry/steps/moving.yaml",
+                "kind: processor\ninput: telemetry\njq: 'select(.speed > 20)'\n\
+                 scale: { min: 1, max: 10, lagThreshold: 500 }\n",
+            ),
+            write(
+                "topologies/vehicle-telemetry/sources/late.yaml",
+                format!("kind: source\ntopic: {late}\n"),
+            ),
+            write(
+                "topologies/vehicle-telemetry/steps/late-copy.yaml",
+                "kind: processor\ninput: late\njq: '.'\n",
+            ),
+            write(
+                "topologies/vehicle-telemetry/sinks/late-out.yaml",
+                format!("kind: sink\ntopic: {late_out}\ninput: late-copy\n"),
+            ),
+        ],
+    );
+    let waiting = browser.wait_for(
+        "the cutover waits for the missing topic, action by action",
+        "[...document.querySelectorAll('[data-cutover] [data-action]')]\
+         .map(e => [e.dataset.actionState, e.textContent])",
+        |v| {
+            v.as_array().is_some_and(|actions| {
+                actions
+                    .iter()
+                    .any(|a| a[0] == "waiting" && a[1].as_str().is_some_and(|t| t.contains(&late)))
+            })
+        },
+    );
+    eprintln!("cutover actions on the page: {waiting:#}");
+    browser.wait_for(
+        "the new step is drawn during the move",
+        "!!document.querySelector(\"svg [data-step='late-copy']\")",
+        |v| v == true,
+    );
+    if let Some(dir) = &screenshots {
+        browser.screenshot(&dir.join("cutover.png"));
+    }
+    broker.create_topic(&late, 1);
+    browser.wait_for(
+        "the cutover finishes and its history entry shows",
+        "[!document.querySelector('[data-cutover]'), \
+          [...document.querySelectorAll('[data-history]')].map(e => e.dataset.to)]",
+        |v| {
+            v[0] == true
+                && v[1]
+                    .as_array()
+                    .is_some_and(|a| a.contains(&json!(replaced.to_string())))
+        },
+    );
+    let history = browser.elements(&format!("[data-history][data-to='{replaced}']"), "data-to");
+    assert!(
+        history[0].1.contains("Only fast vehicles"),
+        "the entry shows the commit's message: {history:?}"
+    );
+
+    // A broken commit: its error with file and line, on the overview too.
+    let broken = repo.commit(
+        "main",
+        "A typo",
+        &[write(
+            "topologies/clicks/steps/normalize.yaml",
+            "kind: processor\ninput: raw-clicks\njq: '.'\npartitons: 3\n",
+        )],
+    );
+    browser.script("location.hash = '#/'; return null;");
+    let error = browser.wait_for(
+        "the broken commit's error shows with its file and line",
+        "[...document.querySelectorAll('[data-error]')].map(e => e.textContent).join('\\n')",
+        |v| {
+            v.as_str()
+                .is_some_and(|t| t.contains("topologies/clicks/steps/normalize.yaml:4"))
+        },
+    );
+    assert!(error.as_str().unwrap().contains("partitons"), "{error}");
+    let status = daemon.status().unwrap();
+    assert_eq!(status["lastError"]["commit"], broken.to_string().as_str());
+
+    // The daemon goes away and comes back: the page reconnects by itself.
+    daemon.stop();
+    browser.wait_for(
+        "the page says it lost the daemon",
+        "document.querySelector('[data-connection]')?.dataset.connection",
+        |v| v == "reconnecting",
+    );
+    let daemon = Daemon::start(&repo, &broker, state.path(), port);
+    daemon.wait_status("the restarted daemon knows the broken head", |s| {
+        s["lastError"]["commit"] == broken.to_string().as_str()
+    });
+    browser.wait_for(
+        "the page is live again and shows the error again",
+        "[document.querySelector('[data-connection]')?.dataset.connection, \
+          [...document.querySelectorAll('[data-error]')].map(e => e.textContent).join('\\n')]",
+        |v| {
+            v[0] == "live"
+                && v[1]
+                    .as_str()
+                    .is_some_and(|t| t.contains("normalize.yaml:4"))
+        },
+    );
+    assert_eq!(
+        browser.script("return window.plumberTestMarker ?? null;"),
+        "not reloaded",
+        "everything above happened without a reload"
+    );
+
+    // At a phone's width the page still shows every topology.
+    browser.resize(390, 844);
+    browser.wait_for(
+        "the overview at a phone's width",
+        "document.querySelectorAll('[data-topology]').length",
+        |v| v == 2,
+    );
+    drop(daemon);
+}
