@@ -488,3 +488,175 @@ fn the_page_shows_the_example_live_through_a_cutover_a_broken_commit_and_a_resta
     );
     drop(daemon);
 }
+
+/// One Server-Sent Event as read off the wire.
+#[derive(Debug, Default, Clone)]
+struct WireEvent {
+    id: Option<u64>,
+    kind: String,
+    data: String,
+    retry: Option<u64>,
+}
+
+/// Reads `/api/events`, event by event.
+struct EventStream {
+    lines: Box<dyn Iterator<Item = std::io::Result<String>>>,
+}
+
+impl EventStream {
+    fn connect(api: &str) -> EventStream {
+        use std::io::BufRead as _;
+        let response = ureq::get(&format!("{api}/api/events"))
+            .header("Accept", "text/event-stream")
+            .config()
+            .timeout_global(None)
+            .timeout_recv_body(Some(PATIENCE))
+            .build()
+            .call()
+            .unwrap();
+        let reader = std::io::BufReader::new(response.into_body().into_reader());
+        EventStream {
+            lines: Box::new(reader.lines()),
+        }
+    }
+
+    /// The next event; `None` when the daemon closed the stream.
+    fn next(&mut self) -> Option<WireEvent> {
+        let mut event = WireEvent::default();
+        let mut any = false;
+        for line in self.lines.by_ref() {
+            let Ok(line) = line else { return None };
+            if line.is_empty() {
+                if any && !event.kind.is_empty() || event.retry.is_some() && any {
+                    return Some(event);
+                }
+                continue;
+            }
+            let (field, value) = line.split_once(':').unwrap();
+            let value = value.strip_prefix(' ').unwrap_or(value);
+            any = true;
+            match field {
+                "id" => event.id = value.parse().ok(),
+                "event" => event.kind = value.to_owned(),
+                "data" => event.data.push_str(value),
+                "retry" => event.retry = value.parse().ok(),
+                _ => {}
+            }
+        }
+        None
+    }
+}
+
+#[test]
+fn the_event_stream_sends_the_status_first_then_numbered_events_at_a_bounded_rate_and_again_after_a_restart()
+ {
+    let broker = Broker::start();
+    let source = unique("events-in");
+    let sink = unique("events-out");
+    broker.create_topic(&source, 1);
+    broker.create_topic(&sink, 1);
+    let repo = TestRepo::new();
+    let files = |program: &str| {
+        vec![
+            write(
+                "topologies/t/in.yaml",
+                format!("kind: source\ntopic: {source}\n"),
+            ),
+            write(
+                "topologies/t/clean.yaml",
+                format!("kind: processor\ninput: in\njq: '{program}'\n"),
+            ),
+            write(
+                "topologies/t/out.yaml",
+                format!("kind: sink\ntopic: {sink}\ninput: clean\n"),
+            ),
+        ]
+    };
+    let first = repo.commit("main", "first", &files("."));
+    let state = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let mut daemon = Daemon::start(&repo, &broker, state.path(), port);
+    daemon.wait_status("t runs the first commit", |s| {
+        topology(s, "t")["commit"] == first.to_string().as_str()
+            && topology(s, "t")["phase"] == "idle"
+    });
+
+    let mut stream = EventStream::connect(&daemon.api);
+    let opening = stream.next().unwrap();
+    assert_eq!(opening.kind, "status", "{opening:?}");
+    assert_eq!(
+        opening.retry,
+        Some(2000),
+        "the browser's reconnection delay comes first"
+    );
+    let document: Value = serde_json::from_str(&opening.data).unwrap();
+    assert_eq!(document["branch"], "main");
+    assert_eq!(
+        topology(&document, "t")["commit"],
+        first.to_string().as_str()
+    );
+
+    // Records flow while a commit moves the topology: many status changes, one history event.
+    let started = Instant::now();
+    let moved = repo.commit("main", "tag records", &files(".tagged = true"));
+    broker.produce(
+        &source,
+        &(0..50)
+            .map(|n| TestRecord::new(&format!("k{n}"), &format!("{{\"n\":{n}}}")))
+            .collect::<Vec<_>>(),
+    );
+    let mut seen = vec![opening];
+    let (mut history, mut settled) = (None, false);
+    while history.is_none() || !settled {
+        let event = stream.next().expect("the stream goes on");
+        let data: Value = serde_json::from_str(&event.data).unwrap();
+        match event.kind.as_str() {
+            "history" if data["to"] == moved.to_string().as_str() => history = Some(data),
+            "status" => {
+                let t = topology(&data, "t");
+                settled = t["commit"] == moved.to_string().as_str() && t["phase"] == "idle";
+            }
+            _ => {}
+        }
+        seen.push(event);
+    }
+    let elapsed = started.elapsed();
+    let ids: Vec<u64> = seen.iter().map(|e| e.id.unwrap()).collect();
+    assert!(
+        ids.windows(2).all(|w| w[0] < w[1]),
+        "numbered in order: {ids:?}"
+    );
+    let statuses: Vec<&WireEvent> = seen.iter().filter(|e| e.kind == "status").collect();
+    let allowed = (elapsed.as_millis() / 500) as usize + 2;
+    assert!(
+        statuses.len() <= allowed,
+        "{} status events in {elapsed:?}: more than one per 500 ms",
+        statuses.len()
+    );
+    assert!(
+        statuses.windows(2).all(|w| w[0].data != w[1].data),
+        "an unchanged status is never sent again"
+    );
+    let history = history.unwrap();
+    assert_eq!(history["message"], "tag records");
+    assert_eq!(history["topology"], "t");
+
+    // A daemon that restarts ends the stream; connecting again starts with the status.
+    daemon.stop();
+    assert!(stream.next().is_none(), "the stream ends with the daemon");
+    let daemon = Daemon::start(&repo, &broker, state.path(), port);
+    daemon.wait_status("the restarted daemon runs the new commit", |s| {
+        topology(s, "t")["commit"] == moved.to_string().as_str()
+    });
+    let mut again = EventStream::connect(&daemon.api);
+    let reopened = again.next().unwrap();
+    assert_eq!(
+        (reopened.kind.as_str(), reopened.retry),
+        ("status", Some(2000))
+    );
+    let document: Value = serde_json::from_str(&reopened.data).unwrap();
+    assert_eq!(
+        topology(&document, "t")["commit"],
+        moved.to_string().as_str()
+    );
+}

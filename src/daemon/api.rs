@@ -208,24 +208,21 @@ async fn plan_of(
 /// EventSource waits before reconnecting), then every event in order. A client that fell
 /// behind gets the newest status and a `resync` (read history and plans again).
 async fn events(State(api): State<Api>) -> Response {
-    let (first, receiver) = api.context.events.subscribe();
-    let events = api.context.events.clone();
+    let (first, receiver) = api.context.events.subscribe(&api.context.store);
+    let context = api.context.clone();
     let mut stopping = api.stopping.clone();
-    let first = std::iter::once(
-        first
-            .map_or_else(Event::default, |status| sse(&status))
-            .retry(RECONNECT),
-    );
-    let rest = futures::stream::unfold(receiver, move |mut receiver| {
-        let events = events.clone();
+    let first_id = first.id;
+    let first = std::iter::once(sse(&first).retry(RECONNECT));
+    let rest = futures::stream::unfold((receiver, first_id), move |(mut receiver, last)| {
+        let context = context.clone();
         async move {
             match receiver.recv().await {
-                Ok(event) => Some((vec![sse(&event)], receiver)),
+                Ok(event) => Some((vec![sse(&event)], (receiver, event.id))),
                 Err(tokio::sync::broadcast::error::RecvError::Lagged(missed)) => {
                     tracing::debug!(missed, "an event stream's client fell behind");
-                    let mut again: Vec<Event> = events.status().iter().map(|s| sse(s)).collect();
-                    again.push(Event::default().event("resync").data("{}"));
-                    Some((again, receiver))
+                    let status = context.events.snapshot(&context.store, last);
+                    let resync = Event::default().event("resync").data("{}");
+                    Some((vec![sse(&status), resync], (receiver, last)))
                 }
                 Err(tokio::sync::broadcast::error::RecvError::Closed) => None,
             }

@@ -2,11 +2,10 @@
 //! `status` (the whole status document, whenever it changed, at most one per
 //! [`STATUS_INTERVAL`], always the newest), `plan` (a watched ref's plan changed or went) and
 //! `history` (a move finished: its history entry). Every event is numbered in the one order
-//! all clients see; a client that connects (or reconnects after a restart) gets the current
-//! status first.
+//! all clients see; a client that connects (or reconnects after a restart) gets the status as
+//! it is then first.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use serde::Serialize;
@@ -35,18 +34,17 @@ pub struct Outgoing {
 
 /// Numbers the events and hands them to every client.
 pub struct Events {
-    next: AtomicU64,
+    /// The next event's number; held while an event is numbered and sent, so numbers reach
+    /// every client in order.
+    next: std::sync::Mutex<u64>,
     sender: broadcast::Sender<Arc<Outgoing>>,
-    /// The newest `status` event (what a client connecting gets first).
-    status: std::sync::Mutex<Option<Arc<Outgoing>>>,
 }
 
 impl Default for Events {
     fn default() -> Self {
         Events {
-            next: AtomicU64::new(1),
+            next: std::sync::Mutex::new(1),
             sender: broadcast::Sender::new(BACKLOG),
-            status: std::sync::Mutex::new(None),
         }
     }
 }
@@ -55,47 +53,43 @@ impl Events {
     /// Sends an event to every client connected now.
     pub fn publish(&self, kind: &'static str, data: &impl Serialize) {
         match serde_json::to_string(data) {
-            Ok(data) => {
-                self.send(kind, data);
-            }
+            Ok(data) => self.send(kind, data),
             Err(error) => tracing::warn!(%error, kind, "cannot encode an event"),
         }
     }
 
-    fn send(&self, kind: &'static str, data: String) -> Arc<Outgoing> {
-        // Numbered and sent under one lock, so ids reach clients in order.
-        let mut status = self
-            .status
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+    fn send(&self, kind: &'static str, data: String) {
+        let mut next = self.next.lock().unwrap_or_else(PoisonError::into_inner);
         let event = Arc::new(Outgoing {
-            id: self.next.fetch_add(1, Ordering::Relaxed),
+            id: *next,
             kind,
             data,
         });
-        if kind == "status" {
-            *status = Some(event.clone());
-        }
+        *next += 1;
         // No receiver (no page open) is no error.
-        let _ = self.sender.send(event.clone());
-        event
+        let _ = self.sender.send(event);
     }
 
-    /// A client's stream: the newest status first, then every event from now on.
-    pub fn subscribe(&self) -> (Option<Arc<Outgoing>>, broadcast::Receiver<Arc<Outgoing>>) {
-        let status = self
-            .status
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        (status.clone(), self.sender.subscribe())
+    /// A client's stream: the status as it is now (numbered as the last event sent, so every
+    /// later event has a greater number), then every event from now on.
+    pub fn subscribe(&self, store: &Store) -> (Outgoing, broadcast::Receiver<Arc<Outgoing>>) {
+        let next = self.next.lock().unwrap_or_else(PoisonError::into_inner);
+        // Subscribed before the status is read: nothing written after the read is missed.
+        let receiver = self.sender.subscribe();
+        (self.snapshot(store, *next - 1), receiver)
     }
 
-    /// The newest status, for a client that fell behind.
-    pub fn status(&self) -> Option<Arc<Outgoing>> {
-        self.status
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
+    /// The status as it is now, for a client that fell behind (numbered as the last event
+    /// it was sent).
+    pub fn snapshot(&self, store: &Store, id: u64) -> Outgoing {
+        Outgoing {
+            id,
+            kind: "status",
+            data: serde_json::to_string(&*store.read()).unwrap_or_else(|error| {
+                tracing::warn!(%error, "cannot encode the status");
+                "{}".into()
+            }),
+        }
     }
 
     /// Sends `status` events as the store is written, at most one per `interval`, never the
@@ -157,13 +151,7 @@ mod tests {
                 let (events, store) = (events.clone(), store.clone());
                 tokio::spawn(async move { events.follow_status(&store, interval, stopping).await })
             };
-            let (first, mut receiver) = loop {
-                // The follower publishes the initial status as it starts.
-                if let (Some(first), receiver) = events.subscribe() {
-                    break (first, receiver);
-                }
-                tokio::task::yield_now().await;
-            };
+            let (first, mut receiver) = events.subscribe(&store);
             assert_eq!(first.kind, "status");
 
             // 2,000 writes as fast as they come, interleaved with a plan event.
@@ -181,7 +169,7 @@ mod tests {
             for _ in 0..100 {
                 store.write().branch = "b1999".into();
             }
-            let mut seen = vec![first.clone()];
+            let mut seen = vec![Arc::new(first)];
             let last = loop {
                 let event = tokio::time::timeout(Duration::from_secs(30), receiver.recv())
                     .await
@@ -207,8 +195,9 @@ mod tests {
                 "2,000 writes were not coalesced: {statuses}"
             );
             assert_eq!(seen.iter().filter(|e| e.kind == "plan").count(), 1);
-            assert!(seen.windows(2).all(|w| w[0].data != w[1].data));
-            assert_eq!(events.status().as_deref(), Some(&*last));
+            let statuses: Vec<&Arc<Outgoing>> =
+                seen.iter().filter(|e| e.kind == "status").collect();
+            assert!(statuses.windows(2).all(|w| w[0].data != w[1].data));
 
             // Nothing changes any more: no status event within a few intervals.
             let quiet = tokio::time::timeout(interval * 5, receiver.recv()).await;
@@ -217,9 +206,10 @@ mod tests {
                 "an unchanged status was sent again: {quiet:?}"
             );
 
-            // A client connecting now gets the newest status first.
-            let (again, _) = events.subscribe();
-            assert_eq!(again.as_deref(), Some(&*last));
+            // A client connecting now gets the status as it is, numbered before what follows.
+            let (again, _) = events.subscribe(&store);
+            assert_eq!((again.kind, &again.data), ("status", &last.data));
+            assert_eq!(again.id, last.id);
             stop.send(true).unwrap();
             follower.await.unwrap();
         });
