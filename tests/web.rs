@@ -527,7 +527,7 @@ impl EventStream {
         for line in self.lines.by_ref() {
             let Ok(line) = line else { return None };
             if line.is_empty() {
-                if any && !event.kind.is_empty() || event.retry.is_some() && any {
+                if any {
                     return Some(event);
                 }
                 continue;
