@@ -532,9 +532,10 @@ impl EventStream {
                 }
                 continue;
             }
-            let (field, value) = line.split_once(':').unwrap();
+            let (field, value) = line.split_once(':').unwrap_or((&line, ""));
             let value = value.strip_prefix(' ').unwrap_or(value);
-            any = true;
+            // A comment (the keep-alive) is no field.
+            any |= !field.is_empty();
             match field {
                 "id" => event.id = value.parse().ok(),
                 "event" => event.kind = value.to_owned(),
