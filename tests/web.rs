@@ -21,6 +21,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{TestRepo, write};
+use fantoccini::key::Key;
 use fantoccini::{Client, ClientBuilder};
 use plumber_testkit::{Broker, Process, TestRecord, unique, wait_until};
 use serde_json::{Value, json};
@@ -210,6 +211,16 @@ impl Browser {
         serde_json::from_value(found).unwrap()
     }
 
+    /// Presses `key` where the focus is, as a person at the keyboard does.
+    fn press(&self, key: Key) {
+        self.runtime
+            .block_on(async {
+                let focused = self.client.active_element().await?;
+                focused.send_keys(&key.to_string()).await
+            })
+            .unwrap();
+    }
+
     fn screenshot(&self, file: &Path) {
         let png = self.runtime.block_on(self.client.screenshot()).unwrap();
         std::fs::write(file, png).unwrap();
@@ -350,6 +361,32 @@ fn the_page_shows_the_example_live_through_a_cutover_a_broken_commit_and_a_resta
             );
         }
     }
+    // From the keyboard: Tab reaches the `moving` step, Enter opens its details.
+    let mut focused = Value::Null;
+    for _ in 0..60 {
+        browser.press(Key::Tab);
+        focused = browser.script("return document.activeElement?.dataset?.step ?? null;");
+        if focused == "moving" {
+            break;
+        }
+    }
+    assert_eq!(focused, "moving", "Tab reaches every step of the DAG");
+    browser.press(Key::Enter);
+    let group = topology(&status, "vehicle-telemetry")["steps"]
+        .as_array()
+        .and_then(|steps| steps.iter().find(|s| s["name"] == "moving"))
+        .map(|s| s["group"].as_str().unwrap().to_owned())
+        .unwrap();
+    browser.wait_for(
+        "Enter shows the step's details: its group and dead-letter topic",
+        "document.querySelector('aside.details')?.textContent ?? ''",
+        |v| {
+            v.as_str().is_some_and(|t| {
+                t.contains(&group) && t.contains("plumber.vehicle-telemetry.moving.dlq")
+            })
+        },
+    );
+
     browser.wait_for(
         "the first deployment is in the history",
         "[...document.querySelectorAll('[data-history]')].map(e => e.dataset.to)",
@@ -478,6 +515,16 @@ fn the_page_shows_the_example_live_through_a_cutover_a_broken_commit_and_a_resta
         "not reloaded",
         "everything above happened without a reload"
     );
+    let elsewhere = browser.script(&format!(
+        "return performance.getEntriesByType('resource').map(e => e.name)\
+         .filter(u => !u.startsWith({:?}) && !u.startsWith('data:'));",
+        daemon.api
+    ));
+    assert_eq!(
+        elsewhere,
+        json!([]),
+        "the page asks nothing of anyone but the daemon"
+    );
 
     // At a phone's width the page still shows every topology.
     browser.resize(390, 844);
@@ -582,6 +629,51 @@ fn the_event_stream_sends_the_status_first_then_numbered_events_at_a_bounded_rat
             && topology(s, "t")["phase"] == "idle"
     });
 
+    // `plumber status --watch` follows the same stream, one document per line in JSON.
+    let mut watch_command = Command::new(env!("CARGO_BIN_EXE_plumber"));
+    watch_command
+        .args([
+            "status",
+            "--watch",
+            "--format",
+            "json",
+            "--server",
+            &daemon.api,
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    let mut watcher = Process::spawn("plumber status --watch", &mut watch_command);
+    let documents = {
+        use std::io::BufRead as _;
+        let stdout = watcher.stdout().unwrap();
+        let (sender, receiver) = std::sync::mpsc::channel::<Value>();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout).lines() {
+                let Ok(line) = line else { return };
+                if sender.send(serde_json::from_str(&line).unwrap()).is_err() {
+                    return;
+                }
+            }
+        });
+        receiver
+    };
+    let watched = |what: &str, condition: &dyn Fn(&Value) -> bool| {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let document = documents
+                .recv_timeout(left)
+                .unwrap_or_else(|_| panic!("plumber status --watch never printed {what}"));
+            if condition(&document) {
+                return document;
+            }
+        }
+    };
+    watched("the status", &|d| {
+        topology(d, "t")["commit"] == first.to_string().as_str()
+    });
+
     let mut stream = EventStream::connect(&daemon.api);
     let opening = stream.next().unwrap();
     assert_eq!(opening.kind, "status", "{opening:?}");
@@ -649,6 +741,10 @@ fn the_event_stream_sends_the_status_first_then_numbered_events_at_a_bounded_rat
     daemon.wait_status("the restarted daemon runs the new commit", |s| {
         topology(s, "t")["commit"] == moved.to_string().as_str()
     });
+    watched("the restarted daemon's status", &|d| {
+        topology(d, "t")["commit"] == moved.to_string().as_str()
+    });
+    watcher.kill();
     let mut again = EventStream::connect(&daemon.api);
     let reopened = again.next().unwrap();
     assert_eq!(

@@ -534,6 +534,11 @@ impl Process {
         self.child.id()
     }
 
+    /// The child's standard output, when it was piped (once).
+    pub fn stdout(&mut self) -> Option<std::process::ChildStdout> {
+        self.child.stdout.take()
+    }
+
     pub fn signal(&self, signal: nix::sys::signal::Signal) {
         let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
         nix::sys::signal::kill(pid, signal)
