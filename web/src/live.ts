@@ -19,8 +19,9 @@ const sameMove = (a: HistoryEntry, b: HistoryEntry) =>
   a.topology === b.topology && a.to === b.to && a.startedAt === b.startedAt && a.finishedAt === b.finishedAt;
 
 // Follows the daemon: fetches once, then lives on `api/events`. A `status` event replaces the
-// status, `plan` refetches the plans, `history` appends the move; the first `status` after an
-// outage refetches history and plans (events may have been missed while it was down).
+// status, `plan` refetches the plans, `history` appends the move, `resync` (this page fell
+// behind) refetches both; so does the first `status` after an outage (events may have been
+// missed while it was down).
 export function useDaemon(): Daemon {
   const [state, setState] = useState<Daemon>({
     status: null,
@@ -76,6 +77,11 @@ export function useDaemon(): Daemon {
         }
       });
       source.addEventListener('plan', () => {
+        loadPlans();
+      });
+      // This page fell behind the stream: the daemon sent the status again; read the rest.
+      source.addEventListener('resync', () => {
+        loadHistory();
         loadPlans();
       });
       source.addEventListener('history', (ev) => {
