@@ -272,3 +272,54 @@ fn describe_event(event: &Event<'_>) -> Option<CutoverEvent> {
         },
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn outlook(action: &str, waiting: Option<&str>, blocked_by: Option<&str>) -> cutover::Outlook {
+        cutover::Outlook {
+            action: action.into(),
+            waiting: waiting.map(str::to_owned),
+            failures: u32::from(waiting.is_some()),
+            blocked_by: blocked_by.map(str::to_owned),
+        }
+    }
+
+    #[test]
+    fn actions_shown_before_and_no_longer_left_are_done_in_the_order_shown() {
+        let first = shown_actions(
+            &[],
+            &[
+                outlook("start b", None, None),
+                outlook("drain a", Some("lag 4"), None),
+                outlook("stop a", None, Some("drain a")),
+            ],
+        );
+        let states: Vec<_> = first
+            .iter()
+            .map(|a| (a.state, a.reason.as_deref()))
+            .collect();
+        assert_eq!(
+            states,
+            [
+                (ActionState::Pending, None),
+                (ActionState::Waiting, Some("lag 4")),
+                (ActionState::Pending, Some("waits for drain a")),
+            ]
+        );
+        // `start b` took effect, then `drain a`: both done, in the order they were shown.
+        let second = shown_actions(&first, &[outlook("stop a", None, None)]);
+        let third = shown_actions(&second, &[]);
+        let shown: Vec<_> = third.iter().map(|a| (a.action.as_str(), a.state)).collect();
+        assert_eq!(
+            shown,
+            [
+                ("start b", ActionState::Done),
+                ("drain a", ActionState::Done),
+                ("stop a", ActionState::Done),
+            ]
+        );
+        assert!(third.iter().all(|a| a.reason.is_none()));
+    }
+}
