@@ -254,12 +254,25 @@ fn the_daemon_is_probed_and_served_on_its_api_port() {
     let service_spec = service.spec.expect("a Service spec");
     let labels = pod_labels(&objects);
     for (key, value) in service_spec.selector.iter().flatten() {
+        // The holder labels its own pod; the template's pods start as standbys.
+        if key == plumber::runtime::kube::lease::HOLDER_LABEL {
+            assert_eq!(value, "true", "the Service reaches the lease holder");
+            continue;
+        }
         assert_eq!(
             labels.get(key),
             Some(value),
             "the Service selects the daemon"
         );
     }
+    assert!(
+        service_spec
+            .selector
+            .iter()
+            .flatten()
+            .any(|(key, _)| key == plumber::runtime::kube::lease::HOLDER_LABEL),
+        "the Service reaches the lease holder only"
+    );
     let [service_port] = service_spec.ports.as_deref().unwrap_or_default() else {
         panic!("the Service has one port");
     };
@@ -420,7 +433,7 @@ fn the_role_grants_exactly_what_the_daemon_needs() {
         rule("apps", "deployments", &[], &manage),
         rule("keda.sh", "scaledobjects", &[], &manage),
         rule("keda.sh", "triggerauthentications", &[], &manage),
-        rule("", "pods", &[], &["get", "list", "watch"]),
+        rule("", "pods", &[], &["get", "list", "watch", "patch"]),
         rule("coordination.k8s.io", "leases", &[], &["create"]),
         rule(
             "coordination.k8s.io",

@@ -17,7 +17,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::core::{ApiResource, GroupVersionKind};
 use plumber::runtime::kube::apply::{KubeConfig, KubeRuntime};
 use plumber::runtime::kube::crd;
-use plumber::runtime::kube::lease::{Lease, LeaseConfig};
+use plumber::runtime::kube::lease::{HOLDER_LABEL, Lease, LeaseConfig};
 use plumber::runtime::kube::render::{RenderConfig, SPEC_ANNOTATION, Source};
 use plumber::runtime::{Cluster, ProcessorSpec, Runtime, Settings};
 use plumber::spec::{EnvValue, Resources, Scale, Transform};
@@ -632,12 +632,31 @@ fn holder(fake: &FakeApi) -> Option<String> {
         .and_then(|s| s.holder_identity)
 }
 
+/// The daemon pod's [`HOLDER_LABEL`], which the Service selects on.
+fn holder_label(fake: &FakeApi, pod: &str) -> Option<String> {
+    fake.get::<k8s_openapi::api::core::v1::Pod>(NS, pod)
+        .and_then(|p| p.metadata.labels)
+        .and_then(|labels| labels.get(HOLDER_LABEL).cloned())
+}
+
 #[test]
 fn one_replica_holds_the_lease_and_another_takes_over_when_it_is_released() {
     let fake = fake();
+    for pod in ["daemon-a", "daemon-b"] {
+        fake.put(&k8s_openapi::api::core::v1::Pod {
+            metadata: kube::api::ObjectMeta {
+                name: Some(pod.into()),
+                namespace: Some(NS.into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        });
+    }
     let a = lease(&fake, "daemon-a");
     wait_for(|| a.held());
     assert_eq!(holder(&fake).as_deref(), Some("daemon-a"));
+    // The Service reaches the holder only.
+    wait_for(|| holder_label(&fake, "daemon-a").as_deref() == Some("true"));
     let b = lease(&fake, "daemon-b");
     // B's manager has looked at the Lease once it exists and names A.
     wait_for(|| {
@@ -648,11 +667,14 @@ fn one_replica_holds_the_lease_and_another_takes_over_when_it_is_released() {
             > 4
     });
     assert!(!b.held(), "two holders");
+    wait_for(|| holder_label(&fake, "daemon-b").as_deref() == Some("false"));
     let guard = a.guard();
     a.release(Duration::from_secs(10));
     assert!(!guard(), "a released lease guards nothing");
+    assert_eq!(holder_label(&fake, "daemon-a").as_deref(), Some("false"));
     wait_for(|| b.held());
     assert_eq!(holder(&fake).as_deref(), Some("daemon-b"));
+    wait_for(|| holder_label(&fake, "daemon-b").as_deref() == Some("true"));
 }
 
 #[test]

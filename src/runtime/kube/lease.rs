@@ -14,6 +14,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease as LeaseObject;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
 use kube_lease_manager::LeaseManagerBuilder;
 
@@ -74,6 +76,9 @@ pub struct Lease {
     manager: Option<tokio::task::JoinHandle<()>>,
     confirmer: tokio::task::JoinHandle<()>,
     handle: tokio::runtime::Handle,
+    /// Where this replica's pod says whether it holds the lease ([`HOLDER_LABEL`]).
+    pods: Api<Pod>,
+    identity: String,
 }
 
 impl Lease {
@@ -123,16 +128,25 @@ impl Lease {
                 let _ = task.await;
             })
         };
+        let pods: Api<Pod> = Api::namespaced(client.clone(), &config.namespace);
         let confirmer = {
             let state = state.clone();
+            let pods = pods.clone();
+            let identity = config.identity.clone();
+            let config = config.clone();
             handle.spawn(async move {
                 let api: Api<LeaseObject> = Api::namespaced(client, &config.namespace);
+                let mut labelled = None;
                 loop {
                     match api.get_opt(&config.name).await {
                         Ok(lease) => confirm(&state, lease.as_ref(), &config.identity),
                         Err(error) => {
                             tracing::debug!(%error, "cannot read the lease; not confirming it")
                         }
+                    }
+                    let holds = held(&state, validity);
+                    if labelled != Some(holds) && label(&pods, &identity, holds).await {
+                        labelled = Some(holds);
                     }
                     tokio::time::sleep(config.check).await;
                 }
@@ -145,6 +159,8 @@ impl Lease {
             manager: Some(manager),
             confirmer,
             handle: handle.clone(),
+            pods,
+            identity: config.identity,
         }
     }
 
@@ -166,6 +182,11 @@ impl Lease {
     pub fn release(mut self, timeout: Duration) {
         self.state.elected.store(false, Ordering::SeqCst);
         let _ = self.stop.send(true);
+        self.confirmer.abort();
+        let (pods, identity) = (self.pods.clone(), self.identity.clone());
+        let _ = self.handle.block_on(async {
+            tokio::time::timeout(timeout, label(&pods, &identity, false)).await
+        });
         if let Some(manager) = self.manager.take() {
             let _ = self
                 .handle
@@ -179,6 +200,34 @@ impl Drop for Lease {
         self.state.elected.store(false, Ordering::SeqCst);
         let _ = self.stop.send(true);
         self.confirmer.abort();
+    }
+}
+
+/// The label of the daemon's pods that says whether the pod holds the lease (`"true"`) or
+/// not (`"false"`): the daemon's Service selects on it, so the page, the API and webhooks
+/// reach the replica that acts (a standby's engine runs no cutover it could show).
+pub const HOLDER_LABEL: &str = "plumber.dev/lease-holder";
+
+/// Labels this replica's pod with whether it holds the lease; whether that is settled (done,
+/// or there is no such pod: a daemon outside the cluster).
+async fn label(pods: &Api<Pod>, pod: &str, holds: bool) -> bool {
+    let patch = serde_json::json!({"metadata": {"labels": {HOLDER_LABEL: holds.to_string()}}});
+    match pods
+        .patch(pod, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => {
+            tracing::info!(pod, holds, "labelled this replica's pod");
+            true
+        }
+        Err(kube::Error::Api(status)) if status.code == 404 => {
+            tracing::debug!(pod, "no pod of this name: not labelling it");
+            true
+        }
+        Err(error) => {
+            tracing::warn!(%error, pod, holds, "cannot label this replica's pod; trying again");
+            false
+        }
     }
 }
 
