@@ -685,6 +685,7 @@ fn observed_status_is_published_beside_the_record_and_only_when_it_changed() {
         group: None,
         state: state.into(),
         lag,
+        records_per_second: None,
     };
     let observed = TopologyStatus {
         name: "shop".into(),

@@ -17,6 +17,7 @@ mod observe;
 pub mod plans;
 pub mod previews;
 pub mod publish;
+mod rates;
 mod reconcile;
 pub mod revisions;
 pub mod status;
@@ -289,6 +290,8 @@ pub struct Context {
     /// The clusters of the revisions seen, by bootstrap servers: what the observer connects
     /// with, knowing only the bootstrap servers a topology's record keeps.
     clusters: Mutex<BTreeMap<String, Cluster>>,
+    /// Records/s per processor, from their `/metrics` (the observer reads them).
+    rates: rates::Rates,
     stopping: AtomicBool,
 }
 
@@ -374,6 +377,7 @@ impl Context {
             admins: Mutex::new(BTreeMap::new()),
             deliveries: Mutex::new(BTreeMap::new()),
             clusters: Mutex::new(BTreeMap::new()),
+            rates: rates::Rates::default(),
             stopping: AtomicBool::new(false),
         }))
     }

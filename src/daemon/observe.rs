@@ -67,6 +67,9 @@ fn observe(context: &Context, watchdog: &Watchdog, acting: &mut bool, resume: &m
             return;
         }
     };
+    context
+        .rates
+        .scrape(context.runtime.as_ref(), &running, &context.store.metrics);
     let Ok(mut records) = context.records.topologies() else {
         return;
     };
@@ -230,6 +233,7 @@ fn observe_topology(
                 (state.to_owned(), lag)
             }
         };
+        let records_per_second = group.as_deref().and_then(|g| context.rates.per_second(g));
         steps.push(StepStatus {
             name: step,
             kind: format!("{kind:?}").to_lowercase(),
@@ -237,6 +241,7 @@ fn observe_topology(
             group,
             state,
             lag,
+            records_per_second,
         });
     }
     context.store.topology(name, |t| t.steps = steps);
