@@ -1122,7 +1122,11 @@ fn the_metrics_of_a_processor_are_at_its_running_pods_ips() {
     assert_eq!(endpoints(&runtime), Vec::<String>::new(), "no Pod IP yet");
     let pod = fake.list::<Pod>(NS).remove(0);
     let name = pod.metadata.name.clone().unwrap();
-    fake.patch::<Pod>(NS, &name, serde_json::json!({"status": {"podIP": "10.1.2.3"}}));
+    fake.patch::<Pod>(
+        NS,
+        &name,
+        serde_json::json!({"status": {"podIP": "10.1.2.3"}}),
+    );
     wait_for(|| endpoints(&runtime) == ["10.1.2.3:9400"]);
     let uid = pod.metadata.uid.unwrap();
     assert_eq!(

@@ -17,7 +17,7 @@ mod observe;
 pub mod plans;
 pub mod previews;
 pub mod publish;
-mod rates;
+pub mod rates;
 mod reconcile;
 pub mod revisions;
 pub mod status;
