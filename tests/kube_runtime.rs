@@ -1125,3 +1125,41 @@ fn a_preview_s_topology_is_deleted_when_forgotten_and_a_topology_s_never() {
     );
     assert_eq!(this.load("shop").unwrap(), moved("aaa"), "untouched");
 }
+
+/// Each running Pod of a processor serves `/metrics` at its Pod IP on the metrics port; a Pod
+/// without an IP yet is nowhere to read.
+#[test]
+fn the_metrics_of_a_processor_are_at_its_running_pods_ips() {
+    let fake = fake();
+    let runtime = runtime(&fake);
+    let spec = spec("validate", "ab");
+    runtime.start(&spec).unwrap();
+    wait_for(|| pods_of(&fake, &spec) == 1);
+    let endpoints = |runtime: &KubeRuntime| -> Vec<String> {
+        runtime
+            .metrics_endpoints()
+            .unwrap()
+            .get(&spec.group)
+            .into_iter()
+            .flatten()
+            .map(|e| e.addr.to_string())
+            .collect()
+    };
+    assert_eq!(endpoints(&runtime), Vec::<String>::new(), "no Pod IP yet");
+    let pod = fake.list::<Pod>(NS).remove(0);
+    let name = pod.metadata.name.clone().unwrap();
+    fake.patch::<Pod>(
+        NS,
+        &name,
+        serde_json::json!({"status": {"podIP": "10.1.2.3"}}),
+    );
+    wait_for(|| endpoints(&runtime) == ["10.1.2.3:9400"]);
+    let uid = pod.metadata.uid.unwrap();
+    assert_eq!(
+        runtime.metrics_endpoints().unwrap()[&spec.group][0].instance,
+        uid,
+        "an instance is its Pod"
+    );
+    runtime.stop(&spec.group).unwrap();
+    wait_for(|| runtime.metrics_endpoints().unwrap().is_empty());
+}

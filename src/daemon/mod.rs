@@ -18,6 +18,7 @@ mod observe;
 pub mod plans;
 pub mod previews;
 pub mod publish;
+pub mod rates;
 mod reconcile;
 pub mod revisions;
 pub mod status;
@@ -292,6 +293,8 @@ pub struct Context {
     /// The clusters of the revisions seen, by bootstrap servers: what the observer connects
     /// with, knowing only the bootstrap servers a topology's record keeps.
     clusters: Mutex<BTreeMap<String, Cluster>>,
+    /// Records/s per processor, from their `/metrics` (the observer reads them).
+    rates: rates::Rates,
     stopping: AtomicBool,
 }
 
@@ -378,6 +381,7 @@ impl Context {
             admins: Mutex::new(BTreeMap::new()),
             deliveries: Mutex::new(BTreeMap::new()),
             clusters: Mutex::new(BTreeMap::new()),
+            rates: rates::Rates::default(),
             stopping: AtomicBool::new(false),
         }))
     }

@@ -67,6 +67,9 @@ fn observe(context: &Context, watchdog: &Watchdog, acting: &mut bool, resume: &m
             return;
         }
     };
+    context
+        .rates
+        .scrape(context.runtime.as_ref(), &running, &context.store.metrics);
     let Ok(mut records) = context.records.topologies() else {
         return;
     };
@@ -262,6 +265,7 @@ fn observe_topology(
                 (state.to_owned(), lag, Some(replicas))
             }
         };
+        let records_per_second = group.as_deref().and_then(|g| context.rates.per_second(g));
         steps.push(StepStatus {
             name: listed.step,
             kind: format!("{:?}", listed.kind).to_lowercase(),
@@ -280,6 +284,7 @@ fn observe_topology(
                 min: s.min,
                 max: s.max,
             }),
+            records_per_second,
         });
     }
     context.store.topology(name, |t| t.steps = steps);

@@ -3,6 +3,7 @@
 //! only read snapshots.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -225,6 +226,8 @@ pub struct StepStatus {
     pub replicas: Option<u32>,
     /// A processor's scale bounds.
     pub scale: Option<ScaleStatus>,
+    /// Input records/s, from the processor's own `/metrics`; `null` while unknown.
+    pub records_per_second: Option<f64>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
@@ -321,6 +324,10 @@ pub struct Metrics {
     pub exactly_once: Family<TopologyLabel, Gauge>,
     pub lag: Family<StepLabels, Gauge>,
     pub instances: Family<StepLabels, Gauge>,
+    /// From the processors' own `/metrics` ([`super::rates`]).
+    pub records_per_second: Family<StepLabels, Gauge<f64, AtomicU64>>,
+    pub records_consumed: Family<StepLabels, Counter>,
+    pub records_dead_lettered: Family<StepLabels, Counter>,
     pub forge_publications: Counter,
     pub forge_publish_failures: Counter,
 }
@@ -341,6 +348,9 @@ impl Default for Metrics {
         let exactly_once = Family::<TopologyLabel, Gauge>::default();
         let lag = Family::<StepLabels, Gauge>::default();
         let instances = Family::<StepLabels, Gauge>::default();
+        let records_per_second = Family::<StepLabels, Gauge<f64, AtomicU64>>::default();
+        let records_consumed = Family::<StepLabels, Counter>::default();
+        let records_dead_lettered = Family::<StepLabels, Counter>::default();
         let forge_publications = Counter::default();
         let forge_publish_failures = Counter::default();
         registry.register(
@@ -395,6 +405,21 @@ impl Default for Metrics {
             instances.clone(),
         );
         registry.register(
+            "processor_records_per_second",
+            "Input records a processor consumes per second, summed over its instances (absent while unknown)",
+            records_per_second.clone(),
+        );
+        registry.register(
+            "processor_records",
+            "Input records a processor's instances consumed since this daemon started reading their /metrics",
+            records_consumed.clone(),
+        );
+        registry.register(
+            "processor_records_dead_lettered",
+            "Input records a processor's instances sent to the dead-letter topic since this daemon started reading their /metrics",
+            records_dead_lettered.clone(),
+        );
+        registry.register(
             "forge_publications",
             "Commit statuses and plan comments sent to the forge",
             forge_publications.clone(),
@@ -417,6 +442,9 @@ impl Default for Metrics {
             exactly_once,
             lag,
             instances,
+            records_per_second,
+            records_consumed,
+            records_dead_lettered,
             forge_publications,
             forge_publish_failures,
         }

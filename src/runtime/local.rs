@@ -3,7 +3,8 @@
 //! restarts crashed instances with exponential backoff.
 //!
 //! What should run is recorded in `STATE_DIR/processes/`: `<group>.json` (the spec) and
-//! `<group>.<n>.pid` (the running instance's pid and start time). Instances run in their own
+//! `<group>.<n>.pid` (the running instance's pid and start time, and on a second line
+//! `metrics <address>`, where it serves `/metrics`). Instances run in their own
 //! process groups, so a daemon killed outright leaves them running; the next daemon on the
 //! same state directory adopts the live ones (same pid and start time) and restarts the others,
 //! so one instance never runs twice. A daemon killed between starting an instance and
@@ -24,6 +25,7 @@
 
 use std::collections::BTreeMap;
 use std::fs;
+use std::net::SocketAddr;
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -36,7 +38,7 @@ use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
 
 use super::args::{Placement, plain_env, processor_args};
-use super::{Error, ProcessorSpec, ProcessorStatus, Result, Runtime};
+use super::{Error, MetricsEndpoint, ProcessorSpec, ProcessorStatus, Result, Runtime};
 
 /// Set on every processor and sidecar to the runtime's `processes` directory, so that a later
 /// daemon on the same state directory finds the instances it has no pid file for.
@@ -139,6 +141,9 @@ struct Running {
     processor: Proc,
     sidecar: Option<Proc>,
     since: Instant,
+    /// Where the processor serves `/metrics` (on loopback); `None` for one adopted from a
+    /// daemon that did not record it.
+    metrics: Option<SocketAddr>,
 }
 
 /// A process we started (and reap), or one a previous daemon started (adopted by pid). Each
@@ -551,6 +556,9 @@ fn pid_file(processes: &Path, group: &str, index: u32) -> PathBuf {
 fn adopt(processes: &Path, group: &str, index: u32) -> Option<Running> {
     let text = fs::read_to_string(pid_file(processes, group, index)).ok()?;
     let numbers: Vec<u64> = text
+        .lines()
+        .next()
+        .unwrap_or_default()
         .split_whitespace()
         .filter_map(|n| n.parse().ok())
         .collect();
@@ -583,6 +591,18 @@ fn adopt(processes: &Path, group: &str, index: u32) -> Option<Running> {
         processor,
         sidecar,
         since: Instant::now(),
+        metrics: recorded_metrics(&text),
+    })
+}
+
+/// The line of a pid file that says where the instance serves `/metrics`.
+const METRICS_RECORD: &str = "metrics";
+
+/// Where a pid file says its instance serves `/metrics`.
+fn recorded_metrics(pid_file: &str) -> Option<SocketAddr> {
+    pid_file.lines().find_map(|line| {
+        let (key, value) = line.split_once(' ')?;
+        (key == METRICS_RECORD).then(|| value.trim().parse().ok())?
     })
 }
 
@@ -740,11 +760,18 @@ impl Shared {
             http_port = Some(port);
         }
         let index_name = index.to_string();
+        // A free loopback port per instance, as for the sidecar: should another process take
+        // it first, the processor exits for want of it and its next run gets another.
+        let metrics = SocketAddr::from((
+            std::net::Ipv4Addr::LOCALHOST,
+            free_port().map_err(|e| start_error(format!("no free port: {e}")))?,
+        ));
+        let metrics_arg = metrics.to_string();
         let placement = Placement {
             instance: Some(&index_name),
             http_port,
             credentials,
-            metrics: None,
+            metrics: Some(&metrics_arg),
         };
         let mut command = Command::new(&self.config.processor);
         command.args(processor_args(spec, &placement));
@@ -770,6 +797,7 @@ impl Shared {
             processor: Proc::child(processor),
             sidecar,
             since: Instant::now(),
+            metrics: Some(metrics),
         };
         let mut record = format!(
             "{} {}",
@@ -779,11 +807,13 @@ impl Shared {
         if let Some(sidecar) = &running.sidecar {
             record.push_str(&format!(" {} {}", sidecar.pid(), sidecar.start_time()));
         }
+        // On a line of its own: a daemon that knows only the pids reads the first line.
+        record.push_str(&format!("\n{METRICS_RECORD} {metrics}\n"));
         let path = pid_file(&self.processes, &spec.group, index);
         if let Err(source) = write_atomically(&path, record.as_bytes()) {
             tracing::warn!(error = %source, "cannot record the pid; a restarted daemon will not adopt this instance");
         }
-        tracing::info!(group = %spec.group, index, pid = running.processor.pid(), log = %log_path.display(), "instance started");
+        tracing::info!(group = %spec.group, index, pid = running.processor.pid(), log = %log_path.display(), %metrics, "instance started");
         Ok(running)
     }
 
@@ -991,6 +1021,29 @@ impl Runtime for LocalRuntime {
         Ok(self.shared.managed().contains_key(group))
     }
 
+    fn metrics_endpoints(&self) -> Result<BTreeMap<String, Vec<MetricsEndpoint>>> {
+        Ok(self
+            .shared
+            .managed()
+            .values()
+            .map(|m| {
+                let endpoints = m
+                    .instances
+                    .iter()
+                    .filter_map(|instance| {
+                        let running = instance.running.as_ref()?;
+                        Some(MetricsEndpoint {
+                            // A restarted instance has another pid, and counts from zero.
+                            instance: format!("{}:{}", instance.index, running.processor.pid()),
+                            addr: running.metrics?,
+                        })
+                    })
+                    .collect();
+                (m.spec.group.clone(), endpoints)
+            })
+            .collect())
+    }
+
     fn processors(&self) -> Result<Vec<ProcessorStatus>> {
         Ok(self
             .shared
@@ -1026,6 +1079,17 @@ mod tests {
             command.process_group(0);
         }
         command.spawn().unwrap()
+    }
+
+    #[test]
+    fn the_metrics_address_is_read_from_its_own_line_of_the_pid_file() {
+        assert_eq!(
+            recorded_metrics("12 345 13 346\nmetrics 127.0.0.1:4040\n"),
+            Some("127.0.0.1:4040".parse().unwrap())
+        );
+        // Recorded by a daemon before addresses were: the instance is adopted without one.
+        assert_eq!(recorded_metrics("12 345"), None);
+        assert_eq!(recorded_metrics("12 345\nmetrics nowhere\n"), None);
     }
 
     #[test]

@@ -10,6 +10,7 @@ pub mod kube;
 pub mod local;
 
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 
 use serde::{Deserialize, Serialize};
 
@@ -193,6 +194,15 @@ pub struct ProcessorStatus {
     pub commit: Option<String>,
 }
 
+/// Where one running instance of a processor serves its Prometheus `/metrics`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetricsEndpoint {
+    /// Names this run of the instance (a local process's pid, a Pod's uid): under a new name
+    /// its counters start again, and the first reading gives no rate yet.
+    pub instance: String,
+    pub addr: SocketAddr,
+}
+
 /// Calls block until done (the engine runs one action at a time on its own thread); a
 /// runtime built on an async client runs it on its own executor, as `kafka::KafkaAdmin`
 /// does.
@@ -226,5 +236,11 @@ pub trait Runtime: Send + Sync {
     /// what that replica started nor put back what it stopped.
     fn resync(&self) -> Result<()> {
         Ok(())
+    }
+    /// Where the running instances of each processor serve `/metrics`, by group; cheap (the
+    /// observer asks at every look). An instance that serves none, or that the runtime cannot
+    /// place, is left out, and so is a runtime that cannot tell: their rates are unknown.
+    fn metrics_endpoints(&self) -> Result<BTreeMap<String, Vec<MetricsEndpoint>>> {
+        Ok(BTreeMap::new())
     }
 }

@@ -18,9 +18,11 @@
 //!   process runs on for a while before SIGTERM.
 //! - **`restartPolicy: Always`**: a process that exits while its Pod is not terminating is
 //!   started again, with backoff.
-//! - **One network namespace per Pod**: every Pod would serve `/metrics` on the same
-//!   container port, so the `--metrics` address is the one argument changed: to a free
-//!   loopback port, as a port mapping would (`kubectl port-forward`).
+//! - **One IP per Pod**: each Pod gets a loopback address of its own (127.0.0.0/8 is all
+//!   local on Linux), set as its `status.podIP` before its process starts, and the
+//!   `--metrics` address is the one argument changed: from the rendered `0.0.0.0:<port>` (all
+//!   of the Pod's own network namespace) to `<podIP>:<port>`, so what the daemon reads at
+//!   `podIP:METRICS_PORT` is the process's own `/metrics`.
 //!
 //! # What it refuses
 //! Only `jq` and `sql` steps run here: a Pod with init containers (an `exec` step), with more
@@ -30,10 +32,11 @@
 
 use std::collections::BTreeMap;
 use std::fs::OpenOptions;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
@@ -304,22 +307,33 @@ fn command(shared: &Shared, pod: &Pod) -> Result<(Command, String, String), Stri
         ));
     }
     let mut args = container.args.clone().unwrap_or_default();
-    let port = free_port();
     let metrics = args
         .iter()
         .position(|a| a == "--metrics")
         .ok_or("no --metrics: the readiness probe has nothing to ask")?;
-    // The Pod's own network namespace, mapped to a free loopback port.
-    *args
-        .get_mut(metrics + 1)
-        .ok_or("--metrics without an address")? = format!("127.0.0.1:{port}");
+    let rendered: SocketAddr = args
+        .get(metrics + 1)
+        .ok_or("--metrics without an address")?
+        .parse()
+        .map_err(|e| format!("--metrics: {e}"))?;
+    let ip = pod_ip(rendered.port());
+    let served = SocketAddr::from((ip, rendered.port()));
+    if let Some(address) = args.get_mut(metrics + 1) {
+        *address = served.to_string();
+    }
+    // As a kubelet does once the Pod's sandbox has its network, before the containers start.
+    shared.fake.patch::<Pod>(
+        &shared.namespace,
+        &name,
+        serde_json::json!({"status": {"podIP": ip.to_string(), "podIPs": [{"ip": ip.to_string()}]}}),
+    );
     let group = args
         .iter()
         .position(|a| a == "--group")
         .and_then(|i| args.get(i + 1))
         .cloned()
         .ok_or("no --group")?;
-    let health = health_url(container, port)?;
+    let health = health_url(container, served)?;
     let mut command = Command::new(&shared.binary);
     command.args(&args).env_clear().env("HOSTNAME", &name);
     for var in container.env.iter().flatten() {
@@ -362,14 +376,14 @@ fn command(shared: &Shared, pod: &Pod) -> Result<(Command, String, String), Stri
 
 /// The readiness probe's URL: its path on the container port it names, which the Pod's
 /// `--metrics` serves.
-fn health_url(container: &Container, port: u16) -> Result<String, String> {
+fn health_url(container: &Container, served: SocketAddr) -> Result<String, String> {
     let get = container
         .readiness_probe
         .as_ref()
         .and_then(|p| p.http_get.as_ref())
         .ok_or("no HTTP readiness probe")?;
     let path = get.path.clone().unwrap_or_else(|| "/".into());
-    Ok(format!("http://127.0.0.1:{port}{path}"))
+    Ok(format!("http://{served}{path}"))
 }
 
 fn secret_value(shared: &Shared, name: &str, key: &str) -> Option<String> {
@@ -381,11 +395,22 @@ fn secret_value(shared: &Shared, name: &str, key: &str) -> Option<String> {
     String::from_utf8(bytes.0.clone()).ok()
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
+/// The next Pod's IP: a loopback address 127.X.Y.1 (X ≥ 1) whose `port` is free. Taken
+/// in turn by every kubelet of the process, from a point of its own so that test processes
+/// running side by side rarely try the same ones.
+fn pod_ip(port: u16) -> Ipv4Addr {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    const ADDRESSES: u32 = 255 * 256;
+    let start = std::process::id().wrapping_mul(97) % ADDRESSES;
+    for _ in 0..ADDRESSES {
+        let n = (start + NEXT.fetch_add(1, Ordering::SeqCst)) % ADDRESSES;
+        let ip = Ipv4Addr::new(127, 1 + (n / 256) as u8, (n % 256) as u8, 1);
+        // The listener is closed again at once: the processor binds the address next.
+        if std::net::TcpListener::bind((ip, port)).is_ok() {
+            return ip;
+        }
+    }
+    panic!("no loopback address has port {port} free")
 }
 
 /// `restartPolicy: Always` until the Pod terminates: starts the process, marks the Pod ready

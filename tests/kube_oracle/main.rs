@@ -346,6 +346,39 @@ fn a_step_reads_its_secret_from_the_pod_it_runs_in() {
                 .is_some_and(|f| f.secret_key_ref.is_some())),
         "the Pod holds the reference, not the value: {env:?}"
     );
+
+    // Records/s come from the Pod's own /metrics, which the daemon reads at its Pod IP.
+    let pod_ip = pods[0].status.as_ref().and_then(|s| s.pod_ip.clone());
+    assert!(
+        pod_ip
+            .as_deref()
+            .is_some_and(|ip| ip.starts_with("127.") && ip != "127.0.0.1"),
+        "the Pod has an address of its own: {pod_ip:?}"
+    );
+    let load = world.start_load(50);
+    wait_until("greet shows its records/s", PATIENCE, || {
+        daemon
+            .status()
+            .topologies
+            .iter()
+            .find(|t| t.name == "s")
+            .and_then(|t| {
+                t.steps
+                    .iter()
+                    .find(|s| s.name == "greet")?
+                    .records_per_second
+            })
+            .is_some_and(|rate| rate > 0.0)
+    });
+    let metrics = ureq::get(&format!("{}/metrics", daemon.api()))
+        .call()
+        .unwrap()
+        .body_mut()
+        .read_to_string()
+        .unwrap();
+    let gauge = r#"plumber_processor_records_per_second{topology="s",step="greet"} "#;
+    assert!(metrics.contains(gauge), "{gauge} in\n{metrics}");
+    load.stop();
     assert_eq!(kubelet.refused(), Vec::<String>::new());
     daemon.stop();
 }

@@ -429,6 +429,20 @@ impl World {
         Some(name)
     }
 
+    /// The first line of every instance's pid file (its pids and start times), by file.
+    pub fn recorded_instances(&self) -> BTreeMap<String, String> {
+        std::fs::read_dir(self.processes())
+            .unwrap()
+            .flatten()
+            .filter(|e| e.path().extension().is_some_and(|x| x == "pid"))
+            .map(|e| {
+                let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+                let first = text.lines().next().unwrap_or_default().to_owned();
+                (e.file_name().to_string_lossy().into_owned(), first)
+            })
+            .collect()
+    }
+
     /// Every recorded group runs exactly its number of instances, no more.
     pub fn assert_one_instance_per_group(&self) {
         for entry in std::fs::read_dir(self.processes()).unwrap().flatten() {
@@ -942,6 +956,15 @@ impl Plumber {
             .call()
             .unwrap();
         response.body_mut().read_json().unwrap()
+    }
+
+    /// The daemon's `/metrics` (Prometheus text).
+    pub fn metrics(&self) -> String {
+        ureq::get(&format!("{}/metrics", self.server))
+            .call()
+            .ok()
+            .and_then(|mut r| r.body_mut().read_to_string().ok())
+            .unwrap_or_default()
     }
 
     /// kill -9: the processors keep running.

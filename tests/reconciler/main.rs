@@ -33,6 +33,54 @@ fn deployed(name: &str, records: u64) -> (World, Plumber, Load, Vec<Model>) {
     (world, plumber, load, revisions)
 }
 
+/// The records/s `step` of `t` shows in a status document.
+fn records_per_second(status: &serde_json::Value, step: &str) -> Option<f64> {
+    status["topologies"]
+        .as_array()?
+        .iter()
+        .find(|t| t["name"] == "t")?["steps"]
+        .as_array()?
+        .iter()
+        .find(|s| s["name"] == step)?["recordsPerSecond"]
+        .as_f64()
+}
+
+/// Records/s per step come from the processors' own `/metrics` (each local instance serves
+/// them on a loopback port of its own), in status and on the daemon's `/metrics`; and still
+/// after a daemon killed outright is replaced by one that adopts the running instances.
+#[test]
+fn records_per_second_are_read_from_the_processors_and_after_their_adoption() {
+    let (world, mut plumber, load, _) = deployed("rates", 100);
+    let flowing = |status: &serde_json::Value| {
+        ["a", "b", "c"]
+            .iter()
+            .all(|step| records_per_second(status, step).is_some_and(|rate| rate > 0.0))
+    };
+    plumber.wait_until("every step shows its records/s", flowing);
+    let metrics = plumber.metrics();
+    for step in ["a", "b", "c"] {
+        let gauge =
+            format!(r#"plumber_processor_records_per_second{{topology="t",step="{step}"}} "#);
+        let counter = format!(r#"plumber_processor_records_total{{topology="t",step="{step}"}} "#);
+        assert!(metrics.contains(&gauge), "{gauge} in\n{metrics}");
+        assert!(metrics.contains(&counter), "{counter} in\n{metrics}");
+    }
+
+    let instances = world.recorded_instances();
+    assert_eq!(instances.len(), 3, "{instances:?}");
+    plumber.kill();
+    let plumber = Plumber::up(&world);
+    plumber.wait_until("the adopted instances' records/s are read", flowing);
+    assert_eq!(
+        world.recorded_instances(),
+        instances,
+        "the same processes run: adopted, not restarted"
+    );
+    world.assert_one_instance_per_group();
+    load.stop();
+    drop(plumber);
+}
+
 #[test]
 fn every_record_follows_one_revision_through_a_series_of_cutovers() {
     let (world, plumber, load, mut revisions) = deployed("oracle", 200);

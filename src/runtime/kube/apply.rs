@@ -21,6 +21,9 @@
 //!   again ([`Runtime::resync`]) whenever a replica starts acting, so a
 //!   standby that takes the lease over repairs what the previous holder left running, not
 //!   what ran when the standby started.
+//! - **Metrics**: every running Pod of a processor serves `/metrics` at its Pod IP on
+//!   [`METRICS_PORT`](render::METRICS_PORT) ([`Runtime::metrics_endpoints`]), from a watch
+//!   of Plumber's Pods that keeps only their labels, uid, phase and IP.
 //!
 //! # Caveats
 //! A processor whose Deployment *and* ScaledObject were deleted by hand while no daemon ran
@@ -37,7 +40,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Client, Resource};
 use serde::Serialize;
@@ -47,8 +50,10 @@ use super::cache::Cache;
 use super::crd::Topology;
 use super::drift;
 use super::keda::{ScaledObject, TriggerAuthentication};
-use super::render::{self, MANAGED_BY, Objects, RenderConfig, SPEC_ANNOTATION};
-use crate::runtime::{Error, ProcessorSpec, ProcessorStatus, Result, Runtime};
+use super::render::{
+    self, IDENTITY, LIFE, MANAGED_BY, Objects, RenderConfig, SPEC_ANNOTATION, STEP, TOPOLOGY,
+};
+use crate::runtime::{Error, MetricsEndpoint, ProcessorSpec, ProcessorStatus, Result, Runtime};
 use crate::spec::{Resources, Scale};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
@@ -98,6 +103,8 @@ pub struct KubeRuntime {
     scaled_objects: Cache<ScaledObject>,
     authentications: Cache<TriggerAuthentication>,
     topologies: Arc<Cache<Topology>>,
+    /// Only where the processors' `/metrics` are ([`trim_pod`]).
+    pods: Cache<Pod>,
 }
 
 /// The label selector of every object Plumber manages.
@@ -138,6 +145,12 @@ impl KubeRuntime {
                 &labels,
                 &handle,
             )),
+            pods: Cache::start_trimmed(
+                Api::namespaced(client.clone(), &namespace),
+                &labels,
+                &handle,
+                trim_pod,
+            ),
             client,
             config,
             handle,
@@ -150,6 +163,7 @@ impl KubeRuntime {
         runtime.wait_listed(&runtime.scaled_objects)?;
         runtime.wait_listed(&runtime.authentications)?;
         runtime.wait_listed(&runtime.topologies)?;
+        runtime.wait_listed(&runtime.pods)?;
         // What the watches just listed is as fresh as a list: no second one.
         {
             let _changing = runtime.changing();
@@ -472,6 +486,47 @@ impl KubeRuntime {
     }
 }
 
+/// What [`Runtime::metrics_endpoints`] reads of a Pod: its labels (whose life it is), uid,
+/// phase and IP. The spec and the rest of the status are most of a Pod's bytes.
+fn trim_pod(pod: Pod) -> Pod {
+    let status = pod.status.map(|status| PodStatus {
+        phase: status.phase,
+        pod_ip: status.pod_ip,
+        ..PodStatus::default()
+    });
+    Pod {
+        metadata: ObjectMeta {
+            name: pod.metadata.name,
+            uid: pod.metadata.uid,
+            labels: pod.metadata.labels,
+            resource_version: pod.metadata.resource_version,
+            deletion_timestamp: pod.metadata.deletion_timestamp,
+            ..ObjectMeta::default()
+        },
+        spec: None,
+        status,
+    }
+}
+
+/// Where a Pod serves `/metrics`, once it runs and has an IP.
+fn metrics_of(pod: &Pod) -> Option<MetricsEndpoint> {
+    let status = pod.status.as_ref()?;
+    if status.phase.as_deref() != Some("Running") {
+        return None;
+    }
+    let ip: std::net::IpAddr = status.pod_ip.as_deref()?.parse().ok()?;
+    Some(MetricsEndpoint {
+        // A Pod's containers restarted in place count from zero: the scraper sees the
+        // counter go down.
+        instance: pod
+            .metadata
+            .uid
+            .clone()
+            .or_else(|| pod.metadata.name.clone())?,
+        addr: std::net::SocketAddr::new(ip, render::METRICS_PORT),
+    })
+}
+
 /// Whether `cache`'s object `name` is at the version, and was rendered with the owner, it was
 /// last found right at.
 fn at_verified<K>(
@@ -673,6 +728,29 @@ impl Runtime for KubeRuntime {
                 }
             })
             .collect())
+    }
+
+    fn metrics_endpoints(&self) -> Result<BTreeMap<String, Vec<MetricsEndpoint>>> {
+        // A Pod is the life's whose selector labels it carries, as its Deployment selects it.
+        let lives: BTreeMap<BTreeMap<String, String>, String> = self
+            .running()
+            .values()
+            .map(|spec| (render::selector(spec), spec.group.clone()))
+            .collect();
+        let mut endpoints: BTreeMap<String, Vec<MetricsEndpoint>> = BTreeMap::new();
+        for pod in self.pods.all().values() {
+            let Some(labels) = &pod.metadata.labels else {
+                continue;
+            };
+            let selected: BTreeMap<String, String> = [TOPOLOGY, STEP, IDENTITY, LIFE]
+                .iter()
+                .filter_map(|key| Some(((*key).to_owned(), labels.get(*key)?.clone())))
+                .collect();
+            if let (Some(group), Some(endpoint)) = (lives.get(&selected), metrics_of(pod)) {
+                endpoints.entry(group.clone()).or_default().push(endpoint);
+            }
+        }
+        Ok(endpoints)
     }
 
     fn resync(&self) -> Result<()> {

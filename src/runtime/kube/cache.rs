@@ -31,6 +31,8 @@ pub struct Cache<K> {
     ready: watch::Receiver<bool>,
     task: tokio::task::JoinHandle<()>,
     kind: String,
+    /// What is dropped of each object before it is kept.
+    trim: fn(K) -> K,
 }
 
 impl<K> Cache<K>
@@ -41,6 +43,17 @@ where
     /// Starts watching the objects of `api` that `labels` selects, on the runtime of
     /// `handle`.
     pub fn start(api: Api<K>, labels: &str, handle: &tokio::runtime::Handle) -> Self {
+        Self::start_trimmed(api, labels, handle, |object| object)
+    }
+
+    /// As [`Cache::start`], keeping of each object only what `trim` leaves (of a Pod, what
+    /// the runtime reads of it: most of a Pod is its spec).
+    pub fn start_trimmed(
+        api: Api<K>,
+        labels: &str,
+        handle: &tokio::runtime::Handle,
+        trim: fn(K) -> K,
+    ) -> Self {
         let objects: Arc<RwLock<BTreeMap<String, Arc<K>>>> = Arc::default();
         let (ready_tx, ready) = watch::channel(false);
         let kind = K::kind(&Default::default()).into_owned();
@@ -56,7 +69,7 @@ where
                         Ok(Event::Init) => listing = Some(BTreeMap::new()),
                         Ok(Event::InitApply(object)) => {
                             if let (Some(listing), Some(name)) = (&mut listing, name_of(&object)) {
-                                listing.insert(name, Arc::new(slim(object)));
+                                listing.insert(name, Arc::new(trim(slim(object))));
                             }
                         }
                         Ok(Event::InitDone) => {
@@ -67,7 +80,7 @@ where
                         }
                         Ok(Event::Apply(object)) => {
                             if let Some(name) = name_of(&object) {
-                                write(&objects).insert(name, Arc::new(slim(object)));
+                                write(&objects).insert(name, Arc::new(trim(slim(object))));
                             }
                         }
                         Ok(Event::Delete(object)) => {
@@ -87,6 +100,7 @@ where
             ready,
             task,
             kind,
+            trim,
         }
     }
 
@@ -130,7 +144,7 @@ where
     /// An object as a write of this process answered it.
     pub fn written(&self, object: K) {
         if let Some(name) = name_of(&object) {
-            write(&self.objects).insert(name, Arc::new(slim(object)));
+            write(&self.objects).insert(name, Arc::new((self.trim)(slim(object))));
         }
     }
 
