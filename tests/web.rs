@@ -9,8 +9,8 @@
 //! waiting for that topic, then (the topic created) finishing with the new history entry; a
 //! broken commit shows its error with file and line; a restarted daemon is reconnected to.
 //!
-//! Screenshots of the overview and of a topology are written to `PLUMBER_WEB_SCREENSHOTS`
-//! (a directory; `docs/` for the README) when it is set.
+//! Screenshots (the overview, a topology, its cutover, the overview with an error) are
+//! written to `PLUMBER_WEB_SCREENSHOTS` (a directory; `docs/` for the README) when it is set.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly
 
@@ -221,9 +221,18 @@ impl Browser {
             .unwrap();
     }
 
+    /// The whole page at 1280 px wide (the window is made as tall as the page for it).
     fn screenshot(&self, file: &Path) {
+        let height = self
+            .script("return document.documentElement.scrollHeight;")
+            .as_u64()
+            .unwrap_or(900)
+            .clamp(600, 4000);
+        // The window's frame takes some of its height in headless Chromium too.
+        self.resize(1280, height as u32 + 90);
         let png = self.runtime.block_on(self.client.screenshot()).unwrap();
         std::fs::write(file, png).unwrap();
+        self.resize(1280, 900);
     }
 
     fn resize(&self, width: u32, height: u32) {
@@ -309,6 +318,17 @@ fn the_page_shows_the_example_live_through_a_cutover_a_broken_commit_and_a_resta
         })
     });
 
+    // Sample records keep flowing, as in `scripts/demo`, so records/s show.
+    let _load = Process::spawn(
+        "plumber dev load",
+        Command::new(env!("CARGO_BIN_EXE_plumber"))
+            .args(["dev", "load", "--bootstrap", broker.bootstrap()])
+            .args(["--topic", "clicks.raw", "--topic", "vehicles.telemetry"])
+            .args(["--rate", "20"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    );
+
     let browser = Browser::start();
     browser.goto(&format!("{}/", daemon.api));
     browser.wait_for(
@@ -361,6 +381,19 @@ fn the_page_shows_the_example_live_through_a_cutover_a_broken_commit_and_a_resta
             );
         }
     }
+    // Records/s as the processors' own metrics count them.
+    browser.wait_for(
+        "moving shows the records it reads per second",
+        "document.querySelector(\"svg [data-step='moving']\")?.textContent ?? ''",
+        |v| {
+            v.as_str()
+                .and_then(|t| t.split(" rec/s").next())
+                .and_then(|t| t.rsplit(' ').next())
+                .and_then(|rate| rate.parse::<f64>().ok())
+                .is_some_and(|rate| rate > 0.0)
+        },
+    );
+
     // From the keyboard: Tab reaches the `moving` step, Enter opens its details.
     let mut focused = Value::Null;
     for _ in 0..60 {
@@ -485,6 +518,9 @@ fn the_page_shows_the_example_live_through_a_cutover_a_broken_commit_and_a_resta
         },
     );
     assert!(error.as_str().unwrap().contains("partitons"), "{error}");
+    if let Some(dir) = &screenshots {
+        browser.screenshot(&dir.join("error.png"));
+    }
     let status = daemon.status().unwrap();
     assert_eq!(status["lastError"]["commit"], broken.to_string().as_str());
 
