@@ -91,7 +91,7 @@ fn commit(git: &Repository, message: &str, files: &[(String, String)]) -> String
 /// and clean → cleaned: five steps, two processors, own topics.
 fn topology_files(n: usize, run: &str) -> Vec<(String, String)> {
     let dir = format!("topologies/t{n:02}");
-    let second = if n % 2 == 0 {
+    let second = if n.is_multiple_of(2) {
         "sql: SELECT vehicle, speed, platform FROM clean WHERE speed > 20\n".to_owned()
     } else {
         "jq: 'select(.speed > 20) | .fast = true'\n".to_owned()
