@@ -16,7 +16,7 @@ mod fake_forge;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{TestRepo, write};
+use common::{TestRepo, processor_binary, write};
 use fake_forge::{GITHUB_REPO, Server, TOKEN};
 use plumber::forge::{Kind, MARKER, PullRequestState};
 use plumber_testkit::{Broker, Process, TestRecord, live_instances, unique, wait_until};
@@ -317,25 +317,4 @@ fn a_labelled_pull_request_previews_its_change_on_live_data_into_shadow_topics_u
         "nothing reaches the shadow topic after the teardown"
     );
     forge.assert_clean();
-}
-
-/// `plumber-processor`, built if it is not there yet.
-fn processor_binary() -> std::path::PathBuf {
-    let plumber = std::path::PathBuf::from(env!("CARGO_BIN_EXE_plumber"));
-    let sibling = plumber.with_file_name("plumber-processor");
-    if !sibling.is_file() {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let status = Command::new(cargo)
-            .args([
-                "build",
-                "-p",
-                "plumber-processor",
-                "--bin",
-                "plumber-processor",
-            ])
-            .status()
-            .expect("cargo build");
-        assert!(status.success(), "building plumber-processor failed");
-    }
-    sibling
 }

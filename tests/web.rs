@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{TestRepo, write};
+use common::{TestRepo, processor_binary, write};
 use fantoccini::key::Key;
 use fantoccini::{Client, ClientBuilder};
 use plumber_testkit::{Broker, Process, TestRecord, unique, wait_until};
@@ -246,27 +246,6 @@ impl Drop for Browser {
     fn drop(&mut self) {
         let _ = self.runtime.block_on(self.client.clone().close());
     }
-}
-
-/// `plumber-processor`, built if it is not there yet.
-fn processor_binary() -> PathBuf {
-    let plumber = PathBuf::from(env!("CARGO_BIN_EXE_plumber"));
-    let sibling = plumber.with_file_name("plumber-processor");
-    if !sibling.is_file() {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let status = Command::new(cargo)
-            .args([
-                "build",
-                "-p",
-                "plumber-processor",
-                "--bin",
-                "plumber-processor",
-            ])
-            .status()
-            .expect("cargo build");
-        assert!(status.success(), "building plumber-processor failed");
-    }
-    sibling
 }
 
 fn step_names(topology: &Value) -> Vec<String> {

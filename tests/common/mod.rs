@@ -173,6 +173,27 @@ pub fn validate_commit(repo: &TestRepo, commit: Oid) -> plumber::Validation {
     plumber::validate(&snapshot.files)
 }
 
+/// `plumber-processor`, beside the `plumber` binary under test: built if it is not there
+/// yet (a `cargo test` of one test target builds only `plumber`).
+pub fn processor_binary() -> PathBuf {
+    let sibling = PathBuf::from(plumber_bin()).with_file_name("plumber-processor");
+    if !sibling.is_file() {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let status = std::process::Command::new(cargo)
+            .args([
+                "build",
+                "-p",
+                "plumber-processor",
+                "--bin",
+                "plumber-processor",
+            ])
+            .status()
+            .expect("cargo build");
+        assert!(status.success(), "building plumber-processor failed");
+    }
+    sibling
+}
+
 pub fn plumber_bin() -> &'static str {
     env!("CARGO_BIN_EXE_plumber")
 }

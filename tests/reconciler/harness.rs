@@ -16,6 +16,7 @@ use rdkafka::producer::{BaseProducer, BaseRecord, Producer as _};
 use serde_json::Value;
 use tempfile::TempDir;
 
+pub use crate::common::processor_binary;
 use crate::common::{Change, TestRepo, remove, write};
 
 /// How long a cutover or a drain may take on a slow broker and a busy machine.
@@ -779,27 +780,6 @@ fn processors_at(
         .filter(|(_, step)| step.kind() == plumber::graph::Kind::Processor)
         .map(|(_, step)| (step.name.clone(), step.identity.to_string()))
         .collect()
-}
-
-/// `plumber-processor`, built if it is not there yet.
-pub fn processor_binary() -> PathBuf {
-    let plumber = PathBuf::from(env!("CARGO_BIN_EXE_plumber"));
-    let sibling = plumber.with_file_name("plumber-processor");
-    if !sibling.is_file() {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let status = Command::new(cargo)
-            .args([
-                "build",
-                "-p",
-                "plumber-processor",
-                "--bin",
-                "plumber-processor",
-            ])
-            .status()
-            .expect("cargo build");
-        assert!(status.success(), "building plumber-processor failed");
-    }
-    sibling
 }
 
 impl Plumber {
