@@ -39,8 +39,22 @@ fn free_port() -> u16 {
 
 /// `plumber up` on the repository, as a process of its own.
 struct Daemon {
-    process: Process,
+    /// `None` once stopped.
+    process: Option<Process>,
     api: String,
+}
+
+/// Stopped as a person stops it (SIGTERM), so it stops its processors: killed, it would leave
+/// them running after the test.
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(mut process) = self.process.take() {
+            process.signal(nix::sys::signal::Signal::SIGTERM);
+            if process.wait_exit(PATIENCE).is_none() {
+                eprintln!("plumber up did not stop within {PATIENCE:?}");
+            }
+        }
+    }
 }
 
 impl Daemon {
@@ -65,7 +79,7 @@ impl Daemon {
             command.env("PLUMBER_ASSIGNOR", "eager");
         }
         Daemon {
-            process: Process::spawn("plumber up", &mut command),
+            process: Some(Process::spawn("plumber up", &mut command)),
             api: format!("http://127.0.0.1:{port}"),
         }
     }
@@ -92,11 +106,13 @@ impl Daemon {
     }
 
     fn stop(&mut self) {
-        self.process.signal(nix::sys::signal::Signal::SIGTERM);
-        assert!(
-            self.process.wait_exit(Duration::from_secs(60)).is_some(),
-            "plumber up stops on SIGTERM"
-        );
+        if let Some(mut process) = self.process.take() {
+            process.signal(nix::sys::signal::Signal::SIGTERM);
+            assert!(
+                process.wait_exit(Duration::from_secs(60)).is_some(),
+                "plumber up stops on SIGTERM"
+            );
+        }
     }
 }
 
