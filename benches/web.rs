@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use fantoccini::{Client, ClientBuilder};
 use git2::{Repository, RepositoryInitOptions, Signature};
-use plumber_testkit::{Broker, Process, Usage, unique, wait_until};
+use plumber_testkit::{Broker, Process, Usage, free_port, unique, wait_until};
 use serde_json::{Value, json};
 
 const PATIENCE: Duration = Duration::from_secs(300);
@@ -54,14 +54,6 @@ fn range(values: &[f64]) -> (f64, f64) {
 fn summary(values: &[f64], decimals: usize) -> String {
     let (min, max) = range(values);
     format!("{:.d$} [{min:.d$}–{max:.d$}]", median(values), d = decimals)
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// target/release, where `bench/web.sh` built `plumber` and `plumber-processor`.

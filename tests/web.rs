@@ -23,19 +23,11 @@ use std::time::{Duration, Instant};
 use common::{TestRepo, processor_binary, write};
 use fantoccini::key::Key;
 use fantoccini::{Client, ClientBuilder};
-use plumber_testkit::{Broker, Process, TestRecord, unique, wait_until};
+use plumber_testkit::{Broker, Process, TestRecord, free_port, unique, wait_until};
 use serde_json::{Value, json};
 
 /// A cutover on a slow broker and a busy machine.
 const PATIENCE: Duration = Duration::from_secs(180);
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// `plumber up` on the repository, as a process of its own.
 struct Daemon {

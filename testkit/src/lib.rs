@@ -487,7 +487,8 @@ pub fn unique(prefix: &str) -> String {
     )
 }
 
-fn free_port() -> u16 {
+/// A loopback port nothing listens on now (for a server a test starts).
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
