@@ -24,16 +24,14 @@ const PATIENCE: Duration = Duration::from_secs(60);
 /// The commit the specs run: its checkout is `checkouts/COMMIT` of the setup's directory.
 const COMMIT: &str = "c0ffee";
 
-/// Records `processor-start|term|exit PID` in `$EVENTS`. With `$ARGS` it writes its arguments
-/// there, with `$SECRET_OUT` the value of `$API_KEY`. On SIGTERM it exits at once, after
+/// Records `processor-start|term|exit PID` in `$EVENTS` (the start once its SIGTERM trap is
+/// set). With `$ARGS` it writes its arguments there, with `$SECRET_OUT` the value of
+/// `$API_KEY`. On SIGTERM it exits at once, after
 /// `$LINGER` seconds (finishing an in-flight record), or never (`$ON_TERM=ignore`). With
 /// `$CHILD` it starts a child (as an exec transform would) and writes its pid there. With
 /// `$LOG_CHUNKS` it writes that many 32 KiB chunks to its log, waiting after each until the
 /// log at `$LOG` is no larger than `$LOG_MAX`, then writes `logged` to `$EVENTS`.
 const PROCESSOR: &str = r#"#!/usr/bin/env bash
-echo "processor-start $$" >> "$EVENTS"
-if [ -n "$ARGS" ]; then printf '%s\n' "$@" > "$ARGS"; fi
-if [ -n "$SECRET_OUT" ]; then printf '%s' "$API_KEY" > "$SECRET_OUT"; fi
 on_term() {
     echo "processor-term $$" >> "$EVENTS"
     [ "$ON_TERM" = ignore ] && return
@@ -42,6 +40,9 @@ on_term() {
     exit 0
 }
 trap on_term TERM
+echo "processor-start $$" >> "$EVENTS"
+if [ -n "$ARGS" ]; then printf '%s\n' "$@" > "$ARGS"; fi
+if [ -n "$SECRET_OUT" ]; then printf '%s' "$API_KEY" > "$SECRET_OUT"; fi
 if [ -n "$CHILD" ]; then sleep 1000 & echo $! > "$CHILD"; fi
 if [ -n "$LOG_CHUNKS" ]; then
     chunk=$(head -c 32768 /dev/zero | tr '\0' x)
@@ -55,11 +56,14 @@ while true; do sleep 1000 & wait $!; done
 "#;
 
 /// The `http` step's server: records `sidecar-start|term|exit PID`; with `$DIE_ONCE` its
-/// first run exits at once.
+/// first run exits as soon as its processor has started (and so handles SIGTERM: a processor
+/// stopped before its script set the trap would die without a word, and the test would wait
+/// for a restart it cannot tell from the first start).
 const SIDECAR: &str = r#"
 echo "sidecar-start $$" >> "$EVENTS"
 trap 'echo "sidecar-term $$" >> "$EVENTS"; exit 0' TERM
 if [ -n "$DIE_ONCE" ] && [ ! -e died ]; then
+    until grep -q processor-start "$EVENTS"; do sleep 0.05; done
     touch died
     echo "sidecar-exit $$" >> "$EVENTS"
     exit 1
