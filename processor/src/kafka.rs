@@ -77,6 +77,18 @@ fn refuses_the_record(error: &KafkaError) -> bool {
     )
 }
 
+/// Whether a record was dropped from the producer's queue unsent: librdkafka purges what is
+/// queued or in flight when a transaction is aborted (we never purge otherwise). An abort can
+/// come while deliveries are still pending, as under load.
+fn purged_by_an_abort(error: &KafkaError) -> bool {
+    matches!(
+        error,
+        KafkaError::MessageProduction(
+            RDKafkaErrorCode::PurgeQueue | RDKafkaErrorCode::PurgeInflight
+        )
+    )
+}
+
 /// `transaction.timeout.ms`: how long a transaction may stay open before the broker aborts
 /// it. A transaction holds the sends of the records between two commits (one commit interval
 /// at most: while a transform runs longer, the overseer commits what came before it), plus
@@ -130,6 +142,16 @@ impl RdProducerContext for ProducerContext {
                 self.books.tracker().acknowledged(sent.slot, sent.offset);
             }
             Err((error, message)) => {
+                if purged_by_an_abort(error) {
+                    // Neither a failure nor an acknowledgement: the aborted transaction's
+                    // inputs are rewound and processed again.
+                    tracing::debug!(
+                        topic = message.topic(),
+                        offset = sent.offset,
+                        "a record of an aborted transaction was purged"
+                    );
+                    return;
+                }
                 let smallest = matches!(sent.copy, SentAs::DeadLetter { smallest: true, .. });
                 if refuses_the_record(error) && !smallest {
                     // Not acknowledged: the input stays in flight until its dead letter is.
