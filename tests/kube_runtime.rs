@@ -1010,6 +1010,24 @@ fn a_deployment_deleted_by_hand_while_no_daemon_ran_is_put_back_from_its_scaled_
 }
 
 #[test]
+fn a_replica_that_has_not_read_what_runs_yet_knows_a_processor_another_replica_started() {
+    let fake = fake();
+    let standby = runtime(&fake);
+    let holder = runtime(&fake);
+    let spec = spec("validate", "ab");
+    holder.start(&spec).unwrap();
+    // The standby listed what ran when it connected (nothing) and has not resynced since, as
+    // when it has just taken the lease and the engine asks before the observer has read
+    // what runs: its watch of the Deployments answers, so the engine does not start the
+    // processor again.
+    plumber_testkit::wait_until(
+        "the standby sees the processor run",
+        Duration::from_secs(30),
+        || standby.runs(&spec.group).unwrap(),
+    );
+}
+
+#[test]
 fn a_processor_whose_objects_were_all_deleted_while_no_daemon_ran_is_unknown_until_started_again() {
     let fake = fake();
     let first = runtime(&fake);

@@ -705,7 +705,9 @@ impl Runtime for KubeRuntime {
     }
 
     fn runs(&self, group: &str) -> Result<bool> {
-        Ok(self.running().contains_key(group))
+        // The Deployment too: a replica that has just taken the lease may be asked before its
+        // first resync has read what the previous holder started.
+        Ok(self.running().contains_key(group) || self.deployments.contains(group))
     }
 
     fn processors(&self) -> Result<Vec<ProcessorStatus>> {
