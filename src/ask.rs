@@ -47,7 +47,7 @@ pub fn watch_status(server: &str, format: TextOrJson) -> Result<ExitCode> {
     loop {
         let error = match follow(&url, |status| show(server, status, format, redraw)) {
             Ok(()) => "the daemon closed the stream".to_owned(),
-            Err(error) => format!("{error:#}"),
+            Err(error) => crate::report(&error),
         };
         let note = format!(
             "{error}; connecting again in {} s (Ctrl-C stops)\n",

@@ -288,10 +288,27 @@ fn main() -> ExitCode {
     match run(cli.command) {
         Ok(code) => code,
         Err(err) => {
-            eprintln!("error: {err:#}");
+            eprintln!("error: {}", report(&err));
             ExitCode::from(FAILURE)
         }
     }
+}
+
+/// An error with its causes, outermost first, as `{:#}` prints them but without a cause whose
+/// message the one before already ends with: our errors name their source in their message
+/// too (so that a log line of the error alone is whole), and `{:#}` would repeat it.
+fn report(error: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in error.chain().map(ToString::to_string) {
+        if text.ends_with(&cause) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&cause);
+    }
+    text
 }
 
 fn run(command: Command) -> Result<ExitCode> {
@@ -751,5 +768,30 @@ fn print(text: &str) -> Result<()> {
     {
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
         other => other.context("writing to stdout"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("cannot read the token file /x: {source}")]
+    struct ReadToken {
+        #[source]
+        source: std::io::Error,
+    }
+
+    #[test]
+    fn a_cause_the_message_already_ends_with_is_not_repeated() {
+        let missing = std::io::Error::from(std::io::ErrorKind::NotFound);
+        let error = anyhow::Error::new(ReadToken { source: missing }).context("starting the forge");
+        assert_eq!(
+            report(&error),
+            "starting the forge: cannot read the token file /x: entity not found"
+        );
+        // A cause the message does not name is still shown.
+        let bare = anyhow::Error::new(std::io::Error::other("disk full")).context("saving");
+        assert_eq!(report(&bare), "saving: disk full");
     }
 }

@@ -599,4 +599,13 @@ fn a_missing_token_file_stops_the_daemon_at_start_naming_it() {
     assert_eq!(exit.code(), Some(2));
     let stderr = std::fs::read_to_string(&stderr_file).unwrap();
     assert!(stderr.contains(&missing.display().to_string()), "{stderr}");
+    let error = stderr
+        .lines()
+        .find(|l| l.starts_with("error:"))
+        .unwrap_or_else(|| panic!("no error line: {stderr}"));
+    assert_eq!(
+        error.matches("No such file or directory").count(),
+        1,
+        "the cause once: {error}"
+    );
 }
