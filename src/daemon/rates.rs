@@ -252,7 +252,9 @@ pub(crate) struct Counts {
 }
 
 /// The counters of a processor's `/metrics` page (Prometheus or OpenMetrics text). Only
-/// sample lines of the two counters are read: `name{labels} value [timestamp]`.
+/// sample lines of the two counters are read: `name{labels} value [timestamp]`. Not the
+/// `prometheus-parse` crate: it splits labels at every `,` `=` and `}`, also inside quoted
+/// values, which the format lets hold anything, and skips a sample it cannot read silently.
 pub(crate) fn parse(page: &str) -> Result<Counts, String> {
     let mut counts = Counts::default();
     let mut found = false;
