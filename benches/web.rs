@@ -12,11 +12,11 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark fails loudly
 
 use std::fmt::Write as _;
-use std::io::BufRead as _;
+use std::io::{BufRead as _, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use fantoccini::{Client, ClientBuilder};
@@ -413,38 +413,72 @@ impl Drop for Browser {
     }
 }
 
-/// A plain client of `/api/events`, counting what it receives.
+/// A client of `/api/events` (plain, or asking for gzip as browsers do), counting what it
+/// receives.
 struct EventCounter {
     stop: Arc<AtomicBool>,
     reader: std::thread::JoinHandle<Vec<(Instant, String, usize)>>,
 }
 
+/// Counts the bytes read through it: what came over the wire, before any decoding.
+struct Counting<R> {
+    inner: R,
+    read: Arc<AtomicUsize>,
+}
+
+impl<R: Read> Read for Counting<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.read.fetch_add(n, Ordering::SeqCst);
+        Ok(n)
+    }
+}
+
 impl EventCounter {
-    fn connect(api: &str) -> EventCounter {
-        let response = ureq::get(&format!("{api}/api/events"))
-            .header("Accept", "text/event-stream")
+    fn connect(api: &str, gzip: bool) -> EventCounter {
+        let mut request =
+            ureq::get(&format!("{api}/api/events")).header("Accept", "text/event-stream");
+        if gzip {
+            request = request.header("Accept-Encoding", "gzip");
+        }
+        let response = request
             .config()
             .timeout_global(None)
             .timeout_recv_body(Some(PATIENCE))
             .build()
             .call()
             .unwrap();
+        assert_eq!(
+            response.headers().contains_key("content-encoding"),
+            gzip,
+            "gzip only when asked for"
+        );
         let stop = Arc::new(AtomicBool::new(false));
         let reader = {
             let stop = stop.clone();
             std::thread::spawn(move || {
-                let mut lines = std::io::BufReader::new(response.into_body().into_reader()).lines();
-                // (when, kind, bytes on the wire)
+                let wire = Arc::new(AtomicUsize::new(0));
+                let body = Counting {
+                    inner: response.into_body().into_reader(),
+                    read: wire.clone(),
+                };
+                let body: Box<dyn Read> = if gzip {
+                    Box::new(flate2::read::GzDecoder::new(body))
+                } else {
+                    Box::new(body)
+                };
+                let mut lines = std::io::BufReader::new(body).lines();
+                // (when, kind, bytes on the wire since the event before)
                 let mut events = Vec::new();
-                let (mut kind, mut bytes) = (String::new(), 0usize);
+                let (mut kind, mut counted) = (String::new(), 0usize);
                 while !stop.load(Ordering::SeqCst) {
                     let Some(Ok(line)) = lines.next() else { break };
-                    bytes += line.len() + 1;
                     if line.is_empty() {
                         if !kind.is_empty() {
-                            events.push((Instant::now(), std::mem::take(&mut kind), bytes));
+                            let now = wire.load(Ordering::SeqCst);
+                            events.push((Instant::now(), std::mem::take(&mut kind), now - counted));
+                            counted = now;
                         }
-                        bytes = 0;
                     } else if let Some(value) = line.strip_prefix("event:") {
                         kind = value.trim().to_owned();
                     }
@@ -475,14 +509,16 @@ enum Condition {
     Overview,
     Topology,
     Events,
+    GzipEvents,
 }
 
 impl Condition {
-    const ALL: [Condition; 4] = [
+    const ALL: [Condition; 5] = [
         Condition::Baseline,
         Condition::Overview,
         Condition::Topology,
         Condition::Events,
+        Condition::GzipEvents,
     ];
 
     fn label(self) -> &'static str {
@@ -491,6 +527,7 @@ impl Condition {
             Condition::Overview => "(b) page open on the overview",
             Condition::Topology => "(c) page open on a topology (DAG)",
             Condition::Events => "(d) one plain client of /api/events",
+            Condition::GzipEvents => "(e) one client of /api/events asking for gzip",
         }
     }
 }
@@ -694,7 +731,8 @@ fn main() {
                 }
                 _ => None,
             };
-            let counter = (*condition == Condition::Events).then(|| EventCounter::connect(&api));
+            let counter = matches!(condition, Condition::Events | Condition::GzipEvents)
+                .then(|| EventCounter::connect(&api, *condition == Condition::GzipEvents));
             // Let the page's first load settle out of the window.
             std::thread::sleep(Duration::from_secs(5));
             let (before, browser_before, from) = (
@@ -856,15 +894,24 @@ fn main() {
         )
         .unwrap();
     }
-    let events = &idle[3];
+    let (plain, gzipped) = (&idle[3], &idle[4]);
     writeln!(
         r,
-        "\nWhat a client of `/api/events` receives (condition (d), the same stream the page \
-         reads): {} status events per minute (at most 120: one per 500 ms), {} bytes each on \
-         the wire, {} KB per minute in all (the event stream is not compressed).\n",
-        summary(&events.status_per_min, 0),
-        summary(&events.bytes_per_status, 0),
-        summary(&events.kb_per_min, 0),
+        "\nWhat a client of `/api/events` receives (the stream the page reads), median \
+         [range]; a browser asks for gzip, as (e) does:\n\n\
+         | | status events per minute (at most 120) | bytes on the wire per status event | \
+         KB per minute in all |\n|---|---:|---:|---:|\n\
+         | (d) plain | {} | {} | {} |\n\
+         | (e) gzip (one deflate window over the stream, flushed per event) | {} | {} | {} |\n\
+         | ratio (e)/(d) | | {:.3}× | {:.3}× |\n",
+        summary(&plain.status_per_min, 0),
+        summary(&plain.bytes_per_status, 0),
+        summary(&plain.kb_per_min, 0),
+        summary(&gzipped.status_per_min, 0),
+        summary(&gzipped.bytes_per_status, 0),
+        summary(&gzipped.kb_per_min, 1),
+        median(&gzipped.bytes_per_status) / median(&plain.bytes_per_status).max(1.0),
+        median(&gzipped.kb_per_min) / median(&plain.kb_per_min).max(0.001),
     )
     .unwrap();
 

@@ -575,19 +575,52 @@ struct EventStream {
 
 impl EventStream {
     fn connect(api: &str) -> EventStream {
+        EventStream::open(api, false)
+    }
+
+    /// Asking for gzip, as browsers do; the stream is decoded here as it arrives (an event
+    /// the daemon did not flush whole would hang the read).
+    fn connect_gzip(api: &str) -> EventStream {
+        EventStream::open(api, true)
+    }
+
+    fn open(api: &str, gzip: bool) -> EventStream {
         use std::io::BufRead as _;
-        let response = ureq::get(&format!("{api}/api/events"))
-            .header("Accept", "text/event-stream")
+        let mut request =
+            ureq::get(&format!("{api}/api/events")).header("Accept", "text/event-stream");
+        if gzip {
+            request = request.header("Accept-Encoding", "gzip");
+        }
+        let response = request
             .config()
             .timeout_global(None)
             .timeout_recv_body(Some(PATIENCE))
             .build()
             .call()
             .unwrap();
-        let reader = std::io::BufReader::new(response.into_body().into_reader());
+        let encoding = response
+            .headers()
+            .get("content-encoding")
+            .map(|v| v.to_str().unwrap().to_owned());
+        assert_eq!(encoding.as_deref(), gzip.then_some("gzip"));
+        let body = response.into_body().into_reader();
+        let reader: Box<dyn std::io::Read> = if gzip {
+            Box::new(flate2::read::GzDecoder::new(body))
+        } else {
+            Box::new(body)
+        };
         EventStream {
-            lines: Box::new(reader.lines()),
+            lines: Box::new(std::io::BufReader::new(reader).lines()),
         }
+    }
+
+    /// Reads what is left until the daemon ends the stream; an error if it did not end
+    /// cleanly (for a gzipped stream: without the gzip trailer).
+    fn read_to_end(&mut self) -> std::io::Result<()> {
+        for line in self.lines.by_ref() {
+            line?;
+        }
+        Ok(())
     }
 
     /// The next event; `None` when the daemon closed the stream.
@@ -712,6 +745,28 @@ fn the_event_stream_sends_the_status_first_then_numbered_events_at_a_bounded_rat
         first.to_string().as_str()
     );
 
+    // Gzipped as a browser asks for it: the same status first, decoded as it arrives.
+    let mut gzipped = EventStream::connect_gzip(&daemon.api);
+    let opening_gzipped = gzipped.next().unwrap();
+    assert_eq!(opening_gzipped.kind, "status");
+    assert_eq!(opening_gzipped.retry, Some(2000));
+    let document_gzipped: Value = serde_json::from_str(&opening_gzipped.data).unwrap();
+    assert_eq!(
+        topology(&document_gzipped, "t")["commit"],
+        first.to_string().as_str()
+    );
+    // And the API's other answers, gzipped when asked for.
+    let status = ureq::get(&format!("{}/api/status", daemon.api))
+        .header("Accept-Encoding", "gzip")
+        .call()
+        .unwrap();
+    assert_eq!(status.headers()["content-encoding"], "gzip");
+    let status: Value = serde_json::from_reader(flate2::read::GzDecoder::new(
+        status.into_body().into_reader(),
+    ))
+    .unwrap();
+    assert_eq!(status["branch"], "main");
+
     // Records flow while a commit moves the topology: many status changes, one history event.
     let started = Instant::now();
     let moved = repo.commit("main", "tag records", &files(".tagged = true"));
@@ -756,10 +811,23 @@ fn the_event_stream_sends_the_status_first_then_numbered_events_at_a_bounded_rat
     let history = history.unwrap();
     assert_eq!(history["message"], "tag records");
     assert_eq!(history["topology"], "t");
+    // The gzipped stream carried the same events, each decoded on its own.
+    let gzipped_history = std::iter::from_fn(|| gzipped.next())
+        .find(|e| e.kind == "history")
+        .expect("the gzipped stream has the history event");
+    assert_eq!(
+        serde_json::from_str::<Value>(&gzipped_history.data).unwrap(),
+        history
+    );
 
     // A daemon that restarts ends the stream; connecting again starts with the status.
     daemon.stop();
     assert!(stream.next().is_none(), "the stream ends with the daemon");
+    let rest = gzipped.read_to_end();
+    assert!(
+        rest.is_ok(),
+        "the gzipped stream ends with the daemon, with its gzip trailer: {rest:?}"
+    );
     let daemon = Daemon::start(&repo, &broker, state.path(), port);
     daemon.wait_status("the restarted daemon runs the new commit", |s| {
         topology(s, "t")["commit"] == moved.to_string().as_str()

@@ -1,6 +1,7 @@
 //! The daemon's HTTP API (SPEC §6): `GET /healthz`, `GET /metrics`, `GET /api/status`,
 //! `GET /api/history`, `GET /api/plans`, `GET /api/plans/{ref}` (`?format=markdown[&limit=N]`),
-//! `GET /api/events` (Server-Sent Events: `plan` events, for now) and `POST /hooks/git`.
+//! `GET /api/events` (Server-Sent Events, gzipped event by event for clients that accept it)
+//! and `POST /hooks/git`. Every other response is gzipped for clients that accept it too.
 //! Handlers only read the status store, the plans and the state directory; the webhook only
 //! sends a trigger.
 //!
@@ -68,6 +69,9 @@ impl Server {
             .route("/api/events", get(events))
             .route("/hooks/git", post(hook))
             .merge(crate::web::routes())
+            // Gzip for clients that accept it, except the event stream (the default
+            // predicate leaves `text/event-stream` alone; `events` gzips it itself).
+            .layer(tower_http::compression::CompressionLayer::new())
             .with_state(Api {
                 context,
                 triggers,
@@ -207,7 +211,7 @@ async fn plan_of(
 /// Server-Sent Events ([`super::events`]): the newest status at once (with the delay an
 /// EventSource waits before reconnecting), then every event in order. A client that fell
 /// behind gets the newest status and a `resync` (read history and plans again).
-async fn events(State(api): State<Api>) -> Response {
+async fn events(State(api): State<Api>, headers: HeaderMap) -> Response {
     let (first, receiver) = api.context.events.subscribe(&api.context.store);
     let context = api.context.clone();
     let mut stopping = api.stopping.clone();
@@ -235,9 +239,65 @@ async fn events(State(api): State<Api>) -> Response {
         .take_until(async move {
             let _ = stopping.wait_for(|stop| *stop).await;
         });
-    Sse::new(stream)
+    let response = Sse::new(stream)
         .keep_alive(KeepAlive::default())
-        .into_response()
+        .into_response();
+    if accepts_gzip(&headers) {
+        gzip_events(response)
+    } else {
+        response
+    }
+}
+
+/// Whether `Accept-Encoding` names gzip (or `*`) with a weight above zero.
+fn accepts_gzip(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::ACCEPT_ENCODING)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+        .any(|coding| {
+            let mut parts = coding.split(';').map(str::trim);
+            let name = parts.next().unwrap_or_default();
+            let weight = parts
+                .find_map(|p| p.strip_prefix("q="))
+                .map_or(Some(1.0), |q| q.parse::<f32>().ok());
+            (name.eq_ignore_ascii_case("gzip") || name == "*") && weight.is_some_and(|q| q > 0.0)
+        })
+}
+
+/// The event stream gzipped, flushed after every event so each reaches the client whole at
+/// once. One deflate window spans the stream: a status document that differs little from the
+/// one before it (most of them) costs a small part of its size on the wire.
+fn gzip_events(response: Response) -> Response {
+    use std::io::Write as _;
+    let (mut parts, body) = response.into_parts();
+    parts.headers.insert(
+        header::CONTENT_ENCODING,
+        header::HeaderValue::from_static("gzip"),
+    );
+    parts.headers.insert(
+        header::VARY,
+        header::HeaderValue::from_static("accept-encoding"),
+    );
+    parts.headers.remove(header::CONTENT_LENGTH);
+    let encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    let chunks = body.into_data_stream();
+    let gzipped = futures::stream::unfold(Some((chunks, encoder)), |state| async move {
+        let (mut chunks, mut encoder) = state?;
+        let written = match chunks.next().await {
+            Some(Ok(chunk)) => encoder.write_all(&chunk).and_then(|()| encoder.flush()),
+            Some(Err(error)) => Err(std::io::Error::other(error)),
+            // The stream ended (the daemon stops): the gzip trailer ends it properly.
+            None => {
+                let last = encoder.finish();
+                return Some((last.map(Bytes::from), None));
+            }
+        };
+        let out = written.map(|()| Bytes::from(std::mem::take(encoder.get_mut())));
+        Some((out, Some((chunks, encoder))))
+    });
+    Response::from_parts(parts, axum::body::Body::from_stream(gzipped))
 }
 
 /// How long a browser waits before reconnecting to a daemon that went away.
@@ -340,6 +400,80 @@ fn authentic(secret: &[u8], headers: &HeaderMap, body: &[u8]) -> bool {
 mod tests {
     use super::*;
     use axum::http::HeaderValue;
+
+    #[test]
+    fn gzip_is_accepted_unless_its_weight_is_zero() {
+        let accepts = |value: &str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(
+                header::ACCEPT_ENCODING,
+                HeaderValue::from_str(value).unwrap(),
+            );
+            accepts_gzip(&headers)
+        };
+        assert!(accepts("gzip, deflate, br, zstd"));
+        assert!(accepts("br;q=1.0, GZIP;q=0.5"));
+        assert!(accepts("*"));
+        assert!(!accepts("gzip;q=0"));
+        assert!(!accepts("br, identity"));
+        assert!(!accepts_gzip(&HeaderMap::new()));
+    }
+
+    /// A status document with `size` letters that compress poorly on their own (the same in
+    /// every document) and an `n` field that differs.
+    fn document(n: u32, size: usize) -> String {
+        let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+        let filler: String = (0..size)
+            .map(|_| {
+                seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+                char::from(b'a' + ((seed >> 33) % 26) as u8)
+            })
+            .collect();
+        format!("{{\"n\":{n},\"steps\":\"{filler}\"}}")
+    }
+
+    #[tokio::test]
+    async fn each_gzipped_event_decodes_whole_on_arrival_and_a_similar_one_costs_little() {
+        use std::io::Write as _;
+        let (events, received) = futures::channel::mpsc::unbounded::<Event>();
+        let response =
+            gzip_events(Sse::new(received.map(Ok::<_, std::convert::Infallible>)).into_response());
+        assert_eq!(response.headers()[header::CONTENT_ENCODING], "gzip");
+        let mut body = response.into_body().into_data_stream();
+        let mut decoded = flate2::write::GzDecoder::new(Vec::new());
+        let mut sizes = Vec::new();
+        for n in 0..3 {
+            let data = document(n, 16_000);
+            events
+                .unbounded_send(Event::default().event("status").data(&data))
+                .unwrap();
+            // The stream stays open (nothing more is sent): what arrived must be the whole
+            // event, not the part of it a deflate block happened to hold.
+            let frame = body.next().await.unwrap().unwrap();
+            sizes.push(frame.len());
+            decoded.write_all(&frame).unwrap();
+            decoded.flush().unwrap();
+            let text = String::from_utf8(decoded.get_ref().clone()).unwrap();
+            assert!(
+                text.ends_with(&format!("data: {data}\n\n")),
+                "event {n} arrived whole"
+            );
+        }
+        drop(events);
+        // The end of the stream is the gzip trailer: the decoder checks its CRC and length.
+        let trailer = body.next().await.unwrap().unwrap();
+        decoded.write_all(&trailer).unwrap();
+        let all = String::from_utf8(decoded.finish().unwrap()).unwrap();
+        assert_eq!(all.matches("event: status").count(), 3);
+        assert!(body.next().await.is_none());
+        // The window spans events: the second and third repeat the first but for one field,
+        // and cost a small part of what the first (which compresses poorly alone) did.
+        assert!(sizes[0] > 8_000, "{sizes:?}");
+        assert!(
+            sizes[1] * 20 < sizes[0] && sizes[2] * 20 < sizes[0],
+            "a repeated document costs under 5 % of the first: {sizes:?}"
+        );
+    }
 
     fn signed(secret: &[u8], body: &[u8]) -> String {
         let mut mac = HmacSha256::new_from_slice(secret).unwrap();

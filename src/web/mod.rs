@@ -1,14 +1,11 @@
 //! The web page (SPEC §10): the front-end in `web/` (TypeScript, built by Vite into
 //! `web/dist/`, committed) embedded in the binary, so the page needs nothing but the daemon's
-//! listener. `GET /` is its `index.html`, `GET /assets/{file}` the rest. Assets are sent
-//! gzip-compressed to clients that accept it (compressed once, on first request).
-
-use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, PoisonError};
+//! listener. `GET /` is its `index.html`, `GET /assets/{file}` the rest (gzipped, as every
+//! response of the API, for clients that accept it).
 
 use axum::Router;
 use axum::extract::Path;
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 
@@ -24,15 +21,15 @@ pub fn routes<S: Clone + Send + Sync + 'static>() -> Router<S> {
         .route("/assets/{*file}", get(asset))
 }
 
-async fn index(headers: HeaderMap) -> Response {
-    serve("index.html", &headers)
+async fn index() -> Response {
+    serve("index.html")
 }
 
-async fn asset(Path(file): Path<String>, headers: HeaderMap) -> Response {
-    serve(&format!("assets/{file}"), &headers)
+async fn asset(Path(file): Path<String>) -> Response {
+    serve(&format!("assets/{file}"))
 }
 
-fn serve(path: &str, headers: &HeaderMap) -> Response {
+fn serve(path: &str) -> Response {
     let Some(file) = Assets::get(path) else {
         return (StatusCode::NOT_FOUND, "no such file\n").into_response();
     };
@@ -44,25 +41,12 @@ fn serve(path: &str, headers: &HeaderMap) -> Response {
     } else {
         "no-cache"
     };
-    let accepts_gzip = headers
-        .get(header::ACCEPT_ENCODING)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.split(',').any(|e| e.trim().starts_with("gzip")));
-    let mut response = if accepts_gzip && let Some(gzipped) = gzipped(path, &file.data) {
-        let mut response = gzipped.to_vec().into_response();
-        response
-            .headers_mut()
-            .insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
-        response
-    } else {
-        file.data.into_owned().into_response()
-    };
+    let mut response = file.data.into_owned().into_response();
     let headers = response.headers_mut();
     if let Ok(mime) = HeaderValue::from_str(&mime) {
         headers.insert(header::CONTENT_TYPE, mime);
     }
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static(cache));
-    headers.insert(header::VARY, HeaderValue::from_static("accept-encoding"));
     headers.insert(
         header::X_CONTENT_TYPE_OPTIONS,
         HeaderValue::from_static("nosniff"),
@@ -76,24 +60,6 @@ fn serve(path: &str, headers: &HeaderMap) -> Response {
         ),
     );
     response
-}
-
-/// The gzip form of an embedded file, made once.
-fn gzipped(path: &str, data: &[u8]) -> Option<Arc<[u8]>> {
-    static CACHE: Mutex<BTreeMap<String, Arc<[u8]>>> = Mutex::new(BTreeMap::new());
-    let mut cache = CACHE.lock().unwrap_or_else(PoisonError::into_inner);
-    if let Some(found) = cache.get(path) {
-        return Some(found.clone());
-    }
-    use std::io::Write as _;
-    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
-    let compressed: Arc<[u8]> = encoder
-        .write_all(data)
-        .and_then(|()| encoder.finish())
-        .ok()?
-        .into();
-    cache.insert(path.to_owned(), compressed.clone());
-    Some(compressed)
 }
 
 #[cfg(test)]
