@@ -4,7 +4,7 @@
 //! profile of `--jq .`), and it prints what JSON cannot express (`NaN`, byte strings,
 //! non-string keys) as jaq literals. A record value must be JSON its readers can parse, so this
 //! writer follows jq instead: NaN is `null`, infinities are the largest finite doubles, numbers
-//! are laid out as jq lays them out ([`crate::num::write`]), byte strings are written as
+//! are laid out as jq lays them out (`num::write`), byte strings are written as
 //! strings, and a non-string object key is an error.
 //!
 //! Values nested deeper than [`MAX_DEPTH`] levels (which only a program can build: inputs are

@@ -6,7 +6,7 @@
 //! where jaq differs: its own value type ([`Val`], adapted from jaq-json: paths through null,
 //! division by zero, numbers as jq 1.8 has them), jq's definitions on top of jaq's
 //! (`defs.jq`), natives for what jq has natively, and a rewrite of the syntax jaq lacks
-//! ([`rewrite`]). What still differs from jq is listed in processor/README.md.
+//! (`rewrite`). What still differs from jq is listed in processor/README.md.
 
 mod funs;
 pub mod json_in;

@@ -53,7 +53,7 @@ pub struct Record<'a> {
     pub headers: &'a [(&'a str, Option<&'a [u8]>)],
 }
 
-/// A compiled query: one [`Arm`] per SELECT of a `UNION ALL`.
+/// A compiled query: one `Arm` per SELECT of a `UNION ALL`.
 #[derive(Debug, Clone)]
 pub struct Query {
     arms: Vec<Arm>,

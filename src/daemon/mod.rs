@@ -1,10 +1,10 @@
 //! The daemon: follows a branch and moves each topology to the newest valid commit.
 //!
 //! A commit travels one way: [`watch`] says a ref may have moved (notify, polling, a webhook);
-//! [`follow`] resolves the branch and loads the newest valid commit once ([`revisions`]);
-//! each topology's [`worker`] takes it as its desired revision (newest wins) and
-//! [`reconcile`]s towards it, one engine action at a time ([`crate::cutover`]), so a newer
-//! commit takes over at the next action even while a move waits. [`observe`] reads what runs
+//! `follow` resolves the branch and loads the newest valid commit once ([`revisions`]);
+//! each topology's `worker` takes it as its desired revision (newest wins) and
+//! `reconcile`s towards it, one engine action at a time ([`crate::cutover`]), so a newer
+//! commit takes over at the next action even while a move waits. `observe` reads what runs
 //! (lag, instances, stalls) for status and metrics; [`api`] serves [`status`] to readers.
 //!
 //! An invalid commit is never applied: the last valid one keeps running and the error shows

@@ -6,7 +6,7 @@
 //! runs the branch's `exec` and `http` code, and only people with write access can label.
 //!
 //! Each preview topology (`<topology>.<slug>`) runs through the same machinery as a topology:
-//! a [`Worker`] whose desired revision holds the preview's graph at the pull request's head,
+//! a `Worker` whose desired revision holds the preview's graph at the pull request's head,
 //! moved by the cutover engine, its record in the store beside the topologies' (which the
 //! follower and the plans leave alone: real names hold no dot). Its shadow topics are
 //! created first, with the partitions of the sink they stand in for. Once it is no longer

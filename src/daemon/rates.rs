@@ -14,7 +14,7 @@
 //!   started, `plumber_processor_records_total` and
 //!   `plumber_processor_records_dead_lettered_total`.
 //!
-//! All instances are read concurrently ([`CONCURRENCY`] at a time, [`TIMEOUT`] each) on a
+//! All instances are read concurrently (`CONCURRENCY` at a time, `TIMEOUT` each) on a
 //! current-thread executor of the scraper's own, so a look waits for about the slowest read,
 //! not their sum.
 

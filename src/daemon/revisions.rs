@@ -220,7 +220,7 @@ struct TreeCacheInner {
 /// Validations of topology trees, by git tree id (with the settings' blob id), so a topology
 /// that did not change between two commits, or between a branch and the merge preview of a
 /// ref into it, is read from git and validated once. Entries unused by the last
-/// [`KEPT_VALIDATIONS`] validations go once the cache outgrows what they hold.
+/// `KEPT_VALIDATIONS` validations go once the cache outgrows what they hold.
 #[derive(Default)]
 pub struct TreeCache {
     inner: Mutex<TreeCacheInner>,

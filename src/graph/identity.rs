@@ -10,7 +10,7 @@
 //! the whole subtree is cut over.
 //!
 //! The encoding is explicit (tag, length, bytes) instead of a serialiser's output, so it can
-//! only change when this file does. Bump [`VERSION`] if it ever must.
+//! only change when this file does. Bump `VERSION` if it ever must.
 
 use std::collections::BTreeMap;
 use std::fmt;

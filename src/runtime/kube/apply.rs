@@ -1,4 +1,4 @@
-//! The Kubernetes [`Runtime`]: processors as the objects [`render`](super::render) makes,
+//! The Kubernetes [`Runtime`]: processors as the objects [`render`] makes,
 //! applied with server-side apply (field manager `plumber`).
 //!
 //! # Guarantees
