@@ -19,8 +19,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use fantoccini::{Client, ClientBuilder};
 use git2::{Repository, RepositoryInitOptions, Signature};
+use plumber_testkit::browser::{Browser, BrowserOptions};
 use plumber_testkit::{Broker, Process, Usage, free_port, unique, wait_until};
 use serde_json::{Value, json};
 
@@ -231,94 +231,40 @@ const PROBE: &str = r#"
 })();
 "#;
 
-/// Chromium driven by chromedriver, on a given profile directory.
-struct Browser {
-    runtime: tokio::runtime::Runtime,
-    client: Option<Client>,
-    driver: Process,
-    driver_url: String,
-    session: String,
+/// Chromium on `profile`, logging every request it makes (for the check that none leaves the
+/// listener), with [`PROBE`] in every document it opens.
+fn start_browser(profile: &Path, topologies: usize) -> Browser {
+    let browser = BrowserOptions::new(PATIENCE)
+        .poll(Duration::from_millis(100))
+        .profile(profile)
+        .capability("goog:loggingPrefs", json!({"performance": "ALL"}))
+        .start();
+    browser.cdp(
+        "Page.addScriptToEvaluateOnNewDocument",
+        json!({ "source": PROBE.replace("TOPOLOGIES", &topologies.to_string()) }),
+    );
+    browser
 }
 
-impl Browser {
-    fn start(profile: &Path, topologies: usize) -> Browser {
-        let chromium =
-            std::env::var("PLUMBER_CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
-        let chromedriver =
-            std::env::var("PLUMBER_CHROMEDRIVER").unwrap_or_else(|_| "chromedriver".into());
-        assert!(
-            Path::new(&chromium).is_file(),
-            "{chromium} is missing: install Debian's chromium and chromium-driver \
-             (scripts/install-deps --tests does), or set PLUMBER_CHROMIUM"
-        );
-        let port = free_port();
-        let driver = Process::spawn(
-            "chromedriver",
-            Command::new(&chromedriver)
-                .arg(format!("--port={port}"))
-                .stdout(Stdio::null())
-                .stderr(Stdio::null()),
-        );
-        let driver_url = format!("http://127.0.0.1:{port}");
-        wait_until("chromedriver answers", Duration::from_secs(30), || {
-            ureq::get(&format!("{driver_url}/status")).call().is_ok()
-        });
-        let mut capabilities = serde_json::Map::new();
-        capabilities.insert(
-            "goog:chromeOptions".into(),
-            json!({
-                "binary": chromium,
-                // Without the background-networking flags Chromium keeps calling out of this
-                // machine's closed network (and those calls would count as the page's).
-                "args": [
-                    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                    "--no-first-run", "--disable-background-networking",
-                    "--disable-component-update", "--disable-sync",
-                    "--window-size=1280,900",
-                    format!("--user-data-dir={}", profile.display()),
-                ],
-            }),
-        );
-        // Every request the browser makes, for the check that none leaves the listener.
-        capabilities.insert("goog:loggingPrefs".into(), json!({"performance": "ALL"}));
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        let client = runtime
-            .block_on(
-                ClientBuilder::native()
-                    .capabilities(capabilities)
-                    .connect(&driver_url),
-            )
-            .expect("a chromium session");
-        let session = runtime
-            .block_on(client.session_id())
-            .unwrap()
-            .expect("a session id");
-        let browser = Browser {
-            runtime,
-            client: Some(client),
-            driver,
-            driver_url,
-            session,
-        };
-        browser.cdp(
-            "Page.addScriptToEvaluateOnNewDocument",
-            json!({ "source": PROBE.replace("TOPOLOGIES", &topologies.to_string()) }),
-        );
-        browser
-    }
-
-    fn client(&self) -> &Client {
-        self.client.as_ref().unwrap()
-    }
-
+/// What the benchmark asks of the browser besides loading a page and waiting on it.
+trait BenchBrowser {
     /// A Chrome DevTools Protocol command, through chromedriver.
+    fn cdp(&self, cmd: &str, params: Value) -> Value;
+    /// The URL of every request the browser sent since the last call.
+    fn requests(&self) -> Vec<String>;
+    /// Opens the overview and waits until it is live with `topologies` rows.
+    fn open_overview(&self, api: &str, topologies: usize);
+    /// Switches to a topology's page (no reload) and waits until its DAG is drawn.
+    fn open_topology(&self, name: &str, steps: usize);
+    fn cpu_seconds(&self) -> f64;
+}
+
+impl BenchBrowser for Browser {
     fn cdp(&self, cmd: &str, params: Value) -> Value {
         ureq::post(&format!(
             "{}/session/{}/goog/cdp/execute",
-            self.driver_url, self.session
+            self.driver_url(),
+            self.session_id()
         ))
         .send_json(json!({ "cmd": cmd, "params": params }))
         .unwrap_or_else(|e| panic!("CDP {cmd}: {e}"))
@@ -327,11 +273,11 @@ impl Browser {
         .unwrap()
     }
 
-    /// The URL of every request the browser sent since the last call.
     fn requests(&self) -> Vec<String> {
         let log: Value = ureq::post(&format!(
             "{}/session/{}/se/log",
-            self.driver_url, self.session
+            self.driver_url(),
+            self.session_id()
         ))
         .send_json(json!({ "type": "performance" }))
         .expect("chromedriver's performance log")
@@ -352,32 +298,6 @@ impl Browser {
             .collect()
     }
 
-    fn goto(&self, url: &str) {
-        self.runtime.block_on(self.client().goto(url)).unwrap();
-    }
-
-    fn script(&self, script: &str) -> Value {
-        self.runtime
-            .block_on(self.client().execute(script, Vec::new()))
-            .unwrap()
-    }
-
-    fn wait_for(&self, what: &str, probe: &str, condition: impl Fn(&Value) -> bool) -> Value {
-        let deadline = Instant::now() + PATIENCE;
-        let script = format!("return {probe};");
-        let mut last = Value::Null;
-        while Instant::now() < deadline {
-            last = self.script(&script);
-            if condition(&last) {
-                return last;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let text = self.script("return document.body.innerText;");
-        panic!("timed out waiting until {what}; last: {last}; the page says:\n{text}");
-    }
-
-    /// Opens the overview and waits until it is live with `topologies` rows.
     fn open_overview(&self, api: &str, topologies: usize) {
         self.goto(&format!("{api}/"));
         self.wait_for(
@@ -388,7 +308,6 @@ impl Browser {
         );
     }
 
-    /// Switches to a topology's page (no reload) and waits until its DAG is drawn.
     fn open_topology(&self, name: &str, steps: usize) {
         self.script(&format!(
             "location.hash = '#/topology/{name}'; return null;"
@@ -401,15 +320,7 @@ impl Browser {
     }
 
     fn cpu_seconds(&self) -> f64 {
-        tree_cpu_seconds(self.driver.pid())
-    }
-}
-
-impl Drop for Browser {
-    fn drop(&mut self) {
-        if let Some(client) = self.client.take() {
-            let _ = self.runtime.block_on(client.close());
-        }
+        tree_cpu_seconds(self.driver_pid())
     }
 }
 
@@ -722,7 +633,7 @@ fn main() {
             let profile = tempfile::tempdir().unwrap();
             let browser = match condition {
                 Condition::Overview | Condition::Topology => {
-                    let browser = Browser::start(profile.path(), topologies);
+                    let browser = start_browser(profile.path(), topologies);
                     browser.open_overview(&api, topologies);
                     if *condition == Condition::Topology {
                         browser.open_topology("t00", STEPS_PER_TOPOLOGY);
@@ -737,13 +648,13 @@ fn main() {
             std::thread::sleep(Duration::from_secs(5));
             let (before, browser_before, from) = (
                 Usage::of(pid),
-                browser.as_ref().map(Browser::cpu_seconds),
+                browser.as_ref().map(BenchBrowser::cpu_seconds),
                 Instant::now(),
             );
             std::thread::sleep(window);
             let (after, browser_after, to) = (
                 Usage::of(pid),
-                browser.as_ref().map(Browser::cpu_seconds),
+                browser.as_ref().map(BenchBrowser::cpu_seconds),
                 Instant::now(),
             );
             let secs = (to - from).as_secs_f64();
@@ -788,11 +699,11 @@ fn main() {
     for n in 0..loads {
         let profile = tempfile::tempdir().unwrap();
         {
-            let browser = Browser::start(profile.path(), topologies);
+            let browser = start_browser(profile.path(), topologies);
             cold.push(load_page(&browser, &api, topologies));
         }
         {
-            let browser = Browser::start(profile.path(), topologies);
+            let browser = start_browser(profile.path(), topologies);
             warm.push(load_page(&browser, &api, topologies));
         }
         eprintln!(

@@ -21,9 +21,9 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{TestRepo, processor_binary, write};
-use fantoccini::key::Key;
-use fantoccini::{Client, ClientBuilder};
-use plumber_testkit::{Broker, Process, TestRecord, free_port, unique, wait_until};
+use plumber_testkit::browser::Browser;
+use plumber_testkit::browser::fantoccini::key::Key;
+use plumber_testkit::{Broker, Process, TestRecord, free_port, unique};
 use serde_json::{Value, json};
 
 /// A cutover on a slow broker and a busy machine.
@@ -115,100 +115,18 @@ fn topology<'a>(status: &'a Value, name: &str) -> &'a Value {
         .unwrap_or(&Value::Null)
 }
 
-/// Chromium driven by chromedriver; every call waits for its answer.
-struct Browser {
-    runtime: tokio::runtime::Runtime,
-    client: Client,
-    _driver: Process,
-    _profile: tempfile::TempDir,
+/// What this test does in the page besides loading it and waiting on it.
+trait PageActions {
+    /// `(attribute value, text)` of every element matching `selector`.
+    fn elements(&self, selector: &str, attribute: &str) -> Vec<(String, String)>;
+    /// Presses `key` where the focus is, as a person at the keyboard does.
+    fn press(&self, key: Key);
+    /// The whole page at 1280 px wide (the window is made as tall as the page for it).
+    fn screenshot(&self, file: &Path);
+    fn resize(&self, width: u32, height: u32);
 }
 
-impl Browser {
-    fn start() -> Browser {
-        let chromium =
-            std::env::var("PLUMBER_CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
-        let chromedriver =
-            std::env::var("PLUMBER_CHROMEDRIVER").unwrap_or_else(|_| "chromedriver".into());
-        assert!(
-            Path::new(&chromium).is_file(),
-            "{chromium} is missing: install Debian's chromium and chromium-driver \
-             (scripts/install-deps does), or set PLUMBER_CHROMIUM"
-        );
-        let port = free_port();
-        let driver = Process::spawn(
-            "chromedriver",
-            Command::new(&chromedriver)
-                .arg(format!("--port={port}"))
-                .stdout(Stdio::null())
-                .stderr(Stdio::null()),
-        );
-        let url = format!("http://127.0.0.1:{port}");
-        wait_until("chromedriver answers", Duration::from_secs(30), || {
-            ureq::get(&format!("{url}/status")).call().is_ok()
-        });
-        let profile = tempfile::tempdir().unwrap();
-        let mut capabilities = serde_json::Map::new();
-        capabilities.insert(
-            "goog:chromeOptions".into(),
-            json!({
-                "binary": chromium,
-                // Without the background-networking flags Chromium keeps calling out of this
-                // machine's closed network.
-                "args": [
-                    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                    "--no-first-run", "--disable-background-networking",
-                    "--disable-component-update", "--disable-sync",
-                    "--window-size=1280,900",
-                    format!("--user-data-dir={}", profile.path().display()),
-                ],
-            }),
-        );
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        let client = runtime
-            .block_on(
-                ClientBuilder::native()
-                    .capabilities(capabilities)
-                    .connect(&url),
-            )
-            .expect("a chromium session");
-        Browser {
-            runtime,
-            client,
-            _driver: driver,
-            _profile: profile,
-        }
-    }
-
-    fn goto(&self, url: &str) {
-        self.runtime.block_on(self.client.goto(url)).unwrap();
-    }
-
-    fn script(&self, script: &str) -> Value {
-        self.runtime
-            .block_on(self.client.execute(script, Vec::new()))
-            .unwrap()
-    }
-
-    /// The page's answer to `probe` (a JavaScript expression) once `condition` holds of it.
-    fn wait_for(&self, what: &str, probe: &str, condition: impl Fn(&Value) -> bool) -> Value {
-        let deadline = Instant::now() + PATIENCE;
-        let script = format!("return {probe};");
-        let mut last = Value::Null;
-        while Instant::now() < deadline {
-            last = self.script(&script);
-            if condition(&last) {
-                return last;
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        }
-        let text = self.script("return document.body.innerText;");
-        panic!("timed out waiting until {what}; last: {last}; the page says:\n{text}");
-    }
-
-    /// `(attribute value, text)` of every element matching `selector`.
+impl PageActions for Browser {
     fn elements(&self, selector: &str, attribute: &str) -> Vec<(String, String)> {
         let selector = serde_json::to_string(selector).unwrap();
         let attribute = serde_json::to_string(attribute).unwrap();
@@ -219,17 +137,14 @@ impl Browser {
         serde_json::from_value(found).unwrap()
     }
 
-    /// Presses `key` where the focus is, as a person at the keyboard does.
     fn press(&self, key: Key) {
-        self.runtime
-            .block_on(async {
-                let focused = self.client.active_element().await?;
-                focused.send_keys(&key.to_string()).await
-            })
-            .unwrap();
+        self.block_on(async {
+            let focused = self.client().active_element().await?;
+            focused.send_keys(&key.to_string()).await
+        })
+        .unwrap();
     }
 
-    /// The whole page at 1280 px wide (the window is made as tall as the page for it).
     fn screenshot(&self, file: &Path) {
         let height = self
             .script("return document.documentElement.scrollHeight;")
@@ -238,21 +153,14 @@ impl Browser {
             .clamp(600, 4000);
         // The window's frame takes some of its height in headless Chromium too.
         self.resize(1280, height as u32 + 90);
-        let png = self.runtime.block_on(self.client.screenshot()).unwrap();
+        let png = self.block_on(self.client().screenshot()).unwrap();
         std::fs::write(file, png).unwrap();
         self.resize(1280, 900);
     }
 
     fn resize(&self, width: u32, height: u32) {
-        self.runtime
-            .block_on(self.client.set_window_size(width, height))
+        self.block_on(self.client().set_window_size(width, height))
             .unwrap();
-    }
-}
-
-impl Drop for Browser {
-    fn drop(&mut self) {
-        let _ = self.runtime.block_on(self.client.clone().close());
     }
 }
 
@@ -316,7 +224,7 @@ fn the_page_shows_the_example_live_through_a_cutover_a_broken_commit_and_a_resta
             .stderr(Stdio::null()),
     );
 
-    let browser = Browser::start();
+    let browser = Browser::start(PATIENCE);
     browser.goto(&format!("{}/", daemon.api));
     browser.wait_for(
         "the page is live",

@@ -6,9 +6,12 @@
 //! port, in a temporary directory removed afterwards. Every helper panics with a message
 //! saying what it waited for: a harness failure must fail the test, loudly.
 //!
-//! [`kube_api`] is an in-memory Kubernetes API server behind a real `kube::Client`.
+//! [`kube_api`] is an in-memory Kubernetes API server behind a real `kube::Client`;
+//! `browser` (with the `browser` feature) is headless Chromium driven over WebDriver.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+#[cfg(feature = "browser")]
+pub mod browser;
 pub mod kube_api;
 
 use std::collections::{BTreeMap, BTreeSet};
