@@ -578,6 +578,33 @@ fn markdown_within_changes_nothing_that_fits_and_cuts_the_diagram_first() {
     assert_eq!(actions(&shorter), actions(&full));
 }
 
+#[test]
+fn markdown_within_drops_the_summary_rows_of_unchanged_topologies_before_any_change() {
+    // 2,000 topologies, one of them changed: the summary's rows alone pass GitHub's limit.
+    let old = generated(2_000, 1, 1);
+    let mut new = generated(1, 1, 2);
+    new.extend(old.iter().skip(1).cloned());
+    let plan = plumber::plan::plan(Some(("a", &old)), ("b", &new));
+    let full = markdown(&plan, &new, &old);
+    assert!(full.len() > GITHUB_COMMENT_LIMIT, "{}", full.len());
+    let within = markdown_within(&plan, &new, &old, GITHUB_COMMENT_LIMIT);
+    assert!(within.len() <= GITHUB_COMMENT_LIMIT, "{}", within.len());
+    assert_well_formed(&within);
+    assert!(
+        within.contains("the summary lists only changed topologies"),
+        "{within}"
+    );
+    assert!(within.contains("1999 unchanged topologies are not listed."));
+    assert!(within.contains("| `topology-000` | "));
+    assert!(!within.contains("| `topology-001` | "));
+    // The changed topology is whole: its section, its diagram and every action.
+    assert!(within.contains("#### `topology-000`"));
+    assert!(within.contains("```mermaid"));
+    let actions = |md: &str| md.matches(". stop `").count() + md.matches(". start `").count();
+    assert!(actions(&full) > 0);
+    assert_eq!(actions(&within), actions(&full));
+}
+
 /// One topology: a source read by `width` processors, each writing its own sink; `version`
 /// changes only the first processor.
 fn fan(width: usize, version: u32) -> Vec<plumber::graph::Topology> {

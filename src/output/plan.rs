@@ -334,6 +334,8 @@ struct Shape {
     steps: Option<usize>,
     /// The first N changed topologies.
     topologies: Option<usize>,
+    /// The summary's rows of unchanged topologies (a count stays).
+    unchanged_rows: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -351,6 +353,7 @@ impl Shape {
         diffs: true,
         steps: None,
         topologies: None,
+        unchanged_rows: true,
     };
 
     /// What this shape leaves out, for the note at the top; empty for the full plan.
@@ -367,6 +370,9 @@ impl Shape {
             out.push(format!(
                 "only the first {n} cutover actions of each topology"
             ));
+        }
+        if !self.unchanged_rows {
+            out.push("the summary lists only changed topologies".to_owned());
         }
         if !self.diffs {
             out.push("the diffs are left out".to_owned());
@@ -394,10 +400,11 @@ pub fn markdown(plan: &Plan, new_graphs: &[Topology], old_graphs: &[Topology]) -
 
 /// [`markdown`] within `limit` bytes (so within `limit` characters however a forge counts
 /// them; [`GITHUB_COMMENT_LIMIT`] for a GitHub comment). Shortened only as far as needed, in
-/// this order: diagrams of only the changed steps and their neighbours, no diagrams, fewer
-/// cutover actions per topology, no diffs, fewer steps per table, fewer topologies; each cut
-/// is whole sections, so tables and code blocks stay whole, and the text says what it left
-/// out. A limit too small even for the summary gives a note that says so (cut to `limit`).
+/// this order: no rows of unchanged topologies in the summary (their count stays), diagrams
+/// of only the changed steps and their neighbours, no diagrams, fewer cutover actions per
+/// topology, no diffs, fewer steps per table, fewer topologies; each cut is whole sections,
+/// so tables and code blocks stay whole, and the text says what it left out. A limit too
+/// small even for the summary gives a note that says so (cut to `limit`).
 pub fn markdown_within(
     plan: &Plan,
     new_graphs: &[Topology],
@@ -407,6 +414,18 @@ pub fn markdown_within(
     let render = |shape: &Shape| render_markdown(plan, new_graphs, old_graphs, shape);
     let fits = |shape: &Shape| render(shape).len() <= limit;
     let mut shape = Shape::FULL;
+    if fits(&shape) {
+        return render(&shape);
+    }
+    // Rows that say "unchanged" go before anything about a change: at a few thousand
+    // topologies they alone pass a forge's limit.
+    if plan
+        .topologies
+        .iter()
+        .any(|t| t.change == Change::Unchanged)
+    {
+        shape.unchanged_rows = false;
+    }
     for diagram in [Diagram::Full, Diagram::Changed, Diagram::None] {
         shape.diagram = diagram;
         if fits(&shape) {
@@ -525,7 +544,12 @@ fn render_markdown(
     }
     out.push_str("| Topology | Change | Added | Replaced | Updated | Removed | Unchanged |\n");
     out.push_str("|---|---|---:|---:|---:|---:|---:|\n");
+    let mut unlisted = 0;
     for topology in &plan.topologies {
+        if !shape.unchanged_rows && topology.change == Change::Unchanged {
+            unlisted += 1;
+            continue;
+        }
         let count = |c: Change| topology.steps.iter().filter(|s| s.change == c).count();
         let _ = writeln!(
             out,
@@ -537,6 +561,13 @@ fn render_markdown(
             count(Change::Updated),
             count(Change::Removed),
             count(Change::Unchanged)
+        );
+    }
+    if unlisted > 0 {
+        let _ = writeln!(
+            out,
+            "\n{unlisted} unchanged topolog{} not listed.",
+            if unlisted == 1 { "y is" } else { "ies are" }
         );
     }
     out.push_str(
