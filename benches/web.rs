@@ -773,7 +773,7 @@ fn main() {
     writeln!(
         r,
         "CPU (% of one core) and RSS of the `plumber up` process alone (not its processors, \
-         not the broker, not the browser), over {} s windows, {rounds} rounds with the four \
+         not the broker, not the browser), over {} s windows, {rounds} rounds with the \
          conditions interleaved in each; the browser opened the page 5 s before each window. \
          Median [range]; the ratio is of the medians, to (a).\n",
         window.as_secs()
