@@ -6,11 +6,11 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::status::{StepLabels, StepStatus};
+use super::status::{LifeStatus, StepLabels, StepStatus};
 use super::{AdminUse, Context};
 use crate::graph::{Kind, StepKind};
 use crate::kafka::{Admin, Progress};
-use crate::plan::{Deployment, moves};
+use crate::plan::{Deployment, Life, moves};
 use crate::runtime::ProcessorStatus;
 use crate::store::TopologyRecord;
 
@@ -184,9 +184,11 @@ fn observe_topology(
         Some(topology) => {
             for (id, step) in topology.steps() {
                 let processor = step.kind() == Kind::Processor;
-                let group = processor
-                    .then(|| group_of(deployment, &step.name, step.identity))
-                    .flatten();
+                let (shown, retiring) = if processor {
+                    lives_of(deployment, &step.name, step.identity)
+                } else {
+                    (None, None)
+                };
                 let (topic, transform, scale) = match &step.kind {
                     StepKind::Source { topic } | StepKind::Sink { topic } => {
                         (Some(topic.clone()), None, None)
@@ -208,10 +210,13 @@ fn observe_topology(
                     topic,
                     transform,
                     // The running life's group is its internal topic too, when it writes one.
-                    internal_topic: group.clone().filter(|_| topology.feeds_processor(id)),
+                    internal_topic: shown
+                        .filter(|_| topology.feeds_processor(id))
+                        .map(|l| l.group().to_owned()),
                     dead_letter_topic: processor.then(|| topology.dlq_topic(id)),
                     scale,
-                    group,
+                    life: shown,
+                    retiring,
                 });
             }
         }
@@ -222,7 +227,7 @@ fn observe_topology(
                     step: life.step().to_owned(),
                     kind: Kind::Processor,
                     identity: Some(life.identity().to_string()),
-                    group: Some(life.group().to_owned()),
+                    life: Some(life),
                     inputs: Vec::new(),
                     file: None,
                     topic: None,
@@ -230,24 +235,26 @@ fn observe_topology(
                     internal_topic: None,
                     dead_letter_topic: None,
                     scale: None,
+                    // Every life is listed as it is.
+                    retiring: None,
                 });
             }
         }
     }
     for listed in listed {
         let Listed {
-            step, kind, group, ..
+            step, kind, life, ..
         } = &listed;
-        let (state, lag, replicas) = match (kind, group) {
+        let (state, lag, replicas) = match (kind, life) {
             (Kind::Source | Kind::Sink, _) => ("external".to_owned(), None, None),
             (Kind::Processor, None) => ("stopped".to_owned(), None, Some(0)),
-            (Kind::Processor, Some(group)) => {
-                let state = match running.get(group) {
-                    None => "stopped",
-                    Some(p) if p.running >= p.replicas => "running",
-                    Some(_) => "starting",
-                };
-                let lag = progress.get(group.as_str()).map(|p| p.lag);
+            (Kind::Processor, Some(life)) => {
+                let LifeStatus {
+                    state,
+                    lag,
+                    replicas,
+                    ..
+                } = life_status(life, running, &progress);
                 let labels = StepLabels {
                     topology: name.to_owned(),
                     step: step.clone(),
@@ -255,22 +262,25 @@ fn observe_topology(
                 if let Some(lag) = lag {
                     context.store.metrics.lag.get_or_create(&labels).set(lag);
                 }
-                let replicas = running.get(group).map_or(0, |p| p.running);
                 context
                     .store
                     .metrics
                     .instances
                     .get_or_create(&labels)
                     .set(i64::from(replicas));
-                (state.to_owned(), lag, Some(replicas))
+                (state, lag, Some(replicas))
             }
         };
+        let retiring = listed
+            .retiring
+            .map(|life| life_status(life, running, &progress));
+        let group = life.map(|l| l.group().to_owned());
         let records_per_second = group.as_deref().and_then(|g| context.rates.per_second(g));
         steps.push(StepStatus {
             name: listed.step,
             kind: format!("{:?}", listed.kind).to_lowercase(),
             identity: listed.identity,
-            group: listed.group,
+            group,
             state,
             lag,
             inputs: listed.inputs,
@@ -285,6 +295,7 @@ fn observe_topology(
                 max: s.max,
             }),
             records_per_second,
+            retiring,
         });
     }
     context.store.topology(name, |t| t.steps = steps);
@@ -292,11 +303,12 @@ fn observe_topology(
 }
 
 /// A step as status lists it, before its state is looked up.
-struct Listed {
+struct Listed<'d> {
     step: String,
     kind: Kind,
     identity: Option<String>,
-    group: Option<String>,
+    /// A processor's life that is shown (`None`: none deployed).
+    life: Option<&'d Life>,
     inputs: Vec<String>,
     file: Option<String>,
     topic: Option<String>,
@@ -304,6 +316,28 @@ struct Listed {
     internal_topic: Option<String>,
     dead_letter_topic: Option<String>,
     scale: Option<crate::spec::Scale>,
+    retiring: Option<&'d Life>,
+}
+
+/// Where a life stands: whether its instances are up, its lag, how many run.
+fn life_status(
+    life: &Life,
+    running: &BTreeMap<String, ProcessorStatus>,
+    progress: &BTreeMap<&str, Progress>,
+) -> LifeStatus {
+    let group = life.group();
+    let state = match running.get(group) {
+        None => "stopped",
+        Some(p) if p.running >= p.replicas => "running",
+        Some(_) => "starting",
+    };
+    LifeStatus {
+        group: group.to_owned(),
+        identity: life.identity().to_string(),
+        state: state.to_owned(),
+        replicas: running.get(group).map_or(0, |p| p.running),
+        lag: progress.get(group).map(|p| p.lag),
+    }
 }
 
 /// The revision whose graph of `name` to show: the one being moved to during a move, else
@@ -330,22 +364,28 @@ fn shown_revision(
         .or_else(|| record.commit.as_deref().and_then(load))
 }
 
-/// The group of the life of `step` that runs: the one of `identity` if there is one.
-fn group_of(
-    deployment: &Deployment,
+/// The lives of `step`: the one shown (of `identity` if there is one, else the first) and
+/// the first other one, which the move retires.
+fn lives_of<'d>(
+    deployment: &'d Deployment,
     step: &str,
     identity: crate::graph::Identity,
-) -> Option<String> {
-    let lives: Vec<_> = deployment
+) -> (Option<&'d Life>, Option<&'d Life>) {
+    let lives: Vec<&Life> = deployment
         .lives
         .iter()
         .filter(|l| l.step() == step)
         .collect();
-    lives
+    let shown = lives
         .iter()
         .find(|l| l.identity() == identity)
         .or(lives.first())
-        .map(|l| l.group().to_owned())
+        .copied();
+    let retiring = lives
+        .iter()
+        .find(|l| shown.is_some_and(|s| s.group() != l.group()))
+        .copied();
+    (shown, retiring)
 }
 
 impl Watchdog {
@@ -627,10 +667,12 @@ mod tests {
         }
     }
 
-    fn deployed(topology: &str) -> TopologyRecord {
+    /// `in` → `step` (running `jq`) → `out`.
+    fn graph(topology: &str, jq: &str) -> crate::graph::Topology {
+        let step = format!("kind: processor\ninput: in\njq: '{jq}'\n");
         let files: Vec<crate::spec::SourceFile> = [
             ("in", "kind: source\ntopic: in\n"),
-            ("step", "kind: processor\ninput: in\njq: .\n"),
+            ("step", step.as_str()),
             ("out", "kind: sink\ninput: step\ntopic: out\n"),
         ]
         .iter()
@@ -639,13 +681,84 @@ mod tests {
             content: crate::spec::FileContent::Bytes(yaml.as_bytes().to_vec()),
         })
         .collect();
-        let graph = crate::validate(&files).topologies.unwrap().remove(0);
+        crate::validate(&files).topologies.unwrap().remove(0)
+    }
+
+    fn deployed(topology: &str) -> TopologyRecord {
         TopologyRecord {
             commit: Some("c1".into()),
             bootstrap: Some("fake:9092".into()),
-            deployment: Deployment::of(&graph),
+            deployment: Deployment::of(&graph(topology, ".")),
             ..TopologyRecord::default()
         }
+    }
+
+    #[test]
+    fn a_replaced_step_shows_the_life_it_retires_while_that_life_is_deployed() {
+        let state = tempfile::tempdir().unwrap();
+        let config = DaemonConfig::new("unused", state.path().to_owned());
+        let connect: Box<crate::daemon::Connect> =
+            Box::new(|_| Ok(Arc::new(Lags::default()) as Arc<dyn Admin>));
+        let context = Context::with_admin(config, Arc::new(Restarts::default()), connect).unwrap();
+        let new = graph("t", ".a");
+        context.revisions.insert(crate::daemon::Revision {
+            commit: "c2".into(),
+            topologies: vec![new.clone()],
+            clusters: BTreeMap::new(),
+            checkout: state.path().join("c2"),
+        });
+        let old_life = deployed("t").deployment.lives.remove(0);
+        let new_life = Deployment::of(&new).lives.remove(0);
+        assert_ne!(old_life.group(), new_life.group());
+        let mut record = TopologyRecord {
+            moving: Some(crate::store::Move {
+                from: Some("c1".into()),
+                to: "c2".into(),
+                started_at: 0,
+                done: 1,
+                handovers: Vec::new(),
+            }),
+            ..deployed("t")
+        };
+        record.deployment.lives = vec![old_life.clone(), new_life.clone()];
+        let watchdog = Watchdog::new(Duration::from_secs(3600));
+        let step_shown = |record: &TopologyRecord| {
+            context.records.save("t", record).unwrap();
+            observe(&context, &watchdog, &mut false, &mut None);
+            let status = context.store.read();
+            let steps = &status.topologies[0].steps;
+            let step = steps.iter().find(|s| s.name == "step").unwrap();
+            let json = serde_json::to_value(step).unwrap();
+            (step.group.clone(), step.retiring.clone(), json)
+        };
+
+        let (group, retiring, json) = step_shown(&record);
+        assert_eq!(json["retiring"]["group"], old_life.group());
+        assert_eq!(
+            group.as_deref(),
+            Some(new_life.group()),
+            "the new life is the step's"
+        );
+        assert_eq!(
+            retiring,
+            Some(LifeStatus {
+                group: old_life.group().to_owned(),
+                identity: old_life.identity().to_string(),
+                state: "stopped".into(),
+                replicas: 0,
+                lag: Some(5),
+            }),
+            "the old life shows beside it, read like the step's"
+        );
+
+        record
+            .deployment
+            .lives
+            .retain(|l| l.group() == new_life.group());
+        let (group, retiring, json) = step_shown(&record);
+        assert_eq!(group.as_deref(), Some(new_life.group()));
+        assert_eq!(retiring, None, "a stopped life is gone from the step");
+        assert!(json.get("retiring").is_none(), "and from its JSON: {json}");
     }
 
     #[test]

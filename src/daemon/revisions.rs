@@ -118,6 +118,15 @@ impl Revisions {
         &self.trees
     }
 
+    /// Makes `revision` load without a repository.
+    #[cfg(test)]
+    pub(crate) fn insert(&self, revision: Revision) {
+        self.cache
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(revision.commit.clone(), Arc::new(revision));
+    }
+
     /// The revision of `commit`; an error if it is not valid.
     pub fn load(&self, commit: &str) -> Result<Arc<Revision>, Error> {
         if let Some(found) = self

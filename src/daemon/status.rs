@@ -228,6 +228,22 @@ pub struct StepStatus {
     pub scale: Option<ScaleStatus>,
     /// Input records/s, from the processor's own `/metrics`; `null` while unknown.
     pub records_per_second: Option<f64>,
+    /// During a move, another life of the processor that is still deployed: the one the
+    /// move replaces, running until it has drained and is stopped. Absent when none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retiring: Option<LifeStatus>,
+}
+
+/// One life of a processor: its group, and where it stands (as [`StepStatus`] says them).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LifeStatus {
+    pub group: String,
+    pub identity: String,
+    /// `running`, `starting` or `stopped`.
+    pub state: String,
+    pub replicas: u32,
+    pub lag: Option<i64>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]

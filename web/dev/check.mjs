@@ -68,10 +68,23 @@ const details = await page.locator('.details').textContent();
 ok(details.includes('topologies/telemetry/steps/parse.yaml') && details.includes('plumber.telemetry.parse.dlq'), 'Enter shows details (file, dead-letter topic)');
 ok((await page.locator('[data-step="parse"]').getAttribute('aria-label')).includes('running'), 'aria-label carries the state');
 
+// A replaced step shows the life its move retires, in words, beside the new one.
+const enrich = page.locator('[data-step="enrich"]');
+const retiringGroup = await enrich.getAttribute('data-retiring');
+ok(/^plumber\.telemetry\.enrich\.[0-9a-f]{12}$/.test(retiringGroup ?? ''), `enrich marks its retiring life: ${retiringGroup}`);
+ok(/replacing [0-9a-f]{8}: draining, lag \d/.test(await enrich.textContent()), `enrich node says it drains the old life: ${await enrich.textContent()}`);
+ok((await enrich.getAttribute('aria-label')).includes(`replacing life ${retiringGroup}, draining`), 'aria-label carries the retiring life');
+ok(await page.locator('[data-step="parse"][data-retiring]').count() === 0, 'an unreplaced step has no retiring life');
+await enrich.click();
+const retiringDetails = await page.locator(`.details [data-retiring-details="${retiringGroup}"]`).textContent();
+ok(retiringDetails.includes(retiringGroup) && /draining/.test(retiringDetails) && /Replicas\s*2/.test(retiringDetails), `details show the retiring life: ${retiringDetails}`);
+
 // The cutover walks forward, then ends and joins the history.
 const done0 = await page.locator('[data-action-state="done"]').count();
 await page.waitForFunction((n) => document.querySelectorAll('[data-action-state="done"]').length > n, done0, { timeout: 8000 });
 ok(true, 'cutover progresses');
+await page.waitForSelector('[data-step="enrich"]:not([data-retiring])', { timeout: 40000 });
+ok(true, 'the retiring life leaves enrich once it is stopped');
 await page.waitForSelector('[data-cutover]', { state: 'detached', timeout: 40000 });
 ok(true, 'cutover ends');
 await page.waitForFunction((n) => document.querySelectorAll('[data-history][data-to]').length === n + 1, histBefore, { timeout: 5000 });

@@ -34,7 +34,20 @@ const processor = (t, name, o) => ({
   replicas: o.replicas ?? 1,
   scale: o.scale ?? { min: 1, max: 4 },
   recordsPerSecond: o.rps ?? null,
+  ...(o.retiring ? { retiring: o.retiring } : {}),
 });
+
+// The lives of `enrich` and `score` the cutover below replaces: they drain the old `clean`.
+export function retiringLives() {
+  const life = (name, replicas, lag) => ({
+    group: group('telemetry', name, `telemetry/${name}/0`),
+    identity: id(`telemetry/${name}/0`),
+    state: 'running',
+    replicas,
+    lag,
+  });
+  return { enrich: life('enrich', 2, 1204), score: life('score', 1, 310) };
+}
 
 const topic = (t, name, kind, topicName, inputs = []) => ({
   name,
@@ -61,8 +74,8 @@ export function telemetrySteps() {
     topic(t, 'devices', 'source', 'devices.registry'),
     processor(t, 'parse', { inputs: ['raw'], transform: 'jq', internal: true, replicas: 3, lag: 412, rps: 1840.2, scale: { min: 2, max: 6 } }),
     processor(t, 'clean', { inputs: ['parse'], transform: 'sql', internal: true, replicas: 2, lag: 1204, rps: 1790.5, life: 2 }),
-    processor(t, 'enrich', { inputs: ['clean', 'devices'], transform: 'http', replicas: 2, lag: 88, rps: 1702.9, state: 'starting' }),
-    processor(t, 'score', { inputs: ['clean'], transform: 'exec', replicas: 1, lag: 0, rps: 96.4, state: 'starting' }),
+    processor(t, 'enrich', { inputs: ['clean', 'devices'], transform: 'http', replicas: 2, lag: 88, rps: 1702.9, state: 'starting', retiring: retiringLives().enrich }),
+    processor(t, 'score', { inputs: ['clean'], transform: 'exec', replicas: 1, lag: 0, rps: 96.4, state: 'starting', retiring: retiringLives().score }),
     topic(t, 'warehouse', 'sink', 'telemetry.enriched', ['enrich']),
     topic(t, 'alerts', 'sink', 'telemetry.alerts', ['score']),
   ];

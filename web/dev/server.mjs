@@ -45,6 +45,7 @@ function tick() {
       if (s.kind !== 'processor' || s.state === 'stopped') continue;
       s.lag = jitter(s.lag ?? 0, Math.max(10, (s.lag ?? 0) * 0.3));
       s.recordsPerSecond = Math.max(0, Math.round(((s.recordsPerSecond ?? 0) + (Math.random() - 0.5) * 40) * 10) / 10);
+      if (s.retiring) s.retiring.lag = jitter(s.retiring.lag ?? 0, Math.max(10, (s.retiring.lag ?? 0) * 0.3));
     }
   }
   broadcast('status', status);
@@ -69,7 +70,10 @@ function startCutover(t) {
   recount(t.cutover);
   status.commit = to;
   status.phase = 'cutover';
-  for (const s of t.steps) if (s.name === 'enrich' || s.name === 'score') s.state = 'starting';
+  const retiring = fx.retiringLives();
+  for (const s of t.steps) {
+    if (s.name === 'enrich' || s.name === 'score') Object.assign(s, { state: 'starting', retiring: retiring[s.name] });
+  }
 }
 
 function recount(c) {
@@ -100,6 +104,10 @@ function advance() {
     }
     if (running.action.startsWith('start-processor clean')) {
       Object.assign(t.steps.find((s) => s.name === 'clean'), { state: 'starting' });
+    }
+    // A retiring life leaves the step once it is stopped.
+    for (const s of t.steps) {
+      if (s.retiring && running.action === `stop-processor ${s.retiring.group}`) delete s.retiring;
     }
   }
   const next = c.actions.find((a) => a.state !== 'done');
@@ -135,7 +143,7 @@ function advance() {
   t.cutover = null;
   t.phase = 'idle';
   status.phase = 'idle';
-  for (const s of t.steps) if (s.kind === 'processor') s.state = 'running';
+  for (const s of t.steps) if (s.kind === 'processor') Object.assign(s, { state: 'running', retiring: undefined });
   idleSince = Date.now();
   broadcast('history', entry);
 }

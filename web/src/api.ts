@@ -60,6 +60,16 @@ export interface Step {
   replicas?: number | null;
   scale?: { min: number; max: number } | null;
   recordsPerSecond?: number | null;
+  /** During a move: the life it replaces, still deployed until it has drained and stopped. */
+  retiring?: Life | null;
+}
+
+export interface Life {
+  group: string;
+  identity: string;
+  state: string;
+  replicas: number;
+  lag: number | null;
 }
 
 export interface TopologyStatus {

@@ -20,6 +20,8 @@ export interface DagNode {
   detail: string;
   /** An optional fourth line (a processor's lag). */
   extra?: string;
+  /** An optional last line: the life a move retires, in words. */
+  retiring?: string;
   /** The full description for assistive technology (and the hover title). */
   label: string;
   hover: string;
@@ -51,9 +53,10 @@ function nodeSize(n: DagNode): { w: number; h: number } {
   // sink's notch take room too.
   const tip = n.kind === 'processor' ? 0 : 14;
   const text = Math.max(n.id.length * 7.9, n.kindLabel.length * 6.6 + 104) + tip;
-  const detail = n.kind === 'processor' ? 176 : n.detail.length * CHAR;
+  const detail = n.kind === 'processor' ? (n.retiring != null ? 270 : 176) : n.detail.length * CHAR;
   const w = Math.min(300, Math.max(detail, text) + 2 * PAD);
-  return { w: Math.round(Math.max(w, n.kind === 'processor' ? 204 : 160)), h: n.extra != null ? 84 : 66 };
+  const h = 66 + (n.extra != null ? 18 : 0) + (n.retiring != null ? 17 : 0);
+  return { w: Math.round(Math.max(w, n.kind === 'processor' ? 204 : 160)), h };
 }
 
 // A B-spline through dagre's points (as d3's curveBasis): smooth, and it stays inside the hull.
@@ -125,7 +128,7 @@ export function Dag(props: {
   const { nodes, selected, onSelect } = props;
   // Layout only when the graph itself changes (steps, kinds, edges), not its numbers.
   const signature = nodes
-    .map((n) => `${n.id}\u0000${n.kind}\u0000${n.kindLabel}\u0000${nodeSize(n).w}\u0000${n.inputs.join('\u0001')}\u0000${n.extra != null}`)
+    .map((n) => `${n.id}\u0000${n.kind}\u0000${n.kindLabel}\u0000${nodeSize(n).w}\u0000${n.inputs.join('\u0001')}\u0000${n.extra != null}\u0000${n.retiring != null}`)
     .join('\u0002');
   const shaped = useMemo(() => computeLayout(nodes), [signature]);
   const [marker] = useState(() => `arrow-${++diagrams}`);
@@ -205,6 +208,11 @@ export function Dag(props: {
               {node.extra != null ? (
                 <text class="detail" x={PAD} y={76}>
                   {fit(node.extra, w - 2 * PAD, CHAR)}
+                </text>
+              ) : null}
+              {node.retiring != null ? (
+                <text class="detail retiring-line" x={PAD} y={node.extra != null ? 93 : 76}>
+                  {fit(node.retiring, w - 2 * PAD, CHAR)}
                 </text>
               ) : null}
             </g>

@@ -1,5 +1,5 @@
 import { useState } from 'preact/hooks';
-import type { Cutover, CutoverAction, HistoryEntry, RefPlan, Status, Step, TopologyStatus } from './api';
+import type { Cutover, CutoverAction, HistoryEntry, Life, RefPlan, Status, Step, TopologyStatus } from './api';
 import { Commit, DaemonError, PhaseBadge, Text, When } from './components';
 import { Dag, Legend } from './dag';
 import type { DagNode } from './dag';
@@ -13,6 +13,23 @@ const STATES: Record<string, string> = {
   stopped: '■ stopped',
   external: '○ external',
 };
+
+// A retiring life's state, as what it does for the move.
+const RETIRING_STATES: Record<string, string> = {
+  running: 'draining',
+  starting: 'starting',
+  stopped: 'stopped',
+};
+const retiringState = (l: Life) => RETIRING_STATES[l.state] ?? l.state;
+
+// A life's group without what every life of the step shares: the identity's first 8 hex
+// digits (as commits are shortened), and its life number if it has one.
+function shortGroup(topology: string, step: string, group: string): string {
+  const prefix = `plumber.${topology}.${step}.`;
+  if (!group.startsWith(prefix)) return group;
+  const rest = group.slice(prefix.length);
+  return rest.slice(0, 8) + rest.slice(12);
+}
 
 const plural = (n: number, one: string, many: string) => `${n} ${n === 1 ? one : many}`;
 
@@ -36,6 +53,11 @@ function stepNodes(t: TopologyStatus): DagNode[] {
       : s.topic
         ? `, topic ${s.topic}`
         : '';
+    const old = processor ? s.retiring : null;
+    const replacing = old ? `replacing ${shortGroup(t.name, s.name, old.group)}: ${retiringState(old)}, lag ${count(old.lag)}` : undefined;
+    const replacingSpoken = old
+      ? `, replacing life ${old.group}, ${retiringState(old)}, ${old.replicas} replicas, lag ${old.lag ?? 'unknown'}`
+      : '';
     return {
       id: s.name,
       kind: s.kind,
@@ -46,9 +68,15 @@ function stepNodes(t: TopologyStatus): DagNode[] {
       dashed: s.state === 'stopped',
       detail,
       extra: processor ? `lag ${count(s.lag)}` : undefined,
-      label: `${kindLabel} ${s.name}, ${s.state}${numbers}`,
-      hover: [`${s.name} (${kindLabel}, ${s.state})`, ...topics].join('\n'),
-      attrs: { 'data-step': s.name, 'data-kind': s.kind, 'data-state': s.state },
+      retiring: replacing,
+      label: `${kindLabel} ${s.name}, ${s.state}${numbers}${replacingSpoken}`,
+      hover: [`${s.name} (${kindLabel}, ${s.state})`, ...topics, ...(old ? [`replacing ${old.group} (${retiringState(old)}, lag ${count(old.lag)})`] : [])].join('\n'),
+      attrs: {
+        'data-step': s.name,
+        'data-kind': s.kind,
+        'data-state': s.state,
+        ...(old ? { 'data-retiring': old.group, 'data-retiring-state': old.state } : {}),
+      },
     };
   });
 }
@@ -100,9 +128,27 @@ function StepDetails(props: { step: Step | null }) {
             ) : null}
             <Row term="Reads" value={s.inputs?.join(', ')} />
           </dl>
+          {s.retiring ? <RetiringDetails life={s.retiring} /> : null}
         </>
       )}
     </aside>
+  );
+}
+
+// The life the move replaces: it runs until it has drained its inputs, then stops.
+function RetiringDetails(props: { life: Life }) {
+  const l = props.life;
+  return (
+    <div class="retiring" data-retiring-details={l.group}>
+      <h4>Retiring life (this move replaces it)</h4>
+      <dl>
+        <Row term="State" value={`${STATES[l.state] ?? l.state} (${retiringState(l)})`} />
+        <Row term="Group" value={l.group} code />
+        <Row term="Identity" value={l.identity} code />
+        <Row term="Replicas" value={l.replicas} />
+        <Row term="Lag" value={count(l.lag)} />
+      </dl>
+    </div>
   );
 }
 
