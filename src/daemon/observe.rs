@@ -185,7 +185,12 @@ fn observe_topology(
             for (id, step) in topology.steps() {
                 let processor = step.kind() == Kind::Processor;
                 let (shown, retiring) = if processor {
-                    lives_of(deployment, &step.name, step.identity)
+                    lives_of(
+                        deployment,
+                        &step.name,
+                        step.identity,
+                        record.moving.is_some(),
+                    )
                 } else {
                     (None, None)
                 };
@@ -245,8 +250,15 @@ fn observe_topology(
         let Listed {
             step, kind, life, ..
         } = &listed;
+        let retiring = listed
+            .retiring
+            .map(|life| life_status(life, running, &progress));
         let (state, lag, replicas) = match (kind, life) {
             (Kind::Source | Kind::Sink, _) => ("external".to_owned(), None, None),
+            // During a move: its new life has yet to start.
+            (Kind::Processor, None) if record.moving.is_some() => {
+                ("pending".to_owned(), None, Some(0))
+            }
             (Kind::Processor, None) => ("stopped".to_owned(), None, Some(0)),
             (Kind::Processor, Some(life)) => {
                 let LifeStatus {
@@ -255,11 +267,21 @@ fn observe_topology(
                     replicas,
                     ..
                 } = life_status(life, running, &progress);
+                (state, lag, Some(replicas))
+            }
+        };
+        if *kind == Kind::Processor {
+            // The step's metrics follow whichever of its lives runs: the old one until the
+            // new one has started.
+            let metered = life
+                .map(|l| life_status(l, running, &progress))
+                .or_else(|| retiring.clone());
+            if let Some(metered) = metered {
                 let labels = StepLabels {
                     topology: name.to_owned(),
                     step: step.clone(),
                 };
-                if let Some(lag) = lag {
+                if let Some(lag) = metered.lag {
                     context.store.metrics.lag.get_or_create(&labels).set(lag);
                 }
                 context
@@ -267,13 +289,9 @@ fn observe_topology(
                     .metrics
                     .instances
                     .get_or_create(&labels)
-                    .set(i64::from(replicas));
-                (state, lag, Some(replicas))
+                    .set(i64::from(metered.replicas));
             }
-        };
-        let retiring = listed
-            .retiring
-            .map(|life| life_status(life, running, &progress));
+        }
         let group = life.map(|l| l.group().to_owned());
         let records_per_second = group.as_deref().and_then(|g| context.rates.per_second(g));
         steps.push(StepStatus {
@@ -364,26 +382,30 @@ fn shown_revision(
         .or_else(|| record.commit.as_deref().and_then(load))
 }
 
-/// The lives of `step`: the one shown (of `identity` if there is one, else the first) and
-/// the first other one, which the move retires.
+/// The lives of `step`: the one shown and the first other one, which the move retires.
+/// During a move the one shown is the life of `identity` (none until it starts: an ordered
+/// cutover starts it only once the old one has stopped); else the life of `identity` if there
+/// is one, else the first.
 fn lives_of<'d>(
     deployment: &'d Deployment,
     step: &str,
     identity: crate::graph::Identity,
+    moving: bool,
 ) -> (Option<&'d Life>, Option<&'d Life>) {
     let lives: Vec<&Life> = deployment
         .lives
         .iter()
         .filter(|l| l.step() == step)
         .collect();
-    let shown = lives
-        .iter()
-        .find(|l| l.identity() == identity)
-        .or(lives.first())
-        .copied();
+    let own = lives.iter().find(|l| l.identity() == identity).copied();
+    let shown = if moving {
+        own
+    } else {
+        own.or(lives.first().copied())
+    };
     let retiring = lives
         .iter()
-        .find(|l| shown.is_some_and(|s| s.group() != l.group()))
+        .find(|l| shown.is_none_or(|s| s.group() != l.group()))
         .copied();
     (shown, retiring)
 }
@@ -732,6 +754,16 @@ mod tests {
             (step.group.clone(), step.retiring.clone(), json)
         };
 
+        // An ordered cutover: the new life starts only once the old one has stopped. Until
+        // then the step's new life is pending and the old one shows as retiring, not as the
+        // step's (it is not of the identity the step now has).
+        record.deployment.lives = vec![old_life.clone()];
+        let (group, retiring, json) = step_shown(&record);
+        assert_eq!(group, None, "no life of the new identity yet: {json}");
+        assert_eq!(json["state"], "pending");
+        assert_eq!(retiring.map(|r| r.group), Some(old_life.group().to_owned()));
+
+        record.deployment.lives = vec![old_life.clone(), new_life.clone()];
         let (group, retiring, json) = step_shown(&record);
         assert_eq!(json["retiring"]["group"], old_life.group());
         assert_eq!(

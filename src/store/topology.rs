@@ -367,7 +367,8 @@ fn observed(
                 "external" => Some(StepState::External),
                 "running" => Some(StepState::Running),
                 "starting" => Some(StepState::Starting),
-                "stopped" => Some(StepState::Stopped),
+                // Pending: during a move, a processor whose new life has yet to start.
+                "stopped" | "pending" => Some(StepState::Stopped),
                 _ => None,
             },
             identity: s.identity.clone(),

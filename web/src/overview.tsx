@@ -3,8 +3,11 @@ import { Commit, DaemonError, PhaseBadge } from './components';
 import { count, rate } from './format';
 import { topologyHref } from './live';
 
+// A retiring life's lag counts too: until it has drained, its records are still to process.
 export const totalLag = (t: TopologyStatus): number | null => {
-  const lags = t.steps.map((s) => s.lag).filter((l): l is number => l != null);
+  const lags = t.steps
+    .flatMap((s) => [s.lag, s.retiring?.lag])
+    .filter((l): l is number => l != null);
   return lags.length ? lags.reduce((a, b) => a + b, 0) : null;
 };
 

@@ -11,6 +11,8 @@ const STATES: Record<string, string> = {
   running: '● running',
   starting: '◐ starting',
   stopped: '■ stopped',
+  // During a move: its new life has yet to start.
+  pending: '◌ pending',
   external: '○ external',
 };
 
