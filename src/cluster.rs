@@ -125,6 +125,8 @@ fn daemon_config(config: &Config) -> Result<DaemonConfig> {
     out.listen = config.listen;
     out.poll_interval = config.repository.poll_interval;
     out.trusted_keys = config.trusted_keys.clone();
+    out.allow_rollback = config.allow_rollback;
+    out.budget = config.commit_budget.budget();
     out.watch_refs = config.repository.watch_refs.clone();
     out.push_notes = config.repository.push_notes;
     out.forge = config.forge.clone();
@@ -135,12 +137,17 @@ fn daemon_config(config: &Config) -> Result<DaemonConfig> {
         .as_ref()
         .map(|w| crate::read_webhook_secret(&w.secret_file))
         .transpose()?;
+    out.step_secrets = plumber::spec::StepSecrets::Only {
+        names: config.step_secrets.iter().cloned().collect(),
+        origin: "`stepSecrets` of the daemon's configuration".into(),
+    };
     let credentials = &config.repository.credentials;
     out.git_auth = Some(GitAuth {
         username: credentials.username.clone(),
         password: None,
         password_file: credentials.password_file.clone(),
         ssh_key: credentials.ssh_key_file.clone(),
+        known_hosts: credentials.known_hosts_file.clone(),
     });
     let mut clusters = BTreeMap::new();
     for (name, cluster) in &config.kafka.clusters {

@@ -576,7 +576,10 @@ impl Previews {
     ) -> Result<(), Error> {
         let name = preview.graph.name.clone();
         let fingerprint = Fingerprint::of(&preview, &plan.head);
-        let checkout = self.context.revisions.checkout(&plan.head)?;
+        let checkout = self
+            .context
+            .revisions
+            .checkout(&plan.head, std::slice::from_ref(&preview.graph))?;
         let mut revision = Revision {
             commit: plan.head.clone(),
             topologies: Vec::new(),
