@@ -789,17 +789,33 @@ fn pull_requests_are_read_with_their_state_and_labels(kind: Kind) {
         s.forge.pull_request(9).unwrap(),
         PullRequest {
             state: PullRequestState::Merged,
-            labels: Vec::new()
+            labels: Vec::new(),
+            head: None,
         }
     );
-    // The label removed: read again, it is gone (nothing is cached).
-    s.server
-        .set_pull_request(7, PullRequestState::Open, &["needs-review"]);
+    // Its head, as the forge names it.
+    let sha = "0123456789abcdef0123456789abcdef01234567";
+    s.server.set_head(7, sha);
+    assert_eq!(s.forge.pull_request(7).unwrap().head.as_deref(), Some(sha));
+    // The label taken off by Plumber (a preview's new commits), then read again: it is gone
+    // (nothing is cached). Taking off a label that is not there is no error.
+    s.forge.remove_label(7, "preview").unwrap();
+    assert_eq!(s.server.labels(7), ["needs-review"]);
     assert!(!s.forge.pull_request(7).unwrap().has_label("preview"));
-    let lines: Vec<String> = [7, 8, 9, 7]
+    s.forge.remove_label(7, "preview").unwrap();
+    let mut lines: Vec<String> = [7, 8, 9, 7]
         .iter()
         .map(|n| format!("GET {}", pull_request_path(kind, *n)))
         .collect();
+    let removal = match kind {
+        Kind::GitHub => format!("DELETE /api/v3/repos/{GITHUB_REPO}/issues/7/labels/preview"),
+        Kind::GitLab => format!("PUT {}", pull_request_path(kind, 7)),
+    };
+    lines.extend([
+        removal.clone(),
+        format!("GET {}", pull_request_path(kind, 7)),
+        removal,
+    ]);
     assert_eq!(s.server.lines(), lines);
     s.server.assert_clean();
 }

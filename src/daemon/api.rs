@@ -355,6 +355,13 @@ async fn hook(State(api): State<Api>, headers: HeaderMap, body: Bytes) -> Respon
         );
         api.context.publish.republish(number);
     }
+    // Only a verified delivery may say which head a label approves: anyone can post one.
+    if api.context.config.webhook_secret.is_some()
+        && let Some(label) = &api.context.config.preview_label
+        && let Some((number, head)) = super::previews::webhook_labelled(header, &body, label)
+    {
+        api.context.previews.labelled(number, head);
+    }
     if let Some(number) = super::publish::webhook_pull_request_changed(header, &body) {
         // Labelled, unlabelled, closed, merged: whether its preview runs may have changed.
         api.context.previews.look(number);

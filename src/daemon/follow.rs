@@ -83,7 +83,7 @@ fn resume(context: &Context, followed: &mut Followed) -> Option<Arc<Revision>> {
         .filter(|record| !record.is_retired())
         .flat_map(|record| record.commit.into_iter().chain(record.moving.map(|m| m.to)))
         .collect();
-    let repository = context.revisions.source().open().ok()?;
+    let repository = context.revisions.open().ok()?;
     let git = repository.git();
     let oids: Vec<git2::Oid> = commits
         .iter()
@@ -198,7 +198,7 @@ fn newest_valid(
 ) -> Result<Option<Arc<Revision>>, Error> {
     let source = context.revisions.source();
     source.fetch_unless(&|| context.is_stopping())?;
-    let repository = source.open()?;
+    let repository = context.revisions.open()?;
     let branch = &context.config.branch;
     let head = repository
         .resolve(&format!("refs/heads/{branch}"))

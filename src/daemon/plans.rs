@@ -112,6 +112,8 @@ struct Review {
     footer: String,
     /// The clusters of the merge.
     clusters: BTreeMap<String, ClusterSpec>,
+    /// The clusters of the tracked branch's head.
+    base_clusters: BTreeMap<String, ClusterSpec>,
 }
 
 impl RefPlan {
@@ -165,14 +167,40 @@ impl RefPlan {
         }
     }
 
+    /// This plan, as if its merge had `clusters` and its base `base`.
+    #[cfg(test)]
+    pub(super) fn with_clusters_for_test(
+        mut self,
+        clusters: BTreeMap<String, ClusterSpec>,
+        base_clusters: BTreeMap<String, ClusterSpec>,
+    ) -> RefPlan {
+        self.review = Some(Review {
+            new_graphs: Vec::new(),
+            old_graphs: Vec::new(),
+            footer: String::new(),
+            clusters,
+            base_clusters,
+        });
+        self
+    }
+
     /// The graphs of the merge of the topologies that change (those a preview can run).
     pub fn merged_graphs(&self) -> &[Topology] {
         self.review.as_ref().map_or(&[], |r| &r.new_graphs)
     }
 
-    /// The clusters of the merge (`None`: the ref cannot be planned).
-    pub fn merged_clusters(&self) -> Option<&BTreeMap<String, ClusterSpec>> {
-        self.review.as_ref().map(|r| &r.clusters)
+    /// The clusters of the tracked branch it is merged into (`None`: the ref cannot be
+    /// planned): what a preview of it runs with.
+    pub fn base_clusters(&self) -> Option<&BTreeMap<String, ClusterSpec>> {
+        self.review.as_ref().map(|r| &r.base_clusters)
+    }
+
+    /// Whether the merge's clusters (bootstrap, properties, credentials) differ from the
+    /// tracked branch's: such a change runs no preview (SPEC §11).
+    pub fn changes_clusters(&self) -> bool {
+        self.review
+            .as_ref()
+            .is_some_and(|r| r.clusters != r.base_clusters)
     }
 
     /// `markdown` without its preview section.
@@ -185,7 +213,8 @@ impl RefPlan {
     fn showing(&self, shown: Option<&ShownPreview>) -> RefPlan {
         let mut plan = self.clone();
         plan.markdown = self.plan_markdown().to_owned();
-        plan.preview = shown.is_some();
+        // A note alone (why no preview runs) shows no preview.
+        plan.preview = shown.is_some_and(|s| !s.topologies.is_empty());
         plan.previews = shown.map(|s| s.topologies.clone()).unwrap_or_default();
         plan.preview_markdown = shown
             .map(|s| format!("\n{}", s.markdown))
@@ -458,8 +487,7 @@ impl Planner {
     /// on each wake-up; `context`'s follower must have looked at the branch's head
     /// ([`Plans::followed`]).
     pub fn pass(&mut self, context: &Arc<Context>) -> Result<(), Error> {
-        let source = context.revisions.source();
-        let repository = source.open()?;
+        let repository = context.revisions.open()?;
         let branch = &context.config.branch;
         let tracked = format!("refs/heads/{branch}");
         let Ok(base) = repository
@@ -528,7 +556,7 @@ impl Planner {
         }
         if noted
             && context.config.push_notes
-            && let Err(error) = source.push_notes()
+            && let Err(error) = context.revisions.source().push_notes()
         {
             tracing::warn!(%error, "cannot push the plan notes");
         }
@@ -626,7 +654,7 @@ impl Planner {
         used: &mut BTreeSet<(String, Option<TopologyKey>, u64)>,
     ) -> Result<RefPlan, Error> {
         // A handle of its own: the merge's objects live in it.
-        let repository = context.revisions.source().open()?;
+        let repository = context.revisions.open()?;
         let trees = context.revisions.trees();
         let branch = &context.config.branch;
         let mut plan = RefPlan {
@@ -736,11 +764,13 @@ impl Planner {
         plan.markdown = crate::output::plan::markdown(&whole, &new_graphs, &old_graphs) + &footer;
         plan.topologies = whole.topologies;
         plan.keep_topics = whole.keep_topics;
+        let base = trees.validate(&repository, repository.tree_of(inputs.base)?, inputs.base)?;
         plan.review = Some(Review {
             new_graphs,
             old_graphs,
             footer,
             clusters: merged.clusters().clone(),
+            base_clusters: base.clusters().clone(),
         });
         Ok(plan)
     }

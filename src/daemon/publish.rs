@@ -672,6 +672,7 @@ mod tests {
                 .map(|()| forge::PullRequest {
                     state: forge::PullRequestState::Open,
                     labels: Vec::new(),
+                    head: None,
                 })
         }
 
@@ -687,6 +688,10 @@ mod tests {
 
         fn set_commit_status(&self, sha: &str, status: &CommitStatus) -> forge::Result<()> {
             self.answer(format!("status {sha}: {}", status.description))
+        }
+
+        fn remove_label(&self, number: u64, label: &str) -> forge::Result<()> {
+            self.answer(format!("remove label {label} from {number}"))
         }
     }
 

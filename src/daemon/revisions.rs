@@ -109,8 +109,9 @@ impl Revisions {
         Ok(checkout)
     }
 
-    /// The repository, holding what it reads to the daemon's budget.
-    fn open(&self) -> Result<Repository, Error> {
+    /// The repository, holding what it reads to the daemon's budget: every reader of
+    /// commits opens it here.
+    pub fn open(&self) -> Result<Repository, Error> {
         Ok(self.source.open()?.with_budget(self.budget))
     }
 

@@ -9,8 +9,7 @@ use ureq::http::Method;
 
 use super::{
     CommentOutcome, CommitStatus, Error, Forge, Http, Kind, PullRequest, PullRequestState, Result,
-    STATUS_CONTEXT, State, Token, check_sha, is_plan_comment, plan_comment_body, says_already,
-    shorten,
+    State, Token, check_sha, is_plan_comment, plan_comment_body, says_already, shorten,
 };
 
 /// A client of one repository.
@@ -62,6 +61,13 @@ struct Pull {
     merged_at: Option<String>,
     #[serde(default)]
     labels: Vec<Label>,
+    #[serde(default)]
+    head: Option<Head>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Head {
+    sha: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -169,6 +175,7 @@ impl Forge for GitHub {
         Ok(PullRequest {
             state,
             labels: pull.labels.into_iter().map(|l| l.name).collect(),
+            head: pull.head.and_then(|h| h.sha),
         })
     }
 
@@ -216,7 +223,7 @@ impl Forge for GitHub {
         };
         let mut body = json!({
             "state": state,
-            "context": STATUS_CONTEXT,
+            "context": status.context,
             "description": shorten(&status.description, Kind::GitHub.description_limit()),
         });
         if let Some(target) = &status.target_url {
@@ -227,6 +234,22 @@ impl Forge for GitHub {
             .url(&format!("/repos/{}/statuses/{sha}", self.repo));
         self.http.retrying("commit status", || {
             self.http.send(Method::POST, &url, Some(&body)).map(drop)
+        })
+    }
+
+    fn remove_label(&self, number: u64, label: &str) -> Result<()> {
+        let url = self.http.url(&format!(
+            "/repos/{}/issues/{number}/labels/{}",
+            self.repo,
+            super::encode_segment(label)
+        ));
+        self.http.retrying("label", || {
+            match self.http.send(Method::DELETE, &url, None) {
+                Ok(_) => Ok(()),
+                // Not there (any more): what was asked is done.
+                Err(Error::Status { status: 404, .. }) => Ok(()),
+                Err(error) => Err(error),
+            }
         })
     }
 }

@@ -9,8 +9,7 @@ use ureq::http::Method;
 
 use super::{
     CommentOutcome, CommitStatus, Error, Forge, Http, Kind, PullRequest, PullRequestState, Result,
-    STATUS_CONTEXT, State, Token, check_sha, is_plan_comment, plan_comment_body, says_already,
-    shorten,
+    State, Token, check_sha, is_plan_comment, plan_comment_body, says_already, shorten,
 };
 
 /// A client of one project.
@@ -45,6 +44,9 @@ struct MergeRequest {
     /// Label names (the default; `with_labels_details` would make them objects).
     #[serde(default)]
     labels: Vec<String>,
+    /// The head commit.
+    #[serde(default)]
+    sha: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -159,6 +161,7 @@ impl Forge for GitLab {
         Ok(PullRequest {
             state,
             labels: request.labels,
+            head: request.sha,
         })
     }
 
@@ -203,7 +206,7 @@ impl Forge for GitLab {
         };
         let mut body = json!({
             "state": state,
-            "name": STATUS_CONTEXT,
+            "name": status.context,
             "description": shorten(&status.description, Kind::GitLab.description_limit()),
         });
         if let Some(target) = &status.target_url {
@@ -228,6 +231,16 @@ impl Forge for GitLab {
                 }
                 Err(error) => Err(error),
             }
+        })
+    }
+
+    fn remove_label(&self, iid: u64, label: &str) -> Result<()> {
+        let url = self
+            .http
+            .url(&format!("/projects/{}/merge_requests/{iid}", self.project));
+        let body = json!({ "remove_labels": label });
+        self.http.retrying("label", || {
+            self.http.send(Method::PUT, &url, Some(&body)).map(drop)
         })
     }
 }

@@ -37,6 +37,10 @@ pub const MARKER: &str = "<!-- plumber:plan -->";
 /// The name of the commit status (GitHub's `context`, GitLab's `name`).
 pub const STATUS_CONTEXT: &str = "plumber";
 
+/// The context of the commit status that says whether a head runs a preview environment
+/// (a status of its own, beside the plan's).
+pub const PREVIEW_STATUS_CONTEXT: &str = "plumber/preview";
+
 /// The largest answer read: a page of 100 comments of GitHub's largest size is under 30 MB.
 const ANSWER_LIMIT: u64 = 64 * 1024 * 1024;
 
@@ -408,6 +412,8 @@ pub struct CommitStatus {
     pub state: State,
     pub description: String,
     pub target_url: Option<String>,
+    /// [`STATUS_CONTEXT`] (GitLab: the status's name), or [`PREVIEW_STATUS_CONTEXT`].
+    pub context: &'static str,
 }
 
 impl CommitStatus {
@@ -416,7 +422,15 @@ impl CommitStatus {
             state,
             description: description.into(),
             target_url: None,
+            context: STATUS_CONTEXT,
         }
+    }
+
+    /// The status of a preview environment ([`PREVIEW_STATUS_CONTEXT`]).
+    #[must_use]
+    pub fn of_preview(mut self) -> CommitStatus {
+        self.context = PREVIEW_STATUS_CONTEXT;
+        self
     }
 
     #[must_use]
@@ -444,12 +458,14 @@ pub enum PullRequestState {
     Merged,
 }
 
-/// What the daemon reads of a pull request: whether it is open, and its labels (which only
-/// people with write access to the repository can set).
+/// What the daemon reads of a pull request: whether it is open, its labels (which only
+/// people with write access to the repository can set) and its head commit.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PullRequest {
     pub state: PullRequestState,
     pub labels: Vec<String>,
+    /// The head commit as the forge knows it now (`None`: the forge did not say).
+    pub head: Option<String>,
 }
 
 impl PullRequest {
@@ -481,8 +497,22 @@ pub trait Forge: Send + Sync + fmt::Debug {
         render: &dyn Fn(usize) -> String,
     ) -> Result<CommentOutcome>;
 
-    /// Sets the `plumber` status of commit `sha`.
+    /// Sets the status of commit `sha` named by the status's context.
     fn set_commit_status(&self, sha: &str, status: &CommitStatus) -> Result<()>;
+
+    /// Takes `label` off pull request (GitLab: merge request) `number`; a label it does not
+    /// carry is no error.
+    fn remove_label(&self, number: u64, label: &str) -> Result<()>;
+}
+
+/// `text` as one segment of a URL path: everything but letters, digits and `-._~` escaped.
+pub fn encode_segment(text: &str) -> String {
+    const SEGMENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+        .remove(b'-')
+        .remove(b'.')
+        .remove(b'_')
+        .remove(b'~');
+    percent_encoding::utf8_percent_encode(text, SEGMENT).to_string()
 }
 
 /// The pull request (GitLab: merge request iid) a watched ref is the head of:
