@@ -67,15 +67,25 @@ pub fn run(path: &Path) -> Result<()> {
         &handle,
         LeaseConfig::new(&config.kubernetes.lease, &namespace, &identity),
     );
+    // Processors may run apart from the daemon (and its Secrets); Topologies and the Lease
+    // stay with the daemon.
+    let processor_namespace = config
+        .kubernetes
+        .processor_namespace
+        .clone()
+        .unwrap_or_else(|| namespace.clone());
     let runtime = KubeRuntime::connect(
         client.clone(),
         handle.clone(),
-        KubeConfig::new(RenderConfig {
-            namespace: namespace.clone(),
-            processor_image: config.images.processor.clone(),
-            pull_policy: config.images.pull_policy.map(|p| p.as_str().to_owned()),
-            owner: None,
-        }),
+        KubeConfig {
+            topologies_namespace: Some(namespace.clone()),
+            ..KubeConfig::new(RenderConfig {
+                namespace: processor_namespace.clone(),
+                processor_image: config.images.processor.clone(),
+                pull_policy: config.images.pull_policy.map(|p| p.as_str().to_owned()),
+                owner: None,
+            })
+        },
     )
     .context("reading the processors that run")?;
     let records = TopologyStore::new(
@@ -92,6 +102,7 @@ pub fn run(path: &Path) -> Result<()> {
     let daemon_config = daemon_config(&config)?;
     tracing::info!(
         namespace,
+        processor_namespace,
         identity,
         repository = %config.repository.url,
         branch = %config.repository.branch,

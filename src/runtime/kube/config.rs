@@ -10,6 +10,7 @@
 //! ```yaml
 //! kubernetes:
 //!   namespace: plumber            # default: the namespace of the daemon's service account
+//!   # processorNamespace: plumber-processors   # processors apart from the daemon's Secrets
 //! repository:
 //!   url: https://github.com/acme/topologies.git
 //!   branch: main
@@ -166,6 +167,11 @@ pub struct Kubernetes {
     /// `deploy/` grants this name only).
     #[serde(default = "default_lease")]
     pub lease: String,
+    /// Where processors run (Deployments, ScaledObjects, TriggerAuthentications, pods), when
+    /// not in `namespace`: a namespace without the daemon's own Secrets, since whoever may
+    /// create a Deployment that mounts a Secret can read it (SPEC §11). Absent: `namespace`.
+    #[serde(default)]
+    pub processor_namespace: Option<String>,
 }
 
 impl Default for Kubernetes {
@@ -174,6 +180,7 @@ impl Default for Kubernetes {
             kubeconfig: None,
             namespace: None,
             lease: default_lease(),
+            processor_namespace: None,
         }
     }
 }
@@ -357,6 +364,11 @@ impl Config {
             && let Some(problem) = name_problem(namespace, 63, false)
         {
             return Err(invalid("kubernetes.namespace", problem));
+        }
+        if let Some(namespace) = &self.kubernetes.processor_namespace
+            && let Some(problem) = name_problem(namespace, 63, false)
+        {
+            return Err(invalid("kubernetes.processorNamespace", problem));
         }
         if let Some(problem) = name_problem(&self.kubernetes.lease, 253, true) {
             return Err(invalid("kubernetes.lease", problem));
