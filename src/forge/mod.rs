@@ -936,6 +936,19 @@ pub fn shorten(text: &str, limit: usize) -> String {
     short
 }
 
+/// The hidden line that carries a plan's fingerprint: the second line of a plan comment
+/// (after [`MARKER`]) and the last of a plan's git note.
+pub fn fingerprint_line(fingerprint: &str) -> String {
+    format!("<!-- plumber:fingerprint {fingerprint} -->")
+}
+
+/// The fingerprint `line` carries, if it is a [`fingerprint_line`].
+pub fn fingerprint_in(line: &str) -> Option<&str> {
+    line.trim_end()
+        .strip_prefix("<!-- plumber:fingerprint ")?
+        .strip_suffix(" -->")
+}
+
 /// The body of the plan comment: the marker, then `render`'s markdown within what the limit
 /// leaves.
 fn plan_comment_body(kind: Kind, render: &dyn Fn(usize) -> String) -> Result<String> {
