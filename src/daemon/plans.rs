@@ -822,6 +822,25 @@ impl Planner {
     }
 }
 
+/// The head of every watched pull-request ref of the repository now, by pull request (empty
+/// when the repository cannot be read: every pull request is then asked about alone).
+pub(super) fn pull_request_heads(context: &Context) -> BTreeMap<u64, String> {
+    let repository = match context.revisions.source().open() {
+        Ok(repository) => repository,
+        Err(error) => {
+            tracing::warn!(%error, "cannot read the pull-request refs");
+            return BTreeMap::new();
+        }
+    };
+    let tracked = format!("refs/heads/{}", context.config.branch);
+    watched_refs(repository.git(), &context.config.watch_refs, &tracked)
+        .into_iter()
+        .filter_map(|(name, head)| {
+            Some((crate::forge::pull_request_of_ref(&name)?, head.to_string()))
+        })
+        .collect()
+}
+
 /// The watched refs of the repository and their targets, the tracked branch aside.
 fn watched_refs(
     git: &git2::Repository,

@@ -6,7 +6,9 @@
 //! operation is idempotent as a whole and retried as a whole (see [`Settings`]): a plan
 //! comment is looked up again by its [`MARKER`] before each attempt, so an attempt whose answer
 //! was lost (the comment was created, the connection broke) updates that comment instead of
-//! creating a second one.
+//! creating a second one. A comment carries its plan's fingerprint on its second line
+//! ([`fingerprint_line`]): one that has it already is not written again, whatever else
+//! changed around the plan (the commit it was merged into).
 //!
 //! # Errors
 //!
@@ -18,6 +20,7 @@
 pub mod github;
 pub mod gitlab;
 
+use std::collections::BTreeSet;
 use std::fmt;
 use std::hash::{BuildHasher, RandomState};
 use std::path::{Path, PathBuf};
@@ -426,6 +429,19 @@ impl CommitStatus {
     }
 }
 
+/// The plan comment [`Forge::upsert_plan_comment`] puts on a pull request.
+pub struct PlanComment<'a> {
+    /// What the plan means ([`fingerprint_line`]): a comment that carries it already is not
+    /// written again.
+    pub fingerprint: &'a str,
+    /// The comment's id when the caller knows it (a previous [`CommentOutcome`]): it is
+    /// updated without being looked for, and looked for only when the forge no longer has it.
+    pub id: Option<u64>,
+    /// The markdown within a budget of characters (what the forge's limit leaves after the
+    /// marker and the fingerprint).
+    pub render: &'a dyn Fn(usize) -> String,
+}
+
 /// What [`Forge::upsert_plan_comment`] did; the id is the forge's id of the comment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CommentOutcome {
@@ -470,16 +486,19 @@ pub trait Forge: Send + Sync + fmt::Debug {
     /// labels, as the forge says now.
     fn pull_request(&self, number: u64) -> Result<PullRequest>;
 
+    /// The numbers (GitLab: iids) of every open pull (merge) request, in one listing of
+    /// 100 a page: what tells the daemon which pull-request refs are worth publishing on
+    /// without asking about each.
+    fn open_pull_requests(&self) -> Result<BTreeSet<u64>>;
+
     /// Puts the plan on pull request (GitHub) or merge request (GitLab, its iid) `number`:
-    /// updates the comment carrying [`MARKER`] in place, or creates it when there is none.
-    /// `render(budget)` gives the markdown in at most `budget` characters (what the forge's
-    /// limit leaves after the marker); text still longer is refused with [`Error::TooLong`]
-    /// and never sent.
-    fn upsert_plan_comment(
-        &self,
-        number: u64,
-        render: &dyn Fn(usize) -> String,
-    ) -> Result<CommentOutcome>;
+    /// updates the comment carrying [`MARKER`] in place (the one with `comment.id` when it is
+    /// given and still there), or creates it when there is none. A comment found with
+    /// `comment.fingerprint` already is left as it is ([`CommentOutcome::Unchanged`]).
+    /// `comment.render(budget)` gives the markdown in at most `budget` characters; text still
+    /// longer is refused with [`Error::TooLong`] and never sent.
+    fn upsert_plan_comment(&self, number: u64, comment: &PlanComment<'_>)
+    -> Result<CommentOutcome>;
 
     /// Sets the `plumber` status of commit `sha`.
     fn set_commit_status(&self, sha: &str, status: &CommitStatus) -> Result<()>;
@@ -865,11 +884,36 @@ impl Http {
         next: impl Fn(&Answer, &str) -> Option<String>,
         wanted: impl Fn(&T) -> bool,
     ) -> Result<Option<T>> {
+        self.walk_pages(first, next, |page: Vec<T>| page.into_iter().find(&wanted))
+    }
+
+    /// Every item of a paginated list (see [`Http::find_in_pages`]).
+    pub(crate) fn all_pages<T: serde::de::DeserializeOwned>(
+        &self,
+        first: String,
+        next: impl Fn(&Answer, &str) -> Option<String>,
+    ) -> Result<Vec<T>> {
+        let mut all = Vec::new();
+        self.walk_pages(first, next, |page: Vec<T>| {
+            all.extend(page);
+            None::<()>
+        })?;
+        Ok(all)
+    }
+
+    /// Reads the pages of a list from `first` on, handing each to `each` until it returns
+    /// something or the pages end.
+    fn walk_pages<T: serde::de::DeserializeOwned, R>(
+        &self,
+        first: String,
+        next: impl Fn(&Answer, &str) -> Option<String>,
+        mut each: impl FnMut(Vec<T>) -> Option<R>,
+    ) -> Result<Option<R>> {
         let mut url = first;
         for _ in 0..MAX_PAGES {
             let answer = self.send(Method::GET, &url, None)?;
             let page: Vec<T> = answer.json(&Method::GET, &url)?;
-            if let Some(found) = page.into_iter().find(&wanted) {
+            if let Some(found) = each(page) {
                 return Ok(Some(found));
             }
             match next(&answer, &url) {
@@ -949,13 +993,13 @@ pub fn fingerprint_in(line: &str) -> Option<&str> {
         .strip_suffix(" -->")
 }
 
-/// The body of the plan comment: the marker, then `render`'s markdown within what the limit
-/// leaves.
-fn plan_comment_body(kind: Kind, render: &dyn Fn(usize) -> String) -> Result<String> {
+/// The body of the plan comment: the marker, the fingerprint, then the markdown rendered
+/// within what the limit leaves.
+fn plan_comment_body(kind: Kind, comment: &PlanComment<'_>) -> Result<String> {
     let limit = kind.comment_limit();
-    let head = format!("{MARKER}\n");
-    let budget = limit - head.chars().count();
-    let markdown = render(budget);
+    let head = format!("{MARKER}\n{}\n", fingerprint_line(comment.fingerprint));
+    let budget = limit.saturating_sub(head.chars().count());
+    let markdown = (comment.render)(budget);
     let body = head + &markdown;
     let length = body.chars().count();
     if length > limit {
@@ -983,9 +1027,20 @@ fn is_plan_comment(body: &str) -> bool {
     body.trim_start().starts_with(MARKER)
 }
 
-/// Whether the comment already says `body` (forges may drop trailing whitespace).
-fn says_already(existing: &str, body: &str) -> bool {
-    existing.replace("\r\n", "\n").trim_end() == body.trim_end()
+/// Whether the plan comment `existing` says the plan of `fingerprint` already (the line after
+/// the marker; a comment of a Plumber that wrote none is written again).
+fn says_already(existing: &str, fingerprint: &str) -> bool {
+    existing
+        .trim_start()
+        .lines()
+        .nth(1)
+        .and_then(fingerprint_in)
+        == Some(fingerprint)
+}
+
+/// Whether `error` is the forge's 404: the thing asked for is not there (any more).
+fn is_not_found(error: &Error) -> bool {
+    matches!(error, Error::Status { status: 404, .. })
 }
 
 #[cfg(test)]
