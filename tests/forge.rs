@@ -16,8 +16,8 @@ use std::time::{Duration, SystemTime};
 
 use fake_forge::*;
 use plumber::forge::{
-    self, Clock, CommentOutcome, CommitStatus, Config, Error, Forge, Kind, MARKER, PlanComment,
-    PullRequest, PullRequestState, Settings, State, fingerprint_line,
+    self, Clock, CommentOutcome, CommitStatus, Config, Error, Forge, FoundComment, Kind, MARKER,
+    PlanComment, PullRequest, PullRequestState, Settings, State, fingerprint_line,
 };
 use serde_json::json;
 
@@ -925,7 +925,8 @@ fn gitlab_open_merge_requests_are_listed_100_a_page() {
 
 /// A comment whose id is known is updated in one request; one deleted meanwhile is looked
 /// for and made again; one that carries the plan's fingerprint is left alone, whatever else
-/// its text says (the commit the plan was merged into).
+/// its text says (the commit the plan was merged into); the comment is found with its
+/// fingerprint.
 fn a_known_comment_is_updated_by_its_id_and_a_deleted_one_made_again(kind: Kind) {
     let s = setup(kind);
     s.server.seed(7, 120, None, "");
@@ -956,6 +957,30 @@ fn a_known_comment_is_updated_by_its_id_and_a_deleted_one_made_again(kind: Kind)
         s.server.lines(),
         [format!("GET {}", s.comments_path(7)), s.page_two(7)]
     );
+
+    // Found with the fingerprint it carries (a restarted daemon's first look).
+    s.server.clear_requests();
+    assert_eq!(
+        s.forge.find_plan_comment(7).unwrap(),
+        Some(FoundComment {
+            id,
+            fingerprint: Some("plan B".into())
+        })
+    );
+    assert_eq!(
+        s.server.lines(),
+        [format!("GET {}", s.comments_path(7)), s.page_two(7)]
+    );
+    s.server.seed(
+        8,
+        1,
+        Some(0),
+        "a plan of a Plumber that wrote no fingerprint",
+    );
+    let older = s.forge.find_plan_comment(8).unwrap().unwrap();
+    assert_eq!(older.fingerprint, None);
+    s.server.seed(10, 2, None, "");
+    assert_eq!(s.forge.find_plan_comment(10).unwrap(), None);
 
     // Deleted by someone: the update by id finds nothing, the comment is made again once.
     s.server

@@ -508,6 +508,8 @@ impl Publisher {
             .and_then(|number| self.comments.get(&number));
         let comment_due = subject.pull_request.is_some()
             && (force || known.map(|c| &c.fingerprint) != Some(&subject.fingerprint));
+        // A webhook's republish looks for the comment: it may have been deleted.
+        let mut comment_id = known.filter(|_| !force).map(|c| c.id);
         if !status_due && !comment_due {
             self.retries.remove(&subject.name);
             return;
@@ -525,19 +527,44 @@ impl Publisher {
                     return;
                 }
             }
+            // The first publication on this pull request since the daemon started: a comment
+            // that says this plan already was put after its status (a comment waits for its
+            // status), so neither is written again.
+            if status_due && comment_due && comment_id.is_none() && !force {
+                match self.forge.find_plan_comment(number) {
+                    Ok(Some(found)) if found.fingerprint.as_ref() == Some(&subject.fingerprint) => {
+                        tracing::info!(r#ref = %subject.name, pull_request = number, comment = found.id, "the plan comment and status say this plan already");
+                        self.remember_status(&subject.head, said);
+                        self.comments.insert(
+                            number,
+                            Commented {
+                                id: found.id,
+                                fingerprint: subject.fingerprint.clone(),
+                            },
+                        );
+                        self.retries.remove(&subject.name);
+                        return;
+                    }
+                    Ok(found) => comment_id = found.map(|c| c.id),
+                    Err(error) => {
+                        self.failed(&subject, &error, now);
+                        return;
+                    }
+                }
+            }
         }
-        let mut failure: Option<forge::Error> = None;
         if status_due {
             match self.forge.set_commit_status(&subject.head, &subject.status) {
                 Ok(()) => {
-                    if self.statuses.len() >= REMEMBERED_HEADS {
-                        self.statuses.clear();
-                    }
-                    self.statuses.insert(subject.head.clone(), said);
+                    self.remember_status(&subject.head, said);
                     tracing::info!(r#ref = %subject.name, head = %subject.head, state = ?subject.status.state, description = %subject.status.description, "commit status set");
                     self.published(&subject, "status");
                 }
-                Err(error) => failure = Some(error),
+                // The comment waits: one that says a plan implies that its status was set.
+                Err(error) => {
+                    self.failed(&subject, &error, now);
+                    return;
+                }
             }
         }
         if let Some(number) = subject.pull_request
@@ -547,8 +574,7 @@ impl Publisher {
             let render = move |budget| render(budget);
             let comment = forge::PlanComment {
                 fingerprint: &subject.fingerprint,
-                // A webhook's republish looks for the comment: it may have been deleted.
-                id: self.comments.get(&number).filter(|_| !force).map(|c| c.id),
+                id: comment_id,
                 render: &render,
             };
             match self.forge.upsert_plan_comment(number, &comment) {
@@ -569,16 +595,19 @@ impl Publisher {
                     self.published(&subject, what);
                 }
                 Err(error) => {
-                    failure.get_or_insert(error);
+                    self.failed(&subject, &error, now);
+                    return;
                 }
             }
         }
-        match failure {
-            None => {
-                self.retries.remove(&subject.name);
-            }
-            Some(error) => self.failed(&subject, &error, now),
+        self.retries.remove(&subject.name);
+    }
+
+    fn remember_status(&mut self, head: &str, said: (State, String)) {
+        if self.statuses.len() >= REMEMBERED_HEADS {
+            self.statuses.clear();
         }
+        self.statuses.insert(head.to_owned(), said);
     }
 
     /// Whether pull request `number` (its ref at `head`) is open, as far as the forge said;
@@ -870,14 +899,16 @@ mod tests {
 
     use super::*;
 
-    /// A forge that records what it is asked and fails as told. Its open pull requests are
+    /// A forge that records what it is asked and answers as told. Its open pull requests are
     /// [`Recording::open`].
     #[derive(Debug, Default)]
     struct Recording {
         calls: Mutex<Vec<String>>,
-        /// Errors to answer the next calls with, in order.
-        failures: Mutex<Vec<forge::Error>>,
+        /// What to answer the next calls with, in order (`Ok`: as usual).
+        answers: Mutex<Vec<forge::Result<()>>>,
         open: Mutex<BTreeSet<u64>>,
+        /// The comments put: their id and fingerprint, by pull request.
+        comments: Mutex<BTreeMap<u64, (u64, String)>>,
     }
 
     impl Recording {
@@ -885,8 +916,8 @@ mod tests {
             std::mem::take(&mut *self.calls.lock().unwrap())
         }
 
-        fn fail_next(&self, error: forge::Error) {
-            self.failures.lock().unwrap().push(error);
+        fn answer_next(&self, answer: forge::Result<()>) {
+            self.answers.lock().unwrap().push(answer);
         }
 
         fn set_open(&self, numbers: &[u64]) {
@@ -895,11 +926,11 @@ mod tests {
 
         fn answer(&self, call: String) -> forge::Result<()> {
             self.calls.lock().unwrap().push(call);
-            let mut failures = self.failures.lock().unwrap();
-            if failures.is_empty() {
+            let mut answers = self.answers.lock().unwrap();
+            if answers.is_empty() {
                 Ok(())
             } else {
-                Err(failures.remove(0))
+                answers.remove(0)
             }
         }
     }
@@ -927,6 +958,17 @@ mod tests {
             Ok(self.open.lock().unwrap().clone())
         }
 
+        fn find_plan_comment(&self, number: u64) -> forge::Result<Option<forge::FoundComment>> {
+            self.answer(format!("find comment {number}"))?;
+            let comments = self.comments.lock().unwrap();
+            Ok(comments
+                .get(&number)
+                .map(|(id, fingerprint)| forge::FoundComment {
+                    id: *id,
+                    fingerprint: Some(fingerprint.clone()),
+                }))
+        }
+
         fn upsert_plan_comment(
             &self,
             number: u64,
@@ -937,8 +979,13 @@ mod tests {
                 Some(id) => format!(" (id {id})"),
                 None => String::new(),
             };
-            self.answer(format!("comment {number}{by}: {text}"))
-                .map(|()| CommentOutcome::Updated(comment.id.unwrap_or(number * 100)))
+            self.answer(format!("comment {number}{by}: {text}"))?;
+            let id = comment.id.unwrap_or(number * 100);
+            self.comments
+                .lock()
+                .unwrap()
+                .insert(number, (id, comment.fingerprint.to_owned()));
+            Ok(CommentOutcome::Updated(id))
         }
 
         fn set_commit_status(&self, sha: &str, status: &CommitStatus) -> forge::Result<()> {
@@ -1068,8 +1115,10 @@ mod tests {
             forge.calls(),
             [
                 "list open",
+                "find comment 7",
                 "status a7: ok plan 7",
                 "comment 7: plan 7",
+                "find comment 8",
                 "status a8: ok plan 8",
                 "comment 8: plan 8",
             ],
@@ -1105,7 +1154,12 @@ mod tests {
         publisher.all(&book, now);
         assert_eq!(
             forge.calls(),
-            ["list open", "status a7: ok plan 7", "comment 7: plan 7"]
+            [
+                "list open",
+                "find comment 7",
+                "status a7: ok plan 7",
+                "comment 7: plan 7"
+            ]
         );
         // Opened since: asked about once, then known.
         forge.set_open(&[7, 20]);
@@ -1115,6 +1169,7 @@ mod tests {
             forge.calls(),
             [
                 "pull request 20",
+                "find comment 20",
                 "status a20: ok plan 20",
                 "comment 20: plan 20"
             ]
@@ -1158,7 +1213,12 @@ mod tests {
         publisher.changed(&book, &updated("refs/pull/8/head"), later);
         assert_eq!(
             forge.calls(),
-            ["list open", "status c10: ok closed", "comment 10: closed"]
+            [
+                "list open",
+                "find comment 10",
+                "status c10: ok closed",
+                "comment 10: closed"
+            ]
         );
     }
 
@@ -1166,14 +1226,14 @@ mod tests {
     fn a_forge_that_will_not_list_pull_requests_gets_every_plan_until_it_will() {
         let (forge, mut publisher, book) = setup();
         let now = Instant::now();
-        forge.fail_next(forge::Error::Status {
+        forge.answer_next(Err(forge::Error::Status {
             method: ureq::http::Method::GET,
             url: "http://forge/pulls".into(),
             status: 403,
             message: "Resource not accessible by integration".into(),
             wait: None,
             rate_limited: false,
-        });
+        }));
         book.put("refs/pull/10/head", "c10", "closed");
         book.put("refs/pull/11/head", "c11", "closed");
         publisher.all(&book, now);
@@ -1181,8 +1241,10 @@ mod tests {
             forge.calls(),
             [
                 "list open",
+                "find comment 10",
                 "status c10: ok closed",
                 "comment 10: closed",
+                "find comment 11",
                 "status c11: ok closed",
                 "comment 11: closed"
             ],
@@ -1200,14 +1262,19 @@ mod tests {
         // A listing that may work later: the publication is tried again then.
         let (forge, mut publisher, book) = setup();
         book.put("refs/pull/7/head", "a7", "plan 7");
-        forge.fail_next(server_error());
+        forge.answer_next(Err(server_error()));
         publisher.all(&book, now);
         assert_eq!(forge.calls(), ["list open"]);
         assert_eq!(publisher.next_due(), Some(now + FIRST_RETRY));
         publisher.retry_due(&book, now + FIRST_RETRY);
         assert_eq!(
             forge.calls(),
-            ["list open", "status a7: ok plan 7", "comment 7: plan 7"]
+            [
+                "list open",
+                "find comment 7",
+                "status a7: ok plan 7",
+                "comment 7: plan 7"
+            ]
         );
     }
 
@@ -1217,40 +1284,50 @@ mod tests {
         let start = Instant::now();
         book.put("refs/pull/1/head", "aaa", "first");
         listed(&forge, &mut publisher, start);
-        forge.fail_next(server_error());
-        forge.fail_next(server_error());
+        forge.answer_next(Err(server_error()));
         publisher.changed(&book, &updated("refs/pull/1/head"), start);
-        assert_eq!(
-            forge.calls(),
-            ["status aaa: ok first", "comment 1: first"],
-            "the status and the comment were tried"
-        );
+        assert_eq!(forge.calls(), ["find comment 1"]);
         assert_eq!(publisher.next_due(), Some(start + FIRST_RETRY));
         publisher.retry_due(&book, start + FIRST_RETRY / 2);
         assert!(forge.calls().is_empty(), "not due yet");
-        // The plan moved meanwhile: the retry publishes the newest.
+        // The plan moved meanwhile: the retry publishes the newest. Its status fails: the
+        // comment waits for it (a comment that says a plan implies its status was set).
         book.put("refs/pull/1/head", "bbb", "second");
-        forge.fail_next(server_error());
+        forge.answer_next(Ok(()));
+        forge.answer_next(Err(server_error()));
         let first_retry = start + FIRST_RETRY;
         publisher.retry_due(&book, first_retry);
-        assert_eq!(
-            forge.calls(),
-            ["status bbb: ok second", "comment 1: second"]
-        );
+        assert_eq!(forge.calls(), ["find comment 1", "status bbb: ok second"]);
         assert_eq!(
             publisher.next_due(),
             Some(first_retry + FIRST_RETRY * 2),
             "the wait doubles"
         );
-        publisher.retry_due(&book, first_retry + FIRST_RETRY * 2);
+        // The comment failing after the status: the status is not set again.
+        forge.answer_next(Ok(()));
+        forge.answer_next(Ok(()));
+        forge.answer_next(Err(server_error()));
+        let second_retry = first_retry + FIRST_RETRY * 2;
+        publisher.retry_due(&book, second_retry);
         assert_eq!(
             forge.calls(),
-            ["status bbb: ok second"],
-            "the comment that was put is not put again"
+            [
+                "find comment 1",
+                "status bbb: ok second",
+                "comment 1: second"
+            ]
+        );
+        let third_retry = second_retry + FIRST_RETRY * 4;
+        assert_eq!(publisher.next_due(), Some(third_retry));
+        publisher.retry_due(&book, third_retry);
+        assert_eq!(
+            forge.calls(),
+            ["comment 1: second"],
+            "the status that was set is not set again"
         );
         assert_eq!(publisher.next_due(), None);
         let status = publisher.store.read().forge.clone().unwrap();
-        assert_eq!(status.failures, 2, "two publications failed");
+        assert_eq!(status.failures, 3, "three publications failed");
         assert!(status.last_error.unwrap().retrying);
     }
 
@@ -1260,23 +1337,24 @@ mod tests {
         let now = Instant::now();
         book.put("refs/pull/2/head", "aaa", "plan");
         listed(&forge, &mut publisher, now);
-        forge.fail_next(forge::Error::Status {
+        forge.answer_next(Ok(()));
+        forge.answer_next(Err(forge::Error::Status {
             method: ureq::http::Method::POST,
             url: "http://forge/x".into(),
             status: 404,
             message: "Not Found".into(),
             wait: None,
             rate_limited: false,
-        });
+        }));
         publisher.changed(&book, &updated("refs/pull/2/head"), now);
-        assert_eq!(forge.calls().len(), 2);
+        assert_eq!(forge.calls(), ["find comment 2", "status aaa: ok plan"]);
         assert_eq!(publisher.next_due(), None, "never retried by itself");
         assert_eq!(publisher.store.metrics.forge_publish_failures.get(), 1);
         book.put("refs/pull/2/head", "bbb", "moved");
         publisher.changed(&book, &updated("refs/pull/2/head"), now);
         assert_eq!(
             forge.calls(),
-            ["status bbb: ok moved", "comment 2 (id 200): moved"]
+            ["find comment 2", "status bbb: ok moved", "comment 2: moved"]
         );
     }
 
@@ -1286,7 +1364,7 @@ mod tests {
         let now = Instant::now();
         book.put("refs/pull/3/head", "aaa", "plan");
         listed(&forge, &mut publisher, now);
-        forge.fail_next(server_error());
+        forge.answer_next(Err(server_error()));
         publisher.changed(&book, &updated("refs/pull/3/head"), now);
         forge.calls();
         book.0.lock().unwrap().clear();
@@ -1294,10 +1372,39 @@ mod tests {
         removed.change = PlanChange::Removed;
         publisher.changed(&book, &removed, now);
         assert_eq!(publisher.next_due(), None);
-        // Back with the same plan: the comment is put again (the status was never set).
+        // Back with the same plan: published (nothing of it was).
         book.put("refs/pull/3/head", "aaa", "plan");
         publisher.all(&book, now);
-        assert_eq!(forge.calls(), ["status aaa: ok plan", "comment 3: plan"]);
+        assert_eq!(
+            forge.calls(),
+            ["find comment 3", "status aaa: ok plan", "comment 3: plan"]
+        );
+    }
+
+    #[test]
+    fn a_restarted_publisher_writes_nothing_where_the_comment_says_the_plan_already() {
+        let (forge, mut publisher, book) = setup();
+        let now = Instant::now();
+        book.put("refs/pull/7/head", "a7", "plan 7");
+        book.put("refs/pull/8/head", "a8", "plan 8");
+        publisher.all(&book, now);
+        forge.calls();
+        // Another publisher (the daemon restarted), and 8's plan changed meanwhile.
+        let mut restarted = Publisher::new(forge.clone(), Store::default());
+        book.put("refs/pull/8/head", "a8", "plan 8, conflicts");
+        restarted.all(&book, now);
+        assert_eq!(
+            forge.calls(),
+            [
+                "list open",
+                "find comment 7",
+                "find comment 8",
+                "status a8: ok plan 8, conflicts",
+                "comment 8 (id 800): plan 8, conflicts"
+            ]
+        );
+        restarted.all(&book, now);
+        assert!(forge.calls().is_empty(), "all remembered");
     }
 
     fn webhook(headers: &[(&str, &str)], body: &str) -> Option<u64> {

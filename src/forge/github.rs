@@ -9,7 +9,7 @@ use serde_json::json;
 use ureq::http::Method;
 
 use super::{
-    CommentOutcome, CommitStatus, Error, Forge, Http, Kind, PlanComment, PullRequest,
+    CommentOutcome, CommitStatus, Error, Forge, FoundComment, Http, Kind, PlanComment, PullRequest,
     PullRequestState, Result, STATUS_CONTEXT, State, Token, check_sha, is_not_found,
     is_plan_comment, plan_comment_body, says_already, shorten,
 };
@@ -135,7 +135,7 @@ impl GitHub {
         Ok(author)
     }
 
-    fn find_plan_comment(&self, number: u64) -> Result<Option<Comment>> {
+    fn find_comment(&self, number: u64) -> Result<Option<Comment>> {
         let author = self.author()?;
         let first = self.http.url(&format!(
             "/repos/{}/issues/{number}/comments?per_page=100",
@@ -191,6 +191,13 @@ impl Forge for GitHub {
         Ok(listed.into_iter().map(|pull| pull.number).collect())
     }
 
+    fn find_plan_comment(&self, number: u64) -> Result<Option<FoundComment>> {
+        let found = self
+            .http
+            .retrying("plan comment", || self.find_comment(number))?;
+        Ok(found.map(|c| FoundComment::of(c.id, c.body.as_deref().unwrap_or(""))))
+    }
+
     fn upsert_plan_comment(
         &self,
         number: u64,
@@ -213,7 +220,7 @@ impl Forge for GitHub {
                     done => return done,
                 }
             }
-            match self.find_plan_comment(number)? {
+            match self.find_comment(number)? {
                 Some(found)
                     if says_already(found.body.as_deref().unwrap_or(""), comment.fingerprint) =>
                 {

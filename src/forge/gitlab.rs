@@ -9,7 +9,7 @@ use serde_json::json;
 use ureq::http::Method;
 
 use super::{
-    CommentOutcome, CommitStatus, Error, Forge, Http, Kind, PlanComment, PullRequest,
+    CommentOutcome, CommitStatus, Error, Forge, FoundComment, Http, Kind, PlanComment, PullRequest,
     PullRequestState, Result, STATUS_CONTEXT, State, Token, check_sha, is_not_found,
     is_plan_comment, plan_comment_body, says_already, shorten,
 };
@@ -183,6 +183,13 @@ impl Forge for GitLab {
             self.http.all_pages(first.clone(), next_page(&first))
         })?;
         Ok(listed.into_iter().map(|request| request.iid).collect())
+    }
+
+    fn find_plan_comment(&self, iid: u64) -> Result<Option<FoundComment>> {
+        let found = self
+            .http
+            .retrying("plan comment", || self.find_plan_note(iid))?;
+        Ok(found.map(|note| FoundComment::of(note.id, &note.body)))
     }
 
     fn upsert_plan_comment(&self, iid: u64, comment: &PlanComment<'_>) -> Result<CommentOutcome> {

@@ -442,6 +442,24 @@ pub struct PlanComment<'a> {
     pub render: &'a dyn Fn(usize) -> String,
 }
 
+/// The plan comment [`Forge::find_plan_comment`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FoundComment {
+    pub id: u64,
+    /// The fingerprint of the plan it says ([`fingerprint_line`]; `None`: a comment of a
+    /// Plumber that wrote none).
+    pub fingerprint: Option<String>,
+}
+
+impl FoundComment {
+    fn of(id: u64, body: &str) -> FoundComment {
+        FoundComment {
+            id,
+            fingerprint: comment_fingerprint(body).map(str::to_owned),
+        }
+    }
+}
+
 /// What [`Forge::upsert_plan_comment`] did; the id is the forge's id of the comment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CommentOutcome {
@@ -490,6 +508,11 @@ pub trait Forge: Send + Sync + fmt::Debug {
     /// 100 a page: what tells the daemon which pull-request refs are worth publishing on
     /// without asking about each.
     fn open_pull_requests(&self) -> Result<BTreeSet<u64>>;
+
+    /// The plan comment of pull request (GitHub) or merge request (GitLab, its iid)
+    /// `number`, looked for by its [`MARKER`] among the comments of the token's account, and
+    /// the fingerprint it carries.
+    fn find_plan_comment(&self, number: u64) -> Result<Option<FoundComment>>;
 
     /// Puts the plan on pull request (GitHub) or merge request (GitLab, its iid) `number`:
     /// updates the comment carrying [`MARKER`] in place (the one with `comment.id` when it is
@@ -1027,15 +1050,15 @@ fn is_plan_comment(body: &str) -> bool {
     body.trim_start().starts_with(MARKER)
 }
 
-/// Whether the plan comment `existing` says the plan of `fingerprint` already (the line after
-/// the marker; a comment of a Plumber that wrote none is written again).
+/// The fingerprint a plan comment carries: the line after the marker (`None`: a comment of
+/// a Plumber that wrote none).
+fn comment_fingerprint(body: &str) -> Option<&str> {
+    body.trim_start().lines().nth(1).and_then(fingerprint_in)
+}
+
+/// Whether the plan comment `existing` says the plan of `fingerprint` already.
 fn says_already(existing: &str, fingerprint: &str) -> bool {
-    existing
-        .trim_start()
-        .lines()
-        .nth(1)
-        .and_then(fingerprint_in)
-        == Some(fingerprint)
+    comment_fingerprint(existing) == Some(fingerprint)
 }
 
 /// Whether `error` is the forge's 404: the thing asked for is not there (any more).
