@@ -11,6 +11,11 @@
 //! webhook ([`webhook_pull_request`]) asks for that pull request's comment again even when its
 //! plan did not change: someone may have deleted it.
 //!
+//! A status goes first, and a comment waits for its status: so a comment that carries a
+//! fingerprint means that plan's status was set. After a start nothing is remembered; the
+//! first publication on an open pull request looks for its comment, and one that says the
+//! plan already costs no write (a restart costs a look per open pull request).
+//!
 //! Writes go to open pull requests only: a forge keeps `refs/pull/N/head` after a close, and
 //! the plans of years of closed pull requests change on every push to the branch. Which are
 //! open is listed once ([`Forge::open_pull_requests`], 100 a page), at the first write and
