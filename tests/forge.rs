@@ -16,8 +16,8 @@ use std::time::{Duration, SystemTime};
 
 use fake_forge::*;
 use plumber::forge::{
-    self, Clock, CommentOutcome, CommitStatus, Config, Error, Forge, FoundComment, Kind, MARKER,
-    PlanComment, PullRequest, PullRequestState, Settings, State, fingerprint_line,
+    self, Clock, CommentAt, CommentOutcome, CommitStatus, Config, Error, Forge, FoundComment, Kind,
+    MARKER, PlanComment, PullRequest, PullRequestState, Settings, State, fingerprint_line,
 };
 use serde_json::json;
 
@@ -58,22 +58,22 @@ impl Setup {
 
     /// Puts a plan whose fingerprint is its text.
     fn upsert(&self, number: u64, markdown: &str) -> forge::Result<CommentOutcome> {
-        self.upsert_known(number, markdown, None)
+        self.upsert_at(number, markdown, CommentAt::Unknown)
     }
 
-    /// [`Setup::upsert`] of a comment whose id is known.
-    fn upsert_known(
+    /// [`Setup::upsert`] of the comment `at`.
+    fn upsert_at(
         &self,
         number: u64,
         markdown: &str,
-        id: Option<u64>,
+        at: CommentAt,
     ) -> forge::Result<CommentOutcome> {
         let render = |_| markdown.to_owned();
         self.forge.upsert_plan_comment(
             number,
             &PlanComment {
                 fingerprint: markdown,
-                id,
+                at,
                 render: &render,
             },
         )
@@ -574,7 +574,7 @@ fn an_over_limit_comment_is_shortened_by_the_renderer(kind: Kind) {
             4,
             &PlanComment {
                 fingerprint: "f1",
-                id: None,
+                at: CommentAt::Unknown,
                 render,
             },
         )
@@ -935,7 +935,7 @@ fn a_known_comment_is_updated_by_its_id_and_a_deleted_one_made_again(kind: Kind)
     };
     s.server.clear_requests();
     assert_eq!(
-        s.upsert_known(7, "plan B", Some(id)).unwrap(),
+        s.upsert_at(7, "plan B", CommentAt::Id(id)).unwrap(),
         CommentOutcome::Updated(id)
     );
     assert_eq!(s.server.lines(), [s.update_line(7, id)], "not looked for");
@@ -946,7 +946,7 @@ fn a_known_comment_is_updated_by_its_id_and_a_deleted_one_made_again(kind: Kind)
     let render = |_| "plan B, merged into a newer base".to_owned();
     let same = PlanComment {
         fingerprint: "plan B",
-        id: None,
+        at: CommentAt::Unknown,
         render: &render,
     };
     assert_eq!(
@@ -990,7 +990,7 @@ fn a_known_comment_is_updated_by_its_id_and_a_deleted_one_made_again(kind: Kind)
         .unwrap()
         .retain(|c| c.id != id);
     s.server.clear_requests();
-    let Ok(CommentOutcome::Created(again)) = s.upsert_known(7, "plan C", Some(id)) else {
+    let Ok(CommentOutcome::Created(again)) = s.upsert_at(7, "plan C", CommentAt::Id(id)) else {
         panic!("{:?}", s.server.lines());
     };
     assert_ne!(again, id);
@@ -1016,4 +1016,43 @@ fn github_a_known_comment_is_updated_by_its_id_and_a_deleted_one_made_again() {
 #[test]
 fn gitlab_a_known_note_is_updated_by_its_id_and_a_deleted_one_made_again() {
     a_known_comment_is_updated_by_its_id_and_a_deleted_one_made_again(Kind::GitLab);
+}
+
+/// A comment the caller has just looked for and not found is created in one request; when
+/// the answer to that is lost, the next attempt looks first and finds it.
+fn a_missing_comment_is_created_at_once_and_looked_for_before_a_retry(kind: Kind) {
+    let s = setup(kind);
+    s.server.seed(5, 2, None, "");
+    let Ok(CommentOutcome::Created(_)) = s.upsert_at(5, "plan", CommentAt::Nowhere) else {
+        panic!("{:?}", s.server.lines());
+    };
+    assert_eq!(s.server.lines(), [format!("POST {}", s.comments_path(5))]);
+
+    s.server.seed(6, 0, None, "");
+    s.server.clear_requests();
+    s.server.fail_next(Fault::status(502).after_effect());
+    let outcome = s.upsert_at(6, "plan", CommentAt::Nowhere).unwrap();
+    let comments = s.comments_path(6);
+    assert_eq!(
+        s.server.lines(),
+        [
+            format!("POST {comments}"),
+            s.user_line(),
+            format!("GET {comments}"),
+        ]
+    );
+    let plans = s.plan_comments(6);
+    assert_eq!(plans.len(), 1);
+    assert_eq!(outcome, CommentOutcome::Unchanged(plans[0].id));
+    s.server.assert_clean();
+}
+
+#[test]
+fn github_a_missing_comment_is_created_at_once_and_looked_for_before_a_retry() {
+    a_missing_comment_is_created_at_once_and_looked_for_before_a_retry(Kind::GitHub);
+}
+
+#[test]
+fn gitlab_a_missing_note_is_created_at_once_and_looked_for_before_a_retry() {
+    a_missing_comment_is_created_at_once_and_looked_for_before_a_retry(Kind::GitLab);
 }

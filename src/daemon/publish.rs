@@ -514,7 +514,10 @@ impl Publisher {
         let comment_due = subject.pull_request.is_some()
             && (force || known.map(|c| &c.fingerprint) != Some(&subject.fingerprint));
         // A webhook's republish looks for the comment: it may have been deleted.
-        let mut comment_id = known.filter(|_| !force).map(|c| c.id);
+        let mut comment_at = match known {
+            Some(known) if !force => forge::CommentAt::Id(known.id),
+            _ => forge::CommentAt::Unknown,
+        };
         if !status_due && !comment_due {
             self.retries.remove(&subject.name);
             return;
@@ -535,7 +538,7 @@ impl Publisher {
             // The first publication on this pull request since the daemon started: a comment
             // that says this plan already was put after its status (a comment waits for its
             // status), so neither is written again.
-            if status_due && comment_due && comment_id.is_none() && !force {
+            if status_due && comment_due && comment_at == forge::CommentAt::Unknown && !force {
                 match self.forge.find_plan_comment(number) {
                     Ok(Some(found)) if found.fingerprint.as_ref() == Some(&subject.fingerprint) => {
                         tracing::info!(r#ref = %subject.name, pull_request = number, comment = found.id, "the plan comment and status say this plan already");
@@ -550,7 +553,8 @@ impl Publisher {
                         self.retries.remove(&subject.name);
                         return;
                     }
-                    Ok(found) => comment_id = found.map(|c| c.id),
+                    Ok(Some(found)) => comment_at = forge::CommentAt::Id(found.id),
+                    Ok(None) => comment_at = forge::CommentAt::Nowhere,
                     Err(error) => {
                         self.failed(&subject, &error, now);
                         return;
@@ -579,7 +583,7 @@ impl Publisher {
             let render = move |budget| render(budget);
             let comment = forge::PlanComment {
                 fingerprint: &subject.fingerprint,
-                id: comment_id,
+                at: comment_at,
                 render: &render,
             };
             match self.forge.upsert_plan_comment(number, &comment) {
@@ -980,12 +984,12 @@ mod tests {
             comment: &forge::PlanComment<'_>,
         ) -> forge::Result<CommentOutcome> {
             let text = (comment.render)(forge::Kind::GitHub.comment_limit());
-            let by = match comment.id {
-                Some(id) => format!(" (id {id})"),
-                None => String::new(),
+            let (by, id) = match comment.at {
+                forge::CommentAt::Id(id) => (format!(" (id {id})"), id),
+                forge::CommentAt::Nowhere => (" (new)".to_owned(), number * 100),
+                forge::CommentAt::Unknown => (String::new(), number * 100),
             };
             self.answer(format!("comment {number}{by}: {text}"))?;
-            let id = comment.id.unwrap_or(number * 100);
             self.comments
                 .lock()
                 .unwrap()
@@ -1122,10 +1126,10 @@ mod tests {
                 "list open",
                 "find comment 7",
                 "status a7: ok plan 7",
-                "comment 7: plan 7",
+                "comment 7 (new): plan 7",
                 "find comment 8",
                 "status a8: ok plan 8",
-                "comment 8: plan 8",
+                "comment 8 (new): plan 8",
             ],
             "listed once, then only the open pull requests"
         );
@@ -1163,7 +1167,7 @@ mod tests {
                 "list open",
                 "find comment 7",
                 "status a7: ok plan 7",
-                "comment 7: plan 7"
+                "comment 7 (new): plan 7"
             ]
         );
         // Opened since: asked about once, then known.
@@ -1176,7 +1180,7 @@ mod tests {
                 "pull request 20",
                 "find comment 20",
                 "status a20: ok plan 20",
-                "comment 20: plan 20"
+                "comment 20 (new): plan 20"
             ]
         );
         // Closed 10's ref moves: asked about again, still closed; at the same head, never.
@@ -1222,7 +1226,7 @@ mod tests {
                 "list open",
                 "find comment 10",
                 "status c10: ok closed",
-                "comment 10: closed"
+                "comment 10 (new): closed"
             ]
         );
     }
@@ -1248,10 +1252,10 @@ mod tests {
                 "list open",
                 "find comment 10",
                 "status c10: ok closed",
-                "comment 10: closed",
+                "comment 10 (new): closed",
                 "find comment 11",
                 "status c11: ok closed",
-                "comment 11: closed"
+                "comment 11 (new): closed"
             ],
             "listed once, then taken for open"
         );
@@ -1278,7 +1282,7 @@ mod tests {
                 "list open",
                 "find comment 7",
                 "status a7: ok plan 7",
-                "comment 7: plan 7"
+                "comment 7 (new): plan 7"
             ]
         );
     }
@@ -1319,7 +1323,7 @@ mod tests {
             [
                 "find comment 1",
                 "status bbb: ok second",
-                "comment 1: second"
+                "comment 1 (new): second"
             ]
         );
         let third_retry = second_retry + FIRST_RETRY * 4;
@@ -1359,7 +1363,11 @@ mod tests {
         publisher.changed(&book, &updated("refs/pull/2/head"), now);
         assert_eq!(
             forge.calls(),
-            ["find comment 2", "status bbb: ok moved", "comment 2: moved"]
+            [
+                "find comment 2",
+                "status bbb: ok moved",
+                "comment 2 (new): moved"
+            ]
         );
     }
 
@@ -1382,7 +1390,11 @@ mod tests {
         publisher.all(&book, now);
         assert_eq!(
             forge.calls(),
-            ["find comment 3", "status aaa: ok plan", "comment 3: plan"]
+            [
+                "find comment 3",
+                "status aaa: ok plan",
+                "comment 3 (new): plan"
+            ]
         );
     }
 

@@ -9,8 +9,8 @@ use serde_json::json;
 use ureq::http::Method;
 
 use super::{
-    CommentOutcome, CommitStatus, Error, Forge, FoundComment, Http, Kind, PlanComment, PullRequest,
-    PullRequestState, Result, STATUS_CONTEXT, State, Token, check_sha, is_not_found,
+    CommentAt, CommentOutcome, CommitStatus, Error, Forge, FoundComment, Http, Kind, PlanComment,
+    PullRequest, PullRequestState, Result, STATUS_CONTEXT, State, Token, check_sha, is_not_found,
     is_plan_comment, plan_comment_body, says_already, shorten,
 };
 
@@ -212,13 +212,27 @@ impl Forge for GitHub {
                 .send(Method::PATCH, &url, Some(&json!({ "body": body })))
                 .map(|_| CommentOutcome::Updated(id))
         };
+        let create = || {
+            let url = self
+                .http
+                .url(&format!("/repos/{}/issues/{number}/comments", self.repo));
+            let created: Comment = self
+                .http
+                .send(Method::POST, &url, Some(&json!({ "body": body })))?
+                .json(&Method::POST, &url)?;
+            Ok(CommentOutcome::Created(created.id))
+        };
+        let mut attempt = 0;
         self.http.retrying("plan comment", || {
-            if let Some(id) = comment.id {
-                match update(id) {
+            attempt += 1;
+            match comment.at {
+                CommentAt::Id(id) => match update(id) {
                     // Deleted meanwhile: looked for (and made again) below.
                     Err(error) if is_not_found(&error) => {}
                     done => return done,
-                }
+                },
+                CommentAt::Nowhere if attempt == 1 => return create(),
+                CommentAt::Nowhere | CommentAt::Unknown => {}
             }
             match self.find_comment(number)? {
                 Some(found)
@@ -227,16 +241,7 @@ impl Forge for GitHub {
                     Ok(CommentOutcome::Unchanged(found.id))
                 }
                 Some(found) => update(found.id),
-                None => {
-                    let url = self
-                        .http
-                        .url(&format!("/repos/{}/issues/{number}/comments", self.repo));
-                    let created: Comment = self
-                        .http
-                        .send(Method::POST, &url, Some(&json!({ "body": body })))?
-                        .json(&Method::POST, &url)?;
-                    Ok(CommentOutcome::Created(created.id))
-                }
+                None => create(),
             }
         })
     }

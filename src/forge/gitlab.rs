@@ -9,8 +9,8 @@ use serde_json::json;
 use ureq::http::Method;
 
 use super::{
-    CommentOutcome, CommitStatus, Error, Forge, FoundComment, Http, Kind, PlanComment, PullRequest,
-    PullRequestState, Result, STATUS_CONTEXT, State, Token, check_sha, is_not_found,
+    CommentAt, CommentOutcome, CommitStatus, Error, Forge, FoundComment, Http, Kind, PlanComment,
+    PullRequest, PullRequestState, Result, STATUS_CONTEXT, State, Token, check_sha, is_not_found,
     is_plan_comment, plan_comment_body, says_already, shorten,
 };
 
@@ -200,27 +200,32 @@ impl Forge for GitLab {
                 .send(Method::PUT, &url, Some(&json!({ "body": body })))
                 .map(|_| CommentOutcome::Updated(id))
         };
+        let create = || {
+            let url = self.http.url(&self.notes_path(iid));
+            let created: Note = self
+                .http
+                .send(Method::POST, &url, Some(&json!({ "body": body })))?
+                .json(&Method::POST, &url)?;
+            Ok(CommentOutcome::Created(created.id))
+        };
+        let mut attempt = 0;
         self.http.retrying("plan comment", || {
-            if let Some(id) = comment.id {
-                match update(id) {
+            attempt += 1;
+            match comment.at {
+                CommentAt::Id(id) => match update(id) {
                     // Deleted meanwhile: looked for (and made again) below.
                     Err(error) if is_not_found(&error) => {}
                     done => return done,
-                }
+                },
+                CommentAt::Nowhere if attempt == 1 => return create(),
+                CommentAt::Nowhere | CommentAt::Unknown => {}
             }
             match self.find_plan_note(iid)? {
                 Some(note) if says_already(&note.body, comment.fingerprint) => {
                     Ok(CommentOutcome::Unchanged(note.id))
                 }
                 Some(note) => update(note.id),
-                None => {
-                    let url = self.http.url(&self.notes_path(iid));
-                    let created: Note = self
-                        .http
-                        .send(Method::POST, &url, Some(&json!({ "body": body })))?
-                        .json(&Method::POST, &url)?;
-                    Ok(CommentOutcome::Created(created.id))
-                }
+                None => create(),
             }
         })
     }

@@ -434,12 +434,24 @@ pub struct PlanComment<'a> {
     /// What the plan means ([`fingerprint_line`]): a comment that carries it already is not
     /// written again.
     pub fingerprint: &'a str,
-    /// The comment's id when the caller knows it (a previous [`CommentOutcome`]): it is
-    /// updated without being looked for, and looked for only when the forge no longer has it.
-    pub id: Option<u64>,
+    /// Which comment is written.
+    pub at: CommentAt,
     /// The markdown within a budget of characters (what the forge's limit leaves after the
     /// marker and the fingerprint).
     pub render: &'a dyn Fn(usize) -> String,
+}
+
+/// Which comment [`Forge::upsert_plan_comment`] writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CommentAt {
+    /// Not known: looked for by its marker first.
+    Unknown,
+    /// This one (a previous [`CommentOutcome`], a [`FoundComment`]): updated at once, and
+    /// looked for when the forge no longer has it.
+    Id(u64),
+    /// None: the caller has just looked ([`Forge::find_plan_comment`]). Created at once, and
+    /// looked for before another attempt (the forge's answer to the creation may be lost).
+    Nowhere,
 }
 
 /// The plan comment [`Forge::find_plan_comment`] found.
@@ -515,8 +527,8 @@ pub trait Forge: Send + Sync + fmt::Debug {
     fn find_plan_comment(&self, number: u64) -> Result<Option<FoundComment>>;
 
     /// Puts the plan on pull request (GitHub) or merge request (GitLab, its iid) `number`:
-    /// updates the comment carrying [`MARKER`] in place (the one with `comment.id` when it is
-    /// given and still there), or creates it when there is none. A comment found with
+    /// updates the comment carrying [`MARKER`] in place (the one `comment.at` names, when it
+    /// is still there), or creates it when there is none. A comment found with
     /// `comment.fingerprint` already is left as it is ([`CommentOutcome::Unchanged`]).
     /// `comment.render(budget)` gives the markdown in at most `budget` characters; text still
     /// longer is refused with [`Error::TooLong`] and never sent.
