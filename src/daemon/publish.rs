@@ -1499,6 +1499,36 @@ mod tests {
     }
 
     #[test]
+    fn closes_and_merges_of_both_forges_name_their_pull_request() {
+        let closed = |headers: &[(&str, &str)], body: &str| {
+            let headers: BTreeMap<String, String> = headers
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            webhook_pull_request_closed(
+                |name| headers.get(name).map(String::as_str),
+                body.as_bytes(),
+            )
+        };
+        let github = [("x-github-event", "pull_request")];
+        assert_eq!(
+            closed(&github, r#"{"action":"closed","number":12}"#),
+            Some(12)
+        );
+        for action in ["opened", "reopened", "synchronize", "labeled"] {
+            let body = format!(r#"{{"action":"{action}","number":12}}"#);
+            assert_eq!(closed(&github, &body), None, "{action}");
+        }
+        let gitlab = [("x-gitlab-event", "Merge Request Hook")];
+        for action in ["close", "merge"] {
+            let body = format!(r#"{{"object_attributes":{{"iid":4,"action":"{action}"}}}}"#);
+            assert_eq!(closed(&gitlab, &body), Some(4), "{action}");
+        }
+        let reopened = r#"{"object_attributes":{"iid":4,"action":"reopen"}}"#;
+        assert_eq!(closed(&gitlab, reopened), None);
+    }
+
+    #[test]
     fn refs_are_one_segment_of_the_status_link() {
         assert_eq!(
             encode_path_segment("refs/pull/7/head"),
