@@ -535,14 +535,17 @@ impl Publisher {
                     return;
                 }
             }
-            // The first publication on this pull request since the daemon started: a comment
-            // that says this plan already was put after its status (a comment waits for its
-            // status), so neither is written again.
-            if status_due && comment_due && comment_at == forge::CommentAt::Unknown && !force {
+            // Its id not known (the first publication on it since the daemon started, or a
+            // webhook's: it may have been deleted), the comment is looked for once. One that
+            // says this plan already was put after this plan's status (a comment waits for
+            // its status): neither is written again.
+            if comment_due && comment_at == forge::CommentAt::Unknown {
                 match self.forge.find_plan_comment(number) {
                     Ok(Some(found)) if found.fingerprint.as_ref() == Some(&subject.fingerprint) => {
-                        tracing::info!(r#ref = %subject.name, pull_request = number, comment = found.id, "the plan comment and status say this plan already");
-                        self.remember_status(&subject.head, said);
+                        tracing::info!(r#ref = %subject.name, pull_request = number, comment = found.id, "the plan comment says this plan already");
+                        if status_due {
+                            self.remember_status(&subject.head, said);
+                        }
                         self.comments.insert(
                             number,
                             Commented {
@@ -550,6 +553,7 @@ impl Publisher {
                                 fingerprint: subject.fingerprint.clone(),
                             },
                         );
+                        self.published(&subject, "unchanged");
                         self.retries.remove(&subject.name);
                         return;
                     }
@@ -1085,7 +1089,12 @@ mod tests {
         publisher.changed(&book, &updated("refs/pull/7/head"), now);
         assert_eq!(
             forge.calls(),
-            ["status aaa: ok plan A", "list open", "comment 7: plan A"],
+            [
+                "status aaa: ok plan A",
+                "list open",
+                "find comment 7",
+                "comment 7 (new): plan A"
+            ],
             "one status for the shared head"
         );
         publisher.changed(&book, &updated("refs/pull/7/head"), now);
@@ -1097,13 +1106,20 @@ mod tests {
             ["status bbb: ok plan B", "comment 7 (id 700): plan B"],
             "the comment is updated by its id"
         );
-        // A webhook: the comment again, looked for (it may be gone), unchanged or not; the
-        // status stays (nobody can delete it).
+        // A webhook: the comment looked for again (it may be gone); it says the plan, so
+        // nothing is written (nor is the status: nobody can delete it).
         publisher.republish(&book, 7, now);
-        assert_eq!(forge.calls(), ["comment 7: plan B"]);
+        assert_eq!(forge.calls(), ["find comment 7"]);
+        forge.comments.lock().unwrap().clear();
+        publisher.republish(&book, 7, now);
+        assert_eq!(
+            forge.calls(),
+            ["find comment 7", "comment 7 (new): plan B"],
+            "a deleted comment comes back"
+        );
         publisher.republish(&book, 8, now);
         assert!(forge.calls().is_empty(), "no plan of pull request 8");
-        assert_eq!(publisher.store.metrics.forge_publications.get(), 5);
+        assert_eq!(publisher.store.metrics.forge_publications.get(), 6);
     }
 
     #[test]
@@ -1210,8 +1226,9 @@ mod tests {
         assert_eq!(
             forge.calls(),
             [
+                "find comment 7",
                 "status a7: ok plan 7, rebased",
-                "comment 7: plan 7, rebased"
+                "comment 7 (id 700): plan 7, rebased"
             ]
         );
         // Later, 8 closed and 10 reopened without a webhook saying so: a write after the
@@ -1331,8 +1348,9 @@ mod tests {
         publisher.retry_due(&book, third_retry);
         assert_eq!(
             forge.calls(),
-            ["comment 1: second"],
-            "the status that was set is not set again"
+            ["find comment 1", "comment 1 (new): second"],
+            "the status that was set is not set again; the comment is looked for (the failed \
+             attempt may have made it)"
         );
         assert_eq!(publisher.next_due(), None);
         let status = publisher.store.read().forge.clone().unwrap();
