@@ -79,8 +79,9 @@ pub struct RefPlan {
     /// The end of `markdown` that says what its preview environment runs (empty: none).
     #[serde(skip)]
     preview_markdown: String,
-    /// What the plan means ([`RefPlan::meaning`]): the note and the forge's comment are
-    /// written again only when it changes.
+    /// A digest of what the plan means (its head, validity, conflicts, errors, topologies'
+    /// plans, `--keep-topics`, preview; not the base it was merged into): the note and the
+    /// forge's comment are written again only when it changes.
     #[serde(skip)]
     pub fingerprint: String,
     /// What [`RefPlan::markdown_within`] shortens (`None`: the ref cannot be planned).
