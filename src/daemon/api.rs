@@ -10,7 +10,8 @@
 //! secret configured, a request without a valid signature or token gets 401; without one, any
 //! request triggers a fetch (the fetch itself is harmless). A pull-request event (GitHub
 //! `pull_request` opened/synchronize/reopened, GitLab `Merge Request Hook` open/update/reopen)
-//! also has that pull request's plan published on the forge again (see [`super::publish`]).
+//! also has that pull request's plan published on the forge again, and a verified close or
+//! merge stops its publication (see [`super::publish`]).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -361,6 +362,12 @@ async fn hook(State(api): State<Api>, headers: HeaderMap, body: Bytes) -> Respon
         && let Some((number, head)) = super::previews::webhook_labelled(header, &body, label)
     {
         api.context.previews.labelled(number, head);
+    }
+    // Only a signed webhook may stop the plans of a pull request from being published.
+    if api.context.config.webhook_secret.is_some()
+        && let Some(number) = super::publish::webhook_pull_request_closed(header, &body)
+    {
+        api.context.publish.closed(number);
     }
     if let Some(number) = super::publish::webhook_pull_request_changed(header, &body) {
         // Labelled, unlabelled, closed, merged: whether its preview runs may have changed.

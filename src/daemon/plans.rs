@@ -14,8 +14,10 @@
 //! plans again only what it changed, for every ref.
 //!
 //! Each plan is also written as a git note on the ref's head ([`NOTES_REF`]), unless the note
-//! there already says the same, and announced to [`Plans::subscribe`]rs (the SSE stream of
-//! `GET /api/events`; the forge integration).
+//! there already carries its [`RefPlan::fingerprint`] (what the plan means, whatever commit of
+//! the tracked branch it was merged into: the branch moving rewrites no note whose plan it did
+//! not change), and announced to [`Plans::subscribe`]rs (the SSE stream of `GET /api/events`;
+//! the forge integration).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -24,6 +26,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use git2::Oid;
 use serde::Serialize;
+use sha2::{Digest, Sha256};
 
 use super::revisions::{TopologyKey, TreeValidation};
 use super::watch::{NOTES_REF, ref_matches};
@@ -76,6 +79,11 @@ pub struct RefPlan {
     /// The end of `markdown` that says what its preview environment runs (empty: none).
     #[serde(skip)]
     preview_markdown: String,
+    /// A digest of what the plan means (its head, validity, conflicts, errors, topologies'
+    /// plans, `--keep-topics`, preview; not the base it was merged into): the note and the
+    /// forge's comment are written again only when it changes.
+    #[serde(skip)]
+    pub fingerprint: String,
     /// What [`RefPlan::markdown_within`] shortens (`None`: the ref cannot be planned).
     #[serde(skip)]
     review: Option<Review>,
@@ -163,6 +171,7 @@ impl RefPlan {
             keep_topics: false,
             markdown: String::new(),
             preview_markdown: String::new(),
+            fingerprint: String::new(),
             review: None,
         }
     }
@@ -220,7 +229,55 @@ impl RefPlan {
             .map(|s| format!("\n{}", s.markdown))
             .unwrap_or_default();
         plan.markdown.push_str(&plan.preview_markdown);
+        plan.fingerprint = plan.meaning();
         plan
+    }
+
+    /// The fingerprint of what the plan means: the ref's head, whether its merge is valid (and
+    /// the ref alone), its conflicts and errors, each topology's plan (steps, why and whose,
+    /// actions, kept topics), `--keep-topics`, what its preview environment runs, and the
+    /// version of Plumber that renders it. Not the commit of the tracked branch it was merged
+    /// into, nor the commit it was planned from: a push to the branch that leaves all of the
+    /// above as it was (most pushes, for most pull requests) changes no fingerprint.
+    ///
+    /// A digest of their JSON, because it outlives the daemon: it is written into the note
+    /// and the forge's comment, and read back from them after a restart.
+    fn meaning(&self) -> String {
+        #[derive(Serialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Meaning<'a> {
+            version: &'static str,
+            head: &'a str,
+            valid: bool,
+            valid_alone: bool,
+            conflicts: &'a [String],
+            errors: &'a [Diagnostic],
+            topologies: &'a [TopologyPlan],
+            keep_topics: bool,
+            previews: &'a [PreviewTopology],
+            preview_markdown: &'a str,
+        }
+        let meaning = Meaning {
+            version: env!("CARGO_PKG_VERSION"),
+            head: &self.head,
+            valid: self.valid,
+            valid_alone: self.valid_alone,
+            conflicts: &self.conflicts,
+            errors: &self.errors,
+            topologies: &self.topologies,
+            keep_topics: self.keep_topics,
+            previews: &self.previews,
+            preview_markdown: &self.preview_markdown,
+        };
+        let mut digest = Sha256::new();
+        if let Err(error) = serde_json::to_writer(&mut digest, &meaning) {
+            // Never seen (these types serialise for `GET /api/plans`); the text then stands
+            // in, so that a plan that changed is never taken for the same.
+            tracing::warn!(r#ref = %self.name, %error, "cannot fingerprint a plan; its text is used instead");
+            digest = Sha256::new();
+            digest.update(self.markdown.as_bytes());
+        }
+        hex::encode(&digest.finalize()[..16])
     }
 
     fn plan_markdown_within(&self, limit: usize) -> String {
@@ -540,7 +597,10 @@ impl Planner {
                 continue;
             }
             let plan = match self.plan(context, name, inputs, &mut used) {
-                Ok(plan) => plan,
+                Ok(mut plan) => {
+                    plan.fingerprint = plan.meaning();
+                    plan
+                }
                 Err(error) => {
                     tracing::warn!(r#ref = %name, %error, "cannot plan a watched ref");
                     continue;
@@ -548,7 +608,7 @@ impl Planner {
             };
             context.plans.computed.fetch_add(1, Ordering::Relaxed);
             tracing::info!(r#ref = %name, head = %head, valid = plan.valid, "plan of a watched ref");
-            match write_note(repository.git(), head, &plan.markdown) {
+            match write_note(repository.git(), head, &plan.markdown, &plan.fingerprint) {
                 Ok(written) => noted |= written,
                 Err(error) => tracing::warn!(%error, "cannot write the plan note"),
             }
@@ -673,6 +733,7 @@ impl Planner {
             keep_topics: false,
             markdown: String::new(),
             preview_markdown: String::new(),
+            fingerprint: String::new(),
             review: None,
         };
         let merged = match repository.merge_tree(inputs.base, inputs.head)? {
@@ -792,6 +853,25 @@ impl Planner {
     }
 }
 
+/// The head of every watched pull-request ref of the repository now, by pull request (empty
+/// when the repository cannot be read: every pull request is then asked about alone).
+pub(super) fn pull_request_heads(context: &Context) -> BTreeMap<u64, String> {
+    let repository = match context.revisions.source().open() {
+        Ok(repository) => repository,
+        Err(error) => {
+            tracing::warn!(%error, "cannot read the pull-request refs");
+            return BTreeMap::new();
+        }
+    };
+    let tracked = format!("refs/heads/{}", context.config.branch);
+    watched_refs(repository.git(), &context.config.watch_refs, &tracked)
+        .into_iter()
+        .filter_map(|(name, head)| {
+            Some((crate::forge::pull_request_of_ref(&name)?, head.to_string()))
+        })
+        .collect()
+}
+
 /// The watched refs of the repository and their targets, the tracked branch aside.
 fn watched_refs(
     git: &git2::Repository,
@@ -862,11 +942,17 @@ fn unplannable_markdown(plan: &RefPlan, branch: &str) -> String {
     out
 }
 
-/// Writes `text` as the note of `commit` in [`NOTES_REF`], unless it says that already.
-/// Returns whether it wrote.
-fn write_note(git: &git2::Repository, commit: Oid, text: &str) -> Result<bool, Error> {
+/// Writes `text` as the note of `commit` in [`NOTES_REF`], ending with the line that carries
+/// `fingerprint` ([`crate::forge::fingerprint_line`]), unless the note there carries it
+/// already. Returns whether it wrote.
+fn write_note(
+    git: &git2::Repository,
+    commit: Oid,
+    text: &str,
+    fingerprint: &str,
+) -> Result<bool, Error> {
     if let Ok(note) = git.find_note(Some(NOTES_REF), commit)
-        && note.message() == Some(text)
+        && note_fingerprint(note.message().unwrap_or("")) == Some(fingerprint)
     {
         return Ok(false);
     }
@@ -877,10 +963,16 @@ fn write_note(git: &git2::Repository, commit: Oid, text: &str) -> Result<bool, E
             source,
         })
     };
+    let text = format!("{text}{}\n", crate::forge::fingerprint_line(fingerprint));
     let signature = git2::Signature::now("Plumber", "plumber@localhost").map_err(note_error)?;
-    git.note(&signature, &signature, Some(NOTES_REF), commit, text, true)
+    git.note(&signature, &signature, Some(NOTES_REF), commit, &text, true)
         .map_err(note_error)?;
     Ok(true)
+}
+
+/// The fingerprint a plan's note carries on its last line.
+pub fn note_fingerprint(note: &str) -> Option<&str> {
+    note.lines().last().and_then(crate::forge::fingerprint_in)
 }
 
 #[cfg(test)]

@@ -353,6 +353,9 @@ pub enum Route {
     PullRequest(u64),
     /// GitHub: one label of an issue or pull request.
     Label(u64, String),
+    /// The list of pull requests (GitLab: merge requests); GitHub's `next` links name the
+    /// repository by id.
+    PullRequests,
     /// The token's own account.
     User,
 }
@@ -502,6 +505,15 @@ impl Fake {
             {
                 Some(Route::Label(number(n)?, (*label).to_owned()))
             }
+            (Kind::GitHub, ["repos", o, r, "pulls"]) if (*o, *r) == (owner, name) => {
+                Some(Route::PullRequests)
+            }
+            (Kind::GitHub, ["repositories", id, "pulls"]) if *id == repository_id => {
+                Some(Route::PullRequests)
+            }
+            (Kind::GitLab, ["projects", GITLAB_PROJECT, "merge_requests"]) => {
+                Some(Route::PullRequests)
+            }
             (Kind::GitHub, ["repos", o, r, "statuses", sha]) if (*o, *r) == (owner, name) => {
                 Some(Route::Status((*sha).to_owned()))
             }
@@ -607,6 +619,7 @@ impl Fake {
                 let pull = pull.clone();
                 answer(200, Vec::new(), self.render_pull_request(n, &pull))
             }
+            (Route::PullRequests, "GET") => self.list_pull_requests(query, what),
             (Route::PullRequest(n), "GET") => {
                 if !query.is_empty() {
                     self.violations.push(format!("{what}: a query"));
@@ -625,17 +638,59 @@ impl Fake {
     }
 
     pub fn list(&mut self, n: u64, query: &BTreeMap<String, String>, what: &str) -> Response {
-        let mut expected: BTreeMap<String, String> = match self.kind {
+        let expected = match self.kind {
             Kind::GitHub => vec![("per_page", "100")],
             Kind::GitLab => vec![
                 ("per_page", "100"),
                 ("sort", "asc"),
                 ("order_by", "created_at"),
             ],
-        }
-        .into_iter()
-        .map(|(k, v)| (k.to_owned(), v.to_owned()))
-        .collect();
+        };
+        let Some(comments) = self.comments.get(&n) else {
+            return message(404, "Not Found");
+        };
+        let items: Vec<Value> = comments.iter().map(|c| self.render(c)).collect();
+        let next = format!("/issues/{n}/comments?per_page=100");
+        self.page(items, query, &expected, &next, what)
+    }
+
+    /// The open pull requests (GitLab: merge requests), newest first as both forges list them.
+    pub fn list_pull_requests(&mut self, query: &BTreeMap<String, String>, what: &str) -> Response {
+        let expected = match self.kind {
+            Kind::GitHub => vec![("state", "open"), ("per_page", "100")],
+            Kind::GitLab => vec![("state", "opened"), ("per_page", "100")],
+        };
+        let items: Vec<Value> = self
+            .pull_requests
+            .iter()
+            .rev()
+            .filter(|(_, pull)| pull.state == PullRequestState::Open)
+            .map(|(n, pull)| self.render_pull_request(*n, pull))
+            .collect();
+        self.page(
+            items,
+            query,
+            &expected,
+            "/pulls?state=open&per_page=100",
+            what,
+        )
+    }
+
+    /// One page of 100 of `items`, as `query` asks (it must be `expected` plus a `page`), with
+    /// the forge's way of naming the next page (GitHub: a `Link` to `/repositories/ID` and
+    /// `next`; GitLab: `X-Next-Page`).
+    pub fn page(
+        &mut self,
+        items: Vec<Value>,
+        query: &BTreeMap<String, String>,
+        expected: &[(&str, &str)],
+        next: &str,
+        what: &str,
+    ) -> Response {
+        let mut expected: BTreeMap<String, String> = expected
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
         let page: usize = match query.get("page") {
             Some(page) => match page.parse::<usize>() {
                 Ok(page) if page >= 1 => {
@@ -653,16 +708,12 @@ impl Fake {
             self.violations
                 .push(format!("{what}: query {query:?}, expected {expected:?}"));
         }
-        let Some(comments) = self.comments.get(&n) else {
-            return message(404, "Not Found");
-        };
         let per_page: usize = 100;
-        let pages = comments.len().div_ceil(per_page).max(1);
-        let items: Vec<Value> = comments
-            .iter()
+        let pages = items.len().div_ceil(per_page).max(1);
+        let items: Vec<Value> = items
+            .into_iter()
             .skip((page - 1) * per_page)
             .take(per_page)
-            .map(|c| self.render(c))
             .collect();
         let mut headers = Vec::new();
         if page < pages {
@@ -675,7 +726,7 @@ impl Fake {
                     };
                     let link = |p: usize, rel: &str| {
                         format!(
-                            "<{origin}{}/repositories/{GITHUB_REPO_ID}/issues/{n}/comments?per_page=100&page={p}>; rel=\"{rel}\"",
+                            "<{origin}{}/repositories/{GITHUB_REPO_ID}{next}&page={p}>; rel=\"{rel}\"",
                             self.base
                         )
                     };
