@@ -309,6 +309,8 @@ struct Previews {
     wanted: BTreeSet<u64>,
     /// Per pull request carrying the label, the head it approved.
     approvals: BTreeMap<u64, String>,
+    /// The head of each pull request's last plan event, and whether its merge was valid.
+    heads: BTreeMap<u64, (String, bool)>,
     /// Why a labelled pull request runs no preview, for its plan comment, and the commit
     /// status it was given (per pull request: its head and what it was told).
     notes: BTreeMap<u64, Note>,
@@ -420,6 +422,7 @@ pub(super) fn start(context: &Arc<Context>) -> Result<Option<Running>, Error> {
                 environments: BTreeMap::new(),
                 wanted: BTreeSet::new(),
                 approvals: BTreeMap::new(),
+                heads: BTreeMap::new(),
                 notes: BTreeMap::new(),
                 to_delete: BTreeMap::new(),
                 groups_to_delete: BTreeMap::new(),
@@ -510,6 +513,7 @@ impl Previews {
                     if let Some(number) = event
                         .pull_request
                         .filter(|_| forge::pull_request_of_ref(&event.name).is_some())
+                        && self.worth_asking(number, &event)
                     {
                         self.decide(number);
                     }
@@ -598,6 +602,24 @@ impl Previews {
             }
             self.decide(number);
         }
+    }
+
+    /// Whether a plan event of pull request `number` is worth asking the forge about: one
+    /// that runs or waits for a preview, or whose head or validity moved (a push may come
+    /// with the label; a merge that became valid may be previewed).
+    /// A push to the tracked branch changes every pull request's plan; for the others (closed
+    /// ones included, whose refs GitHub keeps) it asks the forge nothing.
+    fn worth_asking(&mut self, number: u64, event: &PlanEvent) -> bool {
+        let involved = self.wanted.contains(&number)
+            || self.environments.values().any(|e| e.pull_request == number);
+        let moved = match &event.head {
+            Some(head) => {
+                let now = (head.clone(), event.valid);
+                self.heads.insert(number, now.clone()).as_ref() != Some(&now)
+            }
+            None => self.heads.remove(&number).is_some(),
+        };
+        involved || moved
     }
 
     /// Looks at pull request `number` and starts, moves or tears down its preview.
