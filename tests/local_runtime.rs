@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::Duration;
 
-use plumber::runtime::local::{LocalConfig, LocalRuntime};
+use plumber::runtime::local::{INHERITED_ENV, LocalConfig, LocalRuntime};
 use plumber::runtime::{Assignor, Cluster, Delivery, ProcessorSpec, Runtime, Settings};
 use plumber::spec::{EnvValue, Scale, SecretRef, Transform};
 use plumber_testkit::wait_until;
@@ -333,27 +333,13 @@ fn processors_and_their_servers_see_only_a_minimal_environment_and_what_the_step
             "{names:?}"
         );
         // bash adds its own (PWD, SHLVL, _); everything else comes from the runtime.
-        let allowed = [
-            "PATH",
-            "HOME",
-            "LANG",
-            "LC_ALL",
-            "LC_CTYPE",
-            "TZ",
-            "TMPDIR",
-            "RUST_LOG",
-            "RUST_BACKTRACE",
-            "PWD",
-            "SHLVL",
-            "_",
-            "OLDPWD",
-            "PORT",
-            "MODEL",
-            "ENV_OUT",
-            "EVENTS",
-            "PLUMBER_LOCAL_RUNTIME",
-            "PLUMBER_LOCAL_INSTANCE",
-        ];
+        let allowed: Vec<&str> = INHERITED_ENV
+            .into_iter()
+            .chain([
+                "PWD", "SHLVL", "_", "OLDPWD", "PORT", "MODEL", "ENV_OUT", "EVENTS",
+            ])
+            .chain(["PLUMBER_LOCAL_RUNTIME", "PLUMBER_LOCAL_INSTANCE"])
+            .collect();
         let unexpected: Vec<&&str> = names.iter().filter(|n| !allowed.contains(n)).collect();
         assert!(unexpected.is_empty(), "{}: {unexpected:?}", file.display());
     }

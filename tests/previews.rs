@@ -12,6 +12,8 @@
 mod common;
 #[path = "support/fake_forge.rs"]
 mod fake_forge;
+#[path = "support/up.rs"]
+mod up;
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -22,6 +24,7 @@ use plumber::forge::{Kind, MARKER, PullRequestState};
 use plumber_testkit::{Broker, Process, TestRecord, live_instances, unique, wait_until};
 use rdkafka::producer::{BaseProducer, Producer as _};
 use serde_json::Value;
+use up::running_group;
 
 /// A cutover on a slow broker and a busy machine.
 const PATIENCE: Duration = Duration::from_secs(180);
@@ -146,16 +149,6 @@ impl Drop for Daemon {
         self.process.signal(nix::sys::signal::Signal::SIGTERM);
         let _ = self.process.wait_exit(PATIENCE);
     }
-}
-
-/// The step `step` of a topology's status, when its processor runs: its group.
-fn running_group(topology: &Value, step: &str) -> Option<String> {
-    topology["steps"]
-        .as_array()?
-        .iter()
-        .find(|s| s["name"] == step && s["state"] == "running")?["group"]
-        .as_str()
-        .map(str::to_owned)
 }
 
 fn partitions(broker: &Broker, topic: &str) -> usize {

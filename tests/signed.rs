@@ -18,7 +18,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{Change, TestRepo, write};
+use common::{Change, TestRepo, tagged, write};
 use git2::Oid;
 use git2::build::TreeUpdateBuilder;
 use pgp::composed::{
@@ -637,24 +637,6 @@ fn an_invalid_trusted_head_does_not_walk_back_past_an_untrusted_commit() {
     let _ = unsigned;
 }
 
-/// Topology `t`: `in` → `clean` (tags each record with `by`) → `out`.
-fn topology(source: &str, sink: &str, by: &str) -> Vec<Change> {
-    vec![
-        write(
-            "topologies/t/in.yaml",
-            format!("kind: source\ntopic: {source}\n"),
-        ),
-        write(
-            "topologies/t/clean.yaml",
-            format!("kind: processor\ninput: in\njq: '. + {{by: \"{by}\"}}'\n"),
-        ),
-        write(
-            "topologies/t/out.yaml",
-            format!("kind: sink\ntopic: {sink}\ninput: clean\n"),
-        ),
-    ]
-}
-
 /// SPEC §11: with trusted keys the branch only moves forward from what runs. A force-push
 /// back to an older commit, signed by a trusted key when it was made, is refused (it would
 /// roll the cluster back without a trace in the history), also by a daemon restarted since,
@@ -668,7 +650,7 @@ fn a_force_push_back_to_an_older_signed_commit_is_refused_even_after_a_restart()
     broker.create_topic(&sink, 1);
     let repo = TestRepo::new();
     let sign = |data: &[u8]| Some(ssh_sign(&keyring.bob, "git", data));
-    let first = commit(&repo, "first", &topology(&source, &sink, "first"), sign);
+    let first = commit(&repo, "first", &tagged(&source, &sink, "first"), sign);
     let scratch = tempfile::tempdir().unwrap();
     let keys = keyring.path().display().to_string();
     let args = ["--trusted-keys", keys.as_str()];
@@ -681,7 +663,7 @@ fn a_force_push_back_to_an_older_signed_commit_is_refused_even_after_a_restart()
     };
     let daemon = up::Up::start(&repo.location(), Some(&broker), scratch.path(), &args, &[]);
     runs(&daemon, first, "t runs the first commit");
-    let second = commit(&repo, "second", &topology(&source, &sink, "second"), sign);
+    let second = commit(&repo, "second", &tagged(&source, &sink, "second"), sign);
     runs(&daemon, second, "t runs the second commit");
 
     repo.git
@@ -718,7 +700,7 @@ fn a_force_push_back_to_an_older_signed_commit_is_refused_even_after_a_restart()
     repo.git
         .reference("refs/heads/main", second, true, "undo the force-push")
         .unwrap();
-    let reverted = commit(&repo, "revert", &topology(&source, &sink, "first"), sign);
+    let reverted = commit(&repo, "revert", &tagged(&source, &sink, "first"), sign);
     runs(&daemon, reverted, "t runs the revert");
 }
 

@@ -9,28 +9,10 @@ mod common;
 #[path = "support/up.rs"]
 mod up;
 
-use common::{TestRepo, bomb, write};
+use common::{TestRepo, bomb, tagged, write};
 use plumber_testkit::{Broker, TestRecord, Usage, unique};
 use serde_json::Value;
 use up::{Up, running_group};
-
-/// Topology `t`: `in` → `clean` (a jq step tagging each record with `by`) → `out`.
-fn topology(source: &str, sink: &str, by: &str) -> Vec<common::Change> {
-    vec![
-        write(
-            "topologies/t/in.yaml",
-            format!("kind: source\ntopic: {source}\n"),
-        ),
-        write(
-            "topologies/t/clean.yaml",
-            format!("kind: processor\ninput: in\njq: '. + {{by: \"{by}\"}}'\n"),
-        ),
-        write(
-            "topologies/t/out.yaml",
-            format!("kind: sink\ntopic: {sink}\ninput: clean\n"),
-        ),
-    ]
-}
 
 /// An exec step sees what its file declares and a minimal environment, never the daemon's:
 /// here the daemon holds `PLUMBER_GIT_PASSWORD` (as `plumber up` on a private repository
@@ -114,7 +96,7 @@ fn a_bomb_pushed_to_a_watched_branch_is_refused_unread_and_main_still_cuts_over(
     broker.create_topic(&source, 1);
     broker.create_topic(&sink, 1);
     let repo = TestRepo::new();
-    let first = repo.commit("main", "t", &topology(&source, &sink, "first"));
+    let first = repo.commit("main", "t", &tagged(&source, &sink, "first"));
     let scratch = tempfile::tempdir().unwrap();
     let daemon = Up::start(&repo.location(), Some(&broker), scratch.path(), &[], &[]);
     daemon.wait_topology("t", "t runs", |t| {
@@ -140,7 +122,7 @@ fn a_bomb_pushed_to_a_watched_branch_is_refused_unread_and_main_still_cuts_over(
     );
 
     // The tracked branch is not held up: a change of main cuts over.
-    let second = repo.commit("main", "by second", &topology(&source, &sink, "second"));
+    let second = repo.commit("main", "by second", &tagged(&source, &sink, "second"));
     daemon.wait_topology("t", "t runs the second commit", |t| {
         t["commit"] == second.to_string().as_str()
             && t["phase"] == "idle"
@@ -195,7 +177,7 @@ fn a_step_naming_a_secret_it_may_not_use_is_invalid_at_the_name() {
             ),
         )
     };
-    let mut files = topology("in", "out", "x");
+    let mut files = tagged("in", "out", "x");
     files[1] = step("plumber-forge");
     let commit = repo.commit("main", "steal the forge token", &files);
     let daemon = Up::start(

@@ -52,7 +52,7 @@ pub const INSTANCE_OF_ENV: &str = "PLUMBER_LOCAL_INSTANCE";
 /// environment: enough to find programs and speak the user's language, nothing that could
 /// hold a secret (`PLUMBER_GIT_PASSWORD`, cloud credentials, tokens of the daemon's shell).
 /// Everything else they get is what Plumber passes and what the step's `env:` declares.
-const INHERITED_ENV: [&str; 9] = [
+pub const INHERITED_ENV: [&str; 9] = [
     "PATH",
     "HOME",
     "LANG",

@@ -268,3 +268,22 @@ pub fn bomb(repo: &TestRepo, branch: &str, count: usize) -> Oid {
     )
     .unwrap()
 }
+
+/// Topology `t`: `in` (topic `source`) → `clean` (a jq step tagging each record with `by`) →
+/// `out` (topic `sink`).
+pub fn tagged(source: &str, sink: &str, by: &str) -> Vec<Change> {
+    vec![
+        write(
+            "topologies/t/in.yaml",
+            format!("kind: source\ntopic: {source}\n"),
+        ),
+        write(
+            "topologies/t/clean.yaml",
+            format!("kind: processor\ninput: in\njq: '. + {{by: \"{by}\"}}'\n"),
+        ),
+        write(
+            "topologies/t/out.yaml",
+            format!("kind: sink\ntopic: {sink}\ninput: clean\n"),
+        ),
+    ]
+}

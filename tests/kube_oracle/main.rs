@@ -693,6 +693,19 @@ fn scaled_objects(fake: &FakeApi) -> BTreeMap<String, serde_json::Value> {
         .collect()
 }
 
+/// The group of the preview `s.pr-7`'s step `clean` once `replica` shows it running.
+fn preview_group(replica: &Replica, what: &str) -> String {
+    wait_until_some(what, PATIENCE, || {
+        let preview = shown(replica, "s.pr-7")?;
+        preview
+            .steps
+            .iter()
+            .find(|s| s.name == "clean" && s.state == "running")?
+            .group
+            .clone()
+    })
+}
+
 /// The status a replica shows of topology `name`.
 fn shown(replica: &Replica, name: &str) -> Option<plumber::daemon::status::TopologyStatus> {
     replica
@@ -851,17 +864,7 @@ fn a_torn_down_preview_s_topology_is_deleted_and_made_again_when_labelled_again(
             config.cutover.keep_topics = false;
         },
     );
-    let running = |what: &str| {
-        wait_until_some(what, PATIENCE, || {
-            let preview = shown(&daemon, "s.pr-7")?;
-            preview
-                .steps
-                .iter()
-                .find(|s| s.name == "clean" && s.state == "running")?
-                .group
-                .clone()
-        })
-    };
+    let running = |what: &str| preview_group(&daemon, what);
     let group = running("the preview runs");
     let first = fake.get::<Topology>(NS, "s.pr-7").unwrap();
     let owner = |group: &str| {
@@ -1203,17 +1206,7 @@ fn a_preview_runs_only_the_heads_its_label_approved() {
         &scratch.path("plumber-0"),
         |config| with_previews(config, &forge, &token),
     );
-    let running = |what: &str| {
-        wait_until_some(what, PATIENCE, || {
-            let preview = shown(&daemon, "s.pr-7")?;
-            preview
-                .steps
-                .iter()
-                .find(|s| s.name == "clean" && s.state == "running")?
-                .group
-                .clone()
-        })
-    };
+    let running = |what: &str| preview_group(&daemon, what);
     let approved_group = running("the reviewed head's preview runs");
     wait_until("the kubelet runs its pod", PATIENCE, || {
         kubelet
