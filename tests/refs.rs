@@ -624,7 +624,7 @@ fn plumber_up_serves_plans_over_http_with_markdown_errors_and_events() {
     let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
     stream
         .write_all(
-            b"GET /api/events HTTP/1.1\r\nHost: plumber\r\nAccept: text/event-stream\r\n\r\n",
+            b"GET /api/events HTTP/1.1\r\nHost: localhost\r\nAccept: text/event-stream\r\n\r\n",
         )
         .unwrap();
     stream.set_read_timeout(Some(PATIENCE)).unwrap();

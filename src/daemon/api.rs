@@ -20,7 +20,6 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use futures::StreamExt as _;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::health::Kind;
@@ -267,8 +266,10 @@ async fn events(State(api): State<Api>, headers: HeaderMap) -> Response {
     };
     let (first, receiver) = api.context.events.subscribe(&api.context.store);
     let gzip = accepts_gzip(&headers);
-    let mut opening = vec![Bytes::from(format!("retry: {}\n", RECONNECT.as_millis()))];
-    opening.extend(first.frames());
+    // One piece: each event travels as one chunk, as clients that read the wire expect.
+    let mut opening = format!("retry: {}\n", RECONNECT.as_millis()).into_bytes();
+    opening.extend_from_slice(&first.frame());
+    let opening = Bytes::from(opening);
     let stream = Stream {
         opening: Some(opening),
         receiver,
@@ -281,15 +282,8 @@ async fn events(State(api): State<Api>, headers: HeaderMap) -> Response {
         _slot: Slot::take(permit, api.metrics().event_streams.clone()),
     };
     let body = futures::stream::unfold(stream, |mut stream| async move {
-        let pieces = stream.next().await?;
-        Some((pieces, stream))
-    })
-    .flat_map(|pieces| {
-        let pieces: Vec<std::io::Result<Bytes>> = match pieces {
-            Ok(pieces) => pieces.into_iter().map(Ok).collect(),
-            Err(error) => vec![Err(error)],
-        };
-        futures::stream::iter(pieces)
+        let next = stream.next().await?;
+        Some((next, stream))
     });
     let mut response = axum::body::Body::from_stream(body).into_response();
     let headers = response.headers_mut();
@@ -363,7 +357,7 @@ impl Drop for Slot {
 /// whole stream; the listener takes the next piece only once the client took the last.
 struct Stream {
     /// The status as it was at connection, with the reconnection delay.
-    opening: Option<Vec<Bytes>>,
+    opening: Option<Bytes>,
     receiver: tokio::sync::broadcast::Receiver<Arc<super::events::Outgoing>>,
     /// The id of the last event sent.
     last: u64,
@@ -376,9 +370,9 @@ struct Stream {
 }
 
 impl Stream {
-    /// The pieces of the next event (one gzip member's flushed part, gzipped); `None` once
+    /// The next event (gzipped: what the deflate stream gave for it, flushed); `None` once
     /// the stream ended.
-    async fn next(&mut self) -> Option<std::io::Result<Vec<Bytes>>> {
+    async fn next(&mut self) -> Option<std::io::Result<Bytes>> {
         use tokio::sync::broadcast::error::RecvError;
         if self.ended {
             return None;
@@ -389,7 +383,7 @@ impl Stream {
             Quiet,
             End,
         }
-        let pieces = match self.opening.take() {
+        let frame = match self.opening.take() {
             Some(opening) => opening,
             None => {
                 let next = tokio::select! {
@@ -404,34 +398,33 @@ impl Stream {
                 match next {
                     Next::Event(event) => {
                         self.last = event.id;
-                        event.frames().to_vec()
+                        event.frame()
                     }
                     Next::Lagged(missed) => {
                         tracing::debug!(missed, "an event stream's client fell behind");
                         let status = self.context.events.snapshot(&self.context.store, self.last);
-                        let mut pieces = status.frames().to_vec();
-                        pieces.push(Bytes::from_static(b"event: resync\ndata: {}\n\n"));
-                        pieces
+                        let mut resync = status.frame().to_vec();
+                        resync.extend_from_slice(b"event: resync\ndata: {}\n\n");
+                        Bytes::from(resync)
                     }
-                    Next::Quiet => vec![Bytes::from_static(b":\n\n")],
+                    Next::Quiet => Bytes::from_static(b":\n\n"),
                     Next::End => return self.end(),
                 }
             }
         };
-        Some(self.encode(pieces))
+        Some(self.encode(frame))
     }
 
     /// The daemon stops: a gzipped stream ends with its trailer.
-    fn end(&mut self) -> Option<std::io::Result<Vec<Bytes>>> {
+    fn end(&mut self) -> Option<std::io::Result<Bytes>> {
         self.ended = true;
-        let gzip = self.gzip.take()?;
-        Some(gzip.finish().map(|last| vec![last]))
+        Some(self.gzip.take()?.finish())
     }
 
-    fn encode(&mut self, pieces: Vec<Bytes>) -> std::io::Result<Vec<Bytes>> {
+    fn encode(&mut self, frame: Bytes) -> std::io::Result<Bytes> {
         match &mut self.gzip {
-            None => Ok(pieces),
-            Some(gzip) => gzip.event(&pieces).map(|gzipped| vec![gzipped]),
+            None => Ok(frame),
+            Some(gzip) => gzip.event(&frame),
         }
     }
 }
@@ -449,12 +442,10 @@ impl Gzip {
         ))
     }
 
-    /// An event's pieces, gzipped.
-    fn event(&mut self, pieces: &[Bytes]) -> std::io::Result<Bytes> {
+    /// An event, gzipped.
+    fn event(&mut self, frame: &[u8]) -> std::io::Result<Bytes> {
         use std::io::Write as _;
-        for piece in pieces {
-            self.0.write_all(piece)?;
-        }
+        self.0.write_all(frame)?;
         self.0.flush()?;
         Ok(Bytes::from(std::mem::take(self.0.get_mut())))
     }
@@ -619,12 +610,9 @@ mod tests {
         let mut sizes = Vec::new();
         for n in 0..3 {
             let data = document(n, 16_000);
-            let pieces = [
-                Bytes::from_static(b"event: status\ndata: "),
-                Bytes::from(data.clone()),
-                Bytes::from_static(b"\n\n"),
-            ];
-            let frame = gzip.event(&pieces).unwrap();
+            let frame = gzip
+                .event(format!("event: status\ndata: {data}\n\n").as_bytes())
+                .unwrap();
             sizes.push(frame.len());
             // What arrived must be the whole event, not the part of it a deflate block
             // happened to hold.

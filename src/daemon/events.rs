@@ -5,8 +5,8 @@
 //! all clients see; a client that connects (or reconnects after a restart) gets the status as
 //! it is then first.
 //!
-//! An event is encoded once, for every client: its SSE lines ([`Outgoing::frames`]) share its
-//! bytes, so a client costs the daemon no copy of what it has not read yet.
+//! An event is encoded once, for every client: its SSE lines ([`Outgoing::frame`]) are
+//! shared, so a client costs the daemon no copy of what it has not read yet.
 
 use std::sync::{Arc, PoisonError};
 use std::time::Duration;
@@ -32,19 +32,26 @@ pub struct Outgoing {
     pub id: u64,
     /// `status`, `plan`, `history` or `resync`.
     pub kind: &'static str,
-    /// JSON on one line (serde_json writes no line breaks), shared by every client.
+    /// JSON on one line (serde_json writes no line breaks): a part of `frame`.
     pub data: Bytes,
-    /// `id: N\nevent: KIND\ndata: `, the SSE lines before the data.
-    head: Bytes,
+    /// The event as Server-Sent Events lines: `id: N`, `event: KIND`, `data: JSON`, a blank
+    /// line. One piece, so that it travels as one chunk.
+    frame: Bytes,
 }
 
 impl Outgoing {
     fn new(id: u64, kind: &'static str, data: String) -> Outgoing {
+        let head = format!("id: {id}\nevent: {kind}\ndata: ");
+        let mut frame = Vec::with_capacity(head.len() + data.len() + 2);
+        frame.extend_from_slice(head.as_bytes());
+        frame.extend_from_slice(data.as_bytes());
+        frame.extend_from_slice(b"\n\n");
+        let frame = Bytes::from(frame);
         Outgoing {
             id,
             kind,
-            data: Bytes::from(data),
-            head: Bytes::from(format!("id: {id}\nevent: {kind}\ndata: ")),
+            data: frame.slice(head.len()..frame.len() - 2),
+            frame,
         }
     }
 
@@ -53,13 +60,9 @@ impl Outgoing {
         std::str::from_utf8(&self.data).unwrap_or_default()
     }
 
-    /// The event as Server-Sent Events lines, in pieces that share the event's bytes.
-    pub fn frames(&self) -> [Bytes; 3] {
-        [
-            self.head.clone(),
-            self.data.clone(),
-            Bytes::from_static(b"\n\n"),
-        ]
+    /// The event as Server-Sent Events lines, sharing the event's bytes.
+    pub fn frame(&self) -> Bytes {
+        self.frame.clone()
     }
 }
 
