@@ -185,6 +185,19 @@ fn half_sent_request_heads_are_closed_and_cost_little_while_health_answers() {
     assert_eq!(open, 0, "every half-sent request was closed");
     assert!(took < PATIENCE, "closed within {took:?}");
     healthy(addr);
+    let metrics = answer_within(addr, "/metrics", PATIENCE).unwrap().1;
+    let refused = |reason: &str| {
+        let line = format!("plumber_http_refused_total{{reason=\"{reason}\"}} ");
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(line.as_str()))
+            .map_or(0, |n| n.trim().parse::<u64>().unwrap())
+    };
+    assert_eq!(
+        (refused("header-size"), refused("header-timeout")),
+        (200, 200),
+        "the long heads refused at once, the short ones at the header timeout"
+    );
     let after = Usage::of(daemon.pid());
     let grew = after.peak_rss_kb.saturating_sub(before.rss_kb) / 1024;
     eprintln!(

@@ -25,7 +25,7 @@
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context as TaskContext, Poll};
 use std::time::Duration;
@@ -126,7 +126,7 @@ impl ListenerMetrics {
         );
         registry.register(
             "http_refused",
-            "Connections and requests the listener refused or closed at a limit, by reason (max-connections, max-event-streams, header-timeout, idle-timeout, host, webhook-body, webhook-timeout)",
+            "Connections and requests the listener refused or closed at a limit, by reason (max-connections, max-event-streams, header-timeout, header-size, idle-timeout, host, webhook-body, webhook-timeout)",
             self.refused.clone(),
         );
     }
@@ -291,11 +291,18 @@ impl Front {
         loop {
             tokio::select! {
                 served = connection.as_mut() => {
-                    if let Err(error) = served
-                        && error.is_timeout()
-                    {
-                        self.metrics.refuse("header-timeout");
-                        tracing::debug!(timeout = ?self.config.header_timeout, "connection closed: no request head within --header-timeout");
+                    // A kept-alive connection left idle after its answers ends so too: only
+                    // one that began a request, or never sent one, was refused.
+                    match served {
+                        Err(error) if error.is_timeout() && progress.request_unanswered() => {
+                            self.metrics.refuse("header-timeout");
+                            tracing::debug!(timeout = ?self.config.header_timeout, "connection closed: no whole request head within --header-timeout");
+                        }
+                        Err(error) if error.is_parse_too_large() => {
+                            self.metrics.refuse("header-size");
+                            tracing::debug!(limit = BUFFER, "connection closed: a request head over the limit");
+                        }
+                        _ => {}
                     }
                     return;
                 }
@@ -522,11 +529,14 @@ fn host_is_allowed(host: &str, allowed: &[String]) -> bool {
     name == "localhost" || name.ends_with(".localhost") || allowed.contains(&name)
 }
 
-/// When a byte last moved on a connection.
+/// When a byte last moved on a connection, and which way.
 struct Progress {
     start: Instant,
     /// Milliseconds from `start`.
     last: AtomicU64,
+    /// Bytes were read since the daemon last wrote.
+    read_last: AtomicBool,
+    wrote: AtomicBool,
 }
 
 impl Progress {
@@ -534,12 +544,23 @@ impl Progress {
         Progress {
             start: Instant::now(),
             last: AtomicU64::new(0),
+            read_last: AtomicBool::new(false),
+            wrote: AtomicBool::new(false),
         }
     }
 
-    fn touch(&self) {
+    fn touch(&self, read: bool) {
         let elapsed = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
         self.last.store(elapsed, Ordering::Relaxed);
+        self.read_last.store(read, Ordering::Relaxed);
+        if !read {
+            self.wrote.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether the client began a request the daemon has not answered, or never sent one.
+    fn request_unanswered(&self) -> bool {
+        self.read_last.load(Ordering::Relaxed) || !self.wrote.load(Ordering::Relaxed)
     }
 
     fn last(&self) -> Instant {
@@ -562,7 +583,7 @@ impl AsyncRead for Watched {
         let before = buf.filled().len();
         let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
         if buf.filled().len() > before {
-            self.progress.touch();
+            self.progress.touch(true);
         }
         polled
     }
@@ -576,7 +597,7 @@ impl AsyncWrite for Watched {
     ) -> Poll<std::io::Result<usize>> {
         let polled = Pin::new(&mut self.inner).poll_write(cx, buf);
         if matches!(polled, Poll::Ready(Ok(n)) if n > 0) {
-            self.progress.touch();
+            self.progress.touch(false);
         }
         polled
     }
@@ -588,7 +609,7 @@ impl AsyncWrite for Watched {
     ) -> Poll<std::io::Result<usize>> {
         let polled = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
         if matches!(polled, Poll::Ready(Ok(n)) if n > 0) {
-            self.progress.touch();
+            self.progress.touch(false);
         }
         polled
     }
