@@ -758,10 +758,12 @@ fn unsigned_webhooks_only_fetch_never_a_forge_request() {
         assert_eq!(status, 202, "post {n}");
     }
     setup.sign_post(4, true);
-    assert_eq!(
-        setup.requests_about(1, mark),
-        Vec::<String>::new(),
-        "unsigned webhooks made the daemon ask the forge"
+    let asked = setup.requests_about(1, mark);
+    assert!(
+        asked.is_empty(),
+        "unsigned webhooks made the daemon ask the forge {} times about pull request 1: {:?} …",
+        asked.len(),
+        &asked[..asked.len().min(4)]
     );
     assert_eq!(setup.webhooks("unsigned"), 1000);
     let output = setup.finish();
