@@ -49,7 +49,8 @@ impl Api {
 /// The API server: the listener's thread and the API's.
 pub struct Server {
     pub addr: SocketAddr,
-    /// Stops the listener, then event streams.
+    /// Turns true to stop: the listener accepts no more connections and lets each finish
+    /// its answer, and event streams end.
     stop: tokio::sync::watch::Sender<bool>,
     listener: Option<std::thread::JoinHandle<()>>,
     api: Option<(
