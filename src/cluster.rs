@@ -67,15 +67,25 @@ pub fn run(path: &Path) -> Result<()> {
         &handle,
         LeaseConfig::new(&config.kubernetes.lease, &namespace, &identity),
     );
+    // Processors may run apart from the daemon (and its Secrets); Topologies and the Lease
+    // stay with the daemon.
+    let processor_namespace = config
+        .kubernetes
+        .processor_namespace
+        .clone()
+        .unwrap_or_else(|| namespace.clone());
     let runtime = KubeRuntime::connect(
         client.clone(),
         handle.clone(),
-        KubeConfig::new(RenderConfig {
-            namespace: namespace.clone(),
-            processor_image: config.images.processor.clone(),
-            pull_policy: config.images.pull_policy.map(|p| p.as_str().to_owned()),
-            owner: None,
-        }),
+        KubeConfig {
+            topologies_namespace: Some(namespace.clone()),
+            ..KubeConfig::new(RenderConfig {
+                namespace: processor_namespace.clone(),
+                processor_image: config.images.processor.clone(),
+                pull_policy: config.images.pull_policy.map(|p| p.as_str().to_owned()),
+                owner: None,
+            })
+        },
     )
     .context("reading the processors that run")?;
     let records = TopologyStore::new(
@@ -92,6 +102,7 @@ pub fn run(path: &Path) -> Result<()> {
     let daemon_config = daemon_config(&config)?;
     tracing::info!(
         namespace,
+        processor_namespace,
         identity,
         repository = %config.repository.url,
         branch = %config.repository.branch,
@@ -126,6 +137,8 @@ fn daemon_config(config: &Config) -> Result<DaemonConfig> {
     out.listener = (&config.listener).into();
     out.poll_interval = config.repository.poll_interval;
     out.trusted_keys = config.trusted_keys.clone();
+    out.allow_rollback = config.allow_rollback;
+    out.budget = config.commit_budget.budget();
     out.watch_refs = config.repository.watch_refs.clone();
     out.push_notes = config.repository.push_notes;
     out.forge = config.forge.clone();
@@ -136,12 +149,17 @@ fn daemon_config(config: &Config) -> Result<DaemonConfig> {
         .as_ref()
         .map(|w| crate::read_webhook_secret(&w.secret_file))
         .transpose()?;
+    out.step_secrets = plumber::spec::StepSecrets::Only {
+        names: config.step_secrets.iter().cloned().collect(),
+        origin: "`stepSecrets` of the daemon's configuration".into(),
+    };
     let credentials = &config.repository.credentials;
     out.git_auth = Some(GitAuth {
         username: credentials.username.clone(),
         password: None,
         password_file: credentials.password_file.clone(),
         ssh_key: credentials.ssh_key_file.clone(),
+        known_hosts: credentials.known_hosts_file.clone(),
     });
     let mut clusters = BTreeMap::new();
     for (name, cluster) in &config.kafka.clusters {

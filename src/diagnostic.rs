@@ -30,6 +30,7 @@ pub enum Code {
     FileTooLarge,
     InvalidEncoding,
     UnsupportedEntry,
+    OverBudget,
     // Warnings.
     DeadEnd,
     UnreadSource,
@@ -57,6 +58,7 @@ impl Code {
             Code::FileTooLarge => "file-too-large",
             Code::InvalidEncoding => "invalid-encoding",
             Code::UnsupportedEntry => "unsupported-entry",
+            Code::OverBudget => "over-budget",
             Code::DeadEnd => "dead-end",
             Code::UnreadSource => "unread-source",
             Code::EmptyTopology => "empty-topology",

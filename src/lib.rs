@@ -52,6 +52,16 @@ pub struct Validation {
 }
 
 impl Validation {
+    /// A commit refused before its files were read (over budget, a name no file can have).
+    pub fn refused(diagnostic: Diagnostic) -> Validation {
+        Validation {
+            found: Vec::new(),
+            topologies: None,
+            diagnostics: vec![diagnostic],
+            clusters: Default::default(),
+        }
+    }
+
     pub fn is_valid(&self) -> bool {
         self.topologies.is_some()
     }
@@ -75,7 +85,12 @@ pub const VALIDATION_STACK_BYTES: usize = 16 * 1024 * 1024;
 /// any thread: the work runs on a thread of its own with a stack of
 /// [`VALIDATION_STACK_BYTES`].
 pub fn validate(files: &[SourceFile]) -> Validation {
-    on_validation_stack(|| validate_here(files))
+    validate_with(files, &spec::StepSecrets::Unchecked)
+}
+
+/// As [`validate`], with the Secrets steps may reference checked ([`spec::StepSecrets`]).
+pub fn validate_with(files: &[SourceFile], secrets: &spec::StepSecrets) -> Validation {
+    on_validation_stack(|| validate_here(files, secrets))
 }
 
 /// Validates topologies one by one, each given its own files (`topologies/<name>/…`) and the
@@ -85,6 +100,7 @@ pub fn validate(files: &[SourceFile]) -> Validation {
 /// [`VALIDATION_STACK_BYTES`].
 pub fn validate_topologies(
     settings: &spec::RepoSettings,
+    secrets: &spec::StepSecrets,
     topologies: &[Vec<SourceFile>],
 ) -> Vec<Validation> {
     on_validation_stack(|| {
@@ -92,6 +108,7 @@ pub fn validate_topologies(
             .iter()
             .map(|files| {
                 let (spec, mut diagnostics) = spec::load_with(settings.clone(), files);
+                secrets.check(&spec, &mut diagnostics);
                 let graphs = graph::build(&spec, &mut diagnostics);
                 diagnostic::normalize(&mut diagnostics);
                 Validation {
@@ -131,8 +148,9 @@ fn found(spec: &spec::RepoSpec) -> Vec<(String, usize)> {
         .collect()
 }
 
-fn validate_here(files: &[SourceFile]) -> Validation {
+fn validate_here(files: &[SourceFile], secrets: &spec::StepSecrets) -> Validation {
     let (spec, mut diagnostics) = spec::load(files);
+    secrets.check(&spec, &mut diagnostics);
     let topologies = graph::build(&spec, &mut diagnostics);
     diagnostic::normalize(&mut diagnostics);
     Validation {

@@ -10,6 +10,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use plumber::daemon::{DaemonConfig, ListenerConfig};
 use plumber::graph::Topology;
 use plumber::repo::{MergePreview, Repository};
+use plumber::spec::budget::Budget;
 use plumber::{Validation, output, plan, validate};
 
 mod ask;
@@ -127,7 +128,8 @@ enum Command {
         #[arg(long, env = "PLUMBER_WEBHOOK_SECRET_FILE", value_name = "FILE")]
         webhook_secret_file: Option<std::path::PathBuf>,
         /// Where `secretKeyRef: { name: N, key: K }` in a step's `env` is read: the file
-        /// DIR/N/K.
+        /// DIR/N/K. Steps may reference only the Secrets that are subdirectories of DIR at
+        /// start (none without it).
         #[arg(long, env = "PLUMBER_SECRETS", value_name = "DIR")]
         secrets: Option<std::path::PathBuf>,
         /// The rebalance protocol of the processors started from now on: `cooperative`
@@ -143,6 +145,27 @@ enum Command {
         /// what runs keeps running. Read at start.
         #[arg(long, env = "PLUMBER_TRUSTED_KEYS", value_name = "DIR")]
         trusted_keys: Option<std::path::PathBuf>,
+        /// The most files under topologies/ one commit may have; a commit with more is
+        /// invalid, unread (see also --max-commit-bytes, -steps, -topologies).
+        #[arg(long, value_name = "N", default_value_t = Budget::default().files)]
+        max_commit_files: u64,
+        /// The most bytes of YAML one commit may make the daemon read.
+        #[arg(long, value_name = "BYTES", default_value_t = Budget::default().bytes)]
+        max_commit_bytes: u64,
+        /// The most step files one commit may have.
+        #[arg(long, value_name = "N", default_value_t = Budget::default().steps)]
+        max_commit_steps: u64,
+        /// The most topologies one commit may have.
+        #[arg(long, value_name = "N", default_value_t = Budget::default().topologies)]
+        max_commit_topologies: u64,
+        /// The most bytes a checkout of a commit (the directories of its exec and http steps)
+        /// may write.
+        #[arg(long, value_name = "BYTES", default_value_t = Budget::default().checkout_bytes)]
+        max_checkout_bytes: u64,
+        /// With --trusted-keys, also apply a signed head that does not descend from what
+        /// runs (a force-push back to an older signed commit). Off: go back with `git revert`.
+        #[arg(long, requires = "trusted_keys")]
+        allow_rollback: bool,
         /// Refs whose merge into the branch is planned (`GET /api/plans`, a git note on each
         /// head in refs/notes/plumber); repeat for several. `*` matches any characters.
         #[arg(long = "watch-refs", value_name = "GLOB",
@@ -409,7 +432,17 @@ fn run(command: Command) -> Result<ExitCode> {
                 (Some(base), Some(head), _) => {
                     let base_commit = repo.resolve(&base)?;
                     let head_commit = repo.resolve(&head)?;
-                    let files = match repo.merge_preview(base_commit, head_commit)? {
+                    let merged = match refused(repo.merge_preview(base_commit, head_commit))? {
+                        Ok(merged) => merged,
+                        Err(validation) => {
+                            eprint!(
+                                "{}",
+                                output::validation_text(&head_commit.to_string(), &validation)
+                            );
+                            return Ok(ExitCode::from(INVALID));
+                        }
+                    };
+                    let files = match merged {
                         MergePreview::Merged(files) => files,
                         MergePreview::Conflicts(paths) => {
                             eprintln!(
@@ -463,6 +496,12 @@ fn run(command: Command) -> Result<ExitCode> {
             kafka_credentials,
             assignor,
             trusted_keys,
+            max_commit_files,
+            max_commit_bytes,
+            max_commit_steps,
+            max_commit_topologies,
+            max_checkout_bytes,
+            allow_rollback,
             watch_refs,
             push_notes,
             forge,
@@ -490,6 +529,14 @@ fn run(command: Command) -> Result<ExitCode> {
                 .transpose()?;
             config.kafka_credentials = kafka_credentials.clone();
             config.trusted_keys = trusted_keys;
+            config.allow_rollback = allow_rollback;
+            config.budget = Budget {
+                files: max_commit_files,
+                bytes: max_commit_bytes,
+                steps: max_commit_steps,
+                topologies: max_commit_topologies,
+                checkout_bytes: max_checkout_bytes,
+            };
             config.watch_refs = watch_refs;
             config.push_notes = push_notes;
             // clap makes --forge-repo and --forge-token-file required with --forge.
@@ -502,6 +549,7 @@ fn run(command: Command) -> Result<ExitCode> {
             }
             config.public_url = public_url;
             config.preview_label = preview_label;
+            config.step_secrets = step_secrets_of(secrets.as_deref())?;
             config.assignor = match assignor {
                 AssignorChoice::Cooperative => plumber::runtime::Assignor::Cooperative,
                 AssignorChoice::Eager => plumber::runtime::Assignor::Eager,
@@ -587,6 +635,37 @@ fn run(command: Command) -> Result<ExitCode> {
 /// Asks a running daemon and prints its answer as JSON or rendered for a terminal.
 /// The secret of `--webhook-secret-file`. An empty one is an error: it would sign nothing,
 /// and a file left empty by mistake must not turn verification off.
+/// The Secrets steps may reference under `plumber up`: the subdirectories of `--secrets DIR`
+/// when it starts (none without it).
+fn step_secrets_of(dir: Option<&std::path::Path>) -> Result<plumber::spec::StepSecrets> {
+    let Some(dir) = dir else {
+        return Ok(plumber::spec::StepSecrets::Only {
+            names: Default::default(),
+            origin: "give `plumber up --secrets DIR` with a directory per Secret".into(),
+        });
+    };
+    let entries = std::fs::read_dir(dir)
+        .with_context(|| format!("cannot read the secrets directory {}", dir.display()))?;
+    let mut names = std::collections::BTreeSet::new();
+    for entry in entries {
+        let entry = entry
+            .with_context(|| format!("cannot read the secrets directory {}", dir.display()))?;
+        if entry.file_type().is_ok_and(|t| t.is_dir())
+            && let Some(name) = entry.file_name().to_str()
+            && !name.starts_with('.')
+        {
+            names.insert(name.to_owned());
+        }
+    }
+    Ok(plumber::spec::StepSecrets::Only {
+        names,
+        origin: format!(
+            "the directories of `plumber up --secrets {}` at start; add one and restart",
+            dir.display()
+        ),
+    })
+}
+
 pub(crate) fn read_webhook_secret(file: &std::path::Path) -> Result<String> {
     let secret = std::fs::read_to_string(file)
         .with_context(|| format!("reading the webhook secret from {}", file.display()))?;
@@ -798,8 +877,23 @@ fn validate_rev(repo: &Repository, rev: &str) -> Result<(String, Validation)> {
 }
 
 fn validate_commit(repo: &Repository, commit: git2::Oid) -> Result<(String, Validation)> {
-    let snapshot = repo.snapshot(commit)?;
-    Ok((commit.to_string(), validate(&snapshot.files)))
+    let validation = match refused(repo.snapshot(commit))? {
+        Ok(snapshot) => validate(&snapshot.files),
+        Err(validation) => validation,
+    };
+    Ok((commit.to_string(), validation))
+}
+
+/// A commit refused before its files were read (over budget, a name no file can have) is an
+/// invalid commit, not an error of reading: `Ok(Err(validation))`.
+fn refused<T>(read: plumber::repo::Result<T>) -> Result<Result<T, Validation>> {
+    match read {
+        Ok(value) => Ok(Ok(value)),
+        Err(error) => match error.diagnostic() {
+            Some(diagnostic) => Ok(Err(Validation::refused(diagnostic))),
+            None => Err(error.into()),
+        },
+    }
 }
 
 fn exit_for(valid: bool) -> ExitCode {

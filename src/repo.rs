@@ -1,10 +1,12 @@
 //! Reading a topology repository at a commit with git2: trees and blobs, never the working
 //! tree. Symlinks are reported, never followed; blobs over the size cap are not read.
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use git2::{ObjectType, Oid, TreeWalkResult};
 
+use crate::spec::budget::{Budget, Exceeded, Measure};
 use crate::spec::{self, FileContent, MAX_FILE_BYTES, SourceFile};
 
 #[derive(Debug, thiserror::Error)]
@@ -35,6 +37,17 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// The commit is over budget ([`crate::spec::budget`]): a validation error of that commit.
+    #[error("commit {commit}: {}", .exceeded.diagnostic().message)]
+    OverBudget { commit: Oid, exceeded: Exceeded },
+    #[error(
+        "commit {commit} has a tree entry `{name}` in `{dir}` that cannot be written as a file name"
+    )]
+    UnsafeName {
+        commit: Oid,
+        dir: String,
+        name: String,
+    },
     #[error("reading {what} of commit {commit}: {source}")]
     Read {
         what: String,
@@ -46,13 +59,43 @@ pub enum Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+impl Error {
+    /// What the error says of the commit as a validation error, when it is one: the commit
+    /// is over budget or holds a name no file can have. `None` for errors of reading.
+    pub fn diagnostic(&self) -> Option<crate::diagnostic::Diagnostic> {
+        match self {
+            Error::OverBudget { exceeded, .. } => Some(exceeded.diagnostic()),
+            Error::UnsafeName { dir, name, .. } => Some(crate::diagnostic::Diagnostic::error(
+                crate::diagnostic::Code::UnsupportedEntry,
+                dir,
+                None,
+                format!(
+                    "`{}` is not a name a file can have here; nothing of the commit is \
+                     written or run (rename it)",
+                    name.escape_debug()
+                ),
+            )),
+            _ => None,
+        }
+    }
+}
+
 pub struct Repository {
     git: git2::Repository,
     location: String,
     /// Where the topology repository starts inside the git repository (`""` at its root, or
     /// e.g. `"example-repo/"` for a subdirectory of a monorepo).
     prefix: String,
+    /// What one commit may make this handle read and write.
+    budget: Budget,
 }
+
+/// The largest tree object read, in bytes (about 100,000 entries): git would hold a bigger
+/// directory listing whole in memory before anything could be counted.
+const MAX_TREE_BYTES: u64 = 4 * 1024 * 1024;
+
+/// Where the files of a checkout say which step directories are complete (written last).
+const CHECKOUT_INDEX: &str = ".plumber-checkout";
 
 /// The outcome of merging a pull request's head into its base, in memory.
 #[derive(Debug, Clone)]
@@ -139,7 +182,19 @@ impl Repository {
             git,
             location: location.to_owned(),
             prefix,
+            budget: Budget::default(),
         })
+    }
+
+    /// The same handle, holding every commit it reads to `budget`.
+    #[must_use]
+    pub fn with_budget(mut self, budget: Budget) -> Repository {
+        self.budget = budget;
+        self
+    }
+
+    pub fn budget(&self) -> &Budget {
+        &self.budget
     }
 
     pub fn git(&self) -> &git2::Repository {
@@ -294,8 +349,9 @@ impl Repository {
             commit,
             source,
         };
-        let tree = self.git.find_tree(tree).map_err(|e| read("the tree", e))?;
         let odb = self.git.odb().map_err(|e| read("the object database", e))?;
+        self.check_tree_size(&odb, tree, "", commit)?;
+        let tree = self.git.find_tree(tree).map_err(|e| read("the tree", e))?;
         let mut layout = Layout {
             settings: None,
             topologies: Vec::new(),
@@ -319,6 +375,7 @@ impl Repository {
         if dir.kind() != Some(ObjectType::Tree) {
             return Ok(layout);
         }
+        self.check_tree_size(&odb, dir.id(), "topologies/", commit)?;
         let dir = self
             .git
             .find_tree(dir.id())
@@ -343,6 +400,111 @@ impl Repository {
             layout.loose.push(SourceFile { path, content });
         }
         Ok(layout)
+    }
+
+    /// An error when the tree object `id` (the directory `dir`) is larger than
+    /// [`MAX_TREE_BYTES`]: over budget before it is read.
+    fn check_tree_size(&self, odb: &git2::Odb, id: Oid, dir: &str, commit: Oid) -> Result<()> {
+        let (size, _) = odb.read_header(id).map_err(|source| Error::Read {
+            what: format!("the tree {dir}"),
+            commit,
+            source,
+        })?;
+        if size as u64 > MAX_TREE_BYTES {
+            return Err(Error::OverBudget {
+                commit,
+                exceeded: Exceeded {
+                    limit: "files",
+                    found: size as u64 / 32,
+                    allowed: self.budget.files.min(MAX_TREE_BYTES / 32),
+                    flag: "--max-commit-files",
+                    key: "files",
+                    largest: Some(dir.trim_end_matches('/').to_owned()).filter(|d| !d.is_empty()),
+                },
+            });
+        }
+        Ok(())
+    }
+
+    /// What the directory `tree` at `dir` (`""` for the topology repository's root, where
+    /// only `topologies/` is looked into, or `topologies/<name>/`) holds, from its trees and
+    /// the sizes git records: no blob is read. Counting stops once the files are over budget.
+    pub fn measure(&self, tree: Oid, dir: &str, commit: Oid) -> Result<Measure> {
+        let read = |what: &str, source| Error::Read {
+            what: what.to_owned(),
+            commit,
+            source,
+        };
+        let odb = self.git.odb().map_err(|e| read("the object database", e))?;
+        self.check_tree_size(&odb, tree, dir, commit)?;
+        let tree = self.git.find_tree(tree).map_err(|e| read("the tree", e))?;
+        let mut measure = Measure::default();
+        let mut failure = None;
+        let walked = walk(&self.git, &tree, dir, |dir, entry| {
+            let Some(name) = entry.name() else {
+                return TreeWalkResult::Skip;
+            };
+            if entry.kind() == Some(ObjectType::Tree) {
+                let descend = (dir.is_empty() && name == spec::TOPOLOGIES_DIR)
+                    || (dir.starts_with("topologies/") && !name.starts_with('.'));
+                if !descend {
+                    return TreeWalkResult::Skip;
+                }
+                if dir == "topologies/" {
+                    measure.topologies += 1;
+                }
+                let path = format!("{dir}{name}/");
+                if let Err(error) = self.check_tree_size(&odb, entry.id(), &path, commit) {
+                    failure = Some(error);
+                    return TreeWalkResult::Abort;
+                }
+                return TreeWalkResult::Ok;
+            }
+            if !dir.starts_with("topologies/") {
+                return TreeWalkResult::Ok;
+            }
+            measure.files += 1;
+            if measure.files > self.budget.files {
+                return TreeWalkResult::Abort;
+            }
+            let path = format!("{dir}{name}");
+            if !spec::is_wanted(&path) {
+                return TreeWalkResult::Ok;
+            }
+            measure.steps += 1;
+            let is_link = entry.filemode() == i32::from(git2::FileMode::Link);
+            if entry.kind() == Some(ObjectType::Blob) && !is_link {
+                match odb.read_header(entry.id()) {
+                    Ok((size, _)) => measure.bytes += size as u64,
+                    Err(error) => {
+                        failure = Some(read(&path, error));
+                        return TreeWalkResult::Abort;
+                    }
+                }
+            }
+            TreeWalkResult::Ok
+        });
+        if let Some(error) = failure {
+            return Err(error);
+        }
+        if measure.files > self.budget.files {
+            // The walk stopped there: at least this many.
+            return Ok(measure);
+        }
+        walked.map_err(|e| read("the tree", e))?;
+        Ok(measure)
+    }
+
+    /// An error when `measure` (of `commit`) is over this handle's budget.
+    pub fn check_budget(
+        &self,
+        measure: &Measure,
+        largest: Option<&str>,
+        commit: Oid,
+    ) -> Result<()> {
+        self.budget
+            .check(measure, largest)
+            .map_err(|exceeded| Error::OverBudget { commit, exceeded })
     }
 
     /// The wanted files of the topology directory `topologies/<name>` whose tree is `tree`.
@@ -416,13 +578,15 @@ impl Repository {
             })
     }
 
-    /// Writes every file of `commit`'s topology repository under `dest` (regular files only:
-    /// symlinks and submodules are skipped), so `exec` and `http` commands run next to their
-    /// step files. Does nothing when `dest` exists: a commit's files never change.
-    pub fn checkout(&self, commit: Oid, dest: &Path) -> Result<()> {
-        if dest.is_dir() {
-            return Ok(());
-        }
+    /// Writes the files of `dirs` (directories of the topology repository, each with all
+    /// below it) of `commit` under `dest`, so that `exec` and `http` commands run next to
+    /// their step files; nothing else of the commit is written. Regular files only (symlinks
+    /// and submodules are skipped); an entry whose name is not a plain file name refuses the
+    /// checkout, and the budget's `checkout_bytes` bounds what is written, checked before
+    /// anything is. Each file is written whole and renamed into place, and a directory is
+    /// recorded complete only once all its files are (in [`CHECKOUT_INDEX`]): a crash never
+    /// leaves a checkout that looks done, and directories asked for later are added.
+    pub fn checkout(&self, commit: Oid, dirs: &BTreeSet<String>, dest: &Path) -> Result<()> {
         let read = |what: &str, source| Error::Read {
             what: what.to_owned(),
             commit,
@@ -432,45 +596,135 @@ impl Repository {
             path: path.to_path_buf(),
             source: e,
         };
-        let tree = self.commit_root(commit)?;
-        // Written aside, then renamed: a crash never leaves a half checkout that looks done.
-        let partial = dest.with_extension("partial");
-        let _ = std::fs::remove_dir_all(&partial);
-        let mut blobs = Vec::new();
-        walk(&self.git, &tree, "", |dir, entry| {
-            if entry.kind() == Some(ObjectType::Blob)
-                && entry.filemode() != 0o120000
-                && let Some(name) = entry.name()
+        std::fs::create_dir_all(dest).map_err(|e| write(dest, e))?;
+        let index = dest.join(CHECKOUT_INDEX);
+        let mut done: BTreeSet<String> = std::fs::read_to_string(&index)
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect();
+        // Only what no complete or wanted directory above it holds already.
+        let wanted: BTreeSet<String> = dirs
+            .iter()
+            .filter(|dir| !done.iter().any(|d| is_within(dir, d)))
+            .filter(|dir| !dirs.iter().any(|d| d != *dir && is_within(dir, d)))
+            .cloned()
+            .collect();
+        if wanted.is_empty() {
+            return Ok(());
+        }
+        let root = self.commit_root(commit)?;
+        let odb = self.git.odb().map_err(|e| read("the object database", e))?;
+        let mut blobs: Vec<(String, Oid, i32)> = Vec::new();
+        let mut bytes: u64 = 0;
+        for dir in &wanted {
+            if let Some(name) = dir
+                .split('/')
+                .find(|name| !dir.is_empty() && !is_safe_name(name))
             {
-                blobs.push((format!("{dir}{name}"), entry.id(), entry.filemode()));
+                return Err(Error::UnsafeName {
+                    commit,
+                    dir: dir.clone(),
+                    name: name.to_owned(),
+                });
             }
-            TreeWalkResult::Ok
-        })
-        .map_err(|e| read("the tree", e))?;
+            let tree = if dir.is_empty() {
+                root.clone()
+            } else {
+                let Ok(entry) = root.get_path(Path::new(dir)) else {
+                    continue;
+                };
+                self.check_tree_size(&odb, entry.id(), dir, commit)?;
+                match self.git.find_tree(entry.id()) {
+                    Ok(tree) => tree,
+                    // Not a directory: nothing to write.
+                    Err(_) => continue,
+                }
+            };
+            let start = if dir.is_empty() {
+                String::new()
+            } else {
+                format!("{dir}/")
+            };
+            let mut failure = None;
+            let walked = walk(&self.git, &tree, &start, |at, entry| {
+                let name = entry.name().unwrap_or_default();
+                if !is_safe_name(name) {
+                    failure = Some(Error::UnsafeName {
+                        commit,
+                        dir: at.trim_end_matches('/').to_owned(),
+                        name: name.to_owned(),
+                    });
+                    return TreeWalkResult::Abort;
+                }
+                if entry.kind() == Some(ObjectType::Tree) {
+                    let path = format!("{at}{name}");
+                    if let Err(error) = self.check_tree_size(&odb, entry.id(), &path, commit) {
+                        failure = Some(error);
+                        return TreeWalkResult::Abort;
+                    }
+                    return TreeWalkResult::Ok;
+                }
+                if entry.kind() != Some(ObjectType::Blob)
+                    || entry.filemode() == i32::from(git2::FileMode::Link)
+                {
+                    return TreeWalkResult::Ok;
+                }
+                match odb.read_header(entry.id()) {
+                    Ok((size, _)) => bytes += size as u64,
+                    Err(error) => {
+                        failure = Some(read(&format!("{at}{name}"), error));
+                        return TreeWalkResult::Abort;
+                    }
+                }
+                if let Err(exceeded) = self.budget.check_checkout(bytes, Some(dir)) {
+                    failure = Some(Error::OverBudget { commit, exceeded });
+                    return TreeWalkResult::Abort;
+                }
+                blobs.push((format!("{at}{name}"), entry.id(), entry.filemode()));
+                TreeWalkResult::Ok
+            });
+            if let Some(error) = failure {
+                return Err(error);
+            }
+            walked.map_err(|e| read("the tree", e))?;
+        }
         for (path, id, mode) in blobs {
             let blob = self.git.find_blob(id).map_err(|e| read(&path, e))?;
-            let target = partial.join(&path);
-            if let Some(parent) = target.parent() {
-                std::fs::create_dir_all(parent).map_err(|e| write(parent, e))?;
-            }
-            std::fs::write(&target, blob.content()).map_err(|e| write(&target, e))?;
-            if mode == 0o100755 {
+            let target = dest.join(&path);
+            let parent = target.parent().unwrap_or(dest);
+            std::fs::create_dir_all(parent).map_err(|e| write(parent, e))?;
+            // Whole, then renamed: a process already running in this directory (another
+            // step of the commit) never reads a half-written file.
+            let mut file = tempfile::NamedTempFile::new_in(parent).map_err(|e| write(parent, e))?;
+            std::io::Write::write_all(&mut file, blob.content()).map_err(|e| write(&target, e))?;
+            if mode == i32::from(git2::FileMode::BlobExecutable) {
                 use std::os::unix::fs::PermissionsExt as _;
-                std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o755))
+                file.as_file()
+                    .set_permissions(std::fs::Permissions::from_mode(0o755))
                     .map_err(|e| write(&target, e))?;
             }
+            file.persist(&target).map_err(|e| write(&target, e.error))?;
         }
-        std::fs::create_dir_all(&partial).map_err(|e| write(&partial, e))?;
-        std::fs::rename(&partial, dest).map_err(|e| write(dest, e))
+        done.extend(wanted);
+        let text: String = done.iter().map(|d| format!("{d}\n")).collect();
+        let mut file = tempfile::NamedTempFile::new_in(dest).map_err(|e| write(dest, e))?;
+        std::io::Write::write_all(&mut file, text.as_bytes()).map_err(|e| write(&index, e))?;
+        file.persist(&index).map_err(|e| write(&index, e.error))?;
+        Ok(())
     }
 
-    /// Reads the wanted files of any tree (a commit's, or a merge preview's).
+    /// Reads the wanted files of any tree (a commit's, or a merge preview's), once it is
+    /// measured within the budget.
     pub fn files_of(&self, tree: &git2::Tree, commit: Oid) -> Result<Vec<SourceFile>> {
         self.files_below(tree, "", commit)
     }
 
     /// As [`Repository::files_of`], for the tree at path `dir` (`""`, or `a/b/`).
     fn files_below(&self, tree: &git2::Tree, dir: &str, commit: Oid) -> Result<Vec<SourceFile>> {
+        let measure = self.measure(tree.id(), dir, commit)?;
+        let largest = dir.strip_suffix('/').filter(|d| !d.is_empty());
+        self.check_budget(&measure, largest, commit)?;
         let odb = self.git.odb().map_err(|source| Error::Read {
             what: "the object database".into(),
             commit,
@@ -579,6 +833,25 @@ fn walk(
         }
     }
     Ok(())
+}
+
+/// Whether directory `dir` is `ancestor` or below it (`""` is the root, above everything).
+fn is_within(dir: &str, ancestor: &str) -> bool {
+    ancestor.is_empty()
+        || dir == ancestor
+        || dir
+            .strip_prefix(ancestor)
+            .is_some_and(|rest| rest.starts_with('/'))
+}
+
+/// Whether a tree entry's name can be joined to a path as one plain component: git itself
+/// refuses the others on checkout, but a pushed tree may still hold them.
+fn is_safe_name(name: &str) -> bool {
+    !name.is_empty()
+        && name != "."
+        && name != ".."
+        && !name.eq_ignore_ascii_case(".git")
+        && !name.contains(['/', '\\', '\0'])
 }
 
 /// What a tree entry holds for validation: a symlink or submodule is reported, never read.

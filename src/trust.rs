@@ -128,6 +128,12 @@ pub enum Verdict {
         key: Option<String>,
         reason: String,
     },
+    /// Signed by a trusted key, but not a descendant of `runs`, the commit that runs: a
+    /// force-push back to an older signed commit (a rollback the history does not show).
+    NotDescendant {
+        signer: Signer,
+        runs: String,
+    },
 }
 
 impl Verdict {
@@ -142,16 +148,30 @@ impl Verdict {
             Verdict::Unsigned => None,
             Verdict::UnknownKey { key, .. } => Some(key),
             Verdict::BadSignature { key, .. } => key.as_deref(),
+            Verdict::NotDescendant { signer, .. } => Some(&signer.fingerprint),
         }
     }
 
-    /// `trusted`, `unsigned`, `unknown-key` or `bad-signature`: a metric's or a log's label.
+    /// `trusted`, `unsigned`, `unknown-key`, `bad-signature` or `not-descendant`: a metric's
+    /// or a log's label.
     pub fn label(&self) -> &'static str {
         match self {
             Verdict::Trusted(_) => "trusted",
             Verdict::Unsigned => "unsigned",
             Verdict::UnknownKey { .. } => "unknown-key",
             Verdict::BadSignature { .. } => "bad-signature",
+            Verdict::NotDescendant { .. } => "not-descendant",
+        }
+    }
+
+    /// A trusted verdict on a commit that does not descend from `runs`, which runs.
+    pub fn not_descending_from(self, runs: &str) -> Verdict {
+        match self {
+            Verdict::Trusted(signer) => Verdict::NotDescendant {
+                signer,
+                runs: runs.to_owned(),
+            },
+            other => other,
         }
     }
 
@@ -187,6 +207,13 @@ impl Verdict {
                      the commit was changed after it was signed, or the signature is damaged: re-sign the commit"
                 )
             }
+            Verdict::NotDescendant { runs, .. } => format!(
+                "commit {short} is signed by a trusted key but does not descend from {}, which \
+                 runs: with --trusted-keys the branch only moves forward, so a force-push cannot \
+                 bring back an older signed commit; undo a change with `git revert` (or start \
+                 the daemon with --allow-rollback)",
+                &runs[..runs.len().min(12)]
+            ),
         }
     }
 }

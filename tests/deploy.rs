@@ -54,12 +54,13 @@ fn the_crd_in_deploy_is_what_plumber_crd_prints() {
 
 /// `kubectl kustomize deploy/`, one JSON value per object.
 fn rendered() -> Vec<Value> {
+    rendered_from(&deploy_dir())
+}
+
+/// `kubectl kustomize DIR`, one JSON value per object.
+fn rendered_from(dir: &Path) -> Vec<Value> {
     let kubectl = std::env::var_os("KUBECTL").unwrap_or_else(|| "kubectl".into());
-    let output = match Command::new(&kubectl)
-        .arg("kustomize")
-        .arg(deploy_dir())
-        .output()
-    {
+    let output = match Command::new(&kubectl).arg("kustomize").arg(dir).output() {
         Ok(output) => output,
         Err(error) => panic!(
             "cannot run {} ({error}): these tests need kubectl to build deploy/ with \
@@ -70,7 +71,8 @@ fn rendered() -> Vec<Value> {
     };
     assert!(
         output.status.success(),
-        "kubectl kustomize deploy/ failed:\n{}",
+        "kubectl kustomize {} failed:\n{}",
+        dir.display(),
         String::from_utf8_lossy(&output.stderr)
     );
     let text = String::from_utf8(output.stdout).expect("kustomize prints UTF-8");
@@ -393,11 +395,8 @@ fn the_daemon_reads_the_config_it_is_given() {
 /// One RBAC rule, flattened for comparison: (API group, resource, resource names, verbs).
 type Rule = (String, String, Vec<String>, BTreeSet<String>);
 
-#[test]
-fn the_role_grants_exactly_what_the_daemon_needs() {
-    let objects = rendered();
-    let role: Role = the(&objects, "Role");
-    let mut granted: BTreeSet<Rule> = BTreeSet::new();
+fn rules_of(role: &Role) -> BTreeSet<Rule> {
+    let mut granted = BTreeSet::new();
     for rule in role.rules.iter().flatten() {
         assert!(rule.non_resource_urls.is_none());
         for group in rule.api_groups.iter().flatten() {
@@ -411,15 +410,92 @@ fn the_role_grants_exactly_what_the_daemon_needs() {
             }
         }
     }
-    let config = daemon_config(&objects);
-    let rule = |group: &str, resource: &str, names: &[&str], verbs: &[&str]| -> Rule {
-        (
-            group.into(),
-            resource.into(),
-            names.iter().map(|&n| n.into()).collect(),
-            verbs.iter().map(|&v| v.into()).collect(),
-        )
+    granted
+}
+
+fn rule(group: &str, resource: &str, names: &[&str], verbs: &[&str]) -> Rule {
+    (
+        group.into(),
+        resource.into(),
+        names.iter().map(|&n| n.into()).collect(),
+        verbs.iter().map(|&v| v.into()).collect(),
+    )
+}
+
+/// SPEC §11: with deploy/processors/ (an overlay as deploy/README.md shows), processors run in
+/// `plumber-processors`; the daemon may create no Deployment where its own Secrets are, and
+/// may manage processors only there.
+#[test]
+fn processors_apart_run_where_the_daemons_secrets_are_not() {
+    let overlay =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/deploy-overlays/processors-apart");
+    let objects = rendered_from(&overlay);
+    let roles: Vec<Role> = objects
+        .iter()
+        .filter(|o| o["kind"] == "Role")
+        .map(|o| serde_json::from_value(o.clone()).unwrap())
+        .collect();
+    let role_in = |namespace: &str| {
+        roles
+            .iter()
+            .find(|r| r.metadata.namespace.as_deref() == Some(namespace))
+            .unwrap_or_else(|| panic!("a Role in {namespace}"))
     };
+    let manage = ["get", "list", "watch", "create", "patch", "delete"];
+    let config = daemon_config(&objects);
+    let processors = config
+        .kubernetes
+        .processor_namespace
+        .clone()
+        .expect("the overlay's daemon.yaml names the processors' namespace");
+    assert_eq!(
+        rules_of(role_in(&processors)),
+        BTreeSet::from([
+            rule("apps", "deployments", &[], &manage),
+            rule("keda.sh", "scaledobjects", &[], &manage),
+            rule("keda.sh", "triggerauthentications", &[], &manage),
+            rule("", "pods", &[], &["get", "list", "watch"]),
+        ])
+    );
+    let daemon = rules_of(role_in("plumber"));
+    assert!(
+        !daemon
+            .iter()
+            .any(|(_, resource, _, _)| resource == "deployments" || resource == "secrets"),
+        "{daemon:?}"
+    );
+    assert!(daemon.contains(&rule("", "pods", &[], &["get", "patch"])));
+    let bindings: Vec<RoleBinding> = objects
+        .iter()
+        .filter(|o| o["kind"] == "RoleBinding")
+        .map(|o| serde_json::from_value(o.clone()).unwrap())
+        .collect();
+    let binding = bindings
+        .iter()
+        .find(|b| b.metadata.namespace.as_deref() == Some(processors.as_str()))
+        .expect("a RoleBinding in the processors' namespace");
+    let [subject] = binding.subjects.as_deref().unwrap_or_default() else {
+        panic!("one subject");
+    };
+    assert_eq!(
+        (subject.name.as_str(), subject.namespace.as_deref()),
+        ("plumber", Some("plumber")),
+        "the daemon's ServiceAccount"
+    );
+    let namespaces: BTreeSet<&str> = objects
+        .iter()
+        .filter(|o| o["kind"] == "Namespace")
+        .filter_map(|o| o["metadata"]["name"].as_str())
+        .collect();
+    assert!(namespaces.contains(processors.as_str()), "{namespaces:?}");
+}
+
+#[test]
+fn the_role_grants_exactly_what_the_daemon_needs() {
+    let objects = rendered();
+    let role: Role = the(&objects, "Role");
+    let granted = rules_of(&role);
+    let config = daemon_config(&objects);
     let manage = ["get", "list", "watch", "create", "patch", "delete"];
     let expected = BTreeSet::from([
         rule("plumber.dev", "topologies", &[], &manage),

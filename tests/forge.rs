@@ -16,8 +16,8 @@ use std::time::{Duration, SystemTime};
 
 use fake_forge::*;
 use plumber::forge::{
-    self, Clock, CommentOutcome, CommitStatus, Config, Error, Forge, Kind, MARKER, PullRequest,
-    PullRequestState, Settings, State,
+    self, Clock, CommentAt, CommentOutcome, CommitStatus, Config, Error, Forge, FoundComment, Kind,
+    MARKER, PlanComment, PullRequest, PullRequestState, Settings, State, fingerprint_line,
 };
 use serde_json::json;
 
@@ -56,10 +56,27 @@ impl Setup {
         self.clock.sleeps.lock().unwrap().clone()
     }
 
+    /// Puts a plan whose fingerprint is its text.
     fn upsert(&self, number: u64, markdown: &str) -> forge::Result<CommentOutcome> {
-        let markdown = markdown.to_owned();
-        self.forge
-            .upsert_plan_comment(number, &move |_| markdown.clone())
+        self.upsert_at(number, markdown, CommentAt::Unknown)
+    }
+
+    /// [`Setup::upsert`] of the comment `at`.
+    fn upsert_at(
+        &self,
+        number: u64,
+        markdown: &str,
+        at: CommentAt,
+    ) -> forge::Result<CommentOutcome> {
+        let render = |_| markdown.to_owned();
+        self.forge.upsert_plan_comment(
+            number,
+            &PlanComment {
+                fingerprint: markdown,
+                at,
+                render: &render,
+            },
+        )
     }
 
     /// The token's account is asked for once, before the first comment is looked for.
@@ -136,6 +153,11 @@ fn setup_with(kind: Kind, token_file_text: &str, settings: Settings) -> Setup {
     }
 }
 
+/// The body of the plan comment of `markdown` (whose fingerprint it is too).
+fn body(markdown: &str) -> String {
+    format!("{MARKER}\n{}\n{markdown}", fingerprint_line(markdown))
+}
+
 fn success() -> CommitStatus {
     CommitStatus::new(State::Success, "valid; 2 steps change")
 }
@@ -160,10 +182,7 @@ fn comment_is_created_once_then_updated_in_place(kind: Kind) {
         ]
     );
     let created = s.server.requests()[2].body.clone();
-    assert_eq!(
-        created,
-        Some(json!({ "body": format!("{MARKER}\nplan A") }))
-    );
+    assert_eq!(created, Some(json!({ "body": body("plan A") })));
 
     s.server.clear_requests();
     assert_eq!(s.upsert(7, "plan B").unwrap(), CommentOutcome::Updated(id));
@@ -172,10 +191,7 @@ fn comment_is_created_once_then_updated_in_place(kind: Kind) {
         [format!("GET {comments}"), s.update_line(7, id)]
     );
     let updated = s.server.requests()[1].body.clone();
-    assert_eq!(
-        updated,
-        Some(json!({ "body": format!("{MARKER}\nplan B") }))
-    );
+    assert_eq!(updated, Some(json!({ "body": body("plan B") })));
 
     // The same plan again: nothing is written.
     s.server.clear_requests();
@@ -188,7 +204,7 @@ fn comment_is_created_once_then_updated_in_place(kind: Kind) {
     let plans = s.plan_comments(7);
     assert_eq!(plans.len(), 1, "{plans:?}");
     assert_eq!(plans[0].id, id);
-    assert_eq!(plans[0].body, format!("{MARKER}\nplan B"));
+    assert_eq!(plans[0].body, body("plan B"));
     assert_eq!(s.server.comments(7).len(), 4);
     assert!(s.sleeps().is_empty());
     s.server.assert_clean();
@@ -242,7 +258,7 @@ fn marker_comment_on_page_two_is_found_and_updated(kind: Kind) {
         .filter(|c| !c.system && c.author == BOT)
         .collect();
     assert_eq!(plans.len(), 1);
-    assert_eq!(plans[0].body, format!("{MARKER}\nnew plan"));
+    assert_eq!(plans[0].body, body("new plan"));
 
     // With no plan comment on either page, both are read before one is created.
     let _ = s.server.seed(11, 150, None, "");
@@ -553,12 +569,22 @@ fn an_over_limit_comment_is_shortened_by_the_renderer(kind: Kind) {
             rows - keep
         )
     };
-    let Ok(CommentOutcome::Created(_)) = s.forge.upsert_plan_comment(4, &render) else {
+    let comment = |render: &dyn Fn(usize) -> String| {
+        s.forge.upsert_plan_comment(
+            4,
+            &PlanComment {
+                fingerprint: "f1",
+                at: CommentAt::Unknown,
+                render,
+            },
+        )
+    };
+    let Ok(CommentOutcome::Created(_)) = comment(&render) else {
         panic!("{:?}", s.server.lines());
     };
     assert_eq!(
         *budgets.lock().unwrap(),
-        [limit - MARKER.chars().count() - 1]
+        [limit - MARKER.chars().count() - fingerprint_line("f1").chars().count() - 2]
     );
     let sent = s.server.requests()[2].body.clone().unwrap();
     let sent = sent["body"].as_str().unwrap();
@@ -568,10 +594,7 @@ fn an_over_limit_comment_is_shortened_by_the_renderer(kind: Kind) {
 
     // A renderer that ignores its budget: refused, and nothing sent.
     s.server.clear_requests();
-    let error = s
-        .forge
-        .upsert_plan_comment(4, &|_| full.clone())
-        .unwrap_err();
+    let error = comment(&|_| full.clone()).unwrap_err();
     assert!(
         matches!(error, Error::TooLong { length, limit: l } if l == limit && length > limit),
         "{error}"
@@ -737,7 +760,7 @@ fn github_app_token_finds_its_comment_by_the_app() {
     let comments = s.server.comments(6);
     assert_eq!(comments[1].body, format!("{MARKER}\nplanted"));
     assert_eq!(comments[3].author, APP_BOT);
-    assert_eq!(comments[3].body, format!("{MARKER}\nplan B"));
+    assert_eq!(comments[3].body, body("plan B"));
     s.server.assert_clean();
 }
 
@@ -789,17 +812,33 @@ fn pull_requests_are_read_with_their_state_and_labels(kind: Kind) {
         s.forge.pull_request(9).unwrap(),
         PullRequest {
             state: PullRequestState::Merged,
-            labels: Vec::new()
+            labels: Vec::new(),
+            head: None,
         }
     );
-    // The label removed: read again, it is gone (nothing is cached).
-    s.server
-        .set_pull_request(7, PullRequestState::Open, &["needs-review"]);
+    // Its head, as the forge names it.
+    let sha = "0123456789abcdef0123456789abcdef01234567";
+    s.server.set_head(7, sha);
+    assert_eq!(s.forge.pull_request(7).unwrap().head.as_deref(), Some(sha));
+    // The label taken off by Plumber (a preview's new commits), then read again: it is gone
+    // (nothing is cached). Taking off a label that is not there is no error.
+    s.forge.remove_label(7, "preview").unwrap();
+    assert_eq!(s.server.labels(7), ["needs-review"]);
     assert!(!s.forge.pull_request(7).unwrap().has_label("preview"));
-    let lines: Vec<String> = [7, 8, 9, 7]
+    s.forge.remove_label(7, "preview").unwrap();
+    let mut lines: Vec<String> = [7, 8, 9, 7]
         .iter()
         .map(|n| format!("GET {}", pull_request_path(kind, *n)))
         .collect();
+    let removal = match kind {
+        Kind::GitHub => format!("DELETE /api/v3/repos/{GITHUB_REPO}/issues/7/labels/preview"),
+        Kind::GitLab => format!("PUT {}", pull_request_path(kind, 7)),
+    };
+    lines.extend([
+        removal.clone(),
+        format!("GET {}", pull_request_path(kind, 7)),
+        removal,
+    ]);
     assert_eq!(s.server.lines(), lines);
     s.server.assert_clean();
 }
@@ -847,4 +886,189 @@ fn github_a_missing_pull_request_is_a_404_and_a_502_is_retried() {
 #[test]
 fn gitlab_a_missing_merge_request_is_a_404_and_a_502_is_retried() {
     a_missing_pull_request_is_a_404_and_a_502_is_retried(Kind::GitLab);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Writes proportional to change: the open pull requests in one listing, a comment by its id.
+
+fn pull_requests_list_path(kind: Kind) -> String {
+    match kind {
+        Kind::GitHub => format!("/api/v3/repos/{GITHUB_REPO}/pulls"),
+        Kind::GitLab => format!("/api/v4/projects/{GITLAB_PROJECT}/merge_requests"),
+    }
+}
+
+/// 150 open pull requests among 400: two pages of 100, nothing else asked.
+fn open_pull_requests_are_listed_100_a_page(kind: Kind) {
+    let s = setup(kind);
+    for number in 1..=400 {
+        let state = match number % 8 {
+            0 | 3 | 5 => PullRequestState::Open,
+            1 => PullRequestState::Merged,
+            _ => PullRequestState::Closed,
+        };
+        s.server.set_pull_request(number, state, &[]);
+    }
+    let open = s.forge.open_pull_requests().unwrap();
+    let expected: Vec<u64> = (1..=400).filter(|n| [0, 3, 5].contains(&(n % 8))).collect();
+    assert_eq!(expected.len(), 150);
+    assert_eq!(open.into_iter().collect::<Vec<_>>(), expected);
+    let second = match kind {
+        Kind::GitHub => format!("GET /api/v3/repositories/{GITHUB_REPO_ID}/pulls page=2"),
+        Kind::GitLab => format!("GET {} page=2", pull_requests_list_path(kind)),
+    };
+    assert_eq!(
+        s.server.lines(),
+        [format!("GET {}", pull_requests_list_path(kind)), second]
+    );
+    // None open: one request, an empty set.
+    s.server.fake().pull_requests.clear();
+    s.server.clear_requests();
+    assert!(s.forge.open_pull_requests().unwrap().is_empty());
+    assert_eq!(s.server.lines().len(), 1);
+    s.server.assert_clean();
+}
+
+#[test]
+fn github_open_pull_requests_are_listed_100_a_page() {
+    open_pull_requests_are_listed_100_a_page(Kind::GitHub);
+}
+
+#[test]
+fn gitlab_open_merge_requests_are_listed_100_a_page() {
+    open_pull_requests_are_listed_100_a_page(Kind::GitLab);
+}
+
+/// A comment whose id is known is updated in one request; one deleted meanwhile is looked
+/// for and made again; one that carries the plan's fingerprint is left alone, whatever else
+/// its text says (the commit the plan was merged into); the comment is found with its
+/// fingerprint.
+fn a_known_comment_is_updated_by_its_id_and_a_deleted_one_made_again(kind: Kind) {
+    let s = setup(kind);
+    s.server.seed(7, 120, None, "");
+    let Ok(CommentOutcome::Created(id)) = s.upsert(7, "plan A") else {
+        panic!("{:?}", s.server.lines());
+    };
+    s.server.clear_requests();
+    assert_eq!(
+        s.upsert_at(7, "plan B", CommentAt::Id(id)).unwrap(),
+        CommentOutcome::Updated(id)
+    );
+    assert_eq!(s.server.lines(), [s.update_line(7, id)], "not looked for");
+    assert_eq!(s.plan_comments(7)[0].body, body("plan B"));
+
+    // The same fingerprint, another text: found, left alone.
+    s.server.clear_requests();
+    let render = |_| "plan B, merged into a newer base".to_owned();
+    let same = PlanComment {
+        fingerprint: "plan B",
+        at: CommentAt::Unknown,
+        render: &render,
+    };
+    assert_eq!(
+        s.forge.upsert_plan_comment(7, &same).unwrap(),
+        CommentOutcome::Unchanged(id)
+    );
+    assert_eq!(
+        s.server.lines(),
+        [format!("GET {}", s.comments_path(7)), s.page_two(7)]
+    );
+
+    // Found with the fingerprint it carries (a restarted daemon's first look).
+    s.server.clear_requests();
+    assert_eq!(
+        s.forge.find_plan_comment(7).unwrap(),
+        Some(FoundComment {
+            id,
+            fingerprint: Some("plan B".into())
+        })
+    );
+    assert_eq!(
+        s.server.lines(),
+        [format!("GET {}", s.comments_path(7)), s.page_two(7)]
+    );
+    s.server.seed(
+        8,
+        1,
+        Some(0),
+        "a plan of a Plumber that wrote no fingerprint",
+    );
+    let older = s.forge.find_plan_comment(8).unwrap().unwrap();
+    assert_eq!(older.fingerprint, None);
+    s.server.seed(10, 2, None, "");
+    assert_eq!(s.forge.find_plan_comment(10).unwrap(), None);
+
+    // Deleted by someone: the update by id finds nothing, the comment is made again once.
+    s.server
+        .fake()
+        .comments
+        .get_mut(&7)
+        .unwrap()
+        .retain(|c| c.id != id);
+    s.server.clear_requests();
+    let Ok(CommentOutcome::Created(again)) = s.upsert_at(7, "plan C", CommentAt::Id(id)) else {
+        panic!("{:?}", s.server.lines());
+    };
+    assert_ne!(again, id);
+    assert_eq!(
+        s.server.lines(),
+        [
+            s.update_line(7, id),
+            format!("GET {}", s.comments_path(7)),
+            s.page_two(7),
+            format!("POST {}", s.comments_path(7)),
+        ]
+    );
+    assert_eq!(s.plan_comments(7).len(), 1);
+    assert!(s.sleeps().is_empty(), "a 404 is not retried");
+    s.server.assert_clean();
+}
+
+#[test]
+fn github_a_known_comment_is_updated_by_its_id_and_a_deleted_one_made_again() {
+    a_known_comment_is_updated_by_its_id_and_a_deleted_one_made_again(Kind::GitHub);
+}
+
+#[test]
+fn gitlab_a_known_note_is_updated_by_its_id_and_a_deleted_one_made_again() {
+    a_known_comment_is_updated_by_its_id_and_a_deleted_one_made_again(Kind::GitLab);
+}
+
+/// A comment the caller has just looked for and not found is created in one request; when
+/// the answer to that is lost, the next attempt looks first and finds it.
+fn a_missing_comment_is_created_at_once_and_looked_for_before_a_retry(kind: Kind) {
+    let s = setup(kind);
+    s.server.seed(5, 2, None, "");
+    let Ok(CommentOutcome::Created(_)) = s.upsert_at(5, "plan", CommentAt::Nowhere) else {
+        panic!("{:?}", s.server.lines());
+    };
+    assert_eq!(s.server.lines(), [format!("POST {}", s.comments_path(5))]);
+
+    s.server.seed(6, 0, None, "");
+    s.server.clear_requests();
+    s.server.fail_next(Fault::status(502).after_effect());
+    let outcome = s.upsert_at(6, "plan", CommentAt::Nowhere).unwrap();
+    let comments = s.comments_path(6);
+    assert_eq!(
+        s.server.lines(),
+        [
+            format!("POST {comments}"),
+            s.user_line(),
+            format!("GET {comments}"),
+        ]
+    );
+    let plans = s.plan_comments(6);
+    assert_eq!(plans.len(), 1);
+    assert_eq!(outcome, CommentOutcome::Unchanged(plans[0].id));
+    s.server.assert_clean();
+}
+
+#[test]
+fn github_a_missing_comment_is_created_at_once_and_looked_for_before_a_retry() {
+    a_missing_comment_is_created_at_once_and_looked_for_before_a_retry(Kind::GitHub);
+}
+
+#[test]
+fn gitlab_a_missing_note_is_created_at_once_and_looked_for_before_a_retry() {
+    a_missing_comment_is_created_at_once_and_looked_for_before_a_retry(Kind::GitLab);
 }

@@ -102,6 +102,7 @@ struct Setup {
     daemon: Process,
     api: String,
     state: tempfile::TempDir,
+    more: Vec<std::ffi::OsString>,
 }
 
 impl Setup {
@@ -111,55 +112,38 @@ impl Setup {
 
     /// [`Setup::start`] with more arguments for `plumber up`.
     fn start_with(kind: Kind, more: &[std::ffi::OsString]) -> Setup {
-        Setup::launch(kind, true, more)
+        Setup::start_on(kind, repository().0, Server::start(kind), more)
     }
 
-    /// `plumber up` with the fake forge, with or without a webhook secret.
-    fn launch(kind: Kind, secret: bool, more: &[std::ffi::OsString]) -> Setup {
-        let (repo, _) = repository();
-        let forge = Server::start(kind);
+    /// `plumber up` with the fake forge and no webhook secret: anyone may post.
+    fn start_unsigned(kind: Kind, more: &[std::ffi::OsString]) -> Setup {
+        Setup::start_on_with(kind, repository().0, Server::start(kind), more, false)
+    }
+
+    /// [`Setup::start_with`] on `repo`, with `forge` as it is.
+    fn start_on(kind: Kind, repo: TestRepo, forge: Server, more: &[std::ffi::OsString]) -> Setup {
+        Setup::start_on_with(kind, repo, forge, more, true)
+    }
+
+    /// [`Setup::start_on`], with a webhook secret or without one.
+    fn start_on_with(
+        kind: Kind,
+        repo: TestRepo,
+        forge: Server,
+        more: &[std::ffi::OsString],
+        secret: bool,
+    ) -> Setup {
         let state = tempfile::tempdir().unwrap();
-        let token_file = state.path().join("token");
-        std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
-        let secret_file = state.path().join("webhook-secret");
-        std::fs::write(&secret_file, WEBHOOK_SECRET).unwrap();
+        std::fs::write(state.path().join("token"), format!("{TOKEN}\n")).unwrap();
+        if secret {
+            std::fs::write(state.path().join("webhook-secret"), WEBHOOK_SECRET).unwrap();
+        }
         let port = {
             let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
             listener.local_addr().unwrap().port()
         };
         let api = format!("http://127.0.0.1:{port}");
-        let forge_name = match kind {
-            Kind::GitHub => "github",
-            Kind::GitLab => "gitlab",
-        };
-        let daemon = Process::spawn(
-            "plumber up",
-            Command::new(env!("CARGO_BIN_EXE_plumber"))
-                .args(["up", &repo.location(), "--branch", "main"])
-                .args(["--bootstrap", "127.0.0.1:1"])
-                .arg("--state-dir")
-                .arg(state.path().join("state"))
-                .args(["--listen", &format!("127.0.0.1:{port}")])
-                .args(["--watch-refs", &pull_ref(kind, 0).replace("/0/", "/*/")])
-                .args(["--forge", forge_name, "--forge-url", &forge.url])
-                .args(["--forge-repo", GITHUB_REPO])
-                .arg("--forge-token-file")
-                .arg(&token_file)
-                .args(
-                    secret
-                        .then(|| ["--webhook-secret-file".as_ref(), secret_file.as_os_str()])
-                        .into_iter()
-                        .flatten(),
-                )
-                .args(["--public-url", &api])
-                .args(more)
-                // Everything the daemon says, the forge clients' debug lines included, is
-                // searched for the token.
-                .env("RUST_LOG", "debug,librdkafka=warn")
-                .stdin(Stdio::null())
-                .stdout(std::fs::File::create(state.path().join("stdout")).unwrap())
-                .stderr(std::fs::File::create(state.path().join("stderr")).unwrap()),
-        );
+        let daemon = spawn(kind, &repo, &forge, state.path(), &api, more, "");
         Setup {
             kind,
             repo,
@@ -167,12 +151,31 @@ impl Setup {
             daemon,
             api,
             state,
+            more: more.to_vec(),
         }
     }
 
-    /// A pull request the forge knows (with no comment yet).
+    /// Stops the daemon (SIGTERM) and starts it again on the same state directory.
+    fn restart(&mut self) {
+        self.daemon.signal(nix::sys::signal::Signal::SIGTERM);
+        assert!(
+            self.daemon.wait_exit(PATIENCE).is_some(),
+            "the daemon stops on SIGTERM"
+        );
+        self.daemon = spawn(
+            self.kind,
+            &self.repo,
+            &self.forge,
+            self.state.path(),
+            &self.api,
+            &self.more,
+            ".2",
+        );
+    }
+
+    /// An open pull request the forge knows (with no comment yet).
     fn open(&self, number: u64) {
-        self.forge.seed(number, 0, None, "");
+        open(&self.forge, number);
     }
 
     fn plan_comments(&self, number: u64) -> Vec<fake_forge::Comment> {
@@ -249,6 +252,73 @@ impl Setup {
         (created, updated)
     }
 
+    /// Waits until each of the `count` watched refs is planned against `base` (its plan
+    /// announced: the publisher reads plans in the order they were made).
+    fn planned_against(&self, base: Oid, count: usize) {
+        wait_until(&format!("{count} plans against {base}"), PATIENCE, || {
+            let plans: Vec<Value> = ureq::get(&format!("{}/api/plans", self.api))
+                .call()
+                .ok()
+                .and_then(|mut answer| answer.body_mut().read_json().ok())
+                .unwrap_or_default();
+            plans.len() == count && plans.iter().all(|p| p["base"] == base.to_string())
+        });
+    }
+
+    /// What the fake records for a status on `head` and for an update of comment `id` of
+    /// pull request `number`.
+    fn status_line(&self, head: Oid) -> String {
+        match self.kind {
+            Kind::GitHub => format!("POST /api/v3/repos/{GITHUB_REPO}/statuses/{head}"),
+            Kind::GitLab => format!("POST /api/v4/projects/{GITLAB_PROJECT}/statuses/{head}"),
+        }
+    }
+
+    fn update_line(&self, number: u64, id: u64) -> String {
+        match self.kind {
+            Kind::GitHub => format!("PATCH /api/v3/repos/{GITHUB_REPO}/issues/comments/{id}"),
+            Kind::GitLab => format!("PUT {}/{id}", self.comments_path(number)),
+        }
+    }
+
+    /// The id of pull request `number`'s plan comment.
+    fn comment_id(&self, number: u64) -> u64 {
+        match self.plan_comments(number).as_slice() {
+            [comment] => comment.id,
+            other => panic!("{} plan comments on {number}: {other:#?}", other.len()),
+        }
+    }
+
+    /// A signed webhook saying pull request `number` is `action` (GitHub's word).
+    fn pull_request_hook(&self, number: u64, action: &str) -> u16 {
+        let (event, body) = match self.kind {
+            Kind::GitHub => (
+                ("x-github-event", "pull_request".to_owned()),
+                format!(
+                    r#"{{"action":"{action}","number":{number},"pull_request":{{"number":{number}}}}}"#
+                ),
+            ),
+            Kind::GitLab => {
+                let action = match action {
+                    "closed" => "close",
+                    "reopened" => "reopen",
+                    other => other,
+                };
+                (
+                    ("x-gitlab-event", "Merge Request Hook".to_owned()),
+                    format!(
+                        r#"{{"object_kind":"merge_request","object_attributes":{{"iid":{number},"action":"{action}"}}}}"#
+                    ),
+                )
+            }
+        };
+        let proof = match self.kind {
+            Kind::GitHub => ("x-hub-signature-256", signed(&body)),
+            Kind::GitLab => ("x-gitlab-token", WEBHOOK_SECRET.to_owned()),
+        };
+        self.hook(&[event, proof], &body)
+    }
+
     fn hook(&self, headers: &[(&str, String)], body: &str) -> u16 {
         let mut request = ureq::post(&format!("{}/hooks/git", self.api))
             .config()
@@ -315,8 +385,6 @@ impl Setup {
     /// their requests before plan changes, so whatever was asked of them before is done.
     fn sign_post(&self, number: u64, previews: bool) {
         self.open(number);
-        self.forge
-            .set_pull_request(number, PullRequestState::Open, &[]);
         let head = push(
             &self.repo,
             self.kind,
@@ -334,8 +402,12 @@ impl Setup {
     }
 
     fn output(&self) -> String {
-        let read = |name: &str| std::fs::read_to_string(self.state.path().join(name)).unwrap();
-        read("stdout") + &read("stderr")
+        let read =
+            |name: &str| std::fs::read_to_string(self.state.path().join(name)).unwrap_or_default();
+        ["stdout", "stderr", "stdout.2", "stderr.2"]
+            .iter()
+            .map(|name| read(name))
+            .collect()
     }
 
     /// Stops the daemon (SIGTERM) and checks what it said and asked of the forge.
@@ -359,6 +431,67 @@ impl Setup {
     }
 }
 
+/// `plumber up` on `repo` with `forge`, listening at `api`, its state, token and webhook
+/// secret in `state`, its output in `stdout{suffix}` and `stderr{suffix}` there.
+fn spawn(
+    kind: Kind,
+    repo: &TestRepo,
+    forge: &Server,
+    state: &std::path::Path,
+    api: &str,
+    more: &[std::ffi::OsString],
+    suffix: &str,
+) -> Process {
+    let forge_name = match kind {
+        Kind::GitHub => "github",
+        Kind::GitLab => "gitlab",
+    };
+    let output = |name: &str| std::fs::File::create(state.join(format!("{name}{suffix}"))).unwrap();
+    Process::spawn(
+        "plumber up",
+        Command::new(env!("CARGO_BIN_EXE_plumber"))
+            .args(["up", &repo.location(), "--branch", "main"])
+            .args(["--bootstrap", "127.0.0.1:1"])
+            .arg("--state-dir")
+            .arg(state.join("state"))
+            .args(["--listen", api.trim_start_matches("http://")])
+            .args(["--watch-refs", &pull_ref(kind, 0).replace("/0/", "/*/")])
+            .args(["--forge", forge_name, "--forge-url", &forge.url])
+            .args(["--forge-repo", GITHUB_REPO])
+            .arg("--forge-token-file")
+            .arg(state.join("token"))
+            // A setup without a secret has no file of it.
+            .args(
+                state
+                    .join("webhook-secret")
+                    .is_file()
+                    .then(|| {
+                        [
+                            "--webhook-secret-file".into(),
+                            state.join("webhook-secret").into_os_string(),
+                        ]
+                    })
+                    .into_iter()
+                    .flatten()
+                    .collect::<Vec<std::ffi::OsString>>(),
+            )
+            .args(["--public-url", api])
+            .args(more)
+            // Everything the daemon says, the forge clients' debug lines included, is
+            // searched for the token.
+            .env("RUST_LOG", "debug,librdkafka=warn")
+            .stdin(Stdio::null())
+            .stdout(output("stdout"))
+            .stderr(output("stderr")),
+    )
+}
+
+/// Pull request `number` is open on `forge` (with no comment yet).
+fn open(forge: &Server, number: u64) {
+    forge.seed(number, 0, None, "");
+    forge.set_pull_request(number, PullRequestState::Open, &[]);
+}
+
 fn short(commit: Oid) -> String {
     commit.to_string()[..7].to_owned()
 }
@@ -367,6 +500,150 @@ fn signed(body: &str) -> String {
     let mut mac = Hmac::<Sha256>::new_from_slice(WEBHOOK_SECRET.as_bytes()).unwrap();
     mac.update(body.as_bytes());
     format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
+}
+
+/// Forge writes proportional to change (issue 23), before the fix one write per watched
+/// pull request on every push to main and at every start. Pull requests 10 to 59 are closed (every
+/// fifth merged), 7 and 8 open, and 9 open too: the sentinel. Plans are made in ref order
+/// (`refs/pull/9/head` is last) and published in the order they were made, so once 9's
+/// comment shows what a round changed in it (or a push to it after every plan was made
+/// against the round's base), the round was published; the requests since the last round are
+/// then compared with what the round changed.
+fn a_push_to_main_writes_only_on_open_pull_requests_whose_plan_changed(kind: Kind) {
+    let (repo, _) = repository();
+    let forge = Server::start(kind);
+    let mut closed = Vec::new();
+    for number in 10..60 {
+        closed.push(push(
+            &repo,
+            kind,
+            number,
+            &[clean("orders", 100 + number as u32)],
+        ));
+        let state = if number % 5 == 0 {
+            PullRequestState::Merged
+        } else {
+            PullRequestState::Closed
+        };
+        forge.seed(number, 0, None, "");
+        forge.set_pull_request(number, state, &[]);
+    }
+    let seven = push(&repo, kind, 7, &[clean("orders", 5)]);
+    let eight = push(&repo, kind, 8, &[clean("orders", 9)]);
+    let mut sentinel = push(&repo, kind, 9, &[write("notes/round.txt", "0")]);
+    for number in [7, 8, 9] {
+        open(&forge, number);
+    }
+    let mut setup = Setup::start_on(kind, repo, forge, &[]);
+    setup.comment_where(9, "the sentinel's first comment", |body| {
+        body.contains(&short(sentinel))
+    });
+    for number in [7, 8] {
+        setup.comment_where(number, "an open pull request's comment", |_| true);
+    }
+    let ids = [7, 8, 9].map(|number| setup.comment_id(number));
+    let no_closed_one_touched = |setup: &Setup| {
+        for (number, head) in (10..60).zip(&closed) {
+            assert!(
+                setup.forge.comments(number).is_empty(),
+                "{number} commented"
+            );
+            assert!(setup.statuses_of(*head).is_empty(), "{number} has a status");
+        }
+        let lines = setup.forge.lines();
+        for number in 10..60 {
+            let mentions = |line: &&String| {
+                line.contains(&format!("/{number}/")) || line.ends_with(&format!("/{number}"))
+            };
+            assert!(
+                !lines.iter().any(|l| mentions(&l)),
+                "{number} asked about: {lines:#?}"
+            );
+        }
+    };
+    no_closed_one_touched(&setup);
+    setup.forge.clear_requests();
+
+    // A push to main that changes no plan: the sentinel, pushed to after it, is all that is
+    // written (the base in every plan moved; before issue 23 every comment was rewritten).
+    let docs = setup
+        .repo
+        .commit("main", "docs", &[write("README.md", "# topologies\n")]);
+    setup.planned_against(docs, 53);
+    sentinel = push(&setup.repo, kind, 9, &[write("notes/round.txt", "1")]);
+    setup.comment_where(9, "the sentinel's comment, round 1", |body| {
+        body.contains(&short(sentinel))
+    });
+    assert_eq!(
+        setup.forge.lines(),
+        [setup.status_line(sentinel), setup.update_line(9, ids[2])],
+        "no write (and no read) for the closed pull requests nor for 7 and 8"
+    );
+    setup.forge.clear_requests();
+
+    // A push to main that makes 7 and 8 (and every closed one) conflict: exactly 7's and 8's
+    // status and comment, once each; the sentinel's plan shows main's new `clean`.
+    setup
+        .repo
+        .commit("main", "orders stricter", &[clean("orders", 2)]);
+    setup.comment_where(9, "the sentinel's comment, round 2", |body| {
+        body.contains("select(.v > 2)")
+    });
+    assert_eq!(
+        setup.forge.lines(),
+        [
+            setup.status_line(seven),
+            setup.update_line(7, ids[0]),
+            setup.status_line(eight),
+            setup.update_line(8, ids[1]),
+            setup.update_line(9, ids[2]),
+        ]
+    );
+    for number in [7, 8] {
+        setup.comment_where(number, "the conflict", |body| body.contains("conflicts in"));
+    }
+    no_closed_one_touched(&setup);
+
+    // A restart: the open pull requests listed and each open one's comment looked at, which
+    // says its plan already (and so that its status was set): nothing written.
+    setup.forge.clear_requests();
+    setup.restart();
+    let comments_of_nine = format!("GET {}", setup.comments_path(9));
+    wait_until("the sentinel's comment is looked at", PATIENCE, || {
+        setup.forge.lines().contains(&comments_of_nine)
+    });
+    let lines = setup.forge.lines();
+    assert!(lines.iter().all(|l| l.starts_with("GET ")), "{lines:#?}");
+    assert_eq!(
+        lines.len(),
+        5,
+        "/user, the listing, 3 comment pages: {lines:#?}"
+    );
+    no_closed_one_touched(&setup);
+
+    // 8 closed by a webhook (the forge still lists it open): main taking 8's change clears
+    // its conflict, and nothing is written on it.
+    assert_eq!(setup.pull_request_hook(8, "closed"), 202);
+    setup.forge.clear_requests();
+    setup
+        .repo
+        .commit("main", "orders as 8 has it", &[clean("orders", 9)]);
+    setup.comment_where(9, "the sentinel's comment, round 4", |body| {
+        body.contains("select(.v > 9)")
+    });
+    assert_eq!(setup.forge.lines(), [setup.update_line(9, ids[2])]);
+    assert!(setup.plan_comments(8)[0].body.contains("conflicts in"));
+    setup.finish();
+}
+
+#[test]
+fn github_a_push_to_main_writes_only_on_open_pull_requests_whose_plan_changed() {
+    a_push_to_main_writes_only_on_open_pull_requests_whose_plan_changed(Kind::GitHub);
+}
+
+#[test]
+fn gitlab_a_push_to_main_writes_only_on_open_merge_requests_whose_plan_changed() {
+    a_push_to_main_writes_only_on_open_pull_requests_whose_plan_changed(Kind::GitLab);
 }
 
 /// (a) one comment and a success status; (b) a new head updates the comment in place and
@@ -718,9 +995,8 @@ fn pull_request_hook(kind: Kind, number: u64, action: &str) -> ((&'static str, S
 #[test]
 fn unsigned_webhooks_only_fetch_never_a_forge_request() {
     let kind = Kind::GitHub;
-    let setup = Setup::launch(
+    let setup = Setup::start_unsigned(
         kind,
-        false,
         &[
             "--preview-label".into(),
             "preview".into(),

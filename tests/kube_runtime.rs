@@ -874,6 +874,51 @@ fn processors_are_owned_by_their_topology_once_it_exists() {
     });
 }
 
+/// SPEC §11: processors may run in a namespace of their own, without the daemon's Secrets.
+/// Their objects go there and have no owner (the Topologies stay with the daemon, and an
+/// owner in another namespace would have the garbage collector delete them); repair still
+/// deletes what nothing runs.
+#[test]
+fn processors_in_a_namespace_of_their_own_are_applied_there_without_an_owner() {
+    const PROCESSORS: &str = "data-processors";
+    let fake = fake();
+    let leader = Arc::new(AtomicBool::new(true));
+    // The Topology exists in the daemon's namespace before the start.
+    store(&fake, &leader).save("shop", &moved("aaa")).unwrap();
+    let apart = || {
+        let mut config = config();
+        config.render.namespace = PROCESSORS.into();
+        config.topologies_namespace = Some(NS.into());
+        config
+    };
+    let runtime = KubeRuntime::connect(client(&fake), handle(), apart()).unwrap();
+    let spec = spec("validate", "ab");
+    runtime.start(&spec).unwrap();
+    for request in fake.requests().iter().filter(|r| r.verb() == Verb::Apply) {
+        assert_eq!(
+            request.namespace(),
+            Some(PROCESSORS),
+            "{}",
+            request.summary()
+        );
+    }
+    let deployment: Deployment = fake.get(PROCESSORS, &spec.group).unwrap();
+    assert!(deployment.metadata.owner_references.is_none());
+    assert!(fake.get::<Deployment>(NS, &spec.group).is_none());
+    let so = fake
+        .get_dynamic(&scaled_objects(), PROCESSORS, &spec.group)
+        .unwrap();
+    assert!(so["metadata"]["ownerReferences"].is_null(), "{so:#}");
+    // Repair neither gives them an owner nor leaves behind what nothing runs.
+    runtime.repair().unwrap();
+    let deployment: Deployment = fake.get(PROCESSORS, &spec.group).unwrap();
+    assert!(deployment.metadata.owner_references.is_none());
+    // A new daemon knows them from their namespace, and stops them there.
+    let other = KubeRuntime::connect(client(&fake), handle(), apart()).unwrap();
+    other.stop(&spec.group).unwrap();
+    assert!(fake.get::<Deployment>(PROCESSORS, &spec.group).is_none());
+}
+
 #[test]
 fn a_save_writes_the_object_as_last_seen_without_reading_it_again() {
     let fake = fake();

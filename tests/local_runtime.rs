@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::Duration;
 
-use plumber::runtime::local::{LocalConfig, LocalRuntime};
+use plumber::runtime::local::{INHERITED_ENV, LocalConfig, LocalRuntime};
 use plumber::runtime::{Assignor, Cluster, Delivery, ProcessorSpec, Runtime, Settings};
 use plumber::spec::{EnvValue, Scale, SecretRef, Transform};
 use plumber_testkit::wait_until;
@@ -26,7 +26,7 @@ const COMMIT: &str = "c0ffee";
 
 /// Records `processor-start|term|exit PID` in `$EVENTS` (the start once its SIGTERM trap is
 /// set). With `$ARGS` it writes its arguments there, with `$SECRET_OUT` the value of
-/// `$API_KEY`. On SIGTERM it exits at once, after
+/// `$API_KEY`, with `$ENV_OUT` its whole environment. On SIGTERM it exits at once, after
 /// `$LINGER` seconds (finishing an in-flight record), or never (`$ON_TERM=ignore`). With
 /// `$CHILD` it starts a child (as an exec transform would) and writes its pid there. With
 /// `$LOG_CHUNKS` it writes that many 32 KiB chunks to its log, waiting after each until the
@@ -43,6 +43,7 @@ trap on_term TERM
 echo "processor-start $$" >> "$EVENTS"
 if [ -n "$ARGS" ]; then printf '%s\n' "$@" > "$ARGS"; fi
 if [ -n "$SECRET_OUT" ]; then printf '%s' "$API_KEY" > "$SECRET_OUT"; fi
+if [ -n "$ENV_OUT" ]; then env > "$ENV_OUT"; fi
 if [ -n "$CHILD" ]; then sleep 1000 & echo $! > "$CHILD"; fi
 if [ -n "$LOG_CHUNKS" ]; then
     chunk=$(head -c 32768 /dev/zero | tr '\0' x)
@@ -55,12 +56,14 @@ fi
 while true; do sleep 1000 & wait $!; done
 "#;
 
-/// The `http` step's server: records `sidecar-start|term|exit PID`; with `$DIE_ONCE` its
+/// The `http` step's server: records `sidecar-start|term|exit PID`, writes its environment to
+/// `$ENV_OUT.sidecar` with `$ENV_OUT`; with `$DIE_ONCE` its
 /// first run exits as soon as its processor has started (and so handles SIGTERM: a processor
 /// stopped before its script set the trap would die without a word, and the test would wait
 /// for a restart it cannot tell from the first start).
 const SIDECAR: &str = r#"
 echo "sidecar-start $$" >> "$EVENTS"
+if [ -n "$ENV_OUT" ]; then env > "$ENV_OUT.sidecar"; fi
 trap 'echo "sidecar-term $$" >> "$EVENTS"; exit 0' TERM
 if [ -n "$DIE_ONCE" ] && [ ! -e died ]; then
     until grep -q processor-start "$EVENTS"; do sleep 0.05; done
@@ -289,6 +292,57 @@ fn a_secret_reference_is_read_from_the_secrets_directory_and_a_missing_one_is_na
         !args.contains("s3cr3t"),
         "the record keeps the reference only: {args}"
     );
+    runtime.stop(&spec.group).unwrap();
+}
+
+/// SPEC §11: a processor and its server start from a clean environment, never the daemon's
+/// own (which may hold `PLUMBER_GIT_PASSWORD`, cloud credentials, tokens of its shell).
+#[test]
+fn processors_and_their_servers_see_only_a_minimal_environment_and_what_the_step_declares() {
+    // Cargo gives the test process (here: the daemon) variables no processor should see.
+    let daemon_only = "CARGO_PKG_NAME";
+    assert!(std::env::var_os(daemon_only).is_some(), "the daemon has it");
+    let setup = Setup::new();
+    let runtime = setup.open(PATIENCE);
+    let out = setup.events_path().with_file_name("env");
+    let spec = setup.spec(
+        true,
+        &[("ENV_OUT", &out.display().to_string()), ("MODEL", "v3")],
+    );
+    runtime.start(&spec).unwrap();
+    let sidecar_out = out.with_extension("sidecar");
+    wait_until("both wrote their environment", PATIENCE, || {
+        [&out, &sidecar_out]
+            .iter()
+            .all(|f| fs::read_to_string(f).is_ok_and(|v| v.contains("MODEL=")))
+    });
+    for file in [&out, &sidecar_out] {
+        let env = fs::read_to_string(file).unwrap();
+        let names: Vec<&str> = env
+            .lines()
+            .filter_map(|l| l.split_once('='))
+            .map(|(n, _)| n)
+            .collect();
+        assert!(
+            !names.contains(&daemon_only),
+            "{}: {names:?}",
+            file.display()
+        );
+        assert!(
+            names.contains(&"PATH") && names.contains(&"MODEL"),
+            "{names:?}"
+        );
+        // bash adds its own (PWD, SHLVL, _); everything else comes from the runtime.
+        let allowed: Vec<&str> = INHERITED_ENV
+            .into_iter()
+            .chain([
+                "PWD", "SHLVL", "_", "OLDPWD", "PORT", "MODEL", "ENV_OUT", "EVENTS",
+            ])
+            .chain(["PLUMBER_LOCAL_RUNTIME", "PLUMBER_LOCAL_INSTANCE"])
+            .collect();
+        let unexpected: Vec<&&str> = names.iter().filter(|n| !allowed.contains(n)).collect();
+        assert!(unexpected.is_empty(), "{}: {unexpected:?}", file.display());
+    }
     runtime.stop(&spec.group).unwrap();
 }
 

@@ -12,6 +12,8 @@
 mod common;
 #[path = "support/fake_forge.rs"]
 mod fake_forge;
+#[path = "support/up.rs"]
+mod up;
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -22,6 +24,7 @@ use plumber::forge::{Kind, MARKER, PullRequestState};
 use plumber_testkit::{Broker, Process, TestRecord, live_instances, unique, wait_until};
 use rdkafka::producer::{BaseProducer, Producer as _};
 use serde_json::Value;
+use up::running_group;
 
 /// A cutover on a slow broker and a busy machine.
 const PATIENCE: Duration = Duration::from_secs(180);
@@ -56,6 +59,47 @@ struct Daemon {
 }
 
 impl Daemon {
+    /// `plumber up --preview-label` on `repo`'s main, with `forge` as its GitHub.
+    fn start(repo: &TestRepo, broker: &Broker, forge: &Server, state: &std::path::Path) -> Daemon {
+        let token_file = state.join("token");
+        std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
+        let secret_file = state.join("webhook-secret");
+        std::fs::write(&secret_file, WEBHOOK_SECRET).unwrap();
+        let port = plumber_testkit::free_port();
+        let log = state.join("daemon.log");
+        eprintln!("daemon log: {}", log.display());
+        let mut command = Command::new(env!("CARGO_BIN_EXE_plumber"));
+        command
+            .args(["up", &repo.location(), "--branch", "main"])
+            .args(["--bootstrap", broker.bootstrap()])
+            .arg("--state-dir")
+            .arg(state.join("state"))
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(["--poll-interval", "1"])
+            .args(["--stall-timeout", "15", "--record-timeout", "5"])
+            .args(["--watch-refs", "refs/pull/*/head"])
+            .args(["--forge", "github", "--forge-url", &forge.url])
+            .args(["--forge-repo", GITHUB_REPO])
+            .arg("--forge-token-file")
+            .arg(&token_file)
+            .arg("--webhook-secret-file")
+            .arg(&secret_file)
+            .args(["--preview-label", LABEL])
+            .env("PLUMBER_PROCESSOR", processor_binary())
+            .env("RUST_LOG", "info,librdkafka=warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap());
+        if broker.is_tansu() {
+            command.arg("--keep-topics");
+            command.env("PLUMBER_ASSIGNOR", "eager");
+        }
+        Daemon {
+            process: Process::spawn("plumber up", &mut command),
+            api: format!("http://127.0.0.1:{port}"),
+        }
+    }
+
     fn status(&self) -> Option<Value> {
         let mut response = ureq::get(&format!("{}/api/status", self.api)).call().ok()?;
         response.body_mut().read_json().ok()
@@ -119,16 +163,6 @@ impl Drop for Daemon {
     }
 }
 
-/// The step `step` of a topology's status, when its processor runs: its group.
-fn running_group(topology: &Value, step: &str) -> Option<String> {
-    topology["steps"]
-        .as_array()?
-        .iter()
-        .find(|s| s["name"] == step && s["state"] == "running")?["group"]
-        .as_str()
-        .map(str::to_owned)
-}
-
 fn partitions(broker: &Broker, topic: &str) -> usize {
     let client: BaseProducer = broker.client().create().unwrap();
     let metadata = client
@@ -174,47 +208,7 @@ fn a_labelled_pull_request_previews_its_change_on_live_data_into_shadow_topics_u
     forge.seed(7, 0, None, "");
     forge.set_pull_request(7, PullRequestState::Open, &[LABEL]);
     let state = tempfile::tempdir().unwrap();
-    let token_file = state.path().join("token");
-    std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
-    let secret_file = state.path().join("webhook-secret");
-    std::fs::write(&secret_file, WEBHOOK_SECRET).unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let log = state.path().join("daemon.log");
-    eprintln!("daemon log: {}", log.display());
-    let mut command = Command::new(env!("CARGO_BIN_EXE_plumber"));
-    command
-        .args(["up", &repo.location(), "--branch", "main"])
-        .args(["--bootstrap", broker.bootstrap()])
-        .arg("--state-dir")
-        .arg(state.path().join("state"))
-        .args(["--listen", &format!("127.0.0.1:{port}")])
-        .args(["--poll-interval", "1"])
-        .args(["--stall-timeout", "15", "--record-timeout", "5"])
-        .args(["--watch-refs", "refs/pull/*/head"])
-        .args(["--forge", "github", "--forge-url", &forge.url])
-        .args(["--forge-repo", GITHUB_REPO])
-        .arg("--forge-token-file")
-        .arg(&token_file)
-        .arg("--webhook-secret-file")
-        .arg(&secret_file)
-        .args(["--preview-label", LABEL])
-        .env("PLUMBER_PROCESSOR", processor_binary())
-        .env("RUST_LOG", "info,librdkafka=warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap());
-    if broker.is_tansu() {
-        command.arg("--keep-topics");
-        command.env("PLUMBER_ASSIGNOR", "eager");
-    }
-    let daemon = Daemon {
-        process: Process::spawn("plumber up", &mut command),
-        api: format!("http://127.0.0.1:{port}"),
-    };
+    let daemon = Daemon::start(&repo, &broker, &forge, state.path());
     let real = daemon.wait_topology("t", "t runs main", |t| {
         t["commit"] == main.to_string().as_str()
             && t["phase"] == "idle"
@@ -328,5 +322,115 @@ fn a_labelled_pull_request_previews_its_change_on_live_data_into_shadow_topics_u
             .all(|v| *v <= 10),
         "nothing reaches the shadow topic after the teardown"
     );
+    forge.assert_clean();
+}
+
+/// The exec step a pull request's author pushes after the label: it leaves `$MARKER` as soon
+/// as it starts (before any record), then copies records.
+const PWN: &str = "import json, os, sys\n\
+open(os.environ['MARKER'], 'w').write('ran')\n\
+for line in sys.stdin:\n\
+\x20   record = json.loads(line)\n\
+\x20   value = dict(record['value'], by='pwned')\n\
+\x20   print(json.dumps({'id': record['id'], 'outputs': [{'value': value}]}), flush=True)\n";
+
+/// SPEC §11: a preview label approves the head it was set on. The author pushes an exec step
+/// after a maintainer labelled a reviewed jq change: it never runs until the label is set
+/// again; the preview stops, the comment and a `plumber/preview` status say why, and the label
+/// comes off. Set again, it approves the new head, which runs.
+#[test]
+fn code_pushed_after_the_label_never_runs_until_the_pull_request_is_labelled_again() {
+    let broker = Broker::start();
+    let source = unique("approve-in");
+    let sink = unique("approve-out");
+    broker.create_topic(&source, 1);
+    broker.create_topic(&sink, 1);
+    let repo = TestRepo::new();
+    let main = repo.commit("main", "t", &topology(&source, &sink, "main"));
+    repo.git
+        .reference("refs/heads/pr-7", main, true, "branch")
+        .unwrap();
+    let reviewed = repo.commit("pr-7", "a reviewed jq change", &[clean("pr")]);
+    repo.git
+        .reference("refs/pull/7/head", reviewed, true, "pull request")
+        .unwrap();
+    let forge = Server::start(Kind::GitHub);
+    forge.seed(7, 0, None, "");
+    forge.set_pull_request(7, PullRequestState::Open, &[LABEL]);
+    forge.set_head(7, &reviewed.to_string());
+    let state = tempfile::tempdir().unwrap();
+    let daemon = Daemon::start(&repo, &broker, &forge, state.path());
+    daemon.wait_topology("t.pr-7", "the reviewed change is previewed", |t| {
+        t["commit"] == reviewed.to_string().as_str() && running_group(t, "clean").is_some()
+    });
+    let status_of = |sha: &str| {
+        forge
+            .statuses()
+            .into_iter()
+            .rev()
+            .find(|(s, body)| s == sha && body["context"] == "plumber/preview")
+            .map(|(_, body)| body)
+    };
+    wait_until("the reviewed head's preview status", PATIENCE, || {
+        status_of(&reviewed.to_string()).is_some_and(|s| s["state"] == "success")
+    });
+
+    // The author pushes an exec step; nobody labels again.
+    let marker = state.path().join("pwned");
+    let pushed = repo.commit(
+        "pr-7",
+        "an exec step nobody reviewed",
+        &[
+            write(
+                "topologies/t/steps/clean.yaml",
+                format!(
+                    "kind: processor\ninput: in\nexec: {{ command: [python3, pwn.py] }}\nenv: {{ MARKER: {} }}\n",
+                    marker.display()
+                ),
+            ),
+            write("topologies/t/steps/pwn.py", PWN),
+        ],
+    );
+    repo.git
+        .reference("refs/pull/7/head", pushed, true, "push")
+        .unwrap();
+    forge.set_head(7, &pushed.to_string());
+    let pushed_sha = pushed.to_string();
+    wait_until(
+        "the new head is told to wait for the label",
+        PATIENCE,
+        || {
+            status_of(&pushed_sha).is_some_and(|s| {
+                s["state"] == "pending"
+                    && s["description"]
+                        .as_str()
+                        .is_some_and(|d| d.contains("label the pull request again"))
+            })
+        },
+    );
+    wait_until("the label comes off", PATIENCE, || {
+        !forge.labels(7).iter().any(|l| l == LABEL)
+    });
+    wait_until("the comment says why no preview runs", PATIENCE, || {
+        forge.comments(7).iter().any(|c| {
+            c.body.starts_with(MARKER)
+                && c.body
+                    .contains("Not running: new commits since the `preview` label")
+        })
+    });
+    daemon.wait_topology("t.pr-7", "the preview is torn down", Value::is_null);
+    let plan = daemon.plan("refs/pull/7/head");
+    assert_eq!(plan["head"], pushed_sha.as_str(), "{plan:#}");
+    assert_eq!(plan["preview"], false, "{plan:#}");
+    assert!(!marker.exists(), "the unreviewed exec step ran");
+
+    // A maintainer labels it again (at the pushed head): now it runs.
+    forge.set_pull_request(7, PullRequestState::Open, &[LABEL]);
+    daemon.wait_topology("t.pr-7", "the new head is previewed", |t| {
+        t["commit"] == pushed_sha.as_str() && running_group(t, "clean").is_some()
+    });
+    wait_until("the exec step runs once approved", PATIENCE, || {
+        marker.exists()
+    });
     forge.assert_clean();
 }

@@ -20,7 +20,7 @@ use common::daemon::Harness;
 use common::{TestRepo, remove, write};
 use git2::Oid;
 use plumber::daemon::Context;
-use plumber::daemon::plans::{PlanChange, RefPlan};
+use plumber::daemon::plans::{PlanChange, RefPlan, note_fingerprint};
 use plumber::plan::{Action, Change, Deployment};
 use plumber::store::TopologyRecord;
 use plumber_testkit::{Process, wait_until};
@@ -131,11 +131,16 @@ fn actions(plan: &RefPlan, topology: &str) -> Vec<Action> {
         .unwrap_or_default()
 }
 
+/// The note on `commit`: the review text, without the line that carries its fingerprint
+/// (the note's last).
 fn note(repo: &git2::Repository, commit: &str) -> Option<String> {
     let note = repo
         .find_note(Some("refs/notes/plumber"), Oid::from_str(commit).unwrap())
         .ok()?;
-    note.message().map(str::to_owned)
+    let text = note.message()?;
+    assert!(note_fingerprint(text).is_some(), "no fingerprint: {text}");
+    let end = text.trim_end().rfind('\n').map_or(0, |i| i + 1);
+    Some(text[..end].to_owned())
 }
 
 #[test]
@@ -469,6 +474,41 @@ fn an_identical_note_is_never_written_again() {
     // Notes never move branches.
     assert_eq!(repo.git.refname_to_id(FEATURE).unwrap(), feature);
     assert_eq!(repo.git.refname_to_id("refs/heads/main").unwrap(), main);
+}
+
+/// Issue 23: the tracked branch moving under a ref whose plan it leaves as it was writes no
+/// note (the plan's text names the new base, what it means is the same); a move that changes
+/// the plan (a conflict) writes it again.
+#[test]
+fn a_note_is_written_when_its_plan_changes_not_when_the_base_moves() {
+    let (repo, main) = repository();
+    branch(&repo, "feature", main);
+    let feature = repo.commit("feature", "orders at 5", &[clean("orders", 5)]);
+    let notes = || repo.git.refname_to_id("refs/notes/plumber").unwrap();
+    let harness = Harness::start(&repo.location(), |_| {});
+    let plan = harness.plan_of(FEATURE, feature, Some(main));
+    let written = notes();
+
+    let docs = repo.commit("main", "docs", &[write("README.md", "# topologies\n")]);
+    let moved = harness.plan_of(FEATURE, feature, Some(docs));
+    assert_ne!(moved.markdown, plan.markdown, "the text names the new base");
+    assert_eq!(moved.fingerprint, plan.fingerprint);
+    assert_eq!(notes(), written, "the notes ref did not move");
+    assert_eq!(note(&repo.git, &plan.head), Some(plan.markdown.clone()));
+
+    let stricter = repo.commit("main", "orders at 7", &[clean("orders", 7)]);
+    let conflict = harness.plan_of(FEATURE, feature, Some(stricter));
+    assert!(!conflict.valid);
+    assert_ne!(conflict.fingerprint, plan.fingerprint);
+    assert_eq!(note(&repo.git, &plan.head), Some(conflict.markdown.clone()));
+    let text = repo
+        .git
+        .find_note(Some("refs/notes/plumber"), feature)
+        .unwrap()
+        .message()
+        .unwrap()
+        .to_owned();
+    assert_eq!(note_fingerprint(&text), Some(conflict.fingerprint.as_str()));
 }
 
 /// The remote form: the mirror fetches pull-request refs too, the note is written in the

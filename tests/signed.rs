@@ -11,12 +11,14 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly
 
 mod common;
+#[path = "support/up.rs"]
+mod up;
 
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{Change, TestRepo, write};
+use common::{Change, TestRepo, tagged, write};
 use git2::Oid;
 use git2::build::TreeUpdateBuilder;
 use pgp::composed::{
@@ -26,7 +28,7 @@ use pgp::composed::{
 use pgp::crypto::hash::HashAlgorithm;
 use pgp::types::{KeyDetails as _, Password};
 use plumber::trust::{KeyKind, TrustedKeys, Verdict};
-use plumber_testkit::{Process, wait_until};
+use plumber_testkit::{Broker, Process, unique, wait_until};
 use serde_json::Value;
 use ssh_key::rand_core::OsRng;
 
@@ -633,6 +635,73 @@ fn an_invalid_trusted_head_does_not_walk_back_past_an_untrusted_commit() {
     });
     assert_eq!(daemon.status()["commit"], good.to_string().as_str());
     let _ = unsigned;
+}
+
+/// SPEC §11: with trusted keys the branch only moves forward from what runs. A force-push
+/// back to an older commit, signed by a trusted key when it was made, is refused (it would
+/// roll the cluster back without a trace in the history), also by a daemon restarted since,
+/// which knows what runs from its records; `git revert` is the way back.
+#[test]
+fn a_force_push_back_to_an_older_signed_commit_is_refused_even_after_a_restart() {
+    let keyring = Keyring::new();
+    let broker = Broker::start();
+    let (source, sink) = (unique("signed-in"), unique("signed-out"));
+    broker.create_topic(&source, 1);
+    broker.create_topic(&sink, 1);
+    let repo = TestRepo::new();
+    let sign = |data: &[u8]| Some(ssh_sign(&keyring.bob, "git", data));
+    let first = commit(&repo, "first", &tagged(&source, &sink, "first"), sign);
+    let scratch = tempfile::tempdir().unwrap();
+    let keys = keyring.path().display().to_string();
+    let args = ["--trusted-keys", keys.as_str()];
+    let runs = |daemon: &up::Up, commit: Oid, what: &str| {
+        daemon.wait_topology("t", what, |t| {
+            t["commit"] == commit.to_string().as_str()
+                && t["phase"] == "idle"
+                && up::running_group(t, "clean").is_some()
+        })
+    };
+    let daemon = up::Up::start(&repo.location(), Some(&broker), scratch.path(), &args, &[]);
+    runs(&daemon, first, "t runs the first commit");
+    let second = commit(&repo, "second", &tagged(&source, &sink, "second"), sign);
+    runs(&daemon, second, "t runs the second commit");
+
+    repo.git
+        .reference("refs/heads/main", first, true, "force-push")
+        .unwrap();
+    let refused = |daemon: &up::Up| {
+        // What runs keeps running (runs again, after a restart).
+        let status = daemon.wait_status("the force-pushed head is refused", |s| {
+            s["signature"]["commit"] == first.to_string().as_str()
+                && s["lastError"]["commit"] == first.to_string().as_str()
+                && up::running_group(&up::topology(s, "t"), "clean").is_some()
+                && up::topology(s, "t")["commit"] == second.to_string().as_str()
+        });
+        assert_eq!(
+            status["signature"]["verdict"], "not-descendant",
+            "{status:#}"
+        );
+        assert_eq!(status["signature"]["trusted"], false, "{status:#}");
+        assert_eq!(status["signature"]["runs"], second.to_string().as_str());
+        let message = status["lastError"]["message"].as_str().unwrap();
+        assert!(
+            message.contains("does not descend from") && message.contains("git revert"),
+            "{message}"
+        );
+    };
+    refused(&daemon);
+    // Restarted (`plumber up` stops its processors when it stops): what ran runs again, and
+    // the head is still refused.
+    drop(daemon);
+    let daemon = up::Up::start(&repo.location(), Some(&broker), scratch.path(), &args, &[]);
+    refused(&daemon);
+
+    // The way back: a commit on top of what runs that undoes the change.
+    repo.git
+        .reference("refs/heads/main", second, true, "undo the force-push")
+        .unwrap();
+    let reverted = commit(&repo, "revert", &tagged(&source, &sink, "first"), sign);
+    runs(&daemon, reverted, "t runs the revert");
 }
 
 #[test]

@@ -483,6 +483,70 @@ fn secrets_credentials_and_resources_are_checked_where_they_are_written() {
     );
 }
 
+/// SPEC §11: `plumber.yaml` reaches every client of the cluster, the daemon's too; what
+/// weakens delivery or TLS, runs code or is not a known tuning knob is an error at its key.
+#[test]
+fn properties_that_weaken_delivery_tls_or_run_code_are_errors_at_their_key() {
+    let repo = TestRepo::new();
+    let refused = [
+        ("acks", "\"1\""),
+        ("request.required.acks", "0"),
+        ("enable.idempotence", "\"false\""),
+        ("max.in.flight.requests.per.connection", "5"),
+        ("isolation.level", "read_uncommitted"),
+        ("enable.auto.commit", "\"true\""),
+        ("enable.ssl.certificate.verification", "\"false\""),
+        ("ssl.endpoint.identification.algorithm", "none"),
+        ("plugin.library.paths", "/tmp/evil.so"),
+        (
+            "sasl.oauthbearer.token.endpoint.url",
+            "https://attacker.example/token",
+        ),
+        ("debug", "all"),
+    ];
+    let mut yaml = String::from("clusters:\n  default:\n    bootstrap: k:9092\n    properties:\n");
+    yaml.push_str("      linger.ms: 20\n      security.protocol: SASL_SSL\n");
+    for (key, value) in refused {
+        yaml.push_str(&format!("      {key}: {value}\n"));
+    }
+    let commit = repo.commit(
+        "main",
+        "weakening properties",
+        &[
+            write("plumber.yaml", &yaml),
+            write("topologies/t/in.yaml", "kind: source\ntopic: in\n"),
+            write("topologies/t/p.yaml", "kind: processor\ninput: in\njq: .\n"),
+            write(
+                "topologies/t/out.yaml",
+                "kind: sink\ntopic: out\ninput: p\n",
+            ),
+        ],
+    );
+    let validation = validate_commit(&repo, commit);
+    let expected: Vec<_> = (0..refused.len())
+        .map(|i| at("invalid-value", "plumber.yaml", 7 + i as u32, 7))
+        .collect();
+    assert_eq!(
+        located(&validation.diagnostics),
+        expected,
+        "{:#?}",
+        validation.diagnostics
+    );
+    for (diagnostic, (key, _)) in validation.errors().zip(refused) {
+        assert!(
+            diagnostic.message.contains(&format!("`{key}`")),
+            "{key}: {}",
+            diagnostic.message
+        );
+    }
+    let acks = validation.errors().next().unwrap();
+    assert!(
+        acks.message.contains("delivery promise") && acks.message.contains("min.insync.replicas"),
+        "says why and what to do instead: {}",
+        acks.message
+    );
+}
+
 /// Programs nested `depth` levels in each way jaq's parser recurses, each under the file cap.
 fn deep_jq_programs(depth: usize) -> Vec<(&'static str, String)> {
     vec![

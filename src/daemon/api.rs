@@ -530,10 +530,19 @@ async fn hook(State(api): State<Api>, headers: HeaderMap, body: axum::body::Body
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     let republish = super::publish::webhook_pull_request(header, &body);
     let look = super::publish::webhook_pull_request_changed(header, &body);
-    if republish.is_none() && look.is_none() {
+    let closed = super::publish::webhook_pull_request_closed(header, &body);
+    let labelled = api
+        .context
+        .config
+        .preview_label
+        .as_ref()
+        .and_then(|label| super::previews::webhook_labelled(header, &body, label));
+    if republish.is_none() && look.is_none() && closed.is_none() && labelled.is_none() {
         outcome("fetch");
     } else if !verified {
-        // Anyone can post without a secret: a forge request per post is theirs to command.
+        // Anyone can post without a secret: a forge request per post would be theirs to
+        // command, and which head a label approves or whether a pull request closed theirs to
+        // say.
         outcome("unsigned");
         tracing::debug!(pull_request = ?look.or(republish), "unsigned pull-request webhook: fetching only (configure a webhook secret to have it publish the plan and decide the preview)");
     } else if !api.hooks.first_body(&body) {
@@ -548,6 +557,12 @@ async fn hook(State(api): State<Api>, headers: HeaderMap, body: axum::body::Body
                 "pull-request webhook: its plan is published again"
             );
             api.context.publish.republish(number);
+        }
+        if let Some((number, head)) = labelled {
+            api.context.previews.labelled(number, head);
+        }
+        if let Some(number) = closed {
+            api.context.publish.closed(number);
         }
         if let Some(number) = look {
             // Labelled, unlabelled, closed, merged: whether its preview runs may have changed.

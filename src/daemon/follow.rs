@@ -14,6 +14,7 @@ pub(super) fn follow(context: &Arc<Context>, receiver: &Receiver<Trigger>) {
     let mut workers: BTreeMap<String, Worker> = BTreeMap::new();
     let mut followed = Followed::default();
     let mut recent: VecDeque<String> = VecDeque::new();
+    let mut resumed = false;
     loop {
         let trigger = match receiver.recv_timeout(context.config.poll_interval) {
             Ok(trigger) => trigger,
@@ -43,7 +44,15 @@ pub(super) fn follow(context: &Arc<Context>, receiver: &Receiver<Trigger>) {
                 recent.truncate(RECENT_DESIRED);
                 collect_checkouts(context, &recent);
             }
-            Ok(None) => {}
+            Ok(None) => {
+                if !resumed && followed.desired.is_none() {
+                    resumed = true;
+                    if let Some(revision) = resume(context, &mut followed) {
+                        desire(context, &mut workers, &revision);
+                        recent.push_front(revision.commit.clone());
+                    }
+                }
+            }
             Err(error) => {
                 tracing::error!(%error, "cannot follow the branch");
                 context.store.set_error(Some(LastError {
@@ -61,6 +70,46 @@ pub(super) fn follow(context: &Arc<Context>, receiver: &Receiver<Trigger>) {
     }
     for (_, worker) in workers {
         worker.join();
+    }
+}
+
+/// After a start whose first look applies nothing (the head refused by the trusted keys, or
+/// invalid with no valid commit in reach), what ran before runs again: the newest commit the
+/// topologies' records ran or moved to (every other one they name is its ancestor). `plumber
+/// up` stops its processors when it stops; without this they would stay stopped until the
+/// branch had a head the daemon accepts.
+fn resume(context: &Context, followed: &mut Followed) -> Option<Arc<Revision>> {
+    let records = context.records.topologies().ok()?;
+    let commits: BTreeSet<String> = records
+        .into_iter()
+        .filter(|(name, _)| !crate::plan::preview::is_preview(name))
+        .filter_map(|(_, record)| record.ok())
+        .filter(|record| !record.is_retired())
+        .flat_map(|record| record.commit.into_iter().chain(record.moving.map(|m| m.to)))
+        .collect();
+    let repository = context.revisions.open().ok()?;
+    let git = repository.git();
+    let oids: Vec<git2::Oid> = commits
+        .iter()
+        .filter_map(|c| git2::Oid::from_str(c).ok())
+        .collect();
+    let newest = oids.iter().find(|&&candidate| {
+        oids.iter().all(|&other| {
+            other == candidate || git.graph_descendant_of(candidate, other).unwrap_or(false)
+        })
+    })?;
+    let commit = newest.to_string();
+    match context.revisions.load(&commit) {
+        Ok(revision) => {
+            tracing::info!(%commit, "the branch's head is not applied; what ran before the restart runs again");
+            context.store.write().commit = Some(commit.clone());
+            followed.desired = Some(commit);
+            Some(revision)
+        }
+        Err(error) => {
+            tracing::warn!(%commit, %error, "cannot run again what ran before the restart");
+            None
+        }
     }
 }
 
@@ -153,7 +202,7 @@ fn newest_valid(
 ) -> Result<Option<Arc<Revision>>, Error> {
     let source = context.revisions.source();
     source.fetch_unless(&|| context.is_stopping())?;
-    let repository = source.open()?;
+    let repository = context.revisions.open()?;
     let branch = &context.config.branch;
     let head = repository
         .resolve(&format!("refs/heads/{branch}"))
@@ -178,7 +227,7 @@ fn newest_valid(
     for _ in 0..MAX_INVALID_RUN {
         let commit = candidate.to_string();
         if let Some(keys) = &context.trusted_keys {
-            let verdict = match keys.verify(repository.git(), candidate) {
+            let mut verdict = match keys.verify(repository.git(), candidate) {
                 Ok(verdict) => verdict,
                 Err(error) => {
                     // Not a verdict on the commit: look at it again next time.
@@ -186,6 +235,17 @@ fn newest_valid(
                     return Err(error.into());
                 }
             };
+            if verdict.is_trusted() && !context.config.allow_rollback {
+                match not_descending_from(context, followed, repository.git(), candidate) {
+                    Ok(None) => {}
+                    Ok(Some(runs)) => verdict = verdict.not_descending_from(&runs),
+                    Err(error) => {
+                        // What runs is unknown for now: look at the head again next time.
+                        followed.head = None;
+                        return Err(error);
+                    }
+                }
+            }
             let trusted = verdict.is_trusted();
             if candidate == head {
                 context
@@ -257,6 +317,37 @@ fn newest_valid(
         }
     }
     Ok(None)
+}
+
+/// A commit that runs and that `candidate` does not descend from (or equal), if there is
+/// one: with trusted keys, the branch only moves forward from what runs, so that a force-push
+/// back to an older signed commit (which was trusted once) cannot roll the cluster back. What
+/// runs is what the workers were handed, and after a restart what each topology's record
+/// matched or moves to. A commit the repository no longer has cannot be shown an ancestor.
+fn not_descending_from(
+    context: &Context,
+    followed: &Followed,
+    git: &git2::Repository,
+    candidate: git2::Oid,
+) -> Result<Option<String>, Error> {
+    let mut runs: BTreeSet<String> = followed.desired.iter().cloned().collect();
+    if runs.is_empty() {
+        for (name, record) in context.records.topologies()? {
+            if crate::plan::preview::is_preview(&name) {
+                continue;
+            }
+            // A damaged record stops only its topology, which runs nothing new.
+            let Ok(record) = record else { continue };
+            runs.extend(record.commit);
+            runs.extend(record.moving.map(|m| m.to));
+        }
+    }
+    Ok(runs.into_iter().find(|commit| {
+        let Ok(oid) = git2::Oid::from_str(commit) else {
+            return true;
+        };
+        oid != candidate && !git.graph_descendant_of(candidate, oid).unwrap_or(false)
+    }))
 }
 
 /// A valid head ends a repository-level error; a topology's own error stays.

@@ -105,6 +105,14 @@ pub struct DaemonConfig {
     /// Open pull requests carrying this label get a preview environment (`--preview-label`,
     /// [`previews`]); needs `forge`. `None`: no previews.
     pub preview_label: Option<String>,
+    /// What one commit may make the daemon read and write ([`crate::spec::budget`]).
+    pub budget: crate::spec::budget::Budget,
+    /// With trusted keys: apply a head that does not descend from what runs (a force-push to
+    /// an older signed commit). Off by default: the way back is `git revert`.
+    pub allow_rollback: bool,
+    /// The Secrets steps may reference (`stepSecrets`, the subdirectories of `plumber up
+    /// --secrets DIR`); a reference to any other is a validation error. Default: none.
+    pub step_secrets: crate::spec::StepSecrets,
 }
 
 impl DaemonConfig {
@@ -143,6 +151,12 @@ impl DaemonConfig {
             forge: None,
             public_url: None,
             preview_label: None,
+            allow_rollback: false,
+            budget: crate::spec::budget::Budget::default(),
+            step_secrets: crate::spec::StepSecrets::Only {
+                names: Default::default(),
+                origin: "no Secret is allowed for steps".into(),
+            },
         }
     }
 }
@@ -377,7 +391,7 @@ impl Context {
         let store = Store::default();
         store.write().branch = config.branch.clone();
         Ok(Arc::new(Context {
-            revisions: Revisions::new(source, &state),
+            revisions: Revisions::new(source, &state, config.step_secrets.clone(), config.budget),
             config,
             state,
             records,

@@ -14,8 +14,10 @@
 //! plans again only what it changed, for every ref.
 //!
 //! Each plan is also written as a git note on the ref's head ([`NOTES_REF`]), unless the note
-//! there already says the same, and announced to [`Plans::subscribe`]rs (the SSE stream of
-//! `GET /api/events`; the forge integration).
+//! there already carries its [`RefPlan::fingerprint`] (what the plan means, whatever commit of
+//! the tracked branch it was merged into: the branch moving rewrites no note whose plan it did
+//! not change), and announced to [`Plans::subscribe`]rs (the SSE stream of `GET /api/events`;
+//! the forge integration).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -24,6 +26,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use git2::Oid;
 use serde::Serialize;
+use sha2::{Digest, Sha256};
 
 use super::revisions::{TopologyKey, TreeValidation};
 use super::watch::{NOTES_REF, ref_matches};
@@ -76,6 +79,11 @@ pub struct RefPlan {
     /// The end of `markdown` that says what its preview environment runs (empty: none).
     #[serde(skip)]
     preview_markdown: String,
+    /// A digest of what the plan means (its head, validity, conflicts, errors, topologies'
+    /// plans, `--keep-topics`, preview; not the base it was merged into): the note and the
+    /// forge's comment are written again only when it changes.
+    #[serde(skip)]
+    pub fingerprint: String,
     /// What [`RefPlan::markdown_within`] shortens (`None`: the ref cannot be planned).
     #[serde(skip)]
     review: Option<Review>,
@@ -112,6 +120,8 @@ struct Review {
     footer: String,
     /// The clusters of the merge.
     clusters: BTreeMap<String, ClusterSpec>,
+    /// The clusters of the tracked branch's head.
+    base_clusters: BTreeMap<String, ClusterSpec>,
 }
 
 impl RefPlan {
@@ -161,8 +171,26 @@ impl RefPlan {
             keep_topics: false,
             markdown: String::new(),
             preview_markdown: String::new(),
+            fingerprint: String::new(),
             review: None,
         }
+    }
+
+    /// This plan, as if its merge had `clusters` and its base `base`.
+    #[cfg(test)]
+    pub(super) fn with_clusters_for_test(
+        mut self,
+        clusters: BTreeMap<String, ClusterSpec>,
+        base_clusters: BTreeMap<String, ClusterSpec>,
+    ) -> RefPlan {
+        self.review = Some(Review {
+            new_graphs: Vec::new(),
+            old_graphs: Vec::new(),
+            footer: String::new(),
+            clusters,
+            base_clusters,
+        });
+        self
     }
 
     /// The graphs of the merge of the topologies that change (those a preview can run).
@@ -170,9 +198,18 @@ impl RefPlan {
         self.review.as_ref().map_or(&[], |r| &r.new_graphs)
     }
 
-    /// The clusters of the merge (`None`: the ref cannot be planned).
-    pub fn merged_clusters(&self) -> Option<&BTreeMap<String, ClusterSpec>> {
-        self.review.as_ref().map(|r| &r.clusters)
+    /// The clusters of the tracked branch it is merged into (`None`: the ref cannot be
+    /// planned): what a preview of it runs with.
+    pub fn base_clusters(&self) -> Option<&BTreeMap<String, ClusterSpec>> {
+        self.review.as_ref().map(|r| &r.base_clusters)
+    }
+
+    /// Whether the merge's clusters (bootstrap, properties, credentials) differ from the
+    /// tracked branch's: such a change runs no preview (SPEC §11).
+    pub fn changes_clusters(&self) -> bool {
+        self.review
+            .as_ref()
+            .is_some_and(|r| r.clusters != r.base_clusters)
     }
 
     /// `markdown` without its preview section.
@@ -185,13 +222,62 @@ impl RefPlan {
     fn showing(&self, shown: Option<&ShownPreview>) -> RefPlan {
         let mut plan = self.clone();
         plan.markdown = self.plan_markdown().to_owned();
-        plan.preview = shown.is_some();
+        // A note alone (why no preview runs) shows no preview.
+        plan.preview = shown.is_some_and(|s| !s.topologies.is_empty());
         plan.previews = shown.map(|s| s.topologies.clone()).unwrap_or_default();
         plan.preview_markdown = shown
             .map(|s| format!("\n{}", s.markdown))
             .unwrap_or_default();
         plan.markdown.push_str(&plan.preview_markdown);
+        plan.fingerprint = plan.meaning();
         plan
+    }
+
+    /// The fingerprint of what the plan means: the ref's head, whether its merge is valid (and
+    /// the ref alone), its conflicts and errors, each topology's plan (steps, why and whose,
+    /// actions, kept topics), `--keep-topics`, what its preview environment runs, and the
+    /// version of Plumber that renders it. Not the commit of the tracked branch it was merged
+    /// into, nor the commit it was planned from: a push to the branch that leaves all of the
+    /// above as it was (most pushes, for most pull requests) changes no fingerprint.
+    ///
+    /// A digest of their JSON, because it outlives the daemon: it is written into the note
+    /// and the forge's comment, and read back from them after a restart.
+    fn meaning(&self) -> String {
+        #[derive(Serialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Meaning<'a> {
+            version: &'static str,
+            head: &'a str,
+            valid: bool,
+            valid_alone: bool,
+            conflicts: &'a [String],
+            errors: &'a [Diagnostic],
+            topologies: &'a [TopologyPlan],
+            keep_topics: bool,
+            previews: &'a [PreviewTopology],
+            preview_markdown: &'a str,
+        }
+        let meaning = Meaning {
+            version: env!("CARGO_PKG_VERSION"),
+            head: &self.head,
+            valid: self.valid,
+            valid_alone: self.valid_alone,
+            conflicts: &self.conflicts,
+            errors: &self.errors,
+            topologies: &self.topologies,
+            keep_topics: self.keep_topics,
+            previews: &self.previews,
+            preview_markdown: &self.preview_markdown,
+        };
+        let mut digest = Sha256::new();
+        if let Err(error) = serde_json::to_writer(&mut digest, &meaning) {
+            // Never seen (these types serialise for `GET /api/plans`); the text then stands
+            // in, so that a plan that changed is never taken for the same.
+            tracing::warn!(r#ref = %self.name, %error, "cannot fingerprint a plan; its text is used instead");
+            digest = Sha256::new();
+            digest.update(self.markdown.as_bytes());
+        }
+        hex::encode(&digest.finalize()[..16])
     }
 
     fn plan_markdown_within(&self, limit: usize) -> String {
@@ -458,8 +544,7 @@ impl Planner {
     /// on each wake-up; `context`'s follower must have looked at the branch's head
     /// ([`Plans::followed`]).
     pub fn pass(&mut self, context: &Arc<Context>) -> Result<(), Error> {
-        let source = context.revisions.source();
-        let repository = source.open()?;
+        let repository = context.revisions.open()?;
         let branch = &context.config.branch;
         let tracked = format!("refs/heads/{branch}");
         let Ok(base) = repository
@@ -512,7 +597,10 @@ impl Planner {
                 continue;
             }
             let plan = match self.plan(context, name, inputs, &mut used) {
-                Ok(plan) => plan,
+                Ok(mut plan) => {
+                    plan.fingerprint = plan.meaning();
+                    plan
+                }
                 Err(error) => {
                     tracing::warn!(r#ref = %name, %error, "cannot plan a watched ref");
                     continue;
@@ -520,7 +608,7 @@ impl Planner {
             };
             context.plans.computed.fetch_add(1, Ordering::Relaxed);
             tracing::info!(r#ref = %name, head = %head, valid = plan.valid, "plan of a watched ref");
-            match write_note(repository.git(), head, &plan.markdown) {
+            match write_note(repository.git(), head, &plan.markdown, &plan.fingerprint) {
                 Ok(written) => noted |= written,
                 Err(error) => tracing::warn!(%error, "cannot write the plan note"),
             }
@@ -528,7 +616,7 @@ impl Planner {
         }
         if noted
             && context.config.push_notes
-            && let Err(error) = source.push_notes()
+            && let Err(error) = context.revisions.source().push_notes()
         {
             tracing::warn!(%error, "cannot push the plan notes");
         }
@@ -626,7 +714,7 @@ impl Planner {
         used: &mut BTreeSet<(String, Option<TopologyKey>, u64)>,
     ) -> Result<RefPlan, Error> {
         // A handle of its own: the merge's objects live in it.
-        let repository = context.revisions.source().open()?;
+        let repository = context.revisions.open()?;
         let trees = context.revisions.trees();
         let branch = &context.config.branch;
         let mut plan = RefPlan {
@@ -645,6 +733,7 @@ impl Planner {
             keep_topics: false,
             markdown: String::new(),
             preview_markdown: String::new(),
+            fingerprint: String::new(),
             review: None,
         };
         let merged = match repository.merge_tree(inputs.base, inputs.head)? {
@@ -736,11 +825,13 @@ impl Planner {
         plan.markdown = crate::output::plan::markdown(&whole, &new_graphs, &old_graphs) + &footer;
         plan.topologies = whole.topologies;
         plan.keep_topics = whole.keep_topics;
+        let base = trees.validate(&repository, repository.tree_of(inputs.base)?, inputs.base)?;
         plan.review = Some(Review {
             new_graphs,
             old_graphs,
             footer,
             clusters: merged.clusters().clone(),
+            base_clusters: base.clusters().clone(),
         });
         Ok(plan)
     }
@@ -760,6 +851,25 @@ impl Planner {
         self.owners = Some((base, owners.clone()));
         Ok(owners)
     }
+}
+
+/// The head of every watched pull-request ref of the repository now, by pull request (empty
+/// when the repository cannot be read: every pull request is then asked about alone).
+pub(super) fn pull_request_heads(context: &Context) -> BTreeMap<u64, String> {
+    let repository = match context.revisions.source().open() {
+        Ok(repository) => repository,
+        Err(error) => {
+            tracing::warn!(%error, "cannot read the pull-request refs");
+            return BTreeMap::new();
+        }
+    };
+    let tracked = format!("refs/heads/{}", context.config.branch);
+    watched_refs(repository.git(), &context.config.watch_refs, &tracked)
+        .into_iter()
+        .filter_map(|(name, head)| {
+            Some((crate::forge::pull_request_of_ref(&name)?, head.to_string()))
+        })
+        .collect()
 }
 
 /// The watched refs of the repository and their targets, the tracked branch aside.
@@ -832,11 +942,17 @@ fn unplannable_markdown(plan: &RefPlan, branch: &str) -> String {
     out
 }
 
-/// Writes `text` as the note of `commit` in [`NOTES_REF`], unless it says that already.
-/// Returns whether it wrote.
-fn write_note(git: &git2::Repository, commit: Oid, text: &str) -> Result<bool, Error> {
+/// Writes `text` as the note of `commit` in [`NOTES_REF`], ending with the line that carries
+/// `fingerprint` ([`crate::forge::fingerprint_line`]), unless the note there carries it
+/// already. Returns whether it wrote.
+fn write_note(
+    git: &git2::Repository,
+    commit: Oid,
+    text: &str,
+    fingerprint: &str,
+) -> Result<bool, Error> {
     if let Ok(note) = git.find_note(Some(NOTES_REF), commit)
-        && note.message() == Some(text)
+        && note_fingerprint(note.message().unwrap_or("")) == Some(fingerprint)
     {
         return Ok(false);
     }
@@ -847,10 +963,16 @@ fn write_note(git: &git2::Repository, commit: Oid, text: &str) -> Result<bool, E
             source,
         })
     };
+    let text = format!("{text}{}\n", crate::forge::fingerprint_line(fingerprint));
     let signature = git2::Signature::now("Plumber", "plumber@localhost").map_err(note_error)?;
-    git.note(&signature, &signature, Some(NOTES_REF), commit, text, true)
+    git.note(&signature, &signature, Some(NOTES_REF), commit, &text, true)
         .map_err(note_error)?;
     Ok(true)
+}
+
+/// The fingerprint a plan's note carries on its last line.
+pub fn note_fingerprint(note: &str) -> Option<&str> {
+    note.lines().last().and_then(crate::forge::fingerprint_in)
 }
 
 #[cfg(test)]

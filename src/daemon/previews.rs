@@ -57,61 +57,164 @@ fn pull_request_of_preview(name: &str) -> Option<u64> {
         .flatten()
 }
 
+/// What the API asks of the previews thread.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Request {
+    /// Decide pull request `number`'s preview again.
+    Look(u64),
+    /// A verified webhook says the preview label was just set on pull request `number`,
+    /// whose head was then `head`: the label approves that commit.
+    Labelled { number: u64, head: String },
+}
+
 /// How the API asks the previews thread to look at a pull request again (a no-op without
 /// previews).
 #[derive(Default)]
 pub struct Requests {
-    mailbox: super::mailbox::Mailbox<u64>,
+    mailbox: super::mailbox::Mailbox<Request>,
 }
 
 impl Requests {
     /// Asks for pull request `number`'s preview to be decided again (never waits).
     pub fn look(&self, number: u64) {
-        self.mailbox.send(number);
+        self.mailbox.send(Request::Look(number));
+    }
+
+    /// A verified webhook: the preview label was set on pull request `number` at `head`.
+    pub fn labelled(&self, number: u64, head: String) {
+        self.mailbox.send(Request::Labelled { number, head });
     }
 }
+
+/// The pull request and its head at the moment a verified webhook reports the preview
+/// `label` set: GitHub's `pull_request` `labeled` (`label.name`, `pull_request.head.sha`),
+/// GitLab's `Merge Request Hook` whose label changes add it (`changes.labels`,
+/// `object_attributes.last_commit.id`). `None` for anything else.
+pub fn webhook_labelled<'a>(
+    header: impl Fn(&str) -> Option<&'a str>,
+    body: &[u8],
+    label: &str,
+) -> Option<(u64, String)> {
+    let json: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let text = |pointer: &str| json.pointer(pointer).and_then(serde_json::Value::as_str);
+    let titles = |pointer: &str| -> Vec<&str> {
+        json.pointer(pointer)
+            .and_then(serde_json::Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|l| l.get("title").and_then(serde_json::Value::as_str))
+            .collect()
+    };
+    let (number, head) = if header("x-github-event") == Some("pull_request") {
+        if text("/action") != Some("labeled") || text("/label/name") != Some(label) {
+            return None;
+        }
+        (
+            json.get("number")?.as_u64()?,
+            text("/pull_request/head/sha")?,
+        )
+    } else if header("x-gitlab-event") == Some("Merge Request Hook") {
+        let added = titles("/changes/labels/current").contains(&label)
+            && !titles("/changes/labels/previous").contains(&label);
+        if !added {
+            return None;
+        }
+        (
+            json.pointer("/object_attributes/iid")?.as_u64()?,
+            text("/object_attributes/last_commit/id")?,
+        )
+    } else {
+        return None;
+    };
+    let full_sha = head.len() == 40 && head.bytes().all(|b| b.is_ascii_hexdigit());
+    full_sha.then(|| (number, head.to_owned()))
+}
+
+/// Why a pull request without the label gets no preview.
+const NO_LABEL: &str = "it does not carry the label";
+
+/// Why a pull request that changes its clusters gets no preview.
+const CLUSTERS_CHANGED: &str = "it changes the clusters of plumber.yaml (bootstrap, \
+     properties or credentials), and a preview runs only with the tracked branch's";
 
 /// Whether a pull request's preview runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Verdict {
+    /// Run the plan's head, which the label approved.
     Run,
     /// It must not run, and why.
     Stop(&'static str),
-    /// The forge cannot say now: what runs keeps running, what does not stays off.
+    /// Not until labelled again: the head moved past `approved`, the commit the label was
+    /// set on. The new commits were approved by no one.
+    NewCommits { approved: String },
+    /// The forge cannot say now, or the plan has not caught up with the approved head yet:
+    /// what runs keeps running, what does not stays off.
     Unknown,
 }
 
+/// What is known of a pull request's approval when it is decided on.
+pub(super) struct Approval<'a> {
+    /// The head the label approved, if the daemon knows it (a verified `labeled` webhook, the
+    /// head seen when the label was first seen, the head a preview ran).
+    pub approved: Option<&'a str>,
+    /// Whether commit `newer` descends from commit `older`.
+    pub descends: &'a dyn Fn(&str, &str) -> bool,
+}
+
 /// The verdict on a pull request from its plan (`None`: its ref is gone) and what the forge
-/// says of it (`pull`, asked only when the plan could be previewed).
+/// says of it (`pull`, asked only when the plan could be previewed), and the head its label
+/// approves (when it carries it): the one known, else the head the forge names now.
 pub(super) fn verdict(
     plan: Option<&RefPlan>,
     pull: impl FnOnce() -> forge::Result<PullRequest>,
     label: &str,
-) -> Verdict {
+    approval: &Approval<'_>,
+) -> (Verdict, Option<String>) {
     let Some(plan) = plan else {
-        return Verdict::Stop("its ref is gone");
+        return (Verdict::Stop("its ref is gone"), None);
     };
     if !plan.valid {
-        return Verdict::Stop("its merge is not valid");
+        return (Verdict::Stop("its merge is not valid"), None);
     }
-    match pull() {
+    let pull = match pull() {
         Err(error) if error.is_retryable() => {
             tracing::warn!(r#ref = %plan.name, %error, "cannot read the pull request from the forge; its preview stays as it is");
-            Verdict::Unknown
+            return (Verdict::Unknown, approval.approved.map(str::to_owned));
         }
         Err(error) => {
             tracing::warn!(r#ref = %plan.name, %error, "the forge does not give the pull request; no preview");
-            Verdict::Stop("the forge does not give it")
+            return (Verdict::Stop("the forge does not give it"), None);
         }
-        Ok(pull) => match pull.state {
-            PullRequestState::Merged => Verdict::Stop("it is merged"),
-            PullRequestState::Closed => Verdict::Stop("it is closed"),
-            PullRequestState::Open if !pull.has_label(label) => {
-                Verdict::Stop("it does not carry the label")
-            }
-            PullRequestState::Open => Verdict::Run,
-        },
+        Ok(pull) => pull,
+    };
+    match pull.state {
+        PullRequestState::Merged => return (Verdict::Stop("it is merged"), None),
+        PullRequestState::Closed => return (Verdict::Stop("it is closed"), None),
+        PullRequestState::Open if !pull.has_label(label) => {
+            return (Verdict::Stop(NO_LABEL), None);
+        }
+        PullRequestState::Open => {}
     }
+    // First sight of the label: it approves the head the forge names now (the plan may not
+    // have fetched it yet).
+    let approved = approval
+        .approved
+        .map(str::to_owned)
+        .or(pull.head)
+        .unwrap_or_else(|| plan.head.clone());
+    let verdict = if plan.changes_clusters() {
+        Verdict::Stop(CLUSTERS_CHANGED)
+    } else if approved == plan.head {
+        Verdict::Run
+    } else if (approval.descends)(&approved, &plan.head) {
+        // The plan is behind the approved head: it catches up at the next fetch.
+        Verdict::Unknown
+    } else {
+        Verdict::NewCommits {
+            approved: approved.clone(),
+        }
+    };
+    (verdict, Some(approved))
 }
 
 /// What a preview topology runs: when it changes, its worker is handed the new revision.
@@ -202,14 +305,29 @@ struct Previews {
     label: String,
     environments: BTreeMap<String, Environment>,
     /// Pull requests whose last verdict was to run, or unknown (looked at again every poll,
-    /// also when starting failed).
+    /// also when starting failed), or that wait for the label again.
     wanted: BTreeSet<u64>,
+    /// Per pull request carrying the label, the head it approved.
+    approvals: BTreeMap<u64, String>,
+    /// The head of each pull request's last plan event, and whether its merge was valid.
+    heads: BTreeMap<u64, (String, bool)>,
+    /// Why a labelled pull request runs no preview, for its plan comment, and the commit
+    /// status it was given (per pull request: its head and what it was told).
+    notes: BTreeMap<u64, Note>,
     /// Shadow topics of torn-down previews still to delete, with their bootstrap servers.
     to_delete: BTreeMap<String, String>,
     /// Consumer groups of torn-down previews still to delete, with their bootstrap servers.
     groups_to_delete: BTreeMap<String, String>,
     /// Torn-down previews whose records are forgotten once their groups are deleted.
     to_forget: ForgetQueue,
+}
+
+/// What a labelled pull request's reviewers are told about its preview, on its head.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Note {
+    head: String,
+    /// `None`: it runs.
+    why_not: Option<String>,
 }
 
 /// Torn-down previews whose records are to be forgotten, each with its groups still to
@@ -307,6 +425,9 @@ pub(super) fn start(context: &Arc<Context>) -> Result<Option<Running>, Error> {
                     label,
                     environments: BTreeMap::new(),
                     wanted: BTreeSet::new(),
+                    approvals: BTreeMap::new(),
+                    heads: BTreeMap::new(),
+                    notes: BTreeMap::new(),
                     to_delete: BTreeMap::new(),
                     groups_to_delete: BTreeMap::new(),
                     to_forget: ForgetQueue::default(),
@@ -326,7 +447,7 @@ pub(super) fn start(context: &Arc<Context>) -> Result<Option<Running>, Error> {
 enum Wake {
     Plan(PlanEvent),
     Lagged,
-    Look(u64),
+    Request(Request),
     Tick,
     Stop,
 }
@@ -338,7 +459,7 @@ impl Previews {
     fn run(
         &mut self,
         mut events: tokio::sync::broadcast::Receiver<PlanEvent>,
-        mut requests: UnboundedReceiver<u64>,
+        mut requests: UnboundedReceiver<Request>,
     ) {
         let runtime = match tokio::runtime::Builder::new_current_thread()
             .enable_time()
@@ -369,7 +490,7 @@ impl Previews {
                 };
                 tokio::select! {
                     biased;
-                    request = requests.recv() => request.map_or(Wake::Stop, Wake::Look),
+                    request = requests.recv() => request.map_or(Wake::Stop, Wake::Request),
                     event = events.recv() => match event {
                         Ok(event) => Wake::Plan(event),
                         Err(RecvError::Lagged(_)) => Wake::Lagged,
@@ -397,11 +518,17 @@ impl Previews {
                     if let Some(number) = event
                         .pull_request
                         .filter(|_| forge::pull_request_of_ref(&event.name).is_some())
+                        && self.worth_asking(number, &event)
                     {
                         self.decide(number);
                     }
                 }
-                Wake::Look(number) => self.decide(number),
+                Wake::Request(Request::Look(number)) => self.decide(number),
+                Wake::Request(Request::Labelled { number, head }) => {
+                    tracing::info!(pull_request = number, %head, "the preview label was set: it approves that head");
+                    self.approvals.insert(number, head);
+                    self.decide(number);
+                }
                 Wake::Lagged => self.decide_all(),
                 Wake::Tick => {
                     if tokio::time::Instant::now() >= next_poll {
@@ -443,6 +570,10 @@ impl Previews {
                 continue;
             };
             let head = record.as_ref().ok().and_then(|r| r.commit.clone());
+            // What a preview ran, its label approved: a newer head waits for the label again.
+            if let Some(head) = &head {
+                self.approvals.entry(number).or_insert_with(|| head.clone());
+            }
             tracing::info!(topology = %name, pull_request = number, "preview of a previous run adopted");
             self.environments.insert(
                 name.clone(),
@@ -478,14 +609,61 @@ impl Previews {
         }
     }
 
+    /// Whether a plan event of pull request `number` is worth asking the forge about: one
+    /// that runs or waits for a preview, or whose head or validity moved (a push may come
+    /// with the label; a merge that became valid may be previewed).
+    /// A push to the tracked branch changes every pull request's plan; for the others (closed
+    /// ones included, whose refs GitHub keeps) it asks the forge nothing.
+    fn worth_asking(&mut self, number: u64, event: &PlanEvent) -> bool {
+        let involved = self.wanted.contains(&number)
+            || self.environments.values().any(|e| e.pull_request == number);
+        let moved = match &event.head {
+            Some(head) => {
+                let now = (head.clone(), event.valid);
+                self.heads.insert(number, now.clone()).as_ref() != Some(&now)
+            }
+            None => self.heads.remove(&number).is_some(),
+        };
+        involved || moved
+    }
+
     /// Looks at pull request `number` and starts, moves or tears down its preview.
     fn decide(&mut self, number: u64) {
         let plan = self.context.plans.list().into_iter().find(|p| {
             p.pull_request == Some(number) && forge::pull_request_of_ref(&p.name).is_some()
         });
         let forge = self.forge.clone();
-        let verdict = verdict(plan.as_deref(), || forge.pull_request(number), &self.label);
+        let repository = self.context.revisions.open().ok();
+        let descends = |newer: &str, older: &str| {
+            let (Some(repository), Ok(newer), Ok(older)) = (
+                &repository,
+                git2::Oid::from_str(newer),
+                git2::Oid::from_str(older),
+            ) else {
+                return false;
+            };
+            repository
+                .git()
+                .graph_descendant_of(newer, older)
+                .unwrap_or(false)
+        };
+        let approval = Approval {
+            approved: self.approvals.get(&number).map(String::as_str),
+            descends: &descends,
+        };
+        let (verdict, approved) = verdict(
+            plan.as_deref(),
+            || forge.pull_request(number),
+            &self.label,
+            &approval,
+        );
         tracing::debug!(pull_request = number, ?verdict, "preview decided");
+        match approved {
+            Some(approved) => self.approvals.insert(number, approved),
+            // Without the label (or closed, merged, gone) nothing is approved any more: a
+            // label set again approves the head it is set on.
+            None => self.approvals.remove(&number),
+        };
         match (verdict, plan) {
             // Asked again at the next poll.
             (Verdict::Unknown, _) => {
@@ -494,20 +672,94 @@ impl Previews {
             (Verdict::Run, Some(plan)) => {
                 self.wanted.insert(number);
                 match self.wanted_previews(&plan) {
-                    Ok(previews) => self.apply(number, &plan, previews),
+                    Ok(previews) => {
+                        self.tell(number, &plan, None);
+                        self.apply(number, &plan, previews);
+                    }
                     Err(error) => {
                         tracing::warn!(r#ref = %plan.name, %error, "the pull request cannot be previewed");
                         self.stop_all(number, "it cannot be previewed");
                     }
                 }
             }
-            (Verdict::Stop(why), _) => {
+            (Verdict::NewCommits { approved }, Some(plan)) => {
+                // Looked at again: the label set again approves the new head.
+                self.wanted.insert(number);
+                tracing::warn!(pull_request = number, %approved, head = %plan.head, "new commits since the preview label approved its head: no preview until it is set again");
+                self.stop_all(number, "new commits since its label");
+                let why = format!(
+                    "new commits since the `{}` label was set on {}: label the pull request \
+                     again to preview {}",
+                    self.label,
+                    crate::output::short_commit(&approved),
+                    crate::output::short_commit(&plan.head)
+                );
+                if self.tell(number, &plan, Some(why)) {
+                    // The label no longer approves anything; taking it off lets a maintainer
+                    // set it again (a forge or token that does not allow it changes nothing).
+                    if let Err(error) = self.forge.remove_label(number, &self.label) {
+                        tracing::warn!(pull_request = number, %error, "cannot take the preview label off; remove it and set it again to approve the new head");
+                    }
+                }
+            }
+            (Verdict::Stop(why), plan) => {
                 self.wanted.remove(&number);
                 self.stop_all(number, why);
+                match plan {
+                    Some(plan) if why == CLUSTERS_CHANGED => {
+                        self.tell(number, &plan, Some(format!("no preview: {why}")));
+                    }
+                    Some(plan)
+                        if why == NO_LABEL
+                            && self.notes.get(&number).is_some_and(|n| n.head == plan.head) =>
+                    {
+                        // Taken off after new commits: what the note says holds until the head
+                        // moves or the label is set again, which the next polls look for. Taken
+                        // off while it ran: say so.
+                        self.wanted.insert(number);
+                        if self.notes.get(&number).is_some_and(|n| n.why_not.is_none()) {
+                            let why = format!(
+                                "the `{}` label was taken off; set it again to preview {}",
+                                self.label,
+                                crate::output::short_commit(&plan.head)
+                            );
+                            self.tell(number, &plan, Some(why));
+                        }
+                    }
+                    _ => {
+                        if self.notes.remove(&number).is_some() {
+                            self.show(number);
+                        }
+                    }
+                }
             }
             // `verdict` says so without a plan.
-            (Verdict::Run, None) => {}
+            (Verdict::Run | Verdict::NewCommits { .. }, None) => {}
         }
+    }
+
+    /// Tells the reviewers of labelled pull request `number` at the head of `plan` whether
+    /// its preview runs (`why_not`: it does not, and why), in its plan comment and in a commit
+    /// status of its own (`plumber/preview`), once per head and state. Whether that was new.
+    fn tell(&mut self, number: u64, plan: &RefPlan, why_not: Option<String>) -> bool {
+        let note = Note {
+            head: plan.head.clone(),
+            why_not,
+        };
+        if self.notes.get(&number) == Some(&note) {
+            return false;
+        }
+        let status = match &note.why_not {
+            Some(why) => forge::CommitStatus::new(forge::State::Pending, why),
+            None => forge::CommitStatus::new(forge::State::Success, "its preview environment runs"),
+        }
+        .of_preview();
+        if let Err(error) = self.forge.set_commit_status(&note.head, &status) {
+            tracing::warn!(pull_request = number, %error, "cannot set the preview's commit status");
+        }
+        self.notes.insert(number, note);
+        self.show(number);
+        true
     }
 
     /// The previews of `plan` against what runs now.
@@ -518,7 +770,8 @@ impl Previews {
             .filter(|(name, _)| !is_preview(name))
             .filter_map(|(name, record)| Some((name, record.ok()?.deployment)))
             .collect();
-        let clusters = plan.merged_clusters().cloned().unwrap_or_default();
+        // The tracked branch's clusters, never the pull request's.
+        let clusters = plan.base_clusters().cloned().unwrap_or_default();
         let slug = preview::slug_of_ref(&plan.name);
         preview::previews(
             plan.merged_graphs(),
@@ -555,7 +808,7 @@ impl Previews {
         for name in &changes.stop {
             self.tear_down(name, "the change no longer starts a processor in it");
         }
-        let clusters = plan.merged_clusters().cloned().unwrap_or_default();
+        let clusters = plan.base_clusters().cloned().unwrap_or_default();
         for preview in previews {
             let name = preview.graph.name.clone();
             if !changes.start.contains(&name) && !changes.update.contains(&name) {
@@ -581,7 +834,10 @@ impl Previews {
     ) -> Result<(), Error> {
         let name = preview.graph.name.clone();
         let fingerprint = Fingerprint::of(&preview, &plan.head);
-        let checkout = self.context.revisions.checkout(&plan.head)?;
+        let checkout = self
+            .context
+            .revisions
+            .checkout(&plan.head, std::slice::from_ref(&preview.graph))?;
         let mut revision = Revision {
             commit: plan.head.clone(),
             topologies: Vec::new(),
@@ -873,7 +1129,27 @@ impl Previews {
                 .filter(|p| p.pull_request == Some(number))
                 .map(|p| p.name.clone()),
         );
+        let note = self
+            .notes
+            .get(&number)
+            .and_then(|note| note.why_not.as_deref());
         for refname in &refnames {
+            if running.is_empty()
+                && let Some(why) = note
+            {
+                let markdown = format!(
+                    "### Preview environment `{}`\n\nNot running: {why}.\n",
+                    preview::slug_of_ref(refname)
+                );
+                self.context.plans.show_preview(
+                    refname,
+                    Some(ShownPreview {
+                        topologies: Vec::new(),
+                        markdown,
+                    }),
+                );
+                continue;
+            }
             let shown = (!running.is_empty()).then(|| {
                 let topologies: Vec<PreviewTopology> = running
                     .iter()
@@ -931,6 +1207,7 @@ mod tests {
         Ok(PullRequest {
             state,
             labels: labels.iter().map(|l| (*l).to_owned()).collect(),
+            head: None,
         })
     }
 
@@ -974,42 +1251,44 @@ mod tests {
         let plan = |valid: bool| {
             let mut plan = test_plan("refs/pull/7/head");
             plan.valid = valid;
+            plan.head = "h1".into();
             plan
         };
         let (valid, invalid) = (plan(true), plan(false));
         let open = PullRequestState::Open;
+        let no_descent = |_: &str, _: &str| false;
+        let unknown = Approval {
+            approved: None,
+            descends: &no_descent,
+        };
+        let decide = |plan: Option<&RefPlan>, pull: forge::Result<PullRequest>| {
+            verdict(plan, || pull, "preview", &unknown)
+        };
         assert_eq!(
-            verdict(Some(&valid), || pull(open, &["preview"]), "preview"),
-            Verdict::Run
+            decide(Some(&valid), pull(open, &["preview"])),
+            (Verdict::Run, Some("h1".into())),
+            "the label seen first approves the head"
         );
         assert_eq!(
-            verdict(Some(&valid), || pull(open, &["previews"]), "preview"),
-            Verdict::Stop("it does not carry the label")
+            decide(Some(&valid), pull(open, &["previews"])),
+            (Verdict::Stop("it does not carry the label"), None)
         );
         assert_eq!(
-            verdict(
-                Some(&valid),
-                || pull(PullRequestState::Closed, &["preview"]),
-                "preview"
-            ),
-            Verdict::Stop("it is closed")
+            decide(Some(&valid), pull(PullRequestState::Closed, &["preview"])),
+            (Verdict::Stop("it is closed"), None)
         );
         assert_eq!(
-            verdict(
-                Some(&valid),
-                || pull(PullRequestState::Merged, &["preview"]),
-                "preview"
-            ),
-            Verdict::Stop("it is merged")
+            decide(Some(&valid), pull(PullRequestState::Merged, &["preview"])),
+            (Verdict::Stop("it is merged"), None)
         );
         // The forge is not asked when the plan alone says no.
         let never = || -> forge::Result<PullRequest> { panic!("the forge was asked") };
         assert_eq!(
-            verdict(Some(&invalid), never, "preview"),
+            verdict(Some(&invalid), never, "preview", &unknown).0,
             Verdict::Stop("its merge is not valid")
         );
         assert_eq!(
-            verdict(None, never, "preview"),
+            verdict(None, never, "preview", &unknown).0,
             Verdict::Stop("its ref is gone")
         );
         // A forge that cannot answer now changes nothing; one that says no such pull request
@@ -1022,13 +1301,163 @@ mod tests {
             wait: None,
             rate_limited: false,
         };
+        assert_eq!(decide(Some(&valid), Err(status(502))).0, Verdict::Unknown);
         assert_eq!(
-            verdict(Some(&valid), || Err(status(502)), "preview"),
-            Verdict::Unknown
+            decide(Some(&valid), Err(status(404))).0,
+            Verdict::Stop("the forge does not give it")
+        );
+    }
+
+    /// SPEC §11: a label approves the head it was set on, never a later one.
+    #[test]
+    fn a_label_approves_the_head_it_was_set_on_and_new_commits_wait_for_it_again() {
+        let mut plan = test_plan("refs/pull/7/head");
+        plan.valid = true;
+        plan.head = "h2".into();
+        let open = PullRequestState::Open;
+        // h2 descends from h1; h1 from nothing.
+        let descends = |newer: &str, older: &str| newer == "h2" && older == "h1";
+        let approved = |head: Option<&'static str>| Approval {
+            approved: head,
+            descends: &descends,
+        };
+        let labelled = |head: Option<&str>| {
+            let mut pull = pull(open, &["preview"]).unwrap();
+            pull.head = head.map(str::to_owned);
+            Ok(pull)
+        };
+        // Approved at h1, the pull request moved on to h2: not until labelled again.
+        assert_eq!(
+            verdict(
+                Some(&plan),
+                || labelled(Some("h2")),
+                "preview",
+                &approved(Some("h1"))
+            ),
+            (
+                Verdict::NewCommits {
+                    approved: "h1".into()
+                },
+                Some("h1".into())
+            )
+        );
+        // Labelled again at h2 (a webhook's head, or the label seen anew).
+        assert_eq!(
+            verdict(
+                Some(&plan),
+                || labelled(Some("h2")),
+                "preview",
+                &approved(Some("h2"))
+            ),
+            (Verdict::Run, Some("h2".into()))
+        );
+        // The label seen first while the forge already names a newer head than the plan has:
+        // it approves the forge's, and the plan catches up.
+        plan.head = "h1".into();
+        assert_eq!(
+            verdict(
+                Some(&plan),
+                || labelled(Some("h2")),
+                "preview",
+                &approved(None)
+            ),
+            (Verdict::Unknown, Some("h2".into()))
+        );
+        // The approval goes with the label.
+        assert_eq!(
+            verdict(
+                Some(&plan),
+                || pull(open, &[]),
+                "preview",
+                &approved(Some("h1"))
+            )
+            .1,
+            None
+        );
+    }
+
+    /// SPEC §11: a preview runs with the tracked branch's clusters only.
+    #[test]
+    fn a_pull_request_that_changes_its_clusters_runs_no_preview() {
+        let mut changed = crate::spec::ClusterSpec::at("kafka:9092");
+        let base = BTreeMap::from([("default".to_owned(), changed.clone())]);
+        changed.bootstrap = "attacker.example:9092".into();
+        let mut plan = test_plan("refs/pull/7/head")
+            .with_clusters_for_test(BTreeMap::from([("default".to_owned(), changed)]), base);
+        plan.valid = true;
+        plan.head = "h1".into();
+        let no_descent = |_: &str, _: &str| false;
+        let (verdict, _) = verdict(
+            Some(&plan),
+            || pull(PullRequestState::Open, &["preview"]),
+            "preview",
+            &Approval {
+                approved: Some("h1"),
+                descends: &no_descent,
+            },
+        );
+        assert_eq!(verdict, Verdict::Stop(CLUSTERS_CHANGED));
+    }
+
+    #[test]
+    fn a_verified_labelled_webhook_names_its_pull_request_and_head() {
+        let sha = "0123456789abcdef0123456789abcdef01234567";
+        let github = |action: &str, label: &str| {
+            format!(
+                r#"{{"action":"{action}","number":7,"label":{{"name":"{label}"}},"pull_request":{{"head":{{"sha":"{sha}"}}}}}}"#
+            )
+        };
+        let header =
+            |event: &'static str| move |name: &str| (name == "x-github-event").then_some(event);
+        assert_eq!(
+            webhook_labelled(
+                header("pull_request"),
+                github("labeled", "preview").as_bytes(),
+                "preview"
+            ),
+            Some((7, sha.to_owned()))
+        );
+        for (action, label) in [
+            ("labeled", "other"),
+            ("unlabeled", "preview"),
+            ("synchronize", "preview"),
+        ] {
+            assert_eq!(
+                webhook_labelled(
+                    header("pull_request"),
+                    github(action, label).as_bytes(),
+                    "preview"
+                ),
+                None,
+                "{action} {label}"
+            );
+        }
+        let gitlab = |previous: &str, current: &str| {
+            format!(
+                r#"{{"object_attributes":{{"iid":9,"action":"update","last_commit":{{"id":"{sha}"}}}},"changes":{{"labels":{{"previous":[{previous}],"current":[{current}]}}}}}}"#
+            )
+        };
+        let gitlab_header = |name: &str| (name == "x-gitlab-event").then_some("Merge Request Hook");
+        assert_eq!(
+            webhook_labelled(
+                gitlab_header,
+                gitlab("", r#"{"title":"preview"}"#).as_bytes(),
+                "preview"
+            ),
+            Some((9, sha.to_owned()))
         );
         assert_eq!(
-            verdict(Some(&valid), || Err(status(404)), "preview"),
-            Verdict::Stop("the forge does not give it")
+            webhook_labelled(
+                gitlab_header,
+                gitlab(
+                    r#"{"title":"preview"}"#,
+                    r#"{"title":"preview"},{"title":"x"}"#
+                )
+                .as_bytes(),
+                "preview"
+            ),
+            None,
+            "the label was there already"
         );
     }
 

@@ -13,7 +13,8 @@ use crate::Validation;
 use crate::diagnostic::Diagnostic;
 use crate::graph::Topology;
 use crate::repo::Repository;
-use crate::spec::{ClusterSpec, RepoSettings};
+use crate::spec::budget::{Budget, Measure};
+use crate::spec::{ClusterSpec, RepoSettings, StepSecrets};
 use crate::store::StateDir;
 
 /// One valid commit, ready to run: its graphs, clusters and a checkout of its files.
@@ -37,6 +38,8 @@ const MAX_CACHED_REVISIONS: usize = 64;
 /// Loads and caches revisions by commit.
 pub struct Revisions {
     source: Source,
+    /// What one commit may make the daemon read and write.
+    budget: Budget,
     checkouts: PathBuf,
     cache: Mutex<BTreeMap<String, Arc<Revision>>>,
     trees: Arc<TreeCache>,
@@ -48,12 +51,13 @@ pub struct Revisions {
 }
 
 impl Revisions {
-    pub fn new(source: Source, state: &StateDir) -> Self {
+    pub fn new(source: Source, state: &StateDir, secrets: StepSecrets, budget: Budget) -> Self {
         Revisions {
             source,
+            budget,
             checkouts: state.checkouts(),
             cache: Mutex::new(BTreeMap::new()),
-            trees: Arc::new(TreeCache::default()),
+            trees: Arc::new(TreeCache::new(secrets)),
             pinned: Mutex::new(BTreeSet::new()),
             commits: Mutex::new(BTreeMap::new()),
         }
@@ -94,14 +98,21 @@ impl Revisions {
         found
     }
 
-    /// A checkout of `commit`, valid or not on its own (a preview runs a pull request's
-    /// head, whose merge was validated), kept until [`Revisions::pin`] no longer names it.
-    pub fn checkout(&self, commit: &str) -> Result<PathBuf, Error> {
-        let repository = self.source.open()?;
+    /// A checkout of `commit` for the processors of `topologies` that run commands (a
+    /// preview runs a pull request's head, whose merge was validated, valid or not on its
+    /// own), kept until [`Revisions::pin`] no longer names it.
+    pub fn checkout(&self, commit: &str, topologies: &[Topology]) -> Result<PathBuf, Error> {
+        let repository = self.open()?;
         let oid = repository.resolve(commit)?;
         let checkout = self.checkouts.join(oid.to_string());
-        repository.checkout(oid, &checkout)?;
+        write_checkout(&repository, oid, topologies, &checkout)?;
         Ok(checkout)
+    }
+
+    /// The repository, holding what it reads to the daemon's budget: every reader of
+    /// commits opens it here.
+    pub fn open(&self) -> Result<Repository, Error> {
+        Ok(self.source.open()?.with_budget(self.budget))
     }
 
     /// The commits whose checkouts are kept besides those the follower keeps.
@@ -137,7 +148,7 @@ impl Revisions {
         {
             return Ok(found.clone());
         }
-        let repository = self.source.open()?;
+        let repository = self.open()?;
         let oid = repository.resolve(commit)?;
         let tree = repository.tree_of(oid)?;
         let validation = self.trees.validate(&repository, tree, oid)?.to_validation();
@@ -150,7 +161,7 @@ impl Revisions {
             });
         };
         let checkout = self.checkouts.join(oid.to_string());
-        repository.checkout(oid, &checkout)?;
+        write_checkout(&repository, oid, &topologies, &checkout)?;
         let revision = Arc::new(Revision {
             commit: oid.to_string(),
             topologies,
@@ -194,6 +205,32 @@ impl Revisions {
     }
 }
 
+/// Writes what the processors of `topologies` run from (the directories of their `exec` and
+/// `http` steps) into `checkout`. A commit whose checkout is over budget, or whose tree holds
+/// a name that cannot be a file name, is invalid: it says so like any other invalid commit.
+fn write_checkout(
+    repository: &Repository,
+    commit: Oid,
+    topologies: &[Topology],
+    checkout: &std::path::Path,
+) -> Result<(), Error> {
+    let dirs: BTreeSet<String> = topologies
+        .iter()
+        .flat_map(|t| t.steps().filter_map(|(_, step)| step.checkout_dir()))
+        .collect();
+    match repository.checkout(commit, &dirs, checkout) {
+        Err(error) => match error.diagnostic() {
+            Some(diagnostic) => Err(Error::Invalid {
+                commit: commit.to_string(),
+                errors: diagnostic.to_string(),
+                first: Some(Box::new(diagnostic)),
+            }),
+            None => Err(error.into()),
+        },
+        Ok(()) => Ok(()),
+    }
+}
+
 /// Which settings and which tree a topology was validated with: nothing else decides what it
 /// is ([`crate::validate_topologies`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -220,6 +257,8 @@ struct Cached {
 
 #[derive(Default)]
 struct TreeCacheInner {
+    /// What each topology tree holds ([`Repository::measure`]), by tree id.
+    measures: HashMap<Oid, Measure>,
     settings: HashMap<Option<Oid>, Arc<Settings>>,
     topologies: HashMap<TopologyKey, Cached>,
     /// Counts validations, for [`Cached::used`].
@@ -234,6 +273,8 @@ struct TreeCacheInner {
 pub struct TreeCache {
     inner: Mutex<TreeCacheInner>,
     parsed: AtomicU64,
+    /// The Secrets steps may reference: the operator's, fixed for the daemon's life.
+    secrets: StepSecrets,
 }
 
 /// Validations whose topologies are kept in a full cache.
@@ -302,6 +343,95 @@ impl TreeValidation {
 }
 
 impl TreeCache {
+    /// The validation of a tree refused as a whole (over budget, an unsafe name): nothing of
+    /// it was read. Other errors are errors of reading, not of the tree.
+    fn refused(
+        &self,
+        tree: Oid,
+        error: crate::repo::Error,
+    ) -> Result<TreeValidation, crate::repo::Error> {
+        let Some(diagnostic) = error.diagnostic() else {
+            return Err(error);
+        };
+        tracing::warn!(%tree, error = %diagnostic, "a tree refused before it was read");
+        Ok(TreeValidation {
+            tree,
+            settings: Arc::new(Settings {
+                settings: RepoSettings::default(),
+                diagnostics: Vec::new(),
+            }),
+            loose: vec![diagnostic],
+            topologies: Vec::new(),
+        })
+    }
+
+    /// Whether the tree of `layout` is within the repository's budget, measured from its
+    /// trees alone (each topology directory once per tree id) before any step file is read.
+    fn within_budget(
+        &self,
+        repository: &Repository,
+        layout: &crate::repo::Layout,
+        commit: Oid,
+    ) -> Result<(), crate::repo::Error> {
+        let mut total = Measure {
+            topologies: layout.topologies.len() as u64,
+            ..Measure::default()
+        };
+        let mut each = Vec::with_capacity(layout.topologies.len());
+        for (name, tree) in &layout.topologies {
+            let known = self
+                .inner
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .measures
+                .get(tree)
+                .copied();
+            let measure = match known {
+                Some(measure) => measure,
+                None => {
+                    let measure =
+                        repository.measure(*tree, &format!("topologies/{name}/"), commit)?;
+                    let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+                    if inner.measures.len() > 4 * layout.topologies.len() + 256 {
+                        inner.measures.clear();
+                    }
+                    inner.measures.insert(*tree, measure);
+                    measure
+                }
+            };
+            total += measure;
+            each.push((name, measure));
+            // Over already: the rest need not be measured.
+            if repository.budget().check(&total, None).is_err() {
+                break;
+            }
+        }
+        repository
+            .budget()
+            .check(&total, None)
+            .map_err(|mut exceeded| {
+                let of = |m: &Measure| match exceeded.limit {
+                    "files" => m.files,
+                    "steps" => m.steps,
+                    _ => m.bytes,
+                };
+                exceeded.largest = each
+                    .iter()
+                    .filter(|_| exceeded.limit != "topologies")
+                    .max_by_key(|(_, m)| of(m))
+                    .map(|(name, _)| format!("topologies/{name}"));
+                crate::repo::Error::OverBudget { commit, exceeded }
+            })
+    }
+
+    /// A cache whose validations check the Secrets steps reference against `secrets`.
+    pub fn new(secrets: StepSecrets) -> TreeCache {
+        TreeCache {
+            secrets,
+            ..TreeCache::default()
+        }
+    }
+
     /// How many topologies were read and validated (cache misses) so far.
     pub fn parsed(&self) -> u64 {
         self.parsed.load(Ordering::Relaxed)
@@ -316,7 +446,10 @@ impl TreeCache {
         tree: Oid,
         commit: Oid,
     ) -> Result<TreeValidation, crate::repo::Error> {
-        let layout = repository.layout(tree, commit)?;
+        let layout = match repository.layout(tree, commit) {
+            Ok(layout) => layout,
+            Err(error) => return self.refused(tree, error),
+        };
         let settings_id = layout.settings.as_ref().map(|(id, _)| *id);
         let lock = || self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         let known = lock().settings.get(&settings_id).cloned();
@@ -338,6 +471,12 @@ impl TreeCache {
                 settings
             }
         };
+        if let Err(error) = self.within_budget(repository, &layout, commit) {
+            return self.refused(tree, error).map(|mut refused| {
+                refused.settings = settings;
+                refused
+            });
+        }
         let mut found: Vec<(String, TopologyKey, Option<Arc<Validation>>)> = Vec::new();
         let mut missing: Vec<usize> = Vec::new();
         {
@@ -365,7 +504,7 @@ impl TreeCache {
                 let (name, key, _) = &found[i];
                 files.push(repository.topology_files(name, key.tree, commit)?);
             }
-            let validations = crate::validate_topologies(&settings.settings, &files);
+            let validations = crate::validate_topologies(&settings.settings, &self.secrets, &files);
             self.parsed
                 .fetch_add(missing.len() as u64, Ordering::Relaxed);
             let mut inner = lock();
@@ -417,7 +556,12 @@ mod tests {
     fn checkouts_nothing_needs_are_removed_and_the_others_kept() {
         let dir = tempfile::tempdir().unwrap();
         let state = StateDir::open(dir.path()).unwrap();
-        let revisions = Revisions::new(Source::new("unused", dir.path()), &state);
+        let revisions = Revisions::new(
+            Source::new("unused", dir.path()),
+            &state,
+            StepSecrets::Unchecked,
+            Budget::default(),
+        );
         for name in ["aaa", "bbb", "ccc.partial", "ddd"] {
             std::fs::create_dir_all(dir.path().join("checkouts").join(name).join("steps")).unwrap();
         }

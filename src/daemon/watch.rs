@@ -20,7 +20,9 @@
 //! | `PLUMBER_GIT_USERNAME` | https user (default `git`) |
 //! | `PLUMBER_GIT_PASSWORD` / `PLUMBER_GIT_PASSWORD_FILE` | https password or token |
 //! | `PLUMBER_GIT_SSH_KEY` | private key file for ssh (else the ssh agent) |
+//! | `PLUMBER_GIT_KNOWN_HOSTS` | the known_hosts file ssh host keys are checked against (else `~/.ssh/known_hosts`) |
 
+use std::cell::RefCell;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError, Sender};
@@ -195,6 +197,9 @@ pub struct GitAuth {
     pub password_file: Option<PathBuf>,
     /// A private key file for ssh; without it, the ssh agent.
     pub ssh_key: Option<PathBuf>,
+    /// The known_hosts file an ssh server's host key must be in; without it, libgit2's own
+    /// check against `$HOME/.ssh/known_hosts`.
+    pub known_hosts: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for GitAuth {
@@ -204,20 +209,66 @@ impl std::fmt::Debug for GitAuth {
             .field("password", &self.password.as_ref().map(|_| "…"))
             .field("password_file", &self.password_file)
             .field("ssh_key", &self.ssh_key)
+            .field("known_hosts", &self.known_hosts)
             .finish()
     }
 }
 
 impl GitAuth {
     /// `PLUMBER_GIT_USERNAME`, `PLUMBER_GIT_PASSWORD`, `PLUMBER_GIT_PASSWORD_FILE`,
-    /// `PLUMBER_GIT_SSH_KEY`.
+    /// `PLUMBER_GIT_SSH_KEY`, `PLUMBER_GIT_KNOWN_HOSTS`.
     pub fn from_env() -> GitAuth {
         GitAuth {
             username: std::env::var("PLUMBER_GIT_USERNAME").ok(),
             password: std::env::var("PLUMBER_GIT_PASSWORD").ok(),
             password_file: std::env::var_os("PLUMBER_GIT_PASSWORD_FILE").map(PathBuf::from),
             ssh_key: std::env::var_os("PLUMBER_GIT_SSH_KEY").map(PathBuf::from),
+            known_hosts: std::env::var_os("PLUMBER_GIT_KNOWN_HOSTS").map(PathBuf::from),
         }
+    }
+
+    /// The callbacks of a push to `url`: credentials (offered a bounded number of times)
+    /// and the ssh host key check (why a key was refused goes to `refused`).
+    fn callbacks<'a>(
+        &'a self,
+        url: &'a str,
+        refused: &'a RefCell<Option<String>>,
+    ) -> git2::RemoteCallbacks<'a> {
+        let mut callbacks = git2::RemoteCallbacks::new();
+        let mut attempts = 0;
+        callbacks.credentials(move |url, username, allowed| {
+            attempts += 1;
+            credentials(self, url, username, allowed, attempts)
+        });
+        callbacks
+            .certificate_check(move |cert, host| self.check_certificate(cert, host, url, refused));
+        callbacks
+    }
+
+    /// An ssh server's host key against [`GitAuth::known_hosts`]; anything else (https
+    /// certificates, or no file given) is libgit2's to check. libgit2 replaces a refusal's
+    /// message with its own ("invalid or unknown remote ssh hostkey"), so why the key was
+    /// refused is kept in `refused` for the error the daemon reports.
+    fn check_certificate(
+        &self,
+        cert: &git2::cert::Cert<'_>,
+        host: &str,
+        url: &str,
+        refused: &RefCell<Option<String>>,
+    ) -> Result<git2::CertificateCheckStatus, git2::Error> {
+        let (Some(file), Some(key)) = (
+            &self.known_hosts,
+            cert.as_hostkey().and_then(|k| k.hostkey()),
+        ) else {
+            return Ok(git2::CertificateCheckStatus::CertificatePassthrough);
+        };
+        check_host_key(file, host, ssh_port(url), key)
+            .map(|()| git2::CertificateCheckStatus::CertificateOk)
+            .map_err(|message| {
+                let error = git2::Error::from_str(&message);
+                *refused.borrow_mut() = Some(message);
+                error
+            })
     }
 
     fn password(&self) -> Option<String> {
@@ -447,12 +498,8 @@ impl Source {
             return Ok(());
         }
         let mut remote = git.remote_anonymous(url).map_err(push_error)?;
-        let mut callbacks = git2::RemoteCallbacks::new();
-        let mut attempts = 0;
-        callbacks.credentials(move |url, username, allowed| {
-            attempts += 1;
-            credentials(auth, url, username, allowed, attempts)
-        });
+        let refused_key = RefCell::new(None);
+        let mut callbacks = auth.callbacks(url, &refused_key);
         let rejected = Arc::new(Mutex::new(None));
         {
             let rejected = rejected.clone();
@@ -469,7 +516,13 @@ impl Source {
         let refspec = format!("+{NOTES_REF}:{NOTES_REF}");
         remote
             .push(&[refspec.as_str()], Some(&mut options))
-            .map_err(push_error)?;
+            .map_err(|e| match refused_key.take() {
+                Some(message) => Error::PushNotes {
+                    url: redact(url),
+                    message,
+                },
+                None => push_error(e),
+            })?;
         if let Some(status) = rejected
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -633,6 +686,7 @@ fn fetch_into(
     // Anonymous: libgit2 also updates a named remote's configured refspecs, outside the
     // namespace.
     let mut remote = git.remote_anonymous(url).map_err(fetch_error)?;
+    let refused_key = RefCell::new(None);
     let mut callbacks = git2::RemoteCallbacks::new();
     let mut attempts = 0;
     callbacks.credentials(move |url, username, allowed| {
@@ -642,6 +696,7 @@ fn fetch_into(
         }
         credentials(auth, url, username, allowed, attempts)
     });
+    callbacks.certificate_check(|cert, host| auth.check_certificate(cert, host, url, &refused_key));
     callbacks.transfer_progress(|_| progress.arrived());
     callbacks.sideband_progress(|_| progress.arrived());
     callbacks.update_tips(|_, _, _| progress.arrived());
@@ -653,7 +708,13 @@ fn fetch_into(
     let refspecs: Vec<&str> = refspecs.iter().map(String::as_str).collect();
     remote
         .fetch(&refspecs, Some(&mut options), None)
-        .map_err(fetch_error)
+        .map_err(|e| match refused_key.take() {
+            Some(message) => Error::Fetch {
+                url: redact(url),
+                message,
+            },
+            None => fetch_error(e),
+        })
 }
 
 /// Makes `refs/heads/` and the watched refs exactly what a completed fetch put in
@@ -799,6 +860,58 @@ fn credentials(
     git2::Cred::default()
 }
 
+/// The port of an ssh URL (`ssh://user@host:2222/path`; 22 for `user@host:path`).
+fn ssh_port(url: &str) -> u16 {
+    url.strip_prefix("ssh://")
+        .or_else(|| url.strip_prefix("git+ssh://"))
+        .and_then(|rest| rest.split('/').next())
+        .map(|authority| {
+            authority
+                .rsplit_once('@')
+                .map_or(authority, |(_, host)| host)
+        })
+        .and_then(|host| host.rsplit_once(':'))
+        .filter(|(host, _)| !host.ends_with(']') || host.starts_with('['))
+        .and_then(|(_, port)| port.parse().ok())
+        .unwrap_or(22)
+}
+
+/// Whether `file` (OpenSSH's known_hosts format, hashed host names included) holds `key` for
+/// `host` at `port`, as libssh2 (libgit2's ssh) decides it; the error says what to do.
+fn check_host_key(file: &Path, host: &str, port: u16, key: &[u8]) -> Result<(), String> {
+    let where_ = if port == 22 {
+        host.to_owned()
+    } else {
+        format!("[{host}]:{port}")
+    };
+    let session =
+        ssh2::Session::new().map_err(|e| format!("cannot check the host key of {where_}: {e}"))?;
+    let mut known = session
+        .known_hosts()
+        .map_err(|e| format!("cannot check the host key of {where_}: {e}"))?;
+    known
+        .read_file(file, ssh2::KnownHostFileKind::OpenSSH)
+        .map_err(|e| format!("cannot read the known hosts file {}: {e}", file.display()))?;
+    match known.check_port(host, port, key) {
+        ssh2::CheckResult::Match => Ok(()),
+        ssh2::CheckResult::NotFound => Err(format!(
+            "the host key of {where_} is not in the known hosts file {}: add the server's key \
+             there (after checking its fingerprint with the server's owner)",
+            file.display()
+        )),
+        ssh2::CheckResult::Mismatch => Err(format!(
+            "the host key of {where_} is not the one the known hosts file {} holds for it: the \
+             server's key changed, or someone is between the daemon and the server; nothing \
+             was fetched",
+            file.display()
+        )),
+        ssh2::CheckResult::Failure => Err(format!(
+            "cannot check the host key of {where_} against {}",
+            file.display()
+        )),
+    }
+}
+
 fn refused(user: &str, what: &str) -> git2::Error {
     git2::Error::from_str(&format!(
         "authentication failed: the server refused user `{user}` with {what} \
@@ -820,6 +933,16 @@ mod tests {
             redact("https://git.example/t.git"),
             "https://git.example/t.git"
         );
+    }
+
+    #[test]
+    fn ssh_urls_name_their_port() {
+        assert_eq!(ssh_port("ssh://git@example.com:2222/acme/t.git"), 2222);
+        assert_eq!(ssh_port("ssh://git@example.com/acme/t.git"), 22);
+        assert_eq!(ssh_port("ssh://example.com:7999/t.git"), 7999);
+        assert_eq!(ssh_port("git@example.com:acme/t.git"), 22);
+        assert_eq!(ssh_port("ssh://git@[::1]:2200/t.git"), 2200);
+        assert_eq!(ssh_port("ssh://git@[::1]/t.git"), 22);
     }
 
     #[test]

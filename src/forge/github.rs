@@ -1,6 +1,7 @@
 //! GitHub's REST API (and GitHub Enterprise's, at `https://HOST/api/v3`): a pull request's
 //! comments are its issue's comments; the status is a commit status with `context: plumber`.
 
+use std::collections::BTreeSet;
 use std::sync::{Mutex, PoisonError};
 
 use serde::Deserialize;
@@ -8,9 +9,9 @@ use serde_json::json;
 use ureq::http::Method;
 
 use super::{
-    CommentOutcome, CommitStatus, Error, Forge, Http, Kind, PullRequest, PullRequestState, Result,
-    STATUS_CONTEXT, State, Token, check_sha, is_plan_comment, plan_comment_body, says_already,
-    shorten,
+    CommentAt, CommentOutcome, CommitStatus, Error, Forge, FoundComment, Http, Kind, PlanComment,
+    PullRequest, PullRequestState, Result, State, Token, check_sha, is_not_found, is_plan_comment,
+    plan_comment_body, says_already, shorten,
 };
 
 /// A client of one repository.
@@ -62,6 +63,19 @@ struct Pull {
     merged_at: Option<String>,
     #[serde(default)]
     labels: Vec<Label>,
+    #[serde(default)]
+    head: Option<Head>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Head {
+    sha: Option<String>,
+}
+
+/// An item of `GET /repos/{repo}/pulls`, what is read of it.
+#[derive(Debug, Deserialize)]
+struct Listed {
+    number: u64,
 }
 
 #[derive(Debug, Deserialize)]
@@ -128,7 +142,7 @@ impl GitHub {
         Ok(author)
     }
 
-    fn find_plan_comment(&self, number: u64) -> Result<Option<Comment>> {
+    fn find_comment(&self, number: u64) -> Result<Option<Comment>> {
         let author = self.author()?;
         let first = self.http.url(&format!(
             "/repos/{}/issues/{number}/comments?per_page=100",
@@ -169,40 +183,75 @@ impl Forge for GitHub {
         Ok(PullRequest {
             state,
             labels: pull.labels.into_iter().map(|l| l.name).collect(),
+            head: pull.head.and_then(|h| h.sha),
         })
+    }
+
+    fn open_pull_requests(&self) -> Result<BTreeSet<u64>> {
+        let first = self.http.url(&format!(
+            "/repos/{}/pulls?state=open&per_page=100",
+            self.repo
+        ));
+        let listed: Vec<Listed> = self.http.retrying("open pull requests", || {
+            self.http
+                .all_pages(first.clone(), |answer, _| answer.next_link())
+        })?;
+        Ok(listed.into_iter().map(|pull| pull.number).collect())
+    }
+
+    fn find_plan_comment(&self, number: u64) -> Result<Option<FoundComment>> {
+        let found = self
+            .http
+            .retrying("plan comment", || self.find_comment(number))?;
+        Ok(found.map(|c| FoundComment::of(c.id, c.body.as_deref().unwrap_or(""))))
     }
 
     fn upsert_plan_comment(
         &self,
         number: u64,
-        render: &dyn Fn(usize) -> String,
+        comment: &PlanComment<'_>,
     ) -> Result<CommentOutcome> {
-        let body = plan_comment_body(Kind::GitHub, render)?;
-        self.http
-            .retrying("plan comment", || match self.find_plan_comment(number)? {
-                Some(comment) if says_already(comment.body.as_deref().unwrap_or(""), &body) => {
-                    Ok(CommentOutcome::Unchanged(comment.id))
+        let body = plan_comment_body(Kind::GitHub, comment)?;
+        let update = |id: u64| {
+            let url = self
+                .http
+                .url(&format!("/repos/{}/issues/comments/{id}", self.repo));
+            self.http
+                .send(Method::PATCH, &url, Some(&json!({ "body": body })))
+                .map(|_| CommentOutcome::Updated(id))
+        };
+        let create = || {
+            let url = self
+                .http
+                .url(&format!("/repos/{}/issues/{number}/comments", self.repo));
+            let created: Comment = self
+                .http
+                .send(Method::POST, &url, Some(&json!({ "body": body })))?
+                .json(&Method::POST, &url)?;
+            Ok(CommentOutcome::Created(created.id))
+        };
+        let mut attempt = 0;
+        self.http.retrying("plan comment", || {
+            attempt += 1;
+            match comment.at {
+                CommentAt::Id(id) => match update(id) {
+                    // Deleted meanwhile: looked for (and made again) below.
+                    Err(error) if is_not_found(&error) => {}
+                    done => return done,
+                },
+                CommentAt::Nowhere if attempt == 1 => return create(),
+                CommentAt::Nowhere | CommentAt::Unknown => {}
+            }
+            match self.find_comment(number)? {
+                Some(found)
+                    if says_already(found.body.as_deref().unwrap_or(""), comment.fingerprint) =>
+                {
+                    Ok(CommentOutcome::Unchanged(found.id))
                 }
-                Some(comment) => {
-                    let url = self.http.url(&format!(
-                        "/repos/{}/issues/comments/{}",
-                        self.repo, comment.id
-                    ));
-                    self.http
-                        .send(Method::PATCH, &url, Some(&json!({ "body": body })))?;
-                    Ok(CommentOutcome::Updated(comment.id))
-                }
-                None => {
-                    let url = self
-                        .http
-                        .url(&format!("/repos/{}/issues/{number}/comments", self.repo));
-                    let created: Comment = self
-                        .http
-                        .send(Method::POST, &url, Some(&json!({ "body": body })))?
-                        .json(&Method::POST, &url)?;
-                    Ok(CommentOutcome::Created(created.id))
-                }
-            })
+                Some(found) => update(found.id),
+                None => create(),
+            }
+        })
     }
 
     fn set_commit_status(&self, sha: &str, status: &CommitStatus) -> Result<()> {
@@ -216,7 +265,7 @@ impl Forge for GitHub {
         };
         let mut body = json!({
             "state": state,
-            "context": STATUS_CONTEXT,
+            "context": status.context,
             "description": shorten(&status.description, Kind::GitHub.description_limit()),
         });
         if let Some(target) = &status.target_url {
@@ -227,6 +276,22 @@ impl Forge for GitHub {
             .url(&format!("/repos/{}/statuses/{sha}", self.repo));
         self.http.retrying("commit status", || {
             self.http.send(Method::POST, &url, Some(&body)).map(drop)
+        })
+    }
+
+    fn remove_label(&self, number: u64, label: &str) -> Result<()> {
+        let url = self.http.url(&format!(
+            "/repos/{}/issues/{number}/labels/{}",
+            self.repo,
+            super::encode_segment(label)
+        ));
+        self.http.retrying("label", || {
+            match self.http.send(Method::DELETE, &url, None) {
+                Ok(_) => Ok(()),
+                // Not there (any more): what was asked is done.
+                Err(Error::Status { status: 404, .. }) => Ok(()),
+                Err(error) => Err(error),
+            }
         })
     }
 }

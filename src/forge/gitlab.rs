@@ -1,6 +1,7 @@
 //! GitLab's REST API v4 (gitlab.com or self-hosted, at `https://HOST/api/v4`): the plan is a
 //! note on the merge request; the status is an external commit status named `plumber`.
 
+use std::collections::BTreeSet;
 use std::sync::{Mutex, PoisonError};
 
 use serde::Deserialize;
@@ -8,9 +9,9 @@ use serde_json::json;
 use ureq::http::Method;
 
 use super::{
-    CommentOutcome, CommitStatus, Error, Forge, Http, Kind, PullRequest, PullRequestState, Result,
-    STATUS_CONTEXT, State, Token, check_sha, is_plan_comment, plan_comment_body, says_already,
-    shorten,
+    CommentAt, CommentOutcome, CommitStatus, Error, Forge, FoundComment, Http, Kind, PlanComment,
+    PullRequest, PullRequestState, Result, State, Token, check_sha, is_not_found, is_plan_comment,
+    plan_comment_body, says_already, shorten,
 };
 
 /// A client of one project.
@@ -45,6 +46,15 @@ struct MergeRequest {
     /// Label names (the default; `with_labels_details` would make them objects).
     #[serde(default)]
     labels: Vec<String>,
+    /// The head commit.
+    #[serde(default)]
+    sha: Option<String>,
+}
+
+/// An item of `GET /projects/{id}/merge_requests`, what is read of it.
+#[derive(Debug, Deserialize)]
+struct Listed {
+    iid: u64,
 }
 
 #[derive(Debug, Deserialize)]
@@ -82,6 +92,17 @@ pub(crate) fn check_project(project: &str) -> std::result::Result<(), String> {
     project_segment(project).map(drop)
 }
 
+/// The next page of a list whose first page is `first`: offset pagination answers
+/// `X-Next-Page` (and, on newer versions, a `Link`).
+fn next_page(first: &str) -> impl Fn(&super::Answer, &str) -> Option<String> + '_ {
+    move |answer, _| {
+        answer.next_link().or_else(|| {
+            let page = answer.header("x-next-page")?.trim();
+            (!page.is_empty()).then(|| format!("{first}&page={page}"))
+        })
+    }
+}
+
 impl GitLab {
     /// `project` was checked by [`check_project`].
     pub(crate) fn new(http: Http, project: &str) -> GitLab {
@@ -116,18 +137,12 @@ impl GitLab {
             "{}?per_page=100&sort=asc&order_by=created_at",
             self.notes_path(iid)
         ));
-        // Keyset-less pagination answers `X-Next-Page` (and, on newer versions, a `Link`).
-        let next = |answer: &super::Answer, _: &str| {
-            answer.next_link().or_else(|| {
-                let page = answer.header("x-next-page")?.trim();
-                (!page.is_empty()).then(|| format!("{first}&page={page}"))
+        self.http
+            .find_in_pages(first.clone(), next_page(&first), |note: &Note| {
+                !note.system
+                    && note.author.as_ref().is_some_and(|a| a.id == author)
+                    && is_plan_comment(&note.body)
             })
-        };
-        self.http.find_in_pages(first.clone(), next, |note: &Note| {
-            !note.system
-                && note.author.as_ref().is_some_and(|a| a.id == author)
-                && is_plan_comment(&note.body)
-        })
     }
 }
 
@@ -159,37 +174,64 @@ impl Forge for GitLab {
         Ok(PullRequest {
             state,
             labels: request.labels,
+            head: request.sha,
         })
     }
 
-    fn upsert_plan_comment(
-        &self,
-        iid: u64,
-        render: &dyn Fn(usize) -> String,
-    ) -> Result<CommentOutcome> {
-        let body = plan_comment_body(Kind::GitLab, render)?;
-        self.http
-            .retrying("plan comment", || match self.find_plan_note(iid)? {
-                Some(note) if says_already(&note.body, &body) => {
+    fn open_pull_requests(&self) -> Result<BTreeSet<u64>> {
+        let first = self.http.url(&format!(
+            "/projects/{}/merge_requests?state=opened&per_page=100",
+            self.project
+        ));
+        let listed: Vec<Listed> = self.http.retrying("open merge requests", || {
+            self.http.all_pages(first.clone(), next_page(&first))
+        })?;
+        Ok(listed.into_iter().map(|request| request.iid).collect())
+    }
+
+    fn find_plan_comment(&self, iid: u64) -> Result<Option<FoundComment>> {
+        let found = self
+            .http
+            .retrying("plan comment", || self.find_plan_note(iid))?;
+        Ok(found.map(|note| FoundComment::of(note.id, &note.body)))
+    }
+
+    fn upsert_plan_comment(&self, iid: u64, comment: &PlanComment<'_>) -> Result<CommentOutcome> {
+        let body = plan_comment_body(Kind::GitLab, comment)?;
+        let update = |id: u64| {
+            let url = self.http.url(&format!("{}/{id}", self.notes_path(iid)));
+            self.http
+                .send(Method::PUT, &url, Some(&json!({ "body": body })))
+                .map(|_| CommentOutcome::Updated(id))
+        };
+        let create = || {
+            let url = self.http.url(&self.notes_path(iid));
+            let created: Note = self
+                .http
+                .send(Method::POST, &url, Some(&json!({ "body": body })))?
+                .json(&Method::POST, &url)?;
+            Ok(CommentOutcome::Created(created.id))
+        };
+        let mut attempt = 0;
+        self.http.retrying("plan comment", || {
+            attempt += 1;
+            match comment.at {
+                CommentAt::Id(id) => match update(id) {
+                    // Deleted meanwhile: looked for (and made again) below.
+                    Err(error) if is_not_found(&error) => {}
+                    done => return done,
+                },
+                CommentAt::Nowhere if attempt == 1 => return create(),
+                CommentAt::Nowhere | CommentAt::Unknown => {}
+            }
+            match self.find_plan_note(iid)? {
+                Some(note) if says_already(&note.body, comment.fingerprint) => {
                     Ok(CommentOutcome::Unchanged(note.id))
                 }
-                Some(note) => {
-                    let url = self
-                        .http
-                        .url(&format!("{}/{}", self.notes_path(iid), note.id));
-                    self.http
-                        .send(Method::PUT, &url, Some(&json!({ "body": body })))?;
-                    Ok(CommentOutcome::Updated(note.id))
-                }
-                None => {
-                    let url = self.http.url(&self.notes_path(iid));
-                    let created: Note = self
-                        .http
-                        .send(Method::POST, &url, Some(&json!({ "body": body })))?
-                        .json(&Method::POST, &url)?;
-                    Ok(CommentOutcome::Created(created.id))
-                }
-            })
+                Some(note) => update(note.id),
+                None => create(),
+            }
+        })
     }
 
     fn set_commit_status(&self, sha: &str, status: &CommitStatus) -> Result<()> {
@@ -203,7 +245,7 @@ impl Forge for GitLab {
         };
         let mut body = json!({
             "state": state,
-            "name": STATUS_CONTEXT,
+            "name": status.context,
             "description": shorten(&status.description, Kind::GitLab.description_limit()),
         });
         if let Some(target) = &status.target_url {
@@ -228,6 +270,16 @@ impl Forge for GitLab {
                 }
                 Err(error) => Err(error),
             }
+        })
+    }
+
+    fn remove_label(&self, iid: u64, label: &str) -> Result<()> {
+        let url = self
+            .http
+            .url(&format!("/projects/{}/merge_requests/{iid}", self.project));
+        let body = json!({ "remove_labels": label });
+        self.http.retrying("label", || {
+            self.http.send(Method::PUT, &url, Some(&body)).map(drop)
         })
     }
 }

@@ -6,7 +6,9 @@
 //! operation is idempotent as a whole and retried as a whole (see [`Settings`]): a plan
 //! comment is looked up again by its [`MARKER`] before each attempt, so an attempt whose answer
 //! was lost (the comment was created, the connection broke) updates that comment instead of
-//! creating a second one.
+//! creating a second one. A comment carries its plan's fingerprint on its second line
+//! ([`fingerprint_line`]): one that has it already is not written again, whatever else
+//! changed around the plan (the commit it was merged into).
 //!
 //! # Errors
 //!
@@ -18,6 +20,7 @@
 pub mod github;
 pub mod gitlab;
 
+use std::collections::BTreeSet;
 use std::fmt;
 use std::hash::{BuildHasher, RandomState};
 use std::path::{Path, PathBuf};
@@ -36,6 +39,10 @@ pub const MARKER: &str = "<!-- plumber:plan -->";
 
 /// The name of the commit status (GitHub's `context`, GitLab's `name`).
 pub const STATUS_CONTEXT: &str = "plumber";
+
+/// The context of the commit status that says whether a head runs a preview environment
+/// (a status of its own, beside the plan's).
+pub const PREVIEW_STATUS_CONTEXT: &str = "plumber/preview";
 
 /// The largest answer read: a page of 100 comments of GitHub's largest size is under 30 MB.
 const ANSWER_LIMIT: u64 = 64 * 1024 * 1024;
@@ -408,6 +415,8 @@ pub struct CommitStatus {
     pub state: State,
     pub description: String,
     pub target_url: Option<String>,
+    /// [`STATUS_CONTEXT`] (GitLab: the status's name), or [`PREVIEW_STATUS_CONTEXT`].
+    pub context: &'static str,
 }
 
 impl CommitStatus {
@@ -416,13 +425,64 @@ impl CommitStatus {
             state,
             description: description.into(),
             target_url: None,
+            context: STATUS_CONTEXT,
         }
+    }
+
+    /// The status of a preview environment ([`PREVIEW_STATUS_CONTEXT`]).
+    #[must_use]
+    pub fn of_preview(mut self) -> CommitStatus {
+        self.context = PREVIEW_STATUS_CONTEXT;
+        self
     }
 
     #[must_use]
     pub fn with_target_url(mut self, url: impl Into<String>) -> CommitStatus {
         self.target_url = Some(url.into());
         self
+    }
+}
+
+/// The plan comment [`Forge::upsert_plan_comment`] puts on a pull request.
+pub struct PlanComment<'a> {
+    /// What the plan means ([`fingerprint_line`]): a comment that carries it already is not
+    /// written again.
+    pub fingerprint: &'a str,
+    /// Which comment is written.
+    pub at: CommentAt,
+    /// The markdown within a budget of characters (what the forge's limit leaves after the
+    /// marker and the fingerprint).
+    pub render: &'a dyn Fn(usize) -> String,
+}
+
+/// Which comment [`Forge::upsert_plan_comment`] writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CommentAt {
+    /// Not known: looked for by its marker first.
+    Unknown,
+    /// This one (a previous [`CommentOutcome`], a [`FoundComment`]): updated at once, and
+    /// looked for when the forge no longer has it.
+    Id(u64),
+    /// None: the caller has just looked ([`Forge::find_plan_comment`]). Created at once, and
+    /// looked for before another attempt (the forge's answer to the creation may be lost).
+    Nowhere,
+}
+
+/// The plan comment [`Forge::find_plan_comment`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FoundComment {
+    pub id: u64,
+    /// The fingerprint of the plan it says ([`fingerprint_line`]; `None`: a comment of a
+    /// Plumber that wrote none).
+    pub fingerprint: Option<String>,
+}
+
+impl FoundComment {
+    fn of(id: u64, body: &str) -> FoundComment {
+        FoundComment {
+            id,
+            fingerprint: comment_fingerprint(body).map(str::to_owned),
+        }
     }
 }
 
@@ -444,12 +504,14 @@ pub enum PullRequestState {
     Merged,
 }
 
-/// What the daemon reads of a pull request: whether it is open, and its labels (which only
-/// people with write access to the repository can set).
+/// What the daemon reads of a pull request: whether it is open, its labels (which only
+/// people with write access to the repository can set) and its head commit.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PullRequest {
     pub state: PullRequestState,
     pub labels: Vec<String>,
+    /// The head commit as the forge knows it now (`None`: the forge did not say).
+    pub head: Option<String>,
 }
 
 impl PullRequest {
@@ -470,19 +532,41 @@ pub trait Forge: Send + Sync + fmt::Debug {
     /// labels, as the forge says now.
     fn pull_request(&self, number: u64) -> Result<PullRequest>;
 
-    /// Puts the plan on pull request (GitHub) or merge request (GitLab, its iid) `number`:
-    /// updates the comment carrying [`MARKER`] in place, or creates it when there is none.
-    /// `render(budget)` gives the markdown in at most `budget` characters (what the forge's
-    /// limit leaves after the marker); text still longer is refused with [`Error::TooLong`]
-    /// and never sent.
-    fn upsert_plan_comment(
-        &self,
-        number: u64,
-        render: &dyn Fn(usize) -> String,
-    ) -> Result<CommentOutcome>;
+    /// The numbers (GitLab: iids) of every open pull (merge) request, in one listing of
+    /// 100 a page: what tells the daemon which pull-request refs are worth publishing on
+    /// without asking about each.
+    fn open_pull_requests(&self) -> Result<BTreeSet<u64>>;
 
-    /// Sets the `plumber` status of commit `sha`.
+    /// The plan comment of pull request (GitHub) or merge request (GitLab, its iid)
+    /// `number`, looked for by its [`MARKER`] among the comments of the token's account, and
+    /// the fingerprint it carries.
+    fn find_plan_comment(&self, number: u64) -> Result<Option<FoundComment>>;
+
+    /// Puts the plan on pull request (GitHub) or merge request (GitLab, its iid) `number`:
+    /// updates the comment carrying [`MARKER`] in place (the one `comment.at` names, when it
+    /// is still there), or creates it when there is none. A comment found with
+    /// `comment.fingerprint` already is left as it is ([`CommentOutcome::Unchanged`]).
+    /// `comment.render(budget)` gives the markdown in at most `budget` characters; text still
+    /// longer is refused with [`Error::TooLong`] and never sent.
+    fn upsert_plan_comment(&self, number: u64, comment: &PlanComment<'_>)
+    -> Result<CommentOutcome>;
+
+    /// Sets the status of commit `sha` named by the status's context.
     fn set_commit_status(&self, sha: &str, status: &CommitStatus) -> Result<()>;
+
+    /// Takes `label` off pull request (GitLab: merge request) `number`; a label it does not
+    /// carry is no error.
+    fn remove_label(&self, number: u64, label: &str) -> Result<()>;
+}
+
+/// `text` as one segment of a URL path: everything but letters, digits and `-._~` escaped.
+pub fn encode_segment(text: &str) -> String {
+    const SEGMENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+        .remove(b'-')
+        .remove(b'.')
+        .remove(b'_')
+        .remove(b'~');
+    percent_encoding::utf8_percent_encode(text, SEGMENT).to_string()
 }
 
 /// The pull request (GitLab: merge request iid) a watched ref is the head of:
@@ -865,11 +949,36 @@ impl Http {
         next: impl Fn(&Answer, &str) -> Option<String>,
         wanted: impl Fn(&T) -> bool,
     ) -> Result<Option<T>> {
+        self.walk_pages(first, next, |page: Vec<T>| page.into_iter().find(&wanted))
+    }
+
+    /// Every item of a paginated list (see [`Http::find_in_pages`]).
+    pub(crate) fn all_pages<T: serde::de::DeserializeOwned>(
+        &self,
+        first: String,
+        next: impl Fn(&Answer, &str) -> Option<String>,
+    ) -> Result<Vec<T>> {
+        let mut all = Vec::new();
+        self.walk_pages(first, next, |page: Vec<T>| {
+            all.extend(page);
+            None::<()>
+        })?;
+        Ok(all)
+    }
+
+    /// Reads the pages of a list from `first` on, handing each to `each` until it returns
+    /// something or the pages end.
+    fn walk_pages<T: serde::de::DeserializeOwned, R>(
+        &self,
+        first: String,
+        next: impl Fn(&Answer, &str) -> Option<String>,
+        mut each: impl FnMut(Vec<T>) -> Option<R>,
+    ) -> Result<Option<R>> {
         let mut url = first;
         for _ in 0..MAX_PAGES {
             let answer = self.send(Method::GET, &url, None)?;
             let page: Vec<T> = answer.json(&Method::GET, &url)?;
-            if let Some(found) = page.into_iter().find(&wanted) {
+            if let Some(found) = each(page) {
                 return Ok(Some(found));
             }
             match next(&answer, &url) {
@@ -936,13 +1045,26 @@ pub fn shorten(text: &str, limit: usize) -> String {
     short
 }
 
-/// The body of the plan comment: the marker, then `render`'s markdown within what the limit
-/// leaves.
-fn plan_comment_body(kind: Kind, render: &dyn Fn(usize) -> String) -> Result<String> {
+/// The hidden line that carries a plan's fingerprint: the second line of a plan comment
+/// (after [`MARKER`]) and the last of a plan's git note.
+pub fn fingerprint_line(fingerprint: &str) -> String {
+    format!("<!-- plumber:fingerprint {fingerprint} -->")
+}
+
+/// The fingerprint `line` carries, if it is a [`fingerprint_line`].
+pub fn fingerprint_in(line: &str) -> Option<&str> {
+    line.trim_end()
+        .strip_prefix("<!-- plumber:fingerprint ")?
+        .strip_suffix(" -->")
+}
+
+/// The body of the plan comment: the marker, the fingerprint, then the markdown rendered
+/// within what the limit leaves.
+fn plan_comment_body(kind: Kind, comment: &PlanComment<'_>) -> Result<String> {
     let limit = kind.comment_limit();
-    let head = format!("{MARKER}\n");
-    let budget = limit - head.chars().count();
-    let markdown = render(budget);
+    let head = format!("{MARKER}\n{}\n", fingerprint_line(comment.fingerprint));
+    let budget = limit.saturating_sub(head.chars().count());
+    let markdown = (comment.render)(budget);
     let body = head + &markdown;
     let length = body.chars().count();
     if length > limit {
@@ -970,9 +1092,20 @@ fn is_plan_comment(body: &str) -> bool {
     body.trim_start().starts_with(MARKER)
 }
 
-/// Whether the comment already says `body` (forges may drop trailing whitespace).
-fn says_already(existing: &str, body: &str) -> bool {
-    existing.replace("\r\n", "\n").trim_end() == body.trim_end()
+/// The fingerprint a plan comment carries: the line after the marker (`None`: a comment of
+/// a Plumber that wrote none).
+fn comment_fingerprint(body: &str) -> Option<&str> {
+    body.trim_start().lines().nth(1).and_then(fingerprint_in)
+}
+
+/// Whether the plan comment `existing` says the plan of `fingerprint` already.
+fn says_already(existing: &str, fingerprint: &str) -> bool {
+    comment_fingerprint(existing) == Some(fingerprint)
+}
+
+/// Whether `error` is the forge's 404: the thing asked for is not there (any more).
+fn is_not_found(error: &Error) -> bool {
+    matches!(error, Error::Status { status: 404, .. })
 }
 
 #[cfg(test)]

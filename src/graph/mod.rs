@@ -78,6 +78,22 @@ pub enum StepKind {
 }
 
 impl Step {
+    /// The directory of the step's file, when its processor runs a command there (`exec`,
+    /// and `http` servers started locally): what a checkout of its commit must hold.
+    pub fn checkout_dir(&self) -> Option<String> {
+        match &self.kind {
+            StepKind::Processor {
+                transform: Transform::Exec { .. } | Transform::Http { .. },
+                ..
+            } => Some(
+                self.file
+                    .rsplit_once('/')
+                    .map_or_else(String::new, |(dir, _)| dir.to_owned()),
+            ),
+            _ => None,
+        }
+    }
+
     pub fn kind(&self) -> Kind {
         match self.kind {
             StepKind::Source { .. } => Kind::Source,

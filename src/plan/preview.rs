@@ -222,6 +222,8 @@ pub fn preview(
                 inputs: names(merged, merged.inputs(id), at),
                 transform: Some(transform.clone()),
                 env: env.clone(),
+                // The preview's graph was validated (and its secrets checked) as the merge's.
+                secret_refs: Vec::new(),
                 scale: *scale,
                 resources: resources.clone(),
                 partitions: *partitions,

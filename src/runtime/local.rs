@@ -48,6 +48,29 @@ pub const INSTANCE_ENV: &str = "PLUMBER_LOCAL_RUNTIME";
 /// before a recorded pid is adopted.
 pub const INSTANCE_OF_ENV: &str = "PLUMBER_LOCAL_INSTANCE";
 
+/// What processors, their `exec` children and their `http` servers see of the daemon's own
+/// environment: enough to find programs and speak the user's language, nothing that could
+/// hold a secret (`PLUMBER_GIT_PASSWORD`, cloud credentials, tokens of the daemon's shell).
+/// Everything else they get is what Plumber passes and what the step's `env:` declares.
+pub const INHERITED_ENV: [&str; 9] = [
+    "PATH",
+    "HOME",
+    "LANG",
+    "LC_ALL",
+    "LC_CTYPE",
+    "TZ",
+    "TMPDIR",
+    "RUST_LOG",
+    "RUST_BACKTRACE",
+];
+
+/// The daemon's values of [`INHERITED_ENV`].
+fn inherited_env() -> impl Iterator<Item = (&'static str, std::ffi::OsString)> {
+    INHERITED_ENV
+        .into_iter()
+        .filter_map(|name| std::env::var_os(name).map(|value| (name, value)))
+}
+
 /// How long a process killed with SIGKILL may take to disappear before it is given up on (it
 /// can only be stuck in the kernel, e.g. on a dead network file system).
 const KILL_GRACE: Duration = Duration::from_secs(5);
@@ -718,7 +741,15 @@ impl Shared {
             message,
             retryable: true,
         };
-        let workdir = self.config.checkouts.join(&spec.commit).join(&spec.dir);
+        // Checkouts hold only the directories of steps that run commands there.
+        let workdir = match &spec.transform {
+            Transform::Exec { .. } | Transform::Http { .. } => {
+                self.config.checkouts.join(&spec.commit).join(&spec.dir)
+            }
+            Transform::Jq { .. } | Transform::Sql { .. } => {
+                self.config.checkouts.join(&spec.commit)
+            }
+        };
         let env = self.environment(spec)?;
         let credentials = self.credentials(spec)?;
         let log_path = self.log_path(&spec.group, index);
@@ -746,6 +777,8 @@ impl Shared {
             let child = Command::new(program)
                 .args(args)
                 .current_dir(&workdir)
+                .env_clear()
+                .envs(inherited_env())
                 .envs(&env)
                 .env("PORT", port.to_string())
                 .env(INSTANCE_ENV, &self.processes)
@@ -777,6 +810,8 @@ impl Shared {
         command.args(processor_args(spec, &placement));
         let processor = command
             .current_dir(&workdir)
+            .env_clear()
+            .envs(inherited_env())
             .envs(&env)
             .env(INSTANCE_ENV, &self.processes)
             .env(INSTANCE_OF_ENV, &instance_of)

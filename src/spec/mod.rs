@@ -5,15 +5,17 @@
 //! `repo` took out of a git tree and never touches git, the network or the clock. Input names
 //! stay unresolved strings with positions here; `graph` resolves them into edges.
 
+pub mod budget;
 pub mod fields;
 pub mod jq;
 pub mod names;
+pub mod properties;
 mod settings;
 mod sql;
 mod step;
 pub mod yaml;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
@@ -207,6 +209,9 @@ pub struct ProcessorSpec {
     /// `None` only when the file has a `transform-count` error.
     pub transform: Option<Transform>,
     pub env: BTreeMap<String, EnvValue>,
+    /// The Secret each `secretKeyRef` of `env` names, where it is written (checked against
+    /// what the operator allows: [`StepSecrets`]).
+    pub secret_refs: Vec<Located<String>>,
     /// After defaults of `topology.yaml` and `plumber.yaml` are applied.
     pub scale: Scale,
     pub resources: Option<Resources>,
@@ -289,6 +294,64 @@ pub enum StartFrom {
     #[default]
     Latest,
     Earliest,
+}
+
+/// Which Secrets steps may name in `secretKeyRef` (SPEC §11): the operator's choice, made
+/// outside Git (`stepSecrets` in the daemon's configuration, the subdirectories of `plumber up
+/// --secrets DIR`), so that a step file cannot reach a Secret it was not meant to (the
+/// daemon's forge token, git credentials, another team's keys).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum StepSecrets {
+    /// Not checked: `plumber validate` and `plan` without `--step-secrets`, which run nothing.
+    #[default]
+    Unchecked,
+    /// These names and no others (none at all when empty).
+    Only {
+        names: BTreeSet<String>,
+        /// Where the list comes from, for the error: `stepSecrets` of the daemon's
+        /// configuration, `plumber up --secrets DIR`, …
+        origin: String,
+    },
+}
+
+impl StepSecrets {
+    /// Errors at each reference to a Secret not allowed.
+    pub fn check(&self, spec: &RepoSpec, diagnostics: &mut Vec<Diagnostic>) {
+        let StepSecrets::Only { names, origin } = self else {
+            return;
+        };
+        let allowed = if names.is_empty() {
+            "none are".to_owned()
+        } else {
+            format!(
+                "only {} are",
+                names
+                    .iter()
+                    .map(|n| format!("`{n}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        };
+        for step in spec.topologies.iter().flat_map(|t| &t.steps) {
+            let StepDef::Processor(processor) = &step.def else {
+                continue;
+            };
+            for secret in &processor.secret_refs {
+                if !names.contains(&secret.value) {
+                    diagnostics.push(Diagnostic::error(
+                        Code::InvalidValue,
+                        &step.file,
+                        Some(secret.pos),
+                        format!(
+                            "steps may not use Secret `{}`: {allowed} allowed ({origin}); the \
+                             operator allows a Secret for steps outside Git",
+                            secret.value
+                        ),
+                    ));
+                }
+            }
+        }
+    }
 }
 
 /// Reads every topology of one commit's files. Files whose problems prevent reading them

@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 
 use super::fields::{self, Fields, Report};
+use super::properties::Origin;
 use super::yaml::Node;
 use super::{ClusterSpec, CutoverMode, Defaults, RepoSettings, Scale, SourceFile};
 use crate::diagnostic::{Code, Diagnostic};
@@ -190,30 +191,6 @@ fn topic_config(
     }
 }
 
-/// Settings Plumber decides itself for every client; a cluster's `properties` cannot change them.
-const RESERVED_PROPERTIES: [&str; 9] = [
-    "bootstrap.servers",
-    "group.id",
-    "group.instance.id",
-    "enable.auto.commit",
-    "enable.auto.offset.store",
-    "auto.offset.reset",
-    "isolation.level",
-    "transactional.id",
-    "enable.idempotence",
-];
-
-/// A property whose value is a secret, or names a file only the runtime can provide.
-fn is_credential_property(key: &str) -> bool {
-    key.contains("password")
-        || key.contains("secret")
-        || key == "sasl.username"
-        || key == "sasl.jaas.config"
-        || key == "sasl.oauthbearer.config"
-        || key.ends_with(".pem")
-        || key.ends_with(".location")
-}
-
 /// `properties:` of a cluster: librdkafka settings as strings, never secrets.
 fn properties(entry: &super::yaml::Entry, report: &mut Report) -> BTreeMap<String, String> {
     let mut out = BTreeMap::new();
@@ -222,37 +199,24 @@ fn properties(entry: &super::yaml::Entry, report: &mut Report) -> BTreeMap<Strin
     };
     for prop in props.entries {
         let key = prop.key.as_str();
-        if RESERVED_PROPERTIES.contains(&key) {
-            report.error(
-                Code::InvalidValue,
-                prop.key_pos,
-                format!("`{key}` is set by Plumber itself; remove it from `properties`"),
-            );
-            continue;
-        }
-        if is_credential_property(key) {
-            report.error(
-                Code::InvalidValue,
-                prop.key_pos,
-                format!(
-                    "`{key}` is a credential and never lives in Git: put it in the Secret \
-                     named by the cluster's `credentials` (locally: a file `{key}` in the \
-                     directory of `plumber up --kafka-credentials`)"
-                ),
-            );
-            continue;
-        }
         match &prop.value.value {
             super::yaml::Value::Scalar(s) if !s.is_null() => {
-                out.insert(key.to_owned(), s.text.clone());
+                match super::properties::problem(key, &s.text, Origin::Repository) {
+                    Some(problem) => report.error(Code::InvalidValue, prop.key_pos, problem),
+                    None => {
+                        out.insert(key.to_owned(), s.text.clone());
+                    }
+                }
             }
             _ => report.error(
                 Code::InvalidValue,
                 prop.key_pos,
-                format!(
-                    "property `{key}` must be a string, found {}",
-                    prop.value.type_name()
-                ),
+                super::properties::problem(key, "", Origin::Repository).unwrap_or_else(|| {
+                    format!(
+                        "property `{key}` must be a string, found {}",
+                        prop.value.type_name()
+                    )
+                }),
             ),
         }
     }

@@ -279,13 +279,15 @@ fn processor(
     let defaults = context.defaults;
     let inputs = inputs(fields, at, report);
     let transform = transform(fields, at, &inputs, jq_programs, source, report);
+    let (env, secret_refs) = fields
+        .get("env")
+        .map(|e| env(e, report))
+        .unwrap_or_default();
     ProcessorSpec {
         inputs,
         transform,
-        env: fields
-            .get("env")
-            .map(|e| env(e, report))
-            .unwrap_or_default(),
+        env,
+        secret_refs,
         scale: fields.get("scale").map_or(defaults.scale, |e| {
             settings::scale(e, defaults.scale, report)
         }),
@@ -442,10 +444,15 @@ fn command(
     Some(command)
 }
 
-fn env(entry: &super::yaml::Entry, report: &mut Report) -> BTreeMap<String, EnvValue> {
+/// `env:`, and the names of the Secrets it references, each where it is written.
+fn env(
+    entry: &super::yaml::Entry,
+    report: &mut Report,
+) -> (BTreeMap<String, EnvValue>, Vec<Located<String>>) {
     let mut out = BTreeMap::new();
+    let mut secrets = Vec::new();
     let Some(vars) = Fields::of(&entry.value, "`env`", entry.key_pos, report) else {
-        return out;
+        return (out, secrets);
     };
     for var in vars.entries {
         if let Some(problem) = names::env_name_problem(&var.key) {
@@ -455,7 +462,11 @@ fn env(entry: &super::yaml::Entry, report: &mut Report) -> BTreeMap<String, EnvV
         if let Some(value) = env_value(&var.value) {
             out.insert(var.key.clone(), EnvValue::Value(value));
         } else if let Value::Mapping(_) = &var.value.value {
-            if let Some(secret) = secret_ref(var, report) {
+            if let Some((secret, at)) = secret_ref(var, report) {
+                secrets.push(Located {
+                    value: secret.name.clone(),
+                    pos: at,
+                });
                 out.insert(
                     var.key.clone(),
                     EnvValue::Secret {
@@ -476,11 +487,11 @@ fn env(entry: &super::yaml::Entry, report: &mut Report) -> BTreeMap<String, EnvV
             );
         }
     }
-    out
+    (out, secrets)
 }
 
-/// `NAME: { secretKeyRef: { name: SECRET, key: KEY } }` in `env`.
-fn secret_ref(var: &super::yaml::Entry, report: &mut Report) -> Option<SecretRef> {
+/// `NAME: { secretKeyRef: { name: SECRET, key: KEY } }` in `env`, and where its `name` is.
+fn secret_ref(var: &super::yaml::Entry, report: &mut Report) -> Option<(SecretRef, Pos)> {
     let what = format!("environment variable `{}`", var.key);
     let outer = Fields::of(&var.value, &what, var.key_pos, report)?;
     outer.reject_unknown(&["secretKeyRef"], &what, report);
@@ -510,14 +521,18 @@ fn secret_ref(var: &super::yaml::Entry, report: &mut Report) -> Option<SecretRef
             report.error(Code::InvalidValue, value.pos, problem);
             return None;
         }
-        Some(value.value)
+        Some(value)
     };
     let name = part("name", names::secret_name_problem);
     let key = part("key", names::secret_key_problem);
-    Some(SecretRef {
-        name: name?,
-        key: key?,
-    })
+    let (name, key) = (name?, key?);
+    Some((
+        SecretRef {
+            name: name.value,
+            key: key.value,
+        },
+        name.pos,
+    ))
 }
 
 /// `resources: { cpu: 500m, memory: 256Mi }`.

@@ -212,3 +212,80 @@ pub fn run(args: &[&str]) -> (i32, String, String) {
         String::from_utf8_lossy(&output.stderr).into_owned(),
     )
 }
+
+/// One blob of 1 MiB named by `count` step files of topology `bomb`: a push of about 1 MB
+/// that, read and parsed, would be gigabytes.
+pub fn bomb(repo: &TestRepo, branch: &str, count: usize) -> Oid {
+    let git = &repo.git;
+    let blob = git
+        .blob(
+            format!(
+                "# {}\nkind: source\ntopic: x\n",
+                "x".repeat(1024 * 1024 - 64)
+            )
+            .as_bytes(),
+        )
+        .unwrap();
+    let mut steps = git.treebuilder(None).unwrap();
+    for i in 0..count {
+        steps
+            .insert(format!("s{i}.yaml"), blob, FileMode::Blob.into())
+            .unwrap();
+    }
+    let steps = steps.write().unwrap();
+    let parent = git
+        .find_reference(&format!("refs/heads/{branch}"))
+        .unwrap()
+        .peel_to_commit()
+        .unwrap();
+    let mut topologies = git
+        .treebuilder(Some(
+            &parent
+                .tree()
+                .unwrap()
+                .get_name("topologies")
+                .unwrap()
+                .to_object(git)
+                .unwrap()
+                .peel_to_tree()
+                .unwrap(),
+        ))
+        .unwrap();
+    topologies
+        .insert("bomb", steps, FileMode::Tree.into())
+        .unwrap();
+    let topologies = topologies.write().unwrap();
+    let mut root = git.treebuilder(Some(&parent.tree().unwrap())).unwrap();
+    root.insert("topologies", topologies, FileMode::Tree.into())
+        .unwrap();
+    let tree = git.find_tree(root.write().unwrap()).unwrap();
+    let signature = git2::Signature::now("Mallory", "mallory@example.com").unwrap();
+    git.commit(
+        Some(&format!("refs/heads/{branch}")),
+        &signature,
+        &signature,
+        "3,000 steps, one blob",
+        &tree,
+        &[&parent],
+    )
+    .unwrap()
+}
+
+/// Topology `t`: `in` (topic `source`) → `clean` (a jq step tagging each record with `by`) →
+/// `out` (topic `sink`).
+pub fn tagged(source: &str, sink: &str, by: &str) -> Vec<Change> {
+    vec![
+        write(
+            "topologies/t/in.yaml",
+            format!("kind: source\ntopic: {source}\n"),
+        ),
+        write(
+            "topologies/t/clean.yaml",
+            format!("kind: processor\ninput: in\njq: '. + {{by: \"{by}\"}}'\n"),
+        ),
+        write(
+            "topologies/t/out.yaml",
+            format!("kind: sink\ntopic: {sink}\ninput: clean\n"),
+        ),
+    ]
+}

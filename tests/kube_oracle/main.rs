@@ -317,7 +317,19 @@ fn a_step_reads_its_secret_from_the_pod_it_runs_in() {
         ),
     ];
     let commit = world.commit_with("a step with a secret", &Model::new(), &topology);
-    let daemon = Replica::start(&fake, &world, "plumber-0", &scratch.path("plumber-0"));
+    // The operator allows steps this Secret (`stepSecrets`).
+    let daemon = Replica::start_with(
+        &fake,
+        &world,
+        "plumber-0",
+        &scratch.path("plumber-0"),
+        |config| {
+            config.step_secrets = plumber::spec::StepSecrets::Only {
+                names: ["greeting".to_owned()].into(),
+                origin: "the test".into(),
+            };
+        },
+    );
     wait_until("s runs its commit", PATIENCE, || {
         fake.get::<Topology>(NS, "s")
             .and_then(|t| t.status?.record)
@@ -681,6 +693,19 @@ fn scaled_objects(fake: &FakeApi) -> BTreeMap<String, serde_json::Value> {
         .collect()
 }
 
+/// The group of the preview `s.pr-7`'s step `clean` once `replica` shows it running.
+fn preview_group(replica: &Replica, what: &str) -> String {
+    wait_until_some(what, PATIENCE, || {
+        let preview = shown(replica, "s.pr-7")?;
+        preview
+            .steps
+            .iter()
+            .find(|s| s.name == "clean" && s.state == "running")?
+            .group
+            .clone()
+    })
+}
+
 /// The status a replica shows of topology `name`.
 fn shown(replica: &Replica, name: &str) -> Option<plumber::daemon::status::TopologyStatus> {
     replica
@@ -839,17 +864,7 @@ fn a_torn_down_preview_s_topology_is_deleted_and_made_again_when_labelled_again(
             config.cutover.keep_topics = false;
         },
     );
-    let running = |what: &str| {
-        wait_until_some(what, PATIENCE, || {
-            let preview = shown(&daemon, "s.pr-7")?;
-            preview
-                .steps
-                .iter()
-                .find(|s| s.name == "clean" && s.state == "running")?
-                .group
-                .clone()
-        })
-    };
+    let running = |what: &str| preview_group(&daemon, what);
     let group = running("the preview runs");
     let first = fake.get::<Topology>(NS, "s.pr-7").unwrap();
     let owner = |group: &str| {
@@ -1156,4 +1171,97 @@ fn wait_until_some<T>(what: &str, timeout: Duration, mut look: impl FnMut() -> O
         found.is_some()
     });
     found.unwrap()
+}
+
+/// SPEC §11, on the Kubernetes runtime: a label approves the head it was set on. Commits
+/// pushed after it stop the preview (no Deployment of theirs is ever applied) until a
+/// maintainer labels the pull request again: a signed `labeled` webhook names the head it
+/// approves, and that head's step runs, as a pod of the test kubelet.
+#[test]
+fn a_preview_runs_only_the_heads_its_label_approved() {
+    use fake_forge::{Server, TOKEN};
+    use plumber::forge::{Kind, PullRequestState};
+
+    let scratch = Scratch::new();
+    let world = World::new("kube-preview-approve");
+    let fake = cluster();
+    let kubelet = Kubelet::start(&fake, NS, &processor_binary(), &scratch.path("pods"));
+    let sink = world.topic("kube-preview-approve-out");
+    world.commit_with("main", &Model::new(), &tagging(&world, &sink, "main"));
+    let reviewed = world.pull_request(
+        7,
+        "tag by pr",
+        "topologies/s/steps/clean.yaml",
+        &clean("pr"),
+    );
+    let forge = Server::start(Kind::GitHub);
+    forge.seed(7, 0, None, "");
+    forge.set_pull_request(7, PullRequestState::Open, &[PREVIEW_LABEL]);
+    forge.set_head(7, &reviewed.to_string());
+    let token = world.scratch_file("forge-token", &format!("{TOKEN}\n"));
+    let daemon = Replica::start_with(
+        &fake,
+        &world,
+        "plumber-0",
+        &scratch.path("plumber-0"),
+        |config| with_previews(config, &forge, &token),
+    );
+    let running = |what: &str| preview_group(&daemon, what);
+    let approved_group = running("the reviewed head's preview runs");
+    wait_until("the kubelet runs its pod", PATIENCE, || {
+        kubelet
+            .processes()
+            .iter()
+            .any(|p| p.group == approved_group)
+    });
+
+    // The author pushes again; nobody labels.
+    let pushed = world.pull_request(
+        7,
+        "tag otherwise",
+        "topologies/s/steps/clean.yaml",
+        &clean("pushed"),
+    );
+    forge.set_head(7, &pushed.to_string());
+    wait_until("the preview stops for the new commits", PATIENCE, || {
+        shown(&daemon, "s.pr-7").is_none() && !deployments(&fake).contains_key(&approved_group)
+    });
+    wait_until("the label comes off", PATIENCE, || {
+        !forge.labels(7).iter().any(|l| l == PREVIEW_LABEL)
+    });
+    assert!(
+        deployments(&fake)
+            .keys()
+            .all(|name| !name.starts_with("plumber.s.pr-7.")),
+        "a Deployment of the unapproved head: {:?}",
+        deployments(&fake).keys().collect::<Vec<_>>()
+    );
+
+    // Labelled again: the signed webhook names the head the label approves.
+    forge.set_pull_request(7, PullRequestState::Open, &[PREVIEW_LABEL]);
+    let body = format!(
+        r#"{{"action":"labeled","number":7,"label":{{"name":"{PREVIEW_LABEL}"}},"pull_request":{{"head":{{"sha":"{pushed}"}}}}}}"#
+    );
+    let answer = ureq::post(&format!("{}/hooks/git", daemon.api()))
+        .header("x-github-event", "pull_request")
+        .header("x-hub-signature-256", &github_signature(&body))
+        .send(&body)
+        .unwrap();
+    assert_eq!(answer.status().as_u16(), 202);
+    let group = running("the pushed head's preview runs once labelled again");
+    assert_ne!(
+        group, approved_group,
+        "the new head's step is another identity"
+    );
+    wait_until("the kubelet runs the new head's pod", PATIENCE, || {
+        kubelet.processes().iter().any(|p| p.group == group)
+    });
+    world.broker.produce(world.source_topic(), &numbered(1, 5));
+    let shadow = format!("{sink}.preview.pr-7");
+    world
+        .broker
+        .wait_for_records(&shadow, "the approved head's output", |r| {
+            sorted(values_by(r, "pushed")) == (1..=5).collect::<Vec<u64>>()
+        });
+    daemon.stop();
 }

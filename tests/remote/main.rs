@@ -288,6 +288,7 @@ impl Daemon {
             .env_remove("PLUMBER_GIT_PASSWORD")
             .env_remove("PLUMBER_GIT_PASSWORD_FILE")
             .env_remove("PLUMBER_GIT_SSH_KEY")
+            .env_remove("PLUMBER_GIT_KNOWN_HOSTS")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log);
@@ -311,9 +312,21 @@ impl Daemon {
     }
 
     fn wait_status(&self, what: &str, condition: impl Fn(&Value) -> bool) {
-        wait_until(what, PATIENCE, || {
-            self.status().is_some_and(|s| condition(&s))
-        });
+        let met = std::cell::Cell::new(false);
+        let last = std::cell::RefCell::new(None);
+        let deadline = std::time::Instant::now() + PATIENCE;
+        while std::time::Instant::now() < deadline && !met.get() {
+            let status = self.status();
+            met.set(status.as_ref().is_some_and(&condition));
+            *last.borrow_mut() = status;
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        assert!(
+            met.get(),
+            "timed out waiting until {what}; last status: {:#?}\nlog:\n{}",
+            last.borrow(),
+            self.log()
+        );
     }
 
     fn wait_commit(&self, commit: Oid) {
@@ -377,6 +390,61 @@ fn polling_over_ssh_follows_commits_and_force_pushes() {
     daemon.wait_commit(second);
     let rewritten = served.force_push(first, "rewritten");
     daemon.wait_commit(rewritten);
+}
+
+/// `repository.credentials.knownHostsFile` (`PLUMBER_GIT_KNOWN_HOSTS` for `plumber up`) is the
+/// file host keys are checked against, whatever `~/.ssh/known_hosts` says.
+#[test]
+fn ssh_host_keys_are_checked_against_the_known_hosts_file_given() {
+    let ssh = SshServer::start();
+    let served = Served::new();
+    let first = served.commit("first");
+    let key = ssh.key();
+    // A HOME that trusts no server: only the file given can make the fetch succeed.
+    let empty_home = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(empty_home.path().join(".ssh")).unwrap();
+    std::fs::write(empty_home.path().join(".ssh").join("known_hosts"), "").unwrap();
+    let trusting = ssh.known_hosts();
+    let daemon = Daemon::start(
+        &ssh.url(served.repo.path()),
+        &["--poll-interval", "1"],
+        &[
+            ("HOME", empty_home.path()),
+            ("PLUMBER_GIT_SSH_KEY", &key),
+            ("PLUMBER_GIT_KNOWN_HOSTS", &trusting),
+        ],
+    );
+    daemon.wait_commit(first);
+    drop(daemon);
+
+    // A HOME that trusts the server, and a file given that holds another key for it: the
+    // file wins, and nothing is fetched.
+    let home = ssh.home();
+    let wrong = ssh.wrong_known_hosts();
+    let daemon = Daemon::start(
+        &ssh.url(served.repo.path()),
+        &["--poll-interval", "3600"],
+        &[
+            ("HOME", &home),
+            ("PLUMBER_GIT_SSH_KEY", &key),
+            ("PLUMBER_GIT_KNOWN_HOSTS", &wrong),
+        ],
+    );
+    daemon.wait_status("the fetch fails on the host key", |status| {
+        status["lastError"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("host key"))
+    });
+    let message = daemon.status().unwrap()["lastError"]["message"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        message.contains("is not the one the known hosts file")
+            && message.contains(&wrong.display().to_string()),
+        "{message}"
+    );
+    assert_eq!(daemon.status().unwrap()["commit"], Value::Null);
 }
 
 #[test]

@@ -359,6 +359,20 @@ impl SshServer {
         self.dir.path().join("home")
     }
 
+    /// The known_hosts file of [`SshServer::home`].
+    pub fn known_hosts(&self) -> PathBuf {
+        self.home().join(".ssh").join("known_hosts")
+    }
+
+    /// A known_hosts file that holds another key for this server (as a server that changed
+    /// its key, or one in between, would present).
+    pub fn wrong_known_hosts(&self) -> PathBuf {
+        let path = self.dir.path().join("wrong_known_hosts");
+        let other = std::fs::read_to_string(self.dir.path().join("wrong_key.pub")).unwrap();
+        std::fs::write(&path, format!("[127.0.0.1]:{} {other}", self.port)).unwrap();
+        path
+    }
+
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("sshd.log")).unwrap_or_default()
     }

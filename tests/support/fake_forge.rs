@@ -105,6 +105,8 @@ impl Fault {
 pub struct PullRequest {
     pub state: PullRequestState,
     pub labels: Vec<String>,
+    /// Its head commit, as the forge knows it (`None`: not given out).
+    pub head: Option<String>,
 }
 
 pub struct Fake {
@@ -231,15 +233,34 @@ impl Server {
         ids
     }
 
-    /// Pull request `number` is now in `state`, with `labels`.
+    /// Pull request `number` is now in `state`, with `labels` (its head as it was).
     pub fn set_pull_request(&self, number: u64, state: PullRequestState, labels: &[&str]) {
-        self.fake().pull_requests.insert(
+        let mut fake = self.fake();
+        let head = fake.pull_requests.get(&number).and_then(|p| p.head.clone());
+        fake.pull_requests.insert(
             number,
             PullRequest {
                 state,
                 labels: labels.iter().map(|l| (*l).to_owned()).collect(),
+                head,
             },
         );
+    }
+
+    /// Pull request `number`'s head is now `head` (as a push to its branch makes it).
+    pub fn set_head(&self, number: u64, head: &str) {
+        if let Some(pull) = self.fake().pull_requests.get_mut(&number) {
+            pull.head = Some(head.to_owned());
+        }
+    }
+
+    /// The labels of pull request `number` now.
+    pub fn labels(&self, number: u64) -> Vec<String> {
+        self.fake()
+            .pull_requests
+            .get(&number)
+            .map(|p| p.labels.clone())
+            .unwrap_or_default()
     }
 
     /// `fault` answers the request `later` requests from now (0: the next one).
@@ -330,6 +351,11 @@ pub enum Route {
     Status(String),
     /// A pull request (GitLab: a merge request) itself.
     PullRequest(u64),
+    /// GitHub: one label of an issue or pull request.
+    Label(u64, String),
+    /// The list of pull requests (GitLab: merge requests); GitHub's `next` links name the
+    /// repository by id.
+    PullRequests,
     /// The token's own account.
     User,
 }
@@ -409,8 +435,9 @@ impl Fake {
             }
         }
 
-        // The body: JSON objects with their content type on writes, nothing on reads.
-        let writes = method != Method::GET;
+        // The body: JSON objects with their content type on writes, nothing on reads and
+        // deletes.
+        let writes = method != Method::GET && method != Method::DELETE;
         if writes {
             if header("content-type") != Some("application/json") {
                 self.violations
@@ -472,6 +499,20 @@ impl Fake {
             }
             (Kind::GitHub, ["repos", o, r, "pulls", n]) if (*o, *r) == (owner, name) => {
                 Some(Route::PullRequest(number(n)?))
+            }
+            (Kind::GitHub, ["repos", o, r, "issues", n, "labels", label])
+                if (*o, *r) == (owner, name) =>
+            {
+                Some(Route::Label(number(n)?, (*label).to_owned()))
+            }
+            (Kind::GitHub, ["repos", o, r, "pulls"]) if (*o, *r) == (owner, name) => {
+                Some(Route::PullRequests)
+            }
+            (Kind::GitHub, ["repositories", id, "pulls"]) if *id == repository_id => {
+                Some(Route::PullRequests)
+            }
+            (Kind::GitLab, ["projects", GITLAB_PROJECT, "merge_requests"]) => {
+                Some(Route::PullRequests)
             }
             (Kind::GitHub, ["repos", o, r, "statuses", sha]) if (*o, *r) == (owner, name) => {
                 Some(Route::Status((*sha).to_owned()))
@@ -544,6 +585,41 @@ impl Fake {
                 self.update(n, id, body, what)
             }
             (Route::Status(sha), "POST") => self.status(sha, body, what),
+            (Route::Label(n, label), "DELETE") => {
+                let Some(pull) = self.pull_requests.get_mut(&n) else {
+                    return message(404, "Not Found");
+                };
+                if !pull.labels.contains(&label) {
+                    return message(404, "Label does not exist");
+                }
+                pull.labels.retain(|l| *l != label);
+                let labels: Vec<Value> = pull
+                    .labels
+                    .iter()
+                    .map(|name| json!({ "name": name }))
+                    .collect();
+                answer(200, Vec::new(), Value::Array(labels))
+            }
+            (Route::PullRequest(n), "PUT") if self.kind == Kind::GitLab => {
+                let Some(remove) = body
+                    .as_ref()
+                    .and_then(|b| b.get("remove_labels"))
+                    .and_then(Value::as_str)
+                    .map(str::to_owned)
+                else {
+                    self.violations.push(format!(
+                        "{what}: a merge request update other than remove_labels"
+                    ));
+                    return message(400, "Bad Request");
+                };
+                let Some(pull) = self.pull_requests.get_mut(&n) else {
+                    return message(404, "Not Found");
+                };
+                pull.labels.retain(|l| !remove.split(',').any(|r| r == l));
+                let pull = pull.clone();
+                answer(200, Vec::new(), self.render_pull_request(n, &pull))
+            }
+            (Route::PullRequests, "GET") => self.list_pull_requests(query, what),
             (Route::PullRequest(n), "GET") => {
                 if !query.is_empty() {
                     self.violations.push(format!("{what}: a query"));
@@ -562,17 +638,59 @@ impl Fake {
     }
 
     pub fn list(&mut self, n: u64, query: &BTreeMap<String, String>, what: &str) -> Response {
-        let mut expected: BTreeMap<String, String> = match self.kind {
+        let expected = match self.kind {
             Kind::GitHub => vec![("per_page", "100")],
             Kind::GitLab => vec![
                 ("per_page", "100"),
                 ("sort", "asc"),
                 ("order_by", "created_at"),
             ],
-        }
-        .into_iter()
-        .map(|(k, v)| (k.to_owned(), v.to_owned()))
-        .collect();
+        };
+        let Some(comments) = self.comments.get(&n) else {
+            return message(404, "Not Found");
+        };
+        let items: Vec<Value> = comments.iter().map(|c| self.render(c)).collect();
+        let next = format!("/issues/{n}/comments?per_page=100");
+        self.page(items, query, &expected, &next, what)
+    }
+
+    /// The open pull requests (GitLab: merge requests), newest first as both forges list them.
+    pub fn list_pull_requests(&mut self, query: &BTreeMap<String, String>, what: &str) -> Response {
+        let expected = match self.kind {
+            Kind::GitHub => vec![("state", "open"), ("per_page", "100")],
+            Kind::GitLab => vec![("state", "opened"), ("per_page", "100")],
+        };
+        let items: Vec<Value> = self
+            .pull_requests
+            .iter()
+            .rev()
+            .filter(|(_, pull)| pull.state == PullRequestState::Open)
+            .map(|(n, pull)| self.render_pull_request(*n, pull))
+            .collect();
+        self.page(
+            items,
+            query,
+            &expected,
+            "/pulls?state=open&per_page=100",
+            what,
+        )
+    }
+
+    /// One page of 100 of `items`, as `query` asks (it must be `expected` plus a `page`), with
+    /// the forge's way of naming the next page (GitHub: a `Link` to `/repositories/ID` and
+    /// `next`; GitLab: `X-Next-Page`).
+    pub fn page(
+        &mut self,
+        items: Vec<Value>,
+        query: &BTreeMap<String, String>,
+        expected: &[(&str, &str)],
+        next: &str,
+        what: &str,
+    ) -> Response {
+        let mut expected: BTreeMap<String, String> = expected
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
         let page: usize = match query.get("page") {
             Some(page) => match page.parse::<usize>() {
                 Ok(page) if page >= 1 => {
@@ -590,16 +708,12 @@ impl Fake {
             self.violations
                 .push(format!("{what}: query {query:?}, expected {expected:?}"));
         }
-        let Some(comments) = self.comments.get(&n) else {
-            return message(404, "Not Found");
-        };
         let per_page: usize = 100;
-        let pages = comments.len().div_ceil(per_page).max(1);
-        let items: Vec<Value> = comments
-            .iter()
+        let pages = items.len().div_ceil(per_page).max(1);
+        let items: Vec<Value> = items
+            .into_iter()
             .skip((page - 1) * per_page)
             .take(per_page)
-            .map(|c| self.render(c))
             .collect();
         let mut headers = Vec::new();
         if page < pages {
@@ -612,7 +726,7 @@ impl Fake {
                     };
                     let link = |p: usize, rel: &str| {
                         format!(
-                            "<{origin}{}/repositories/{GITHUB_REPO_ID}/issues/{n}/comments?per_page=100&page={p}>; rel=\"{rel}\"",
+                            "<{origin}{}/repositories/{GITHUB_REPO_ID}{next}&page={p}>; rel=\"{rel}\"",
                             self.base
                         )
                     };
@@ -668,9 +782,14 @@ impl Fake {
         if let Some(key) = object.keys().find(|k| !allowed.contains(&k.as_str())) {
             self.violations.push(format!("{what}: unknown field {key}"));
         }
-        if object.get(name_key) != Some(&json!("plumber")) {
-            self.violations
-                .push(format!("{what}: {name_key} is not plumber"));
+        // Plumber's two contexts: the plan's, and whether a preview environment runs.
+        if !["plumber", "plumber/preview"]
+            .iter()
+            .any(|context| object.get(name_key) == Some(&json!(context)))
+        {
+            self.violations.push(format!(
+                "{what}: {name_key} is not plumber or plumber/preview"
+            ));
         }
         let state = object.get("state").and_then(Value::as_str).unwrap_or("");
         if !states.contains(&state) {
@@ -756,7 +875,7 @@ impl Fake {
                     "labels": pull.labels.iter().enumerate().map(|(i, name)| json!({
                         "id": i + 1, "name": name, "color": "ededed",
                     })).collect::<Vec<_>>(),
-                    "head": { "ref": format!("feature-{n}") },
+                    "head": { "ref": format!("feature-{n}"), "sha": pull.head },
                 })
             }
             Kind::GitLab => json!({
@@ -767,6 +886,7 @@ impl Fake {
                     PullRequestState::Merged => "merged",
                 },
                 "labels": pull.labels,
+                "sha": pull.head,
                 "source_branch": format!("feature-{n}"),
             }),
         }

@@ -62,7 +62,12 @@ pub const FIELD_MANAGER: &str = "plumber";
 
 #[derive(Debug, Clone)]
 pub struct KubeConfig {
+    /// Where and how processors are rendered (`render.namespace`: the processors' namespace).
     pub render: RenderConfig,
+    /// The namespace of the Topologies, when the processors run in a namespace of their own
+    /// (`None`: the processors' own). Their objects then have no owner (an owner in another
+    /// namespace is none to the garbage collector): repair deletes what no Topology runs.
+    pub topologies_namespace: Option<String>,
     /// How long a stop waits for the pods to go (their grace period is 30 s).
     pub stop_timeout: Duration,
     /// How often a stop looks at the pods.
@@ -75,6 +80,7 @@ impl KubeConfig {
     pub fn new(render: RenderConfig) -> Self {
         KubeConfig {
             render,
+            topologies_namespace: None,
             stop_timeout: Duration::from_secs(60),
             poll: Duration::from_millis(500),
             watch_timeout: Duration::from_secs(60),
@@ -141,7 +147,10 @@ impl KubeRuntime {
                 &handle,
             ),
             topologies: Arc::new(Cache::start(
-                Api::namespaced(client.clone(), &namespace),
+                Api::namespaced(
+                    client.clone(),
+                    config.topologies_namespace.as_deref().unwrap_or(&namespace),
+                ),
                 &labels,
                 &handle,
             )),
@@ -265,6 +274,9 @@ impl KubeRuntime {
     /// The owner reference to the processor's Topology, when it exists: deleting the
     /// Topology deletes its processors' objects with it.
     fn owner(&self, topology: &str) -> Result<Option<OwnerReference>> {
+        if self.processors_apart() {
+            return Ok(None);
+        }
         if let Some(owner) = self.known_owner(topology) {
             return Ok(Some(owner));
         }
@@ -280,8 +292,19 @@ impl KubeRuntime {
         Ok(owner)
     }
 
+    /// Whether processors run in a namespace other than the Topologies'.
+    fn processors_apart(&self) -> bool {
+        self.config
+            .topologies_namespace
+            .as_ref()
+            .is_some_and(|ns| *ns != self.config.render.namespace)
+    }
+
     /// The owner reference as the watch (or an earlier read) knows it, asking nothing.
     fn known_owner(&self, topology: &str) -> Option<OwnerReference> {
+        if self.processors_apart() {
+            return None;
+        }
         self.topologies
             .get(topology)
             .as_deref()

@@ -10,6 +10,7 @@
 //! ```yaml
 //! kubernetes:
 //!   namespace: plumber            # default: the namespace of the daemon's service account
+//!   # processorNamespace: plumber-processors   # processors apart from the daemon's Secrets
 //! repository:
 //!   url: https://github.com/acme/topologies.git
 //!   branch: main
@@ -38,6 +39,8 @@
 //! trustedKeys: /etc/plumber-trusted-keys  # apply only commits signed by these keys; absent: any
 //! # publicUrl: https://plumber.example  # commit statuses link to {publicUrl}/api/plans/{ref}
 //! # previewLabel: preview  # open pull requests with this label get a preview environment
+//! stepSecrets: [scoring-api]     # the Secrets steps may name in secretKeyRef; absent: none
+//! # commitBudget: { files: 100000, bytes: 33554432, steps: 50000, topologies: 2000, checkoutBytes: 268435456 }
 //! ```
 
 use std::collections::BTreeMap;
@@ -108,6 +111,11 @@ pub struct Config {
     /// `plumber up --trusted-keys`); absent: every valid head is.
     #[serde(default)]
     pub trusted_keys: Option<PathBuf>,
+    /// With `trustedKeys`, also apply a signed head that does not descend from what runs (a
+    /// force-push back to an older signed commit); default: refused (go back with `git
+    /// revert`).
+    #[serde(default)]
+    pub allow_rollback: bool,
     /// The daemon's API as the forge's readers reach it (its Ingress): commit statuses link
     /// to `{publicUrl}/api/plans/{ref}`; absent: no link.
     #[serde(default)]
@@ -116,7 +124,44 @@ pub struct Config {
     /// `forge`. Absent: none.
     #[serde(default)]
     pub preview_label: Option<String>,
+    /// What one commit may make the daemon read and write; absent keys keep their defaults
+    /// (SPEC §11, `plumber up --max-commit-*`).
+    #[serde(default)]
+    pub commit_budget: CommitBudget,
+    /// The Secrets (of the processors' namespace) steps may name in `secretKeyRef`; a step
+    /// naming any other is invalid (SPEC §11). Default: none. Never the daemon's own.
+    #[serde(default)]
+    pub step_secrets: Vec<String>,
 }
+
+/// `commitBudget`: [`crate::spec::budget::Budget`], each key optional.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CommitBudget {
+    pub files: Option<u64>,
+    pub bytes: Option<u64>,
+    pub steps: Option<u64>,
+    pub topologies: Option<u64>,
+    pub checkout_bytes: Option<u64>,
+}
+
+impl CommitBudget {
+    /// The budget, defaults where a key is absent.
+    pub fn budget(&self) -> crate::spec::budget::Budget {
+        let default = crate::spec::budget::Budget::default();
+        crate::spec::budget::Budget {
+            files: self.files.unwrap_or(default.files),
+            bytes: self.bytes.unwrap_or(default.bytes),
+            steps: self.steps.unwrap_or(default.steps),
+            topologies: self.topologies.unwrap_or(default.topologies),
+            checkout_bytes: self.checkout_bytes.unwrap_or(default.checkout_bytes),
+        }
+    }
+}
+
+/// The Secrets `deploy/` mounts into the daemon: its git and forge credentials and webhook
+/// secret, which a step must never name (a `secretKeyRef` would hand them to the step's code).
+pub const DAEMON_SECRETS: [&str; 3] = ["plumber-git", "plumber-forge", "plumber-webhook"];
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -133,6 +178,11 @@ pub struct Kubernetes {
     /// `deploy/` grants this name only).
     #[serde(default = "default_lease")]
     pub lease: String,
+    /// Where processors run (Deployments, ScaledObjects, TriggerAuthentications, pods), when
+    /// not in `namespace`: a namespace without the daemon's own Secrets, since whoever may
+    /// create a Deployment that mounts a Secret can read it (SPEC §11). Absent: `namespace`.
+    #[serde(default)]
+    pub processor_namespace: Option<String>,
 }
 
 impl Default for Kubernetes {
@@ -141,6 +191,7 @@ impl Default for Kubernetes {
             kubeconfig: None,
             namespace: None,
             lease: default_lease(),
+            processor_namespace: None,
         }
     }
 }
@@ -379,6 +430,11 @@ impl Config {
         {
             return Err(invalid("kubernetes.namespace", problem));
         }
+        if let Some(namespace) = &self.kubernetes.processor_namespace
+            && let Some(problem) = name_problem(namespace, 63, false)
+        {
+            return Err(invalid("kubernetes.processorNamespace", problem));
+        }
         if let Some(problem) = name_problem(&self.kubernetes.lease, 253, true) {
             return Err(invalid("kubernetes.lease", problem));
         }
@@ -408,13 +464,17 @@ impl Config {
             }
         }
         for (name, cluster) in &self.kafka.clusters {
-            if let Some(key) = cluster.properties.keys().find(|k| looks_secret(k)) {
-                return Err(invalid(
-                    &format!("kafka.clusters.{name}.properties.{key}"),
-                    "secrets do not belong in a ConfigMap; put them in the credentials Secret \
-                     under that key"
-                        .into(),
-                ));
+            for (key, value) in &cluster.properties {
+                if let Some(problem) = crate::spec::properties::problem(
+                    key,
+                    value,
+                    crate::spec::properties::Origin::Operator,
+                ) {
+                    return Err(invalid(
+                        &format!("kafka.clusters.{name}.properties.{key}"),
+                        problem,
+                    ));
+                }
             }
             if let Some(credentials) = &cluster.credentials
                 && let Some(problem) = name_problem(&credentials.secret, 253, true)
@@ -447,6 +507,32 @@ impl Config {
                 format!("`{name}` is not a host name (no port, no scheme)"),
             ));
         }
+        let kafka_secrets: Vec<&str> = self
+            .kafka
+            .clusters
+            .values()
+            .filter_map(|c| c.credentials.as_ref().map(|c| c.secret.as_str()))
+            .collect();
+        for name in &self.step_secrets {
+            if let Some(problem) = name_problem(name, 253, true) {
+                return Err(invalid("stepSecrets", problem));
+            }
+            if DAEMON_SECRETS.contains(&name.as_str()) {
+                return Err(invalid(
+                    "stepSecrets",
+                    format!("`{name}` holds the daemon's own credentials; steps can never use it"),
+                ));
+            }
+            if kafka_secrets.contains(&name.as_str()) {
+                return Err(invalid(
+                    "stepSecrets",
+                    format!(
+                        "`{name}` holds a Kafka cluster's credentials, which processors get \
+                         through the cluster's `credentials`; steps cannot name it"
+                    ),
+                ));
+            }
+        }
         if self.images.processor.trim().is_empty() {
             return Err(invalid("images.processor", "the image is empty".into()));
         }
@@ -458,6 +544,12 @@ impl Config {
                 Err(other) => return Err(invalid("forge", other.to_string())),
                 Ok(()) => {}
             }
+        }
+        if self.allow_rollback && self.trusted_keys.is_none() {
+            return Err(invalid(
+                "allowRollback",
+                "it only means something with `trustedKeys`".into(),
+            ));
         }
         match &self.preview_label {
             Some(label) if label.trim().is_empty() => {
@@ -518,10 +610,6 @@ fn has_password(url: &str) -> bool {
 
 /// librdkafka settings that hold secrets (`sasl.password`, `ssl.key.password`,
 /// `sasl.oauthbearer.client.secret`, `ssl.key.pem`, …).
-fn looks_secret(key: &str) -> bool {
-    key.contains("password") || key.contains("secret") || key.ends_with(".pem")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -754,6 +842,23 @@ previewLabel: preview
             )),
             "listener.allowedHosts"
         );
+        assert_eq!(
+            invalid_field(&format!("{MINIMAL}stepSecrets: [scoring, plumber-forge]\n")),
+            "stepSecrets"
+        );
+        assert_eq!(
+            invalid_field(&format!(
+                "{MINIMAL}stepSecrets: [kafka-user]\nkafka: {{ clusters: {{ default: {{ credentials: {{ secret: kafka-user, dir: /k }} }} }} }}\n"
+            )),
+            "stepSecrets"
+        );
+        assert_eq!(
+            invalid_field(&format!(
+                "{MINIMAL}kafka: {{ clusters: {{ default: {{ properties: {{ acks: '1' }} }} }} }}\n"
+            )),
+            "kafka.clusters.default.properties.acks"
+        );
+        assert!(parse(&format!("{MINIMAL}stepSecrets: [scoring]\n")).is_ok());
         // A user name alone is not a secret (ssh://git@…, https://ci@…).
         assert!(has_password("https://me:t@host/x") && !has_password("https://me@host/x"));
         assert!(!has_password("ssh://git@host:22/x"));
