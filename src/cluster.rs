@@ -134,6 +134,7 @@ fn daemon_config(config: &Config) -> Result<DaemonConfig> {
     let mut out = DaemonConfig::new(&config.repository.url, config.cache_dir.clone());
     out.branch = config.repository.branch.clone();
     out.listen = config.listen;
+    out.listener = (&config.listener).into();
     out.poll_interval = config.repository.poll_interval;
     out.trusted_keys = config.trusted_keys.clone();
     out.allow_rollback = config.allow_rollback;

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 
-use plumber::daemon::DaemonConfig;
+use plumber::daemon::{DaemonConfig, ListenerConfig};
 use plumber::graph::Topology;
 use plumber::repo::{MergePreview, Repository};
 use plumber::spec::budget::Budget;
@@ -106,6 +106,8 @@ enum Command {
         /// Address of the HTTP API (status, history, metrics, webhook).
         #[arg(long, default_value = "127.0.0.1:7878", value_name = "ADDR")]
         listen: std::net::SocketAddr,
+        #[command(flatten)]
+        listener: ListenerArgs,
         /// How often a remote repository is fetched, in seconds.
         #[arg(long, default_value_t = 30, value_name = "SECS")]
         poll_interval: u64,
@@ -484,6 +486,7 @@ fn run(command: Command) -> Result<ExitCode> {
             bootstrap,
             state_dir,
             listen,
+            listener,
             poll_interval,
             keep_topics,
             stall_timeout,
@@ -516,6 +519,7 @@ fn run(command: Command) -> Result<ExitCode> {
             config.branch = branch;
             config.bootstrap = bootstrap;
             config.listen = listen;
+            config.listener = listener.into();
             config.cutover.keep_topics = keep_topics;
             config.stalled_after = std::time::Duration::from_secs(stall_timeout.max(1));
             config.record_timeout = std::time::Duration::from_secs(record_timeout);
@@ -703,6 +707,59 @@ fn current_branch(repo: &str) -> Option<String> {
 }
 
 /// What `plan` plans for, besides the two revisions.
+/// What the HTTP API's listener holds at most (`plumber up`; the daemon's configuration file
+/// has the same in `listener:`).
+#[derive(clap::Args)]
+struct ListenerArgs {
+    /// Connections the API holds at once; past it a connection is answered 503 (`/healthz`
+    /// still answers) and closed.
+    #[arg(long, value_name = "N",
+          default_value_t = ListenerConfig::default().max_connections,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
+    max_connections: usize,
+    /// Seconds a client has to send a request's head, from connecting or its previous
+    /// answer (so also how long an idle kept-alive connection stays open), and a webhook's
+    /// body.
+    #[arg(long, value_name = "SECS",
+          default_value_t = ListenerConfig::default().header_timeout.as_secs(),
+          value_parser = clap::value_parser!(u64).range(1..=3600))]
+    header_timeout: u64,
+    /// Seconds after which a connection on which nothing moved either way is closed (a
+    /// client that stopped reading).
+    #[arg(long, value_name = "SECS",
+          default_value_t = ListenerConfig::default().idle_timeout.as_secs(),
+          value_parser = clap::value_parser!(u64).range(1..=86400))]
+    idle_timeout: u64,
+    /// Clients of GET /api/events (the web page, `plumber status --watch`) at once.
+    #[arg(long, value_name = "N",
+          default_value_t = ListenerConfig::default().max_event_streams,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=100_000))]
+    max_event_streams: usize,
+    /// The largest body of POST /hooks/git, in bytes.
+    #[arg(long, value_name = "BYTES",
+          default_value_t = ListenerConfig::default().max_webhook_body,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_073_741_824))]
+    max_webhook_body: usize,
+    /// A name the API is reached by besides `localhost` and IP addresses (an SSH tunnel's,
+    /// a proxy's); repeat for several. A loopback listener refuses other names (DNS
+    /// rebinding); given, any listener does.
+    #[arg(long = "allow-host", value_name = "NAME")]
+    allow_hosts: Vec<String>,
+}
+
+impl From<ListenerArgs> for ListenerConfig {
+    fn from(args: ListenerArgs) -> Self {
+        ListenerConfig {
+            max_connections: args.max_connections,
+            header_timeout: std::time::Duration::from_secs(args.header_timeout),
+            idle_timeout: std::time::Duration::from_secs(args.idle_timeout),
+            max_event_streams: args.max_event_streams,
+            max_webhook_body: args.max_webhook_body,
+            allowed_hosts: args.allow_hosts,
+        }
+    }
+}
+
 struct PlanSettings {
     keep_topics: bool,
     owners: Option<plumber::owners::CodeOwners>,

@@ -115,11 +115,29 @@ impl Setup {
         Setup::start_on(kind, repository().0, Server::start(kind), more)
     }
 
+    /// `plumber up` with the fake forge and no webhook secret: anyone may post.
+    fn start_unsigned(kind: Kind, more: &[std::ffi::OsString]) -> Setup {
+        Setup::start_on_with(kind, repository().0, Server::start(kind), more, false)
+    }
+
     /// [`Setup::start_with`] on `repo`, with `forge` as it is.
     fn start_on(kind: Kind, repo: TestRepo, forge: Server, more: &[std::ffi::OsString]) -> Setup {
+        Setup::start_on_with(kind, repo, forge, more, true)
+    }
+
+    /// [`Setup::start_on`], with a webhook secret or without one.
+    fn start_on_with(
+        kind: Kind,
+        repo: TestRepo,
+        forge: Server,
+        more: &[std::ffi::OsString],
+        secret: bool,
+    ) -> Setup {
         let state = tempfile::tempdir().unwrap();
         std::fs::write(state.path().join("token"), format!("{TOKEN}\n")).unwrap();
-        std::fs::write(state.path().join("webhook-secret"), WEBHOOK_SECRET).unwrap();
+        if secret {
+            std::fs::write(state.path().join("webhook-secret"), WEBHOOK_SECRET).unwrap();
+        }
         let port = {
             let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
             listener.local_addr().unwrap().port()
@@ -312,6 +330,77 @@ impl Setup {
         request.send(body).unwrap().status().as_u16()
     }
 
+    /// What the forge was asked about pull request `number` (its comments, itself), from its
+    /// `from`th request on.
+    fn requests_about(&self, number: u64, from: usize) -> Vec<String> {
+        let within = [
+            format!("/issues/{number}/"),
+            format!("/merge_requests/{number}/"),
+        ];
+        let itself = [
+            format!("/pulls/{number}"),
+            format!("/merge_requests/{number}"),
+        ];
+        self.forge
+            .requests()
+            .iter()
+            .skip(from)
+            .filter(|r| {
+                within.iter().any(|w| r.path.contains(w.as_str()))
+                    || itself.iter().any(|i| r.path.ends_with(i.as_str()))
+                    // A GitHub comment updated is named by its id alone.
+                    || r.path.contains("/issues/comments/")
+            })
+            .map(|r| r.line())
+            .collect()
+    }
+
+    /// Whether the forge was asked for pull request `number` itself (what deciding its
+    /// preview does).
+    fn pull_request_read(&self, number: u64) -> bool {
+        self.requests_about(number, 0).iter().any(|line| {
+            line.starts_with("GET")
+                && (line.ends_with(&format!("/pulls/{number}"))
+                    || line.ends_with(&format!("/merge_requests/{number}")))
+        })
+    }
+
+    /// The `plumber_webhooks_total` of `outcome`.
+    fn webhooks(&self, outcome: &str) -> u64 {
+        let metrics = ureq::get(&format!("{}/metrics", self.api))
+            .call()
+            .unwrap()
+            .into_body()
+            .read_to_string()
+            .unwrap();
+        let line = format!("plumber_webhooks_total{{outcome=\"{outcome}\"}} ");
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(line.as_str()))
+            .map_or(0, |n| n.trim().parse().unwrap())
+    }
+
+    /// Pushes pull request `number` and waits until its comment is there and, with
+    /// `previews`, until the previews thread asked the forge about it: both threads read
+    /// their requests before plan changes, so whatever was asked of them before is done.
+    fn sign_post(&self, number: u64, previews: bool) {
+        self.open(number);
+        let head = push(
+            &self.repo,
+            self.kind,
+            number,
+            &[clean("orders", 40 + number as u32)],
+        );
+        self.comment_where(number, "the sign-post's comment", |body| {
+            body.contains(&short(head))
+        });
+        if previews {
+            wait_until("the previews thread read the sign-post", PATIENCE, || {
+                self.pull_request_read(number)
+            });
+        }
+    }
+
     fn output(&self) -> String {
         let read =
             |name: &str| std::fs::read_to_string(self.state.path().join(name)).unwrap_or_default();
@@ -371,8 +460,21 @@ fn spawn(
             .args(["--forge-repo", GITHUB_REPO])
             .arg("--forge-token-file")
             .arg(state.join("token"))
-            .arg("--webhook-secret-file")
-            .arg(state.join("webhook-secret"))
+            // A setup without a secret has no file of it.
+            .args(
+                state
+                    .join("webhook-secret")
+                    .is_file()
+                    .then(|| {
+                        [
+                            "--webhook-secret-file".into(),
+                            state.join("webhook-secret").into_os_string(),
+                        ]
+                    })
+                    .into_iter()
+                    .flatten()
+                    .collect::<Vec<std::ffi::OsString>>(),
+            )
             .args(["--public-url", api])
             .args(more)
             // Everything the daemon says, the forge clients' debug lines included, is
@@ -865,4 +967,142 @@ fn a_missing_token_file_stops_the_daemon_at_start_naming_it() {
         1,
         "the cause once: {error}"
     );
+}
+
+/// The pull-request webhook of `kind` for `number` (`action` as the forge names it).
+fn pull_request_hook(kind: Kind, number: u64, action: &str) -> ((&'static str, String), String) {
+    match kind {
+        Kind::GitHub => (
+            ("x-github-event", "pull_request".to_owned()),
+            format!(
+                r#"{{"action":"{action}","number":{number},"pull_request":{{"number":{number}}}}}"#
+            ),
+        ),
+        Kind::GitLab => (
+            ("x-gitlab-event", "Merge Request Hook".to_owned()),
+            format!(
+                r#"{{"object_kind":"merge_request","object_attributes":{{"iid":{number},"action":"{action}"}}}}"#
+            ),
+        ),
+    }
+}
+
+/// Without a webhook secret anyone can post to `/hooks/git`. Before, each unsigned
+/// pull-request webhook had the daemon publish that pull request's plan again and decide its
+/// preview, both asking the forge (a forge write per post). Now 1,000 of them only fetch: the
+/// forge hears nothing about the pull request, and the daemon said at start that it has no
+/// secret.
+#[test]
+fn unsigned_webhooks_only_fetch_never_a_forge_request() {
+    let kind = Kind::GitHub;
+    let setup = Setup::start_unsigned(
+        kind,
+        &[
+            "--preview-label".into(),
+            "preview".into(),
+            // No periodic look at previews during the test: what asks the forge is the posts.
+            "--poll-interval".into(),
+            "3600".into(),
+        ],
+    );
+    setup.open(1);
+    setup.forge.set_pull_request(1, PullRequestState::Open, &[]);
+    let head = push(&setup.repo, kind, 1, &[clean("orders", 5)]);
+    setup.comment_where(1, "the plan comment", |body| body.contains(&short(head)));
+    setup.status_of(head);
+    wait_until(
+        "the preview of pull request 1 was decided",
+        PATIENCE,
+        || setup.pull_request_read(1),
+    );
+    let mark = setup.forge.requests().len();
+
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .build()
+        .into();
+    for n in 0..1000 {
+        let action = if n % 2 == 0 { "synchronize" } else { "labeled" };
+        let (event, body) = pull_request_hook(kind, 1, action);
+        let status = agent
+            .post(&format!("{}/hooks/git", setup.api))
+            .header(event.0, &event.1)
+            .send(&body)
+            .unwrap()
+            .status()
+            .as_u16();
+        assert_eq!(status, 202, "post {n}");
+    }
+    setup.sign_post(4, true);
+    let asked = setup.requests_about(1, mark);
+    assert!(
+        asked.is_empty(),
+        "unsigned webhooks made the daemon ask the forge {} times about pull request 1: {:?} …",
+        asked.len(),
+        &asked[..asked.len().min(4)]
+    );
+    assert_eq!(setup.webhooks("unsigned"), 1000);
+    let output = setup.finish();
+    assert!(output.contains("no webhook secret"), "{output}");
+}
+
+/// A signed pull-request webhook captured and posted again: as it was (the same delivery id)
+/// it does nothing, under a new id it only fetches. Before, every replay published the plan
+/// again. The delivery itself had its one effect: the deleted comment came back, once.
+fn a_replayed_signed_webhook_has_one_effect(kind: Kind) {
+    let setup = Setup::start(kind);
+    setup.open(1);
+    let head = push(&setup.repo, kind, 1, &[clean("orders", 5)]);
+    setup.comment_where(1, "the plan comment", |_| true);
+    setup.status_of(head);
+    setup.forge.fake().comments.get_mut(&1).unwrap().clear();
+
+    let (event, body) = pull_request_hook(
+        kind,
+        1,
+        match kind {
+            Kind::GitHub => "synchronize",
+            Kind::GitLab => "update",
+        },
+    );
+    let signature = match kind {
+        Kind::GitHub => ("x-hub-signature-256", signed(&body)),
+        Kind::GitLab => ("x-gitlab-token", WEBHOOK_SECRET.to_owned()),
+    };
+    let delivery = |id: &str| match kind {
+        Kind::GitHub => ("x-github-delivery", id.to_owned()),
+        Kind::GitLab => ("idempotency-key", id.to_owned()),
+    };
+    let first = [event.clone(), signature.clone(), delivery("d-1")];
+    assert_eq!(setup.hook(&first, &body), 202);
+    setup.comment_where(1, "the comment put back by the delivery", |body| {
+        body.contains(&short(head))
+    });
+    for _ in 0..10 {
+        assert_eq!(setup.hook(&first, &body), 200, "the same delivery again");
+    }
+    for n in 0..10 {
+        let renamed = [
+            event.clone(),
+            signature.clone(),
+            delivery(&format!("replay-{n}")),
+        ];
+        assert_eq!(setup.hook(&renamed, &body), 202, "under a new id: a fetch");
+    }
+    setup.sign_post(4, false);
+    assert_eq!(setup.writes(1).0, 2, "created again once, by the delivery");
+    assert_eq!(setup.webhooks("pull-request"), 1);
+    assert_eq!(setup.webhooks("duplicate"), 10);
+    assert_eq!(setup.webhooks("replayed"), 10);
+    setup.finish();
+}
+
+#[test]
+fn github_a_replayed_signed_webhook_has_one_effect() {
+    a_replayed_signed_webhook_has_one_effect(Kind::GitHub);
+}
+
+#[test]
+fn gitlab_a_replayed_signed_webhook_has_one_effect() {
+    a_replayed_signed_webhook_has_one_effect(Kind::GitLab);
 }

@@ -29,6 +29,7 @@ use up::running_group;
 /// A cutover on a slow broker and a busy machine.
 const PATIENCE: Duration = Duration::from_secs(180);
 const LABEL: &str = "preview";
+const WEBHOOK_SECRET: &str = "hook-s3cret";
 
 /// Topology `t`: `in` (the source) → `clean` (tags each record with `by`) → `out`.
 fn topology(source: &str, sink: &str, by: &str) -> Vec<common::Change> {
@@ -62,6 +63,8 @@ impl Daemon {
     fn start(repo: &TestRepo, broker: &Broker, forge: &Server, state: &std::path::Path) -> Daemon {
         let token_file = state.join("token");
         std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
+        let secret_file = state.join("webhook-secret");
+        std::fs::write(&secret_file, WEBHOOK_SECRET).unwrap();
         let port = plumber_testkit::free_port();
         let log = state.join("daemon.log");
         eprintln!("daemon log: {}", log.display());
@@ -79,6 +82,8 @@ impl Daemon {
             .args(["--forge-repo", GITHUB_REPO])
             .arg("--forge-token-file")
             .arg(&token_file)
+            .arg("--webhook-secret-file")
+            .arg(&secret_file)
             .args(["--preview-label", LABEL])
             .env("PLUMBER_PROCESSOR", processor_binary())
             .env("RUST_LOG", "info,librdkafka=warn")
@@ -134,9 +139,16 @@ impl Daemon {
         response.body_mut().read_json().unwrap()
     }
 
+    /// A signed webhook (an unsigned one would only fetch).
     fn hook(&self, event: &str, body: &str) -> u16 {
+        use hmac::Mac as _;
+        let mut mac =
+            hmac::Hmac::<sha2::Sha256>::new_from_slice(WEBHOOK_SECRET.as_bytes()).unwrap();
+        mac.update(body.as_bytes());
+        let signature = format!("sha256={}", hex::encode(mac.finalize().into_bytes()));
         ureq::post(&format!("{}/hooks/git", self.api))
             .header("x-github-event", event)
+            .header("x-hub-signature-256", &signature)
             .send(body)
             .unwrap()
             .status()

@@ -16,12 +16,12 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::daemon::Harness;
 use common::{TestRepo, remove, write};
 use git2::Oid;
+use plumber::daemon::Context;
 use plumber::daemon::plans::{PlanChange, RefPlan, note_fingerprint};
-use plumber::daemon::{Context, Daemon, DaemonConfig};
 use plumber::plan::{Action, Change, Deployment};
-use plumber::runtime::local::{LocalConfig, LocalRuntime};
 use plumber::store::TopologyRecord;
 use plumber_testkit::{Process, wait_until};
 
@@ -74,61 +74,8 @@ fn branch(repo: &TestRepo, name: &str, at: Oid) {
         .unwrap();
 }
 
-/// The daemon's pieces on a local repository: no Kafka (its admin never answers), so no
-/// cutover moves anything; what runs is what [`Harness::deploy`] saves.
-struct Harness {
-    daemon: Daemon,
-    _state: tempfile::TempDir,
-}
-
+/// [`Harness`] with what a test of plans asks of it.
 impl Harness {
-    fn start(location: &str, configure: impl FnOnce(&mut DaemonConfig)) -> Harness {
-        Harness::start_with(location, configure, |_| {})
-    }
-
-    /// With `before` run on the context before the daemon starts (what runs, saved).
-    fn start_with(
-        location: &str,
-        configure: impl FnOnce(&mut DaemonConfig),
-        before: impl FnOnce(&Context),
-    ) -> Harness {
-        let state = tempfile::tempdir().unwrap();
-        let mut config = DaemonConfig::new(location, state.path().join("state"));
-        config.listen = "127.0.0.1:0".parse().unwrap();
-        config.poll_interval = Duration::from_millis(500);
-        configure(&mut config);
-        let runtime = Arc::new(
-            LocalRuntime::open(
-                &config.state_dir,
-                LocalConfig {
-                    checkouts: plumber::store::checkouts_dir(&config.state_dir),
-                    ..LocalConfig::default()
-                },
-            )
-            .unwrap(),
-        );
-        let context = Context::with_admin(
-            config,
-            runtime,
-            Box::new(|cluster| {
-                Err(plumber::kafka::Error::NoAnswer {
-                    bootstrap: cluster.bootstrap.clone(),
-                })
-            }),
-        )
-        .unwrap();
-        before(&context);
-        let daemon = Daemon::start(context).unwrap();
-        Harness {
-            daemon,
-            _state: state,
-        }
-    }
-
-    fn context(&self) -> &Arc<Context> {
-        self.daemon.context()
-    }
-
     fn plan(&self, name: &str) -> Option<Arc<RefPlan>> {
         self.context().plans.get(name)
     }
@@ -595,7 +542,7 @@ fn a_remote_repository_mirrors_pull_request_refs_and_gets_its_notes_pushed() {
         "only the watched patterns"
     );
     let mirror =
-        git2::Repository::open_bare(harness._state.path().join("state/mirror.git")).unwrap();
+        git2::Repository::open_bare(harness.state.path().join("state/mirror.git")).unwrap();
     assert_eq!(
         note(&mirror, &plan.head).as_deref(),
         Some(plan.markdown.as_str())
@@ -717,7 +664,7 @@ fn plumber_up_serves_plans_over_http_with_markdown_errors_and_events() {
     let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
     stream
         .write_all(
-            b"GET /api/events HTTP/1.1\r\nHost: plumber\r\nAccept: text/event-stream\r\n\r\n",
+            b"GET /api/events HTTP/1.1\r\nHost: localhost\r\nAccept: text/event-stream\r\n\r\n",
         )
         .unwrap();
     stream.set_read_timeout(Some(PATIENCE)).unwrap();

@@ -1,33 +1,30 @@
-//! The daemon's HTTP API (SPEC §6): `GET /healthz`, `GET /metrics`, `GET /api/status`,
-//! `GET /api/history`, `GET /api/plans`, `GET /api/plans/{ref}` (`?format=markdown[&limit=N]`),
-//! `GET /api/events` (Server-Sent Events, gzipped event by event for clients that accept it)
-//! and `POST /hooks/git`. Every other response is gzipped for clients that accept it too.
-//! Handlers only read the status store, the plans and the state directory; the webhook only
-//! sends a trigger.
+//! The daemon's HTTP API (SPEC §6): `GET /metrics`, `GET /api/status`, `GET /api/history`,
+//! `GET /api/plans`, `GET /api/plans/{ref}` (`?format=markdown[&limit=N]`), `GET /api/events`
+//! (Server-Sent Events, gzipped event by event for clients that accept it), `POST /hooks/git`
+//! ([`super::hooks`]) and the web page. Every other response is gzipped for clients that
+//! accept it too. Handlers only read the status store, the plans and the state directory; the
+//! webhook only sends requests.
 //!
-//! `POST /hooks/git` accepts GitHub (`X-Hub-Signature-256: sha256=HMAC`), GitLab
-//! (`X-Gitlab-Token: SECRET`) and generic (`X-Plumber-Signature: sha256=HMAC`) pushes. With a
-//! secret configured, a request without a valid signature or token gets 401; without one, any
-//! request triggers a fetch (the fetch itself is harmless). A pull-request event (GitHub
-//! `pull_request` opened/synchronize/reopened, GitLab `Merge Request Hook` open/update/reopen)
-//! also has that pull request's plan published on the forge again, and a verified close or
-//! merge stops its publication (see [`super::publish`]).
+//! The answers are made on a runtime of their own (the `api` thread); connections, their
+//! limits and `GET /healthz` are the listener's, on its own thread ([`super::listener`]).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::sync::mpsc::Sender;
+use std::time::Duration;
 
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode, header};
-use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use futures::StreamExt as _;
-use hmac::{Hmac, Mac};
-use sha2::Sha256;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use super::health::Kind;
+use super::hooks::Hooks;
+use super::listener::{Front, ListenerMetrics, Throttle};
 use super::{Context, Error, Trigger};
 
 #[derive(Clone)]
@@ -37,31 +34,51 @@ struct Api {
     /// Turns true when the server stops: event streams end, so the graceful shutdown does not
     /// wait for their clients.
     stopping: tokio::sync::watch::Receiver<bool>,
+    /// One permit per event stream client.
+    streams: Arc<Semaphore>,
+    streams_warning: Arc<Throttle>,
+    hooks: Arc<Hooks>,
 }
 
-/// The API server, on its own thread with a small tokio runtime.
+impl Api {
+    fn metrics(&self) -> &ListenerMetrics {
+        &self.context.store.metrics.listener
+    }
+}
+
+/// The API server: the listener's thread and the API's.
 pub struct Server {
     pub addr: SocketAddr,
-    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
-    streams: tokio::sync::watch::Sender<bool>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    /// Turns true to stop: the listener accepts no more connections and lets each finish
+    /// its answer, and event streams end.
+    stop: tokio::sync::watch::Sender<bool>,
+    listener: Option<std::thread::JoinHandle<()>>,
+    api: Option<(
+        tokio::sync::oneshot::Sender<()>,
+        std::thread::JoinHandle<()>,
+    )>,
 }
+
+/// How long a stopping listener lets connections finish the answer in hand.
+const GRACE: Duration = Duration::from_secs(5);
 
 impl Server {
     pub fn start(context: Arc<Context>, triggers: Sender<Trigger>) -> Result<Server, Error> {
         let addr = context.config.listen;
+        let limits = context.config.listener.clone();
         let listen_error = |source| Error::Listen { addr, source };
         let listener = std::net::TcpListener::bind(addr).map_err(listen_error)?;
         listener.set_nonblocking(true).map_err(listen_error)?;
         let bound = listener.local_addr().map_err(listen_error)?;
-        let (streams, stopping) = tokio::sync::watch::channel(false);
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(listen_error)?;
-        let feeding = context.clone();
+        let (stop, stopping) = tokio::sync::watch::channel(false);
+        let runtime = || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(listen_error)
+        };
+        let (api_runtime, front_runtime) = (runtime()?, runtime()?);
         let app = Router::new()
-            .route("/healthz", get(|| async { "ok\n" }))
             .route("/metrics", get(metrics))
             .route("/api/status", get(status))
             .route("/api/history", get(history))
@@ -74,48 +91,61 @@ impl Server {
             // predicate leaves `text/event-stream` alone; `events` gzips it itself).
             .layer(tower_http::compression::CompressionLayer::new())
             .with_state(Api {
-                context,
+                context: context.clone(),
                 triggers,
                 stopping: stopping.clone(),
+                streams: Arc::new(Semaphore::new(limits.max_event_streams)),
+                streams_warning: Arc::default(),
+                hooks: Arc::new(Hooks::new(limits.max_webhook_body, limits.header_timeout)),
             });
-        let (shutdown, stopped) = tokio::sync::oneshot::channel::<()>();
-        let thread = std::thread::Builder::new()
-            .name("api".into())
+        let front = Arc::new(Front::new(
+            limits,
+            bound,
+            context.config.public_url.as_deref(),
+            context.threads.clone(),
+            context.store.metrics.listener.clone(),
+            api_runtime.handle().clone(),
+            app,
+        ));
+
+        let (api_stop, api_stopped) = tokio::sync::oneshot::channel::<()>();
+        let api = super::spawn(&context.threads, "api", Kind::Essential, {
+            let (context, stopping) = (context.clone(), stopping.clone());
+            move || {
+                api_runtime.block_on(async move {
+                    tokio::spawn(feed_events(context, stopping));
+                    let _ = api_stopped.await;
+                });
+            }
+        })?;
+        // Not among the threads health watches: when it dies, nothing answers `/healthz`.
+        let listening = std::thread::Builder::new()
+            .name("listener".into())
             .spawn(move || {
-                runtime.block_on(async move {
-                    let listener = match tokio::net::TcpListener::from_std(listener) {
-                        Ok(listener) => listener,
-                        Err(error) => {
-                            tracing::error!(%error, "cannot serve the API");
-                            return;
-                        }
-                    };
-                    tokio::spawn(feed_events(feeding, stopping));
-                    let served = axum::serve(listener, app)
-                        .with_graceful_shutdown(async {
-                            let _ = stopped.await;
-                        })
-                        .await;
-                    if let Err(error) = served {
-                        tracing::error!(%error, "the API server failed");
+                front_runtime.block_on(async move {
+                    match tokio::net::TcpListener::from_std(listener) {
+                        Ok(listener) => front.accept(listener, stopping, GRACE).await,
+                        Err(error) => tracing::error!(%error, "cannot serve the API"),
                     }
                 });
             })
             .map_err(listen_error)?;
         Ok(Server {
             addr: bound,
-            shutdown: Some(shutdown),
-            streams,
-            thread: Some(thread),
+            stop,
+            listener: Some(listening),
+            api: Some((api_stop, api)),
         })
     }
 
     pub fn stop(mut self) {
-        let _ = self.streams.send(true);
-        if let Some(shutdown) = self.shutdown.take() {
-            let _ = shutdown.send(());
+        // Event streams end (with their gzip trailers) while connections finish.
+        let _ = self.stop.send(true);
+        if let Some(listener) = self.listener.take() {
+            let _ = listener.join();
         }
-        if let Some(thread) = self.thread.take() {
+        if let Some((stop, thread)) = self.api.take() {
+            let _ = stop.send(());
             let _ = thread.join();
         }
     }
@@ -210,44 +240,64 @@ async fn plan_of(
 }
 
 /// Server-Sent Events ([`super::events`]): the newest status at once (with the delay an
-/// EventSource waits before reconnecting), then every event in order. A client that fell
-/// behind gets the newest status and a `resync` (read history and plans again).
+/// EventSource waits before reconnecting), then every event in order, and a comment when
+/// nothing was sent for a while. A client that fell behind gets the newest status and a
+/// `resync` (read history and plans again). At most `max_event_streams` clients at once.
 async fn events(State(api): State<Api>, headers: HeaderMap) -> Response {
-    let (first, receiver) = api.context.events.subscribe(&api.context.store);
-    let context = api.context.clone();
-    let mut stopping = api.stopping.clone();
-    let first_id = first.id;
-    let first = std::iter::once(sse(&first).retry(RECONNECT));
-    let rest = futures::stream::unfold((receiver, first_id), move |(mut receiver, last)| {
-        let context = context.clone();
-        async move {
-            match receiver.recv().await {
-                Ok(event) => Some((vec![sse(&event)], (receiver, event.id))),
-                Err(tokio::sync::broadcast::error::RecvError::Lagged(missed)) => {
-                    tracing::debug!(missed, "an event stream's client fell behind");
-                    let status = context.events.snapshot(&context.store, last);
-                    let resync = Event::default().event("resync").data("{}");
-                    Some((vec![sse(&status), resync], (receiver, last)))
-                }
-                Err(tokio::sync::broadcast::error::RecvError::Closed) => None,
-            }
+    let Ok(permit) = api.streams.clone().try_acquire_owned() else {
+        let limit = api.context.config.listener.max_event_streams;
+        api.metrics().refuse("max-event-streams");
+        if let Some(left_out) = api.streams_warning.allow() {
+            tracing::warn!(
+                max_event_streams = limit,
+                left_out,
+                "event stream refused: its maximum of clients is connected \
+                 (--max-event-streams, listener.maxEventStreams)"
+            );
         }
-    })
-    .flat_map(futures::stream::iter);
-    let stream = futures::stream::iter(first)
-        .chain(rest)
-        .map(Ok::<_, std::convert::Infallible>)
-        .take_until(async move {
-            let _ = stopping.wait_for(|stop| *stop).await;
-        });
-    let response = Sse::new(stream)
-        .keep_alive(KeepAlive::default())
-        .into_response();
-    if accepts_gzip(&headers) {
-        gzip_events(response)
-    } else {
-        response
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(header::RETRY_AFTER, "2")],
+            format!(
+                "the daemon serves {limit} event streams at once (--max-event-streams, \
+                 listener.maxEventStreams); try again later\n"
+            ),
+        )
+            .into_response();
+    };
+    let (first, receiver) = api.context.events.subscribe(&api.context.store);
+    let gzip = accepts_gzip(&headers);
+    // One piece: each event travels as one chunk, as clients that read the wire expect.
+    let mut opening = format!("retry: {}\n", RECONNECT.as_millis()).into_bytes();
+    opening.extend_from_slice(&first.frame());
+    let opening = Bytes::from(opening);
+    let stream = Stream {
+        opening: Some(opening),
+        receiver,
+        last: first.id,
+        context: api.context.clone(),
+        stopping: api.stopping.clone(),
+        keep_alive: keep_alive(api.context.config.listener.idle_timeout),
+        gzip: gzip.then(Gzip::new),
+        ended: false,
+        _slot: Slot::take(permit, api.metrics().event_streams.clone()),
+    };
+    let body = futures::stream::unfold(stream, |mut stream| async move {
+        let next = stream.next().await?;
+        Some((next, stream))
+    });
+    let mut response = axum::body::Body::from_stream(body).into_response();
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    if gzip {
+        headers.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+        headers.insert(header::VARY, HeaderValue::from_static("accept-encoding"));
     }
+    response
 }
 
 /// Whether `Accept-Encoding` names gzip (or `*`) with a weight above zero.
@@ -267,48 +317,144 @@ fn accepts_gzip(headers: &HeaderMap) -> bool {
         })
 }
 
-/// The event stream gzipped, flushed after every event so each reaches the client whole at
-/// once. One deflate window spans the stream: a status document that differs little from the
-/// one before it (most of them) costs a small part of its size on the wire.
-fn gzip_events(response: Response) -> Response {
-    use std::io::Write as _;
-    let (mut parts, body) = response.into_parts();
-    parts.headers.insert(
-        header::CONTENT_ENCODING,
-        header::HeaderValue::from_static("gzip"),
-    );
-    parts.headers.insert(
-        header::VARY,
-        header::HeaderValue::from_static("accept-encoding"),
-    );
-    parts.headers.remove(header::CONTENT_LENGTH);
-    let encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
-    let chunks = body.into_data_stream();
-    let gzipped = futures::stream::unfold(Some((chunks, encoder)), |state| async move {
-        let (mut chunks, mut encoder) = state?;
-        let written = match chunks.next().await {
-            Some(Ok(chunk)) => encoder.write_all(&chunk).and_then(|()| encoder.flush()),
-            Some(Err(error)) => Err(std::io::Error::other(error)),
-            // The stream ended (the daemon stops): the gzip trailer ends it properly.
-            None => {
-                let last = encoder.finish();
-                return Some((last.map(Bytes::from), None));
-            }
-        };
-        let out = written.map(|()| Bytes::from(std::mem::take(encoder.get_mut())));
-        Some((out, Some((chunks, encoder))))
-    });
-    Response::from_parts(parts, axum::body::Body::from_stream(gzipped))
+/// How long a browser waits before reconnecting to a daemon that went away.
+const RECONNECT: Duration = Duration::from_secs(2);
+
+/// The longest an event stream stays silent: a comment is sent then (what proxies and the
+/// listener's idle timeout see as life).
+const KEEP_ALIVE: Duration = Duration::from_secs(15);
+
+/// Twice within the listener's idle timeout at least, so that a quiet stream is never idle.
+fn keep_alive(idle_timeout: Duration) -> Duration {
+    KEEP_ALIVE
+        .min(idle_timeout / 2)
+        .max(Duration::from_millis(100))
 }
 
-/// How long a browser waits before reconnecting to a daemon that went away.
-const RECONNECT: std::time::Duration = std::time::Duration::from_secs(2);
+/// An event stream's place among the `max_event_streams`, given back when it ends.
+struct Slot {
+    _permit: OwnedSemaphorePermit,
+    gauge: prometheus_client::metrics::gauge::Gauge,
+}
 
-fn sse(event: &super::events::Outgoing) -> Event {
-    Event::default()
-        .id(event.id.to_string())
-        .event(event.kind)
-        .data(&event.data)
+impl Slot {
+    fn take(permit: OwnedSemaphorePermit, gauge: prometheus_client::metrics::gauge::Gauge) -> Slot {
+        gauge.inc();
+        Slot {
+            _permit: permit,
+            gauge,
+        }
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.gauge.dec();
+    }
+}
+
+/// One client's event stream. What it holds: its place, its receiver (the events it has not
+/// read are the channel's, shared by every client) and, gzipped, one deflate window over the
+/// whole stream; the listener takes the next piece only once the client took the last.
+struct Stream {
+    /// The status as it was at connection, with the reconnection delay.
+    opening: Option<Bytes>,
+    receiver: tokio::sync::broadcast::Receiver<Arc<super::events::Outgoing>>,
+    /// The id of the last event sent.
+    last: u64,
+    context: Arc<Context>,
+    stopping: tokio::sync::watch::Receiver<bool>,
+    keep_alive: Duration,
+    gzip: Option<Gzip>,
+    ended: bool,
+    _slot: Slot,
+}
+
+impl Stream {
+    /// The next event (gzipped: what the deflate stream gave for it, flushed); `None` once
+    /// the stream ended.
+    async fn next(&mut self) -> Option<std::io::Result<Bytes>> {
+        use tokio::sync::broadcast::error::RecvError;
+        if self.ended {
+            return None;
+        }
+        enum Next {
+            Event(Arc<super::events::Outgoing>),
+            Lagged(u64),
+            Quiet,
+            End,
+        }
+        let frame = match self.opening.take() {
+            Some(opening) => opening,
+            None => {
+                let next = tokio::select! {
+                    received = self.receiver.recv() => match received {
+                        Ok(event) => Next::Event(event),
+                        Err(RecvError::Lagged(missed)) => Next::Lagged(missed),
+                        Err(RecvError::Closed) => Next::End,
+                    },
+                    () = tokio::time::sleep(self.keep_alive) => Next::Quiet,
+                    _ = self.stopping.wait_for(|stop| *stop) => Next::End,
+                };
+                match next {
+                    Next::Event(event) => {
+                        self.last = event.id;
+                        event.frame()
+                    }
+                    Next::Lagged(missed) => {
+                        tracing::debug!(missed, "an event stream's client fell behind");
+                        let status = self.context.events.snapshot(&self.context.store, self.last);
+                        let mut resync = status.frame().to_vec();
+                        resync.extend_from_slice(b"event: resync\ndata: {}\n\n");
+                        Bytes::from(resync)
+                    }
+                    Next::Quiet => Bytes::from_static(b":\n\n"),
+                    Next::End => return self.end(),
+                }
+            }
+        };
+        Some(self.encode(frame))
+    }
+
+    /// The daemon stops: a gzipped stream ends with its trailer.
+    fn end(&mut self) -> Option<std::io::Result<Bytes>> {
+        self.ended = true;
+        Some(self.gzip.take()?.finish())
+    }
+
+    fn encode(&mut self, frame: Bytes) -> std::io::Result<Bytes> {
+        match &mut self.gzip {
+            None => Ok(frame),
+            Some(gzip) => gzip.event(&frame),
+        }
+    }
+}
+
+/// An event stream gzipped: one deflate window spans the stream, so a status document that
+/// differs little from the one before it (most of them) costs a small part of its size on
+/// the wire; flushed after every event, so each reaches the client whole at once.
+struct Gzip(flate2::write::GzEncoder<Vec<u8>>);
+
+impl Gzip {
+    fn new() -> Gzip {
+        Gzip(flate2::write::GzEncoder::new(
+            Vec::new(),
+            flate2::Compression::default(),
+        ))
+    }
+
+    /// An event, gzipped.
+    fn event(&mut self, frame: &[u8]) -> std::io::Result<Bytes> {
+        use std::io::Write as _;
+        self.0.write_all(frame)?;
+        self.0.flush()?;
+        Ok(Bytes::from(std::mem::take(self.0.get_mut())))
+    }
+
+    /// The gzip trailer (the decoder checks the stream's CRC and length with it).
+    fn finish(self) -> std::io::Result<Bytes> {
+        self.0.finish().map(Bytes::from)
+    }
 }
 
 /// Feeds the event stream: status as it is written, and the plans' changes.
@@ -340,74 +486,100 @@ async fn feed_events(context: Arc<Context>, stopping: tokio::sync::watch::Receiv
     futures::join!(plans, status);
 }
 
-async fn hook(State(api): State<Api>, headers: HeaderMap, body: Bytes) -> Response {
-    if let Some(secret) = &api.context.config.webhook_secret
-        && !authentic(secret.as_bytes(), &headers, &body)
+async fn hook(State(api): State<Api>, headers: HeaderMap, body: axum::body::Body) -> Response {
+    let outcome = |outcome: &str| {
+        api.context
+            .store
+            .metrics
+            .webhooks
+            .get_or_create(&super::status::WebhookLabel {
+                outcome: outcome.to_owned(),
+            })
+            .inc();
+    };
+    let body = match api.hooks.read(&headers, body).await {
+        Ok(body) => body,
+        Err(refusal) => {
+            api.metrics().refuse(refusal.reason());
+            tracing::warn!(
+                limit = api.context.config.listener.max_webhook_body,
+                ?refusal,
+                "webhook refused"
+            );
+            return (refusal.status(), refusal.message()).into_response();
+        }
+    };
+    let verified = match &api.context.config.webhook_secret {
+        Some(secret) if super::hooks::authentic(secret.as_bytes(), &headers, &body) => true,
+        Some(_) => {
+            outcome("refused");
+            tracing::warn!("webhook refused: missing or wrong signature");
+            return (StatusCode::UNAUTHORIZED, "missing or wrong signature\n").into_response();
+        }
+        None => false,
+    };
+    let delivery = super::hooks::delivery(&headers);
+    if let Some(delivery) = &delivery
+        && !api.hooks.first_delivery(delivery)
     {
-        tracing::warn!("webhook refused: missing or wrong signature");
-        return (StatusCode::UNAUTHORIZED, "missing or wrong signature\n").into_response();
+        outcome("duplicate");
+        tracing::info!(header = delivery.header, id = %delivery.id, "webhook delivery seen before: ignored");
+        return (StatusCode::OK, "duplicate delivery; ignored\n").into_response();
     }
-    let _ = api.triggers.send(Trigger::Webhook);
+    api.fetch();
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
-    if let Some(number) = super::publish::webhook_pull_request(header, &body) {
-        tracing::info!(
-            pull_request = number,
-            "pull-request webhook: its plan is published again"
-        );
-        api.context.publish.republish(number);
-    }
-    // Only a verified delivery may say which head a label approves: anyone can post one.
-    if api.context.config.webhook_secret.is_some()
-        && let Some(label) = &api.context.config.preview_label
-        && let Some((number, head)) = super::previews::webhook_labelled(header, &body, label)
-    {
-        api.context.previews.labelled(number, head);
-    }
-    // Only a signed webhook may stop the plans of a pull request from being published.
-    if api.context.config.webhook_secret.is_some()
-        && let Some(number) = super::publish::webhook_pull_request_closed(header, &body)
-    {
-        api.context.publish.closed(number);
-    }
-    if let Some(number) = super::publish::webhook_pull_request_changed(header, &body) {
-        // Labelled, unlabelled, closed, merged: whether its preview runs may have changed.
-        api.context.previews.look(number);
+    let republish = super::publish::webhook_pull_request(header, &body);
+    let look = super::publish::webhook_pull_request_changed(header, &body);
+    let closed = super::publish::webhook_pull_request_closed(header, &body);
+    let labelled = api
+        .context
+        .config
+        .preview_label
+        .as_ref()
+        .and_then(|label| super::previews::webhook_labelled(header, &body, label));
+    if republish.is_none() && look.is_none() && closed.is_none() && labelled.is_none() {
+        outcome("fetch");
+    } else if !verified {
+        // Anyone can post without a secret: a forge request per post would be theirs to
+        // command, and which head a label approves or whether a pull request closed theirs to
+        // say.
+        outcome("unsigned");
+        tracing::debug!(pull_request = ?look.or(republish), "unsigned pull-request webhook: fetching only (configure a webhook secret to have it publish the plan and decide the preview)");
+    } else if !api.hooks.first_body(&body) {
+        // The same signed body under a new delivery id: a replay.
+        outcome("replayed");
+        tracing::warn!(delivery = ?delivery, "a signed webhook body seen before, under a new delivery id: fetching only");
+    } else {
+        outcome("pull-request");
+        if let Some(number) = republish {
+            tracing::info!(
+                pull_request = number,
+                "pull-request webhook: its plan is published again"
+            );
+            api.context.publish.republish(number);
+        }
+        if let Some((number, head)) = labelled {
+            api.context.previews.labelled(number, head);
+        }
+        if let Some(number) = closed {
+            api.context.publish.closed(number);
+        }
+        if let Some(number) = look {
+            // Labelled, unlabelled, closed, merged: whether its preview runs may have changed.
+            api.context.previews.look(number);
+        }
     }
     (StatusCode::ACCEPTED, "fetching\n").into_response()
 }
 
-type HmacSha256 = Hmac<Sha256>;
-
-/// Whether the request carries a valid GitHub or generic signature, or GitLab token. Never
-/// with an empty secret, which anyone could sign with (`plumber up` refuses one at start).
-fn authentic(secret: &[u8], headers: &HeaderMap, body: &[u8]) -> bool {
-    if secret.is_empty() {
-        return false;
-    }
-    let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
-    let Ok(mac) = HmacSha256::new_from_slice(secret) else {
-        return false;
-    };
-    for name in ["x-hub-signature-256", "x-plumber-signature"] {
-        if let Some(signature) = text(name).and_then(|v| v.strip_prefix("sha256="))
-            && let Ok(expected) = hex::decode(signature)
-        {
-            let mut mac = mac.clone();
-            mac.update(body);
-            return mac.verify_slice(&expected).is_ok();
+impl Api {
+    /// Asks the follower for a fetch, unless one asked for is still to start: a flood of
+    /// posts queues one trigger, not one each.
+    fn fetch(&self) {
+        if !self.context.fetch_asked.swap(true, Ordering::SeqCst) {
+            let _ = self.triggers.send(Trigger::Webhook);
         }
     }
-    if let Some(token) = text("x-gitlab-token") {
-        // Compared through HMACs, so the comparison takes the same time wherever it differs.
-        let digest = |value: &[u8]| {
-            let mut mac = mac.clone();
-            mac.update(value);
-            mac
-        };
-        let expected = digest(secret).finalize().into_bytes();
-        return digest(token.as_bytes()).verify_slice(&expected).is_ok();
-    }
-    false
 }
 
 #[cfg(test)]
@@ -446,25 +618,20 @@ mod tests {
         format!("{{\"n\":{n},\"steps\":\"{filler}\"}}")
     }
 
-    #[tokio::test]
-    async fn each_gzipped_event_decodes_whole_on_arrival_and_a_similar_one_costs_little() {
+    #[test]
+    fn each_gzipped_event_decodes_whole_on_arrival_and_a_similar_one_costs_little() {
         use std::io::Write as _;
-        let (events, received) = futures::channel::mpsc::unbounded::<Event>();
-        let response =
-            gzip_events(Sse::new(received.map(Ok::<_, std::convert::Infallible>)).into_response());
-        assert_eq!(response.headers()[header::CONTENT_ENCODING], "gzip");
-        let mut body = response.into_body().into_data_stream();
+        let mut gzip = Gzip::new();
         let mut decoded = flate2::write::GzDecoder::new(Vec::new());
         let mut sizes = Vec::new();
         for n in 0..3 {
             let data = document(n, 16_000);
-            events
-                .unbounded_send(Event::default().event("status").data(&data))
+            let frame = gzip
+                .event(format!("event: status\ndata: {data}\n\n").as_bytes())
                 .unwrap();
-            // The stream stays open (nothing more is sent): what arrived must be the whole
-            // event, not the part of it a deflate block happened to hold.
-            let frame = body.next().await.unwrap().unwrap();
             sizes.push(frame.len());
+            // What arrived must be the whole event, not the part of it a deflate block
+            // happened to hold.
             decoded.write_all(&frame).unwrap();
             decoded.flush().unwrap();
             let text = String::from_utf8(decoded.get_ref().clone()).unwrap();
@@ -473,13 +640,10 @@ mod tests {
                 "event {n} arrived whole"
             );
         }
-        drop(events);
         // The end of the stream is the gzip trailer: the decoder checks its CRC and length.
-        let trailer = body.next().await.unwrap().unwrap();
-        decoded.write_all(&trailer).unwrap();
+        decoded.write_all(&gzip.finish().unwrap()).unwrap();
         let all = String::from_utf8(decoded.finish().unwrap()).unwrap();
         assert_eq!(all.matches("event: status").count(), 3);
-        assert!(body.next().await.is_none());
         // The window spans events: the second and third repeat the first but for one field,
         // and cost a small part of what the first (which compresses poorly alone) did.
         assert!(sizes[0] > 8_000, "{sizes:?}");
@@ -489,49 +653,9 @@ mod tests {
         );
     }
 
-    fn signed(secret: &[u8], body: &[u8]) -> String {
-        let mut mac = HmacSha256::new_from_slice(secret).unwrap();
-        mac.update(body);
-        format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
-    }
-
     #[test]
-    fn github_and_generic_signatures_are_checked() {
-        let body = br#"{"ref":"refs/heads/main"}"#;
-        for header in ["x-hub-signature-256", "x-plumber-signature"] {
-            let mut headers = HeaderMap::new();
-            headers.insert(
-                header,
-                HeaderValue::from_str(&signed(b"s3cret", body)).unwrap(),
-            );
-            assert!(authentic(b"s3cret", &headers, body), "{header}");
-            assert!(
-                !authentic(b"other", &headers, body),
-                "{header} with another secret"
-            );
-            assert!(
-                !authentic(b"s3cret", &headers, b"tampered"),
-                "{header} on another body"
-            );
-        }
-    }
-
-    #[test]
-    fn gitlab_tokens_and_missing_headers() {
-        let mut headers = HeaderMap::new();
-        assert!(!authentic(b"s3cret", &headers, b""));
-        headers.insert("x-gitlab-token", HeaderValue::from_static("s3cret"));
-        assert!(authentic(b"s3cret", &headers, b""));
-        headers.insert("x-gitlab-token", HeaderValue::from_static("s3cre"));
-        assert!(!authentic(b"s3cret", &headers, b""));
-        // An empty secret authenticates nothing, not even a matching empty signature.
-        headers.insert("x-gitlab-token", HeaderValue::from_static(""));
-        assert!(!authentic(b"", &headers, b""));
-        let mut signed_empty = HeaderMap::new();
-        signed_empty.insert(
-            "x-plumber-signature",
-            HeaderValue::from_str(&signed(b"", b"x")).unwrap(),
-        );
-        assert!(!authentic(b"", &signed_empty, b"x"));
+    fn a_quiet_stream_speaks_twice_within_the_idle_timeout() {
+        assert_eq!(keep_alive(Duration::from_secs(60)), KEEP_ALIVE);
+        assert_eq!(keep_alive(Duration::from_secs(4)), Duration::from_secs(2));
     }
 }

@@ -4,10 +4,14 @@
 //! `history` (a move finished: its history entry). Every event is numbered in the one order
 //! all clients see; a client that connects (or reconnects after a restart) gets the status as
 //! it is then first.
+//!
+//! An event is encoded once, for every client: its SSE lines ([`Outgoing::frame`]) are
+//! shared, so a client costs the daemon no copy of what it has not read yet.
 
 use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
+use axum::body::Bytes;
 use serde::Serialize;
 use tokio::sync::broadcast;
 
@@ -28,8 +32,38 @@ pub struct Outgoing {
     pub id: u64,
     /// `status`, `plan`, `history` or `resync`.
     pub kind: &'static str,
-    /// JSON.
-    pub data: String,
+    /// JSON on one line (serde_json writes no line breaks): a part of `frame`.
+    pub data: Bytes,
+    /// The event as Server-Sent Events lines: `id: N`, `event: KIND`, `data: JSON`, a blank
+    /// line. One piece, so that it travels as one chunk.
+    frame: Bytes,
+}
+
+impl Outgoing {
+    fn new(id: u64, kind: &'static str, data: String) -> Outgoing {
+        let head = format!("id: {id}\nevent: {kind}\ndata: ");
+        let mut frame = Vec::with_capacity(head.len() + data.len() + 2);
+        frame.extend_from_slice(head.as_bytes());
+        frame.extend_from_slice(data.as_bytes());
+        frame.extend_from_slice(b"\n\n");
+        let frame = Bytes::from(frame);
+        Outgoing {
+            id,
+            kind,
+            data: frame.slice(head.len()..frame.len() - 2),
+            frame,
+        }
+    }
+
+    /// The data as text.
+    pub fn text(&self) -> &str {
+        std::str::from_utf8(&self.data).unwrap_or_default()
+    }
+
+    /// The event as Server-Sent Events lines, sharing the event's bytes.
+    pub fn frame(&self) -> Bytes {
+        self.frame.clone()
+    }
 }
 
 /// Numbers the events and hands them to every client.
@@ -60,11 +94,7 @@ impl Events {
 
     fn send(&self, kind: &'static str, data: String) {
         let mut next = self.next.lock().unwrap_or_else(PoisonError::into_inner);
-        let event = Arc::new(Outgoing {
-            id: *next,
-            kind,
-            data,
-        });
+        let event = Arc::new(Outgoing::new(*next, kind, data));
         *next += 1;
         // No receiver (no page open) is no error.
         let _ = self.sender.send(event);
@@ -82,14 +112,11 @@ impl Events {
     /// The status as it is now, for a client that fell behind (numbered as the last event
     /// it was sent).
     pub fn snapshot(&self, store: &Store, id: u64) -> Outgoing {
-        Outgoing {
-            id,
-            kind: "status",
-            data: serde_json::to_string(&*store.read()).unwrap_or_else(|error| {
-                tracing::warn!(%error, "cannot encode the status");
-                "{}".into()
-            }),
-        }
+        let data = serde_json::to_string(&*store.read()).unwrap_or_else(|error| {
+            tracing::warn!(%error, "cannot encode the status");
+            "{}".into()
+        });
+        Outgoing::new(id, "status", data)
     }
 
     /// Sends `status` events as the store is written, at most one per `interval`, never the
@@ -176,7 +203,7 @@ mod tests {
                     .expect("the last write's status arrives")
                     .unwrap();
                 seen.push(event.clone());
-                if event.kind == "status" && event.data.contains("\"b1999\"") {
+                if event.kind == "status" && event.text().contains("\"b1999\"") {
                     break event;
                 }
             };

@@ -28,6 +28,10 @@ pub(super) fn follow(context: &Arc<Context>, receiver: &Receiver<Trigger>) {
         if burst.contains(&Trigger::Shutdown) || context.is_stopping() {
             break;
         }
+        // Webhooks from now on ask for the next fetch.
+        context
+            .fetch_asked
+            .store(false, std::sync::atomic::Ordering::SeqCst);
         workers.retain(|_, w| !w.is_finished());
         tracing::debug!(triggers = ?burst, "looking at the branch");
         let looked = newest_valid(context, &mut followed);

@@ -13,6 +13,9 @@
 pub mod api;
 pub mod events;
 mod follow;
+pub mod health;
+pub mod hooks;
+pub mod listener;
 mod mailbox;
 mod observe;
 pub mod plans;
@@ -38,6 +41,8 @@ use crate::cutover::{self, CutoverConfig};
 use crate::kafka::{Admin, KafkaAdmin};
 use crate::runtime::{Cluster, Delivery, Runtime};
 use crate::store::{CutoverStore, StateDir};
+use health::Kind;
+pub use listener::ListenerConfig;
 pub use revisions::{Revision, Revisions};
 use status::{HistoryShown, Store};
 pub use watch::{GitAuth, Source, Trigger};
@@ -49,6 +54,8 @@ pub struct DaemonConfig {
     pub branch: String,
     pub state_dir: PathBuf,
     pub listen: SocketAddr,
+    /// What the listener holds at most: connections, time, event streams, webhook bodies.
+    pub listener: ListenerConfig,
     /// Overrides every cluster's bootstrap servers (`plumber up --bootstrap`).
     pub bootstrap: Option<String>,
     /// The credentials of the clusters that have some, one librdkafka property per file
@@ -124,6 +131,7 @@ impl DaemonConfig {
             branch: "main".into(),
             state_dir,
             listen: SocketAddr::from(([127, 0, 0, 1], 7878)),
+            listener: ListenerConfig::default(),
             bootstrap: None,
             kafka_credentials: None,
             credential_dirs: BTreeMap::new(),
@@ -297,6 +305,10 @@ pub struct Context {
     pub publish: publish::Requests,
     /// Asks the previews thread to decide a pull request's preview again (webhooks).
     pub previews: previews::Requests,
+    /// The daemon's threads, for `GET /healthz`.
+    pub threads: Arc<health::Threads>,
+    /// A webhook asked for a fetch that has not started yet (later ones need not ask again).
+    fetch_asked: AtomicBool,
     connect: Box<Connect>,
     /// Per use and cluster: the cutover engine and the observer have clients of their own,
     /// so the observer's many lag reads (tansu answers each in up to seconds under load)
@@ -391,6 +403,8 @@ impl Context {
             events: Arc::new(events::Events::default()),
             publish: publish::Requests::default(),
             previews: previews::Requests::default(),
+            threads: Arc::default(),
+            fetch_asked: AtomicBool::new(false),
             connect,
             admins: Mutex::new(BTreeMap::new()),
             deliveries: Mutex::new(BTreeMap::new()),
@@ -532,7 +546,14 @@ impl Daemon {
         let api = api::Server::start(context.clone(), triggers.clone())?;
         let listening = api.addr;
         let watcher = context.revisions.source().watch(triggers.clone())?;
-        let follower = spawn("follow", {
+        if context.config.forge.is_some() && context.config.webhook_secret.is_none() {
+            tracing::warn!(
+                "no webhook secret: POST /hooks/git accepts anyone's posts, so a webhook only \
+                 fetches; pull-request webhooks neither publish plans again nor decide previews \
+                 (give --webhook-secret-file, or webhook.secretFile in the daemon's configuration)"
+            );
+        }
+        let follower = spawn(&context.threads, "follow", Kind::Essential, {
             let context = context.clone();
             move || {
                 // The watcher lives as long as the loop.
@@ -540,12 +561,12 @@ impl Daemon {
                 follow::follow(&context, &receiver);
             }
         })?;
-        let observer = spawn("observe", {
+        let observer = spawn(&context.threads, "observe", Kind::Essential, {
             let context = context.clone();
             move || observe::observe_loop(&context)
         })?;
         let wake_planner = context.plans.receiver();
-        let planner = spawn("plans", {
+        let planner = spawn(&context.threads, "plans", Kind::Essential, {
             let context = context.clone();
             move || plans::run(&context, &wake_planner)
         })?;
@@ -571,6 +592,7 @@ impl Daemon {
     /// Stops reconciling: the action in hand finishes and is saved (the next start goes on
     /// from there). Processors keep running; the caller decides about them.
     pub fn shutdown(&mut self) {
+        self.context.threads.stop();
         self.context.stopping.store(true, Ordering::SeqCst);
         let _ = self.triggers.send(Trigger::Shutdown);
         if let Some(follower) = self.follower.take() {
@@ -598,10 +620,21 @@ impl Drop for Daemon {
     }
 }
 
-fn spawn(name: &str, body: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>, Error> {
+/// Starts a thread of the daemon, which `GET /healthz` watches from now on.
+fn spawn(
+    threads: &Arc<health::Threads>,
+    name: &str,
+    kind: Kind,
+    body: impl FnOnce() + Send + 'static,
+) -> Result<JoinHandle<()>, Error> {
+    let alive = threads.enter(name, kind);
     std::thread::Builder::new()
         .name(name.into())
-        .spawn(body)
+        .spawn(move || {
+            // Dropped as the thread ends, panicking or not.
+            let _alive = alive;
+            body();
+        })
         .map_err(|source| Error::Thread {
             name: name.into(),
             source,

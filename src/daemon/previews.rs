@@ -412,25 +412,30 @@ pub(super) fn start(context: &Arc<Context>) -> Result<Option<Running>, Error> {
     let events = context.plans.subscribe();
     let requests = context.previews.mailbox.attach();
     tracing::info!(label = %label, "preview environments for pull requests labelled so");
-    let thread = super::spawn("previews", {
-        let context = context.clone();
-        move || {
-            let mut previews = Previews {
-                context,
-                forge,
-                label,
-                environments: BTreeMap::new(),
-                wanted: BTreeSet::new(),
-                approvals: BTreeMap::new(),
-                heads: BTreeMap::new(),
-                notes: BTreeMap::new(),
-                to_delete: BTreeMap::new(),
-                groups_to_delete: BTreeMap::new(),
-                to_forget: ForgetQueue::default(),
-            };
-            previews.run(events, requests);
-        }
-    })?;
+    let thread = super::spawn(
+        &context.threads,
+        "previews",
+        super::health::Kind::Essential,
+        {
+            let context = context.clone();
+            move || {
+                let mut previews = Previews {
+                    context,
+                    forge,
+                    label,
+                    environments: BTreeMap::new(),
+                    wanted: BTreeSet::new(),
+                    approvals: BTreeMap::new(),
+                    heads: BTreeMap::new(),
+                    notes: BTreeMap::new(),
+                    to_delete: BTreeMap::new(),
+                    groups_to_delete: BTreeMap::new(),
+                    to_forget: ForgetQueue::default(),
+                };
+                previews.run(events, requests);
+            }
+        },
+    )?;
     Ok(Some(Running {
         thread: Some(thread),
         clock,

@@ -809,10 +809,15 @@ pub(super) fn start(context: &Arc<Context>) -> Result<Option<Running>, Error> {
     let events = context.plans.subscribe();
     let requests = context.publish.mailbox.attach();
     tracing::info!(forge = %config.kind, url = %config.api_url(), repo = %config.repo, "publishing plans on the forge");
-    let thread = super::spawn("publish", {
-        let context = context.clone();
-        move || run(&context, forge, events, requests)
-    })?;
+    let thread = super::spawn(
+        &context.threads,
+        "publish",
+        super::health::Kind::Essential,
+        {
+            let context = context.clone();
+            move || run(&context, forge, events, requests)
+        },
+    )?;
     Ok(Some(Running {
         thread: Some(thread),
         clock,

@@ -319,6 +319,11 @@ pub struct VerdictLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WebhookLabel {
+    pub outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabels {
     pub topology: String,
     pub outcome: String,
@@ -346,6 +351,9 @@ pub struct Metrics {
     pub records_dead_lettered: Family<StepLabels, Counter>,
     pub forge_publications: Counter,
     pub forge_publish_failures: Counter,
+    /// `POST /hooks/git` deliveries by what they did ([`super::hooks`]).
+    pub webhooks: Family<WebhookLabel, Counter>,
+    pub listener: super::listener::ListenerMetrics,
 }
 
 impl Default for Metrics {
@@ -445,8 +453,18 @@ impl Default for Metrics {
             "Commit statuses and plan comments the forge did not take, after retries",
             forge_publish_failures.clone(),
         );
+        let webhooks = Family::<WebhookLabel, Counter>::default();
+        registry.register(
+            "webhooks",
+            "POST /hooks/git deliveries by outcome: fetch (not a pull-request event), pull-request (verified: fetch, plan published, preview decided), unsigned (a pull-request event without a webhook secret: fetch only), replayed (a verified body seen before: fetch only), duplicate (a delivery id seen before: nothing), refused (a wrong signature)",
+            webhooks.clone(),
+        );
+        let listener = super::listener::ListenerMetrics::default();
+        listener.register(&mut registry);
         Metrics {
             registry: Arc::new(registry),
+            webhooks,
+            listener,
             commits_seen,
             invalid_commits,
             untrusted_commits,

@@ -29,10 +29,14 @@ impl Worker {
     pub(super) fn spawn(name: &str, context: &Arc<Context>) -> Result<Worker, Error> {
         let slot = Arc::new((Mutex::new(Slot::default()), Condvar::new()));
         let handle = {
+            let threads = &context.threads;
             let (name, context, slot) = (name.to_owned(), context.clone(), slot.clone());
-            super::spawn(&format!("topology-{name}"), move || {
-                work(&name, &context, &slot)
-            })?
+            super::spawn(
+                threads,
+                &format!("topology-{name}"),
+                super::health::Kind::Transient,
+                move || work(&name, &context, &slot),
+            )?
         };
         Ok(Worker { slot, handle })
     }

@@ -1,6 +1,8 @@
 //! Real git repositories in temporary directories, with real commits made through git2.
 #![allow(dead_code)] // each test binary uses a different part
 
+pub mod daemon;
+
 use std::path::{Path, PathBuf};
 
 use git2::build::TreeUpdateBuilder;

@@ -23,6 +23,13 @@
 //! images:
 //!   processor: ghcr.io/plumber-dev/plumber-processor:0.1.0
 //! listen: 0.0.0.0:7878
+//! listener:                      # what the HTTP listener holds at most (defaults shown)
+//!   maxConnections: 512
+//!   headerTimeout: 10s
+//!   idleTimeout: 60s
+//!   maxEventStreams: 64
+//!   maxWebhookBody: 2097152      # bytes
+//!   allowedHosts: []             # names besides IP addresses and localhost; checked when given
 //! cacheDir: /var/lib/plumber     # the git mirror and checkouts (an emptyDir)
 //! forge:                         # plans on pull requests (SPEC §9); absent: none
 //!   kind: github                 # or gitlab
@@ -85,7 +92,11 @@ pub struct Config {
     /// default, since probes and the Service reach the pod on its own address.
     #[serde(default = "default_listen")]
     pub listen: SocketAddr,
-    /// Verification of `POST /hooks/git`; absent: unsigned webhooks are accepted.
+    /// What the HTTP listener holds at most (as `plumber up`'s flags); absent: the defaults.
+    #[serde(default)]
+    pub listener: Listener,
+    /// Verification of `POST /hooks/git`; absent: unsigned webhooks are accepted, and only
+    /// fetch.
     #[serde(default)]
     pub webhook: Option<Webhook>,
     /// Where the daemon keeps its git mirror and checkouts: a cache, rebuilt after a restart
@@ -294,6 +305,60 @@ impl PullPolicy {
     }
 }
 
+/// The limits of the HTTP listener ([`crate::daemon::ListenerConfig`]).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct Listener {
+    /// Connections open at once; past it, a connection is answered 503 (`/healthz` still
+    /// answers) and closed.
+    pub max_connections: usize,
+    /// The time a client has to send a request's head (and a webhook's body).
+    #[serde(deserialize_with = "duration")]
+    pub header_timeout: Duration,
+    /// A connection on which nothing moved for this long is closed.
+    #[serde(deserialize_with = "duration")]
+    pub idle_timeout: Duration,
+    /// `GET /api/events` clients at once.
+    pub max_event_streams: usize,
+    /// The largest webhook body, in bytes.
+    pub max_webhook_body: usize,
+    /// Names the daemon is reached by (its Ingress's, the Service's) besides IP addresses and
+    /// `localhost`; when given, requests by any other name are refused (DNS rebinding).
+    pub allowed_hosts: Vec<String>,
+}
+
+impl Default for Listener {
+    fn default() -> Self {
+        Listener::from(crate::daemon::ListenerConfig::default())
+    }
+}
+
+impl From<crate::daemon::ListenerConfig> for Listener {
+    fn from(config: crate::daemon::ListenerConfig) -> Self {
+        Listener {
+            max_connections: config.max_connections,
+            header_timeout: config.header_timeout,
+            idle_timeout: config.idle_timeout,
+            max_event_streams: config.max_event_streams,
+            max_webhook_body: config.max_webhook_body,
+            allowed_hosts: config.allowed_hosts,
+        }
+    }
+}
+
+impl From<&Listener> for crate::daemon::ListenerConfig {
+    fn from(listener: &Listener) -> Self {
+        crate::daemon::ListenerConfig {
+            max_connections: listener.max_connections,
+            header_timeout: listener.header_timeout,
+            idle_timeout: listener.idle_timeout,
+            max_event_streams: listener.max_event_streams,
+            max_webhook_body: listener.max_webhook_body,
+            allowed_hosts: listener.allowed_hosts.clone(),
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Webhook {
@@ -419,6 +484,28 @@ impl Config {
                     problem,
                 ));
             }
+        }
+        let listener = &self.listener;
+        for (field, zero) in [
+            ("listener.maxConnections", listener.max_connections == 0),
+            ("listener.maxEventStreams", listener.max_event_streams == 0),
+            ("listener.maxWebhookBody", listener.max_webhook_body == 0),
+            ("listener.headerTimeout", listener.header_timeout.is_zero()),
+            ("listener.idleTimeout", listener.idle_timeout.is_zero()),
+        ] {
+            if zero {
+                return Err(invalid(field, "must be more than 0".into()));
+            }
+        }
+        if let Some(name) = listener
+            .allowed_hosts
+            .iter()
+            .find(|name| name.is_empty() || name.contains([':', '/', ' ']))
+        {
+            return Err(invalid(
+                "listener.allowedHosts",
+                format!("`{name}` is not a host name (no port, no scheme)"),
+            ));
         }
         let kafka_secrets: Vec<&str> = self
             .kafka
@@ -563,6 +650,10 @@ images: { processor: 'plumber-processor:dev' }
         assert!(!config.repository.push_notes);
         assert!(config.forge.is_none());
         assert!(config.trusted_keys.is_none());
+        assert_eq!(
+            crate::daemon::ListenerConfig::from(&config.listener),
+            crate::daemon::ListenerConfig::default()
+        );
         Ok(())
     }
 
@@ -588,6 +679,13 @@ kafka:
       credentials: { secret: kafka-user, dir: /var/run/secrets/plumber/kafka/default }
 images: { processor: 'registry.example/plumber-processor:1', pullPolicy: IfNotPresent }
 listen: 127.0.0.1:8080
+listener:
+  maxConnections: 100
+  headerTimeout: 5s
+  idleTimeout: 2m
+  maxEventStreams: 8
+  maxWebhookBody: 65536
+  allowedHosts: [plumber.example]
 webhook: { secretFile: /var/run/secrets/plumber/webhook/secret }
 cacheDir: /cache
 forge:
@@ -619,6 +717,17 @@ previewLabel: preview
         );
         assert_eq!(config.images.pull_policy, Some(PullPolicy::IfNotPresent));
         assert_eq!(config.listen.port(), 8080);
+        assert_eq!(
+            crate::daemon::ListenerConfig::from(&config.listener),
+            crate::daemon::ListenerConfig {
+                max_connections: 100,
+                header_timeout: Duration::from_secs(5),
+                idle_timeout: Duration::from_secs(120),
+                max_event_streams: 8,
+                max_webhook_body: 65536,
+                allowed_hosts: vec!["plumber.example".into()],
+            }
+        );
         assert_eq!(config.cache_dir, Path::new("/cache"));
         let forge = config
             .forge
@@ -718,6 +827,20 @@ previewLabel: preview
                 "repository: { url: 'https://git.example/t.git', watchRefs: ['heads/*'] }"
             )),
             "repository.watchRefs"
+        );
+        assert_eq!(
+            invalid_field(&format!("{MINIMAL}listener: {{ maxConnections: 0 }}\n")),
+            "listener.maxConnections"
+        );
+        assert_eq!(
+            invalid_field(&format!("{MINIMAL}listener: {{ idleTimeout: 0s }}\n")),
+            "listener.idleTimeout"
+        );
+        assert_eq!(
+            invalid_field(&format!(
+                "{MINIMAL}listener: {{ allowedHosts: ['plumber.example:443'] }}\n"
+            )),
+            "listener.allowedHosts"
         );
         assert_eq!(
             invalid_field(&format!("{MINIMAL}stepSecrets: [scoring, plumber-forge]\n")),
