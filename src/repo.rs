@@ -584,7 +584,7 @@ impl Repository {
     /// and submodules are skipped); an entry whose name is not a plain file name refuses the
     /// checkout, and the budget's `checkout_bytes` bounds what is written, checked before
     /// anything is. Each file is written whole and renamed into place, and a directory is
-    /// recorded complete only once all its files are (in [`CHECKOUT_INDEX`]): a crash never
+    /// recorded complete only once all its files are (in `.plumber-checkout`): a crash never
     /// leaves a checkout that looks done, and directories asked for later are added.
     pub fn checkout(&self, commit: Oid, dirs: &BTreeSet<String>, dest: &Path) -> Result<()> {
         let read = |what: &str, source| Error::Read {

@@ -140,7 +140,7 @@ impl ListenerMetrics {
     }
 }
 
-/// Logs a warning at most once per [`WARN_EVERY`], counting what it left out.
+/// Logs a warning at most once per `WARN_EVERY`, counting what it left out.
 #[derive(Default)]
 pub struct Throttle {
     last: Mutex<Option<std::time::Instant>>,
