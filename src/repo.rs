@@ -507,7 +507,9 @@ impl Repository {
             .map_err(|exceeded| Error::OverBudget { commit, exceeded })
     }
 
-    /// The wanted files of the topology directory `topologies/<name>` whose tree is `tree`.
+    /// The wanted files of the topology directory `topologies/<name>` whose tree is `tree`,
+    /// which the caller measured within the budget ([`Repository::measure`]: the daemon's tree
+    /// cache does, for the whole commit, before it reads any topology).
     pub fn topology_files(&self, name: &str, tree: Oid, commit: Oid) -> Result<Vec<SourceFile>> {
         let tree = self.git.find_tree(tree).map_err(|source| Error::Read {
             what: format!("{}/{name}", spec::TOPOLOGIES_DIR),
@@ -620,7 +622,8 @@ impl Repository {
         for dir in &wanted {
             if let Some(name) = dir
                 .split('/')
-                .find(|name| !dir.is_empty() && !is_safe_name(name))
+                .filter(|_| !dir.is_empty())
+                .find(|name| !is_safe_name(name))
             {
                 return Err(Error::UnsafeName {
                     commit,
@@ -717,14 +720,14 @@ impl Repository {
     /// Reads the wanted files of any tree (a commit's, or a merge preview's), once it is
     /// measured within the budget.
     pub fn files_of(&self, tree: &git2::Tree, commit: Oid) -> Result<Vec<SourceFile>> {
+        let measure = self.measure(tree.id(), "", commit)?;
+        self.check_budget(&measure, None, commit)?;
         self.files_below(tree, "", commit)
     }
 
-    /// As [`Repository::files_of`], for the tree at path `dir` (`""`, or `a/b/`).
+    /// As [`Repository::files_of`], for the tree at path `dir` (`""`, or `a/b/`), measured
+    /// within the budget by the caller.
     fn files_below(&self, tree: &git2::Tree, dir: &str, commit: Oid) -> Result<Vec<SourceFile>> {
-        let measure = self.measure(tree.id(), dir, commit)?;
-        let largest = dir.strip_suffix('/').filter(|d| !d.is_empty());
-        self.check_budget(&measure, largest, commit)?;
         let odb = self.git.odb().map_err(|source| Error::Read {
             what: "the object database".into(),
             commit,

@@ -79,14 +79,7 @@ pub(super) fn follow(context: &Arc<Context>, receiver: &Receiver<Trigger>) {
 /// up` stops its processors when it stops; without this they would stay stopped until the
 /// branch had a head the daemon accepts.
 fn resume(context: &Context, followed: &mut Followed) -> Option<Arc<Revision>> {
-    let records = context.records.topologies().ok()?;
-    let commits: BTreeSet<String> = records
-        .into_iter()
-        .filter(|(name, _)| !crate::plan::preview::is_preview(name))
-        .filter_map(|(_, record)| record.ok())
-        .filter(|record| !record.is_retired())
-        .flat_map(|record| record.commit.into_iter().chain(record.moving.map(|m| m.to)))
-        .collect();
+    let commits = recorded_commits(context).ok()?;
     let repository = context.revisions.open().ok()?;
     let git = repository.git();
     let oids: Vec<git2::Oid> = commits
@@ -330,24 +323,30 @@ fn not_descending_from(
     git: &git2::Repository,
     candidate: git2::Oid,
 ) -> Result<Option<String>, Error> {
-    let mut runs: BTreeSet<String> = followed.desired.iter().cloned().collect();
-    if runs.is_empty() {
-        for (name, record) in context.records.topologies()? {
-            if crate::plan::preview::is_preview(&name) {
-                continue;
-            }
-            // A damaged record stops only its topology, which runs nothing new.
-            let Ok(record) = record else { continue };
-            runs.extend(record.commit);
-            runs.extend(record.moving.map(|m| m.to));
-        }
-    }
+    let runs = match &followed.desired {
+        Some(desired) => BTreeSet::from([desired.clone()]),
+        None => recorded_commits(context)?,
+    };
     Ok(runs.into_iter().find(|commit| {
         let Ok(oid) = git2::Oid::from_str(commit) else {
             return true;
         };
         oid != candidate && !git.graph_descendant_of(candidate, oid).unwrap_or(false)
     }))
+}
+
+/// The commits the topologies' records ran or move to (previews aside): what runs, as the
+/// store knows it after a restart. A damaged record stops only its topology, which runs
+/// nothing new: it names none.
+fn recorded_commits(context: &Context) -> Result<BTreeSet<String>, Error> {
+    Ok(context
+        .records
+        .topologies()?
+        .into_iter()
+        .filter(|(name, _)| !crate::plan::preview::is_preview(name))
+        .filter_map(|(_, record)| record.ok())
+        .flat_map(|record| record.commit.into_iter().chain(record.moving.map(|m| m.to)))
+        .collect())
 }
 
 /// A valid head ends a repository-level error; a topology's own error stays.

@@ -633,10 +633,12 @@ impl Previews {
             p.pull_request == Some(number) && forge::pull_request_of_ref(&p.name).is_some()
         });
         let forge = self.forge.clone();
-        let repository = self.context.revisions.open().ok();
+        // Opened only when the approved head and the plan's differ.
+        let repository = std::cell::OnceCell::new();
         let descends = |newer: &str, older: &str| {
+            let repository = repository.get_or_init(|| self.context.revisions.open().ok());
             let (Some(repository), Ok(newer), Ok(older)) = (
-                &repository,
+                repository,
                 git2::Oid::from_str(newer),
                 git2::Oid::from_str(older),
             ) else {

@@ -9,9 +9,9 @@ use serde_json::json;
 use ureq::http::Method;
 
 use super::{
-    CommentAt, CommentOutcome, CommitStatus, Error, Forge, FoundComment, Http, Kind, PlanComment,
-    PullRequest, PullRequestState, Result, State, Token, check_sha, is_not_found, is_plan_comment,
-    plan_comment_body, says_already, shorten,
+    CommentOutcome, CommitStatus, Error, Forge, FoundComment, Http, Kind, PlanComment, PullRequest,
+    PullRequestState, Result, State, Token, check_sha, is_plan_comment, plan_comment_body, shorten,
+    upsert,
 };
 
 /// A client of one repository.
@@ -230,27 +230,10 @@ impl Forge for GitHub {
                 .json(&Method::POST, &url)?;
             Ok(CommentOutcome::Created(created.id))
         };
-        let mut attempt = 0;
-        self.http.retrying("plan comment", || {
-            attempt += 1;
-            match comment.at {
-                CommentAt::Id(id) => match update(id) {
-                    // Deleted meanwhile: looked for (and made again) below.
-                    Err(error) if is_not_found(&error) => {}
-                    done => return done,
-                },
-                CommentAt::Nowhere if attempt == 1 => return create(),
-                CommentAt::Nowhere | CommentAt::Unknown => {}
-            }
-            match self.find_comment(number)? {
-                Some(found)
-                    if says_already(found.body.as_deref().unwrap_or(""), comment.fingerprint) =>
-                {
-                    Ok(CommentOutcome::Unchanged(found.id))
-                }
-                Some(found) => update(found.id),
-                None => create(),
-            }
+        upsert(&self.http, comment, update, create, || {
+            Ok(self
+                .find_comment(number)?
+                .map(|found| (found.id, found.body.unwrap_or_default())))
         })
     }
 

@@ -9,9 +9,9 @@ use serde_json::json;
 use ureq::http::Method;
 
 use super::{
-    CommentAt, CommentOutcome, CommitStatus, Error, Forge, FoundComment, Http, Kind, PlanComment,
-    PullRequest, PullRequestState, Result, State, Token, check_sha, is_not_found, is_plan_comment,
-    plan_comment_body, says_already, shorten,
+    CommentOutcome, CommitStatus, Error, Forge, FoundComment, Http, Kind, PlanComment, PullRequest,
+    PullRequestState, Result, State, Token, check_sha, is_plan_comment, plan_comment_body, shorten,
+    upsert,
 };
 
 /// A client of one project.
@@ -212,25 +212,8 @@ impl Forge for GitLab {
                 .json(&Method::POST, &url)?;
             Ok(CommentOutcome::Created(created.id))
         };
-        let mut attempt = 0;
-        self.http.retrying("plan comment", || {
-            attempt += 1;
-            match comment.at {
-                CommentAt::Id(id) => match update(id) {
-                    // Deleted meanwhile: looked for (and made again) below.
-                    Err(error) if is_not_found(&error) => {}
-                    done => return done,
-                },
-                CommentAt::Nowhere if attempt == 1 => return create(),
-                CommentAt::Nowhere | CommentAt::Unknown => {}
-            }
-            match self.find_plan_note(iid)? {
-                Some(note) if says_already(&note.body, comment.fingerprint) => {
-                    Ok(CommentOutcome::Unchanged(note.id))
-                }
-                Some(note) => update(note.id),
-                None => create(),
-            }
+        upsert(&self.http, comment, update, create, || {
+            Ok(self.find_plan_note(iid)?.map(|note| (note.id, note.body)))
         })
     }
 

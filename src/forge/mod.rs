@@ -559,6 +559,40 @@ pub trait Forge: Send + Sync + fmt::Debug {
     fn remove_label(&self, number: u64, label: &str) -> Result<()>;
 }
 
+/// How both forges put a plan comment, retried as one operation: an update of the comment
+/// known by id (one deleted meanwhile is looked for), a creation where none is known to be
+/// (on the first attempt only: a creation whose answer was lost is looked for before it is
+/// tried again), else the comment found by its marker (`find`: its id and body), updated
+/// unless it carries the plan's fingerprint already.
+fn upsert(
+    http: &Http,
+    comment: &PlanComment<'_>,
+    update: impl Fn(u64) -> Result<CommentOutcome>,
+    create: impl Fn() -> Result<CommentOutcome>,
+    find: impl Fn() -> Result<Option<(u64, String)>>,
+) -> Result<CommentOutcome> {
+    let mut attempt = 0;
+    http.retrying("plan comment", || {
+        attempt += 1;
+        match comment.at {
+            CommentAt::Id(id) => match update(id) {
+                // Deleted meanwhile: looked for (and made again) below.
+                Err(error) if is_not_found(&error) => {}
+                done => return done,
+            },
+            CommentAt::Nowhere if attempt == 1 => return create(),
+            CommentAt::Nowhere | CommentAt::Unknown => {}
+        }
+        match find()? {
+            Some((id, body)) if says_already(&body, comment.fingerprint) => {
+                Ok(CommentOutcome::Unchanged(id))
+            }
+            Some((id, _)) => update(id),
+            None => create(),
+        }
+    })
+}
+
 /// `text` as one segment of a URL path: everything but letters, digits and `-._~` escaped.
 pub fn encode_segment(text: &str) -> String {
     const SEGMENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
