@@ -1,11 +1,14 @@
 //! jq's own test suite (`tests/jq.test`, jq 1.8.2) and the examples of its manual
 //! (`tests/man.test`) through the jq transform, exactly as a `jq:` step runs a program.
 //!
-//! Every case that does not give jq's result is listed, with what it gives instead, in
-//! `fixtures/jq/<file>.differences`. The test fails when a case gives something other than
-//! what the list says (a case that passed and now fails, or a listed case that now passes:
-//! the list is kept honest), and when fewer cases pass than the goal (95 % of `jq.test`,
-//! 98 % of `man.test`, counting those that differ only in the text of an error message).
+//! Every case that does not give jq's result is listed in `fixtures/jq/<file>.differences`
+//! with its input, jq's outputs and exactly what we give instead. The test fails when a case
+//! gives anything other than what the list says (a case that passed and now fails, a listed
+//! case that now passes or gives other outputs: the list is kept honest), and when fewer cases
+//! pass than the goal (95 % of `jq.test`, 98 % of `man.test`, counting those that differ only
+//! in the text of an error message). A case differs only in error text when our outputs are
+//! jq's except for strings that our run got from a caught error (`catch`): a marked run of
+//! the program tells those strings from the others (`mark_caught_errors`).
 //! `PLUMBER_JQ_COMPAT_WRITE=1` rewrites the lists from the current results.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -36,7 +39,8 @@ enum Kind {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Outcome {
     Pass,
-    /// The outputs are jq's except for the text of caught error messages.
+    /// The outputs are jq's except for strings that came from a caught error: the message
+    /// jq caught, in words of our own.
     ErrorText,
     /// Other outputs, or fewer or more of them.
     Wrong,
@@ -283,156 +287,372 @@ fn numbers_equal(a: &str, b: &str) -> bool {
     }
 }
 
-/// Whether `a` equals `b`; with `loose_strings`, any two strings are equal (error texts).
-fn equal(a: &Json, b: &Json, loose_strings: bool) -> bool {
+/// Whether `a` equals `b`.
+fn equal(a: &Json, b: &Json) -> bool {
     match (a, b) {
         (Json::Null, Json::Null) => true,
         (Json::Bool(x), Json::Bool(y)) => x == y,
         (Json::Num(x), Json::Num(y)) => numbers_equal(x, y),
-        (Json::Str(x), Json::Str(y)) => loose_strings || x == y,
+        (Json::Str(x), Json::Str(y)) => x == y,
         (Json::Arr(x), Json::Arr(y)) => {
-            x.len() == y.len() && x.iter().zip(y).all(|(x, y)| equal(x, y, loose_strings))
+            x.len() == y.len() && x.iter().zip(y).all(|(x, y)| equal(x, y))
         }
         (Json::Obj(x), Json::Obj(y)) => {
             x.len() == y.len()
                 && x.iter()
                     .zip(y)
-                    .all(|((kx, x), (ky, y))| kx == ky && equal(x, y, loose_strings))
+                    .all(|((kx, x), (ky, y))| kx == ky && equal(x, y))
         }
         _ => false,
     }
 }
 
-/// Runs one case; `Err` when its outcome is not a pass, with what it gave.
-fn run(case: &Case) -> (Outcome, String) {
-    // The manual's examples read `$ENV.PAGER`, as a step whose `env:` sets it.
-    let env = || [("PAGER".to_owned(), "less".to_owned())];
-    let compiled = Jq::compile_with_env(&case.program, env());
-    let (input, expected) = match (&case.kind, compiled) {
-        (Kind::MustFail, Ok(_)) => return (Outcome::Compile, "compiles".into()),
-        (Kind::MustFail, Err(_)) => return (Outcome::Pass, String::new()),
-        (Kind::Run { .. }, Err(e)) => return (Outcome::Compile, e.to_string()),
-        (Kind::Run { input, expected }, Ok(_)) => (input, expected),
+/// What a `catch` handler of a marked program receives in front of an error message.
+const MARK: char = '\u{1}';
+
+/// The program with every `catch` handler's input marked: `catch T` becomes `catch (if type
+/// == "string" then "\u0001" + . else . end | T)`. Run on the same input, the marked program
+/// gives the same outputs except that a message its handlers passed on starts with [`MARK`]:
+/// so the strings of an output that came from a caught error can be told from the others.
+/// `None` when a handler is not a simple term (a keyword, an operator): such a case is never
+/// taken for an error-text difference.
+fn mark_caught_errors(program: &str) -> Option<String> {
+    let chars: Vec<char> = program.chars().collect();
+    let word = |c: char| c.is_alphanumeric() || c == '_';
+    // The end of the string literal opening at `at`; interpolations (`\(…)`) are skipped as
+    // escapes, which only matters for a `catch` inside one (then the marking fails to compile).
+    let string_end = |mut at: usize| {
+        at += 1;
+        while at < chars.len() && chars[at] != '"' {
+            at += if chars[at] == '\\' { 2 } else { 1 };
+        }
+        (at < chars.len()).then_some(at + 1)
     };
-    let jq = Jq::compile_with_env(&case.program, env()).unwrap();
+    // The end of the bracketed group opening at `at`.
+    let group_end = |mut at: usize| {
+        let mut depth = 0usize;
+        while at < chars.len() {
+            match chars[at] {
+                '"' => {
+                    at = string_end(at)?;
+                    continue;
+                }
+                '(' | '[' | '{' => depth += 1,
+                ')' | ']' | '}' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        return Some(at + 1);
+                    }
+                }
+                _ => {}
+            }
+            at += 1;
+        }
+        None
+    };
+    let mut out = String::new();
+    let mut at = 0;
+    let mut marked = false;
+    while at < chars.len() {
+        let c = chars[at];
+        if c == '"' {
+            let end = string_end(at)?;
+            out.extend(&chars[at..end]);
+            at = end;
+            continue;
+        }
+        let is_catch = chars[at..].starts_with(&['c', 'a', 't', 'c', 'h'])
+            && (at == 0 || !word(chars[at - 1]))
+            && chars.get(at + 5).is_none_or(|c| !word(*c));
+        if !is_catch {
+            out.push(c);
+            at += 1;
+            continue;
+        }
+        // The handler: a postfix term, that is literals, `.`, names, `$names` and bracketed
+        // groups, up to the first space or operator outside brackets.
+        let mut start = at + 5;
+        while chars.get(start).is_some_and(|c| c.is_whitespace()) {
+            start += 1;
+        }
+        let mut end = start;
+        while let Some(&c) = chars.get(end) {
+            end = match c {
+                '(' | '[' | '{' => group_end(end)?,
+                '"' => string_end(end)?,
+                '.' | '?' | '$' => end + 1,
+                c if word(c) => end + 1,
+                _ => break,
+            };
+        }
+        let handler: String = chars[start..end].iter().collect();
+        let keyword = ["if", "try", "reduce", "foreach", "def", "label", "not"]
+            .iter()
+            .any(|k| handler.starts_with(k) && !handler[k.len()..].starts_with(word));
+        if handler.is_empty() || keyword {
+            return None;
+        }
+        out.push_str(r#"catch (if type == "string" then "\u0001" + . else . end | "#);
+        out.push_str(&handler);
+        out.push(')');
+        marked = true;
+        at = end;
+    }
+    marked.then_some(out)
+}
+
+/// Whether `ours` is jq's `expected` but for strings that came from a caught error, in
+/// wording of their own; `marked` is `ours` as the program of [`mark_caught_errors`] gave it.
+fn equal_but_error_texts(expected: &Json, ours: &Json, marked: &Json) -> bool {
+    match (expected, ours, marked) {
+        // A caught message may say what jq says in other words; any other string is jq's.
+        (Json::Str(e), Json::Str(o), Json::Str(m)) => match m.strip_prefix(MARK) {
+            Some(caught) => caught == o,
+            None => e == o && m == o,
+        },
+        (Json::Arr(e), Json::Arr(o), Json::Arr(m)) => {
+            e.len() == o.len()
+                && o.len() == m.len()
+                && e.iter()
+                    .zip(o)
+                    .zip(m)
+                    .all(|((e, o), m)| equal_but_error_texts(e, o, m))
+        }
+        (Json::Obj(e), Json::Obj(o), Json::Obj(m)) => {
+            e.len() == o.len()
+                && o.len() == m.len()
+                && e.iter().zip(o).zip(m).all(|(((ke, e), (ko, o)), (km, m))| {
+                    ke == ko && ko == km && equal_but_error_texts(e, o, m)
+                })
+        }
+        _ => equal(expected, ours) && equal(ours, marked),
+    }
+}
+
+/// What one case gave: its outcome, our outputs as we wrote them, and the error that ended
+/// the run (or the compile error).
+struct Gave {
+    outcome: Outcome,
+    outputs: Vec<String>,
+    error: Option<String>,
+}
+
+impl Gave {
+    fn new(outcome: Outcome, outputs: Vec<String>, error: Option<String>) -> Self {
+        Gave {
+            outcome,
+            outputs,
+            error,
+        }
+    }
+}
+
+/// The manual's examples read `$ENV.PAGER`, as a step whose `env:` sets it.
+fn compile(program: &str) -> Result<Jq, String> {
+    Jq::compile_with_env(program, [("PAGER".to_owned(), "less".to_owned())])
+        .map_err(|e| e.to_string())
+}
+
+/// Runs a compiled program: its outputs, and the error that ended it.
+fn run_program(
+    jq: &Jq,
+    input: &str,
+) -> (Vec<String>, Option<plumber_processor::record::Rejection>) {
+    let (outputs, error) = jq.run_all(input.as_bytes());
+    let outputs = outputs
+        .iter()
+        .map(|o| String::from_utf8_lossy(o).into_owned())
+        .collect();
+    (outputs, error)
+}
+
+/// Runs one case.
+fn run(case: &Case) -> Gave {
+    let compiled = compile(&case.program);
+    let (input, expected, jq) = match (&case.kind, compiled) {
+        (Kind::MustFail, Ok(_)) => return Gave::new(Outcome::Compile, vec![], None),
+        (Kind::MustFail, Err(_)) => return Gave::new(Outcome::Pass, vec![], None),
+        (Kind::Run { .. }, Err(e)) => return Gave::new(Outcome::Compile, vec![], Some(e)),
+        (Kind::Run { input, expected }, Ok(jq)) => (input, expected, jq),
+    };
     let expected: Vec<Json> = expected
         .iter()
         .map(|e| parse(e).unwrap_or_else(|| panic!("line {}: expected {e:?}", case.line)))
         .collect();
-    let (outputs, error) = jq.run_all(input.as_bytes());
-    if let Some(error) = error.as_ref().filter(|_| outputs.is_empty())
+    let (outputs, error) = run_program(&jq, input);
+    let message = error.as_ref().map(|e| e.message.clone());
+    if outputs.is_empty()
+        && let Some(error) = &error
         && error.kind == "invalid-json"
     {
-        return (Outcome::Input, error.message.clone());
+        return Gave::new(Outcome::Input, outputs, message);
     }
     let actual: Vec<Json> = outputs
         .iter()
-        .map(|o| parse(&String::from_utf8_lossy(o)).expect("outputs are JSON"))
+        .map(|o| parse(o).expect("outputs are JSON"))
         .collect();
-    let shown = || {
-        let mut shown: Vec<String> = outputs
-            .iter()
-            .map(|o| String::from_utf8_lossy(o).into_owned())
-            .collect();
-        if let Some(error) = &error {
-            shown.push(format!("error: {}", error.message));
-        }
-        shown.join(" ")
-    };
     // As jq's runner: the expected outputs, in order; an error after them does not count.
-    let prefix = |loose| {
-        actual.len() >= expected.len()
-            && expected
-                .iter()
-                .zip(&actual)
-                .all(|(e, a)| equal(e, a, loose))
-    };
     let all_given = actual.len() == expected.len();
-    if prefix(false) && all_given {
-        (Outcome::Pass, String::new())
-    } else if prefix(true) && all_given && case.program.contains("catch") {
-        (Outcome::ErrorText, shown())
+    if all_given && expected.iter().zip(&actual).all(|(e, a)| equal(e, a)) {
+        return Gave::new(Outcome::Pass, outputs, message);
+    }
+    let error_texts = || {
+        let marked = mark_caught_errors(&case.program)?;
+        let (marked, _) = run_program(&compile(&marked).ok()?, input);
+        let marked: Vec<Json> = marked.iter().map(|m| parse(m)).collect::<Option<_>>()?;
+        Some(
+            marked.len() == actual.len()
+                && expected
+                    .iter()
+                    .zip(&actual)
+                    .zip(&marked)
+                    .all(|((e, a), m)| equal_but_error_texts(e, a, m)),
+        )
+    };
+    let outcome = if all_given && error_texts() == Some(true) {
+        Outcome::ErrorText
     } else if error.is_some() && actual.len() < expected.len() {
-        (Outcome::Error, shown())
+        Outcome::Error
     } else {
-        (Outcome::Wrong, shown())
+        Outcome::Wrong
+    };
+    Gave::new(outcome, outputs, message)
+}
+
+/// One case that does not give jq's result, as the list of differences holds it. Two entries
+/// are the same difference when all but `line` are equal: the program, its input, what jq
+/// gives (the expected lines of the test file) and exactly what we give.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+struct Difference {
+    /// How it differs (an [`Outcome`] tag).
+    how: String,
+    /// Where in the test file; for readers, not compared.
+    line: usize,
+    program: String,
+    /// None for a `%%FAIL` case.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    input: Option<String>,
+    /// jq's outputs as the test file writes them; `["%%FAIL"]` when jq refuses the program.
+    jq: Vec<String>,
+    /// Our outputs as the step writes them.
+    ours: Vec<String>,
+    /// The error that ended our run, or why the program does not compile.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
+}
+
+impl Difference {
+    fn new(case: &Case, gave: &Gave) -> Self {
+        let (input, jq) = match &case.kind {
+            Kind::Run { input, expected } => (Some(input.clone()), expected.clone()),
+            Kind::MustFail => (None, vec!["%%FAIL".to_owned()]),
+        };
+        Difference {
+            how: gave.outcome.tag().to_owned(),
+            line: case.line,
+            program: case.program.clone(),
+            input,
+            jq,
+            ours: gave.outputs.clone(),
+            error: gave.error.clone(),
+        }
+    }
+
+    /// What identifies the difference: everything but where it is.
+    fn key(&self) -> Difference {
+        Difference {
+            line: 0,
+            ..self.clone()
+        }
     }
 }
 
 fn check_file(name: &str, goal_percent: usize) -> Result<String, String> {
     let text = std::fs::read_to_string(fixtures().join(name)).unwrap();
     let cases = cases(&text);
-    let results: Vec<(Outcome, String)> = cases
+    let results: Vec<Gave> = cases
         .iter()
         .map(|case| {
-            std::panic::catch_unwind(|| run(case))
-                .unwrap_or_else(|_| (Outcome::Error, "the engine panicked".into()))
+            std::panic::catch_unwind(|| run(case)).unwrap_or_else(|_| {
+                Gave::new(Outcome::Error, vec![], Some("the engine panicked".into()))
+            })
         })
         .collect();
 
     let mut report = String::new();
-    let mut listed = String::new();
+    let mut differences = Vec::new();
     let mut counts: BTreeMap<Outcome, usize> = BTreeMap::new();
-    for (case, (outcome, gave)) in cases.iter().zip(&results) {
-        *counts.entry(*outcome).or_default() += 1;
-        if *outcome != Outcome::Pass {
-            let gave: String = gave.chars().take(200).collect();
-            let _ = writeln!(listed, "{}\t{}", outcome.tag(), case.program);
+    for (case, gave) in cases.iter().zip(&results) {
+        *counts.entry(gave.outcome).or_default() += 1;
+        if gave.outcome != Outcome::Pass {
+            let difference = Difference::new(case, gave);
             let _ = writeln!(
                 report,
-                "{name}:{} {} `{}` gave: {gave}",
+                "{name}:{} {}",
                 case.line,
-                outcome.tag(),
-                case.program
+                serde_json::to_string(&difference).unwrap()
             );
+            differences.push(difference);
         }
     }
     let total = cases.len();
     let passed = counts.get(&Outcome::Pass).copied().unwrap_or(0);
     let error_text = counts.get(&Outcome::ErrorText).copied().unwrap_or(0);
     let summary = format!(
-        "{name}: {passed}/{total} exactly, {} with error texts that differ; {counts:?}",
+        "{name}: {passed}/{total} exactly ({:.1} %), {} counting error texts in other words; {counts:?}",
+        passed as f64 * 100.0 / total as f64,
         passed + error_text
     );
 
     let list_path = fixtures().join(format!("{name}.differences"));
     if std::env::var_os("PLUMBER_JQ_COMPAT_WRITE").is_some() {
-        let header = format!(
-            "# The cases of {name} whose outputs differ from jq 1.8.2's, one a line: how they\n\
-             # differ, a tab, the program. Why: processor/README.md (\"Compatibility with jq\n\
-             # 1.8\"). Written by `PLUMBER_JQ_COMPAT_WRITE=1 cargo test -p plumber-processor\n\
-             # --test jq_compat`; tests/jq_compat.rs fails when they differ otherwise.\n"
+        let mut list = format!(
+            "# The cases of {name} whose outputs differ from jq 1.8.2's, one JSON object a line:\n\
+             # how they differ, the line in {name}, the program, its input, jq's outputs as\n\
+             # {name} has them, ours exactly as a step writes them, and the error that ended\n\
+             # our run. Why: processor/README.md (\"Compatibility with jq 1.8\"). Written by\n\
+             # `PLUMBER_JQ_COMPAT_WRITE=1 cargo test -p plumber-processor --test jq_compat`;\n\
+             # tests/jq_compat.rs fails when a case gives anything else than its line says.\n"
         );
-        std::fs::write(&list_path, header + &listed).unwrap();
+        for difference in &differences {
+            list.push_str(&serde_json::to_string(difference).unwrap());
+            list.push('\n');
+        }
+        std::fs::write(&list_path, list).unwrap();
     }
     let expected_list = std::fs::read_to_string(&list_path).unwrap_or_default();
-    let multiset = |text: &str| {
-        let mut set: BTreeMap<(String, String), usize> = BTreeMap::new();
-        for line in text
-            .lines()
-            .filter(|l| !l.is_empty() && !l.starts_with('#'))
-        {
-            let (tag, program) = line.split_once('\t').unwrap_or((line, ""));
-            assert!(Outcome::from_tag(tag).is_some(), "{line}");
-            *set.entry((tag.to_owned(), program.to_owned())).or_default() += 1;
-        }
-        set
-    };
-    let (now, listed_before) = (multiset(&listed), multiset(&expected_list));
-    let mut problems = String::new();
-    for (key, n) in &now {
-        let before = listed_before.get(key).copied().unwrap_or(0);
-        if *n > before {
-            let _ = writeln!(problems, "  now {}, not listed: `{}`", key.0, key.1);
-        }
+    let mut listed: BTreeMap<Difference, usize> = BTreeMap::new();
+    for line in expected_list
+        .lines()
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+    {
+        let difference: Difference = serde_json::from_str(line)
+            .unwrap_or_else(|e| panic!("{}: {e}: {line}", list_path.display()));
+        assert!(Outcome::from_tag(&difference.how).is_some(), "{line}");
+        *listed.entry(difference.key()).or_default() += 1;
     }
-    for (key, n) in &listed_before {
-        let now = now.get(key).copied().unwrap_or(0);
-        if *n > now {
+    let mut now: BTreeMap<Difference, usize> = BTreeMap::new();
+    for difference in &differences {
+        *now.entry(difference.key()).or_default() += 1;
+    }
+    let mut problems = String::new();
+    for difference in &differences {
+        let key = difference.key();
+        if now[&key] > listed.get(&key).copied().unwrap_or(0) {
             let _ = writeln!(
                 problems,
-                "  listed as {} but no longer so (update the list): `{}`",
-                key.0, key.1
+                "  {name}:{} gives what the list does not say: {}",
+                difference.line,
+                serde_json::to_string(difference).unwrap()
+            );
+        }
+    }
+    for (key, n) in &listed {
+        if *n > now.get(key).copied().unwrap_or(0) {
+            let _ = writeln!(
+                problems,
+                "  listed but no longer given (update the list): {}",
+                serde_json::to_string(key).unwrap()
             );
         }
     }
@@ -468,4 +688,66 @@ fn jq_test_suite() {
 #[test]
 fn jq_manual_examples() {
     on_big_stack(|| check_file("man.test", 98));
+}
+
+fn case(program: &str, input: &str, expected: &[&str]) -> Case {
+    Case {
+        line: 0,
+        program: program.to_owned(),
+        kind: Kind::Run {
+            input: input.to_owned(),
+            expected: expected.iter().map(|e| (*e).to_owned()).collect(),
+        },
+    }
+}
+
+/// Only a string our run caught from an error may differ in words: any other string that
+/// differs is a wrong output, `catch` in the program or not.
+#[test]
+fn only_caught_error_messages_count_as_error_texts() {
+    let outcome = |program, expected: &[&str]| run(&case(program, "[1]", expected)).outcome;
+    let caught = r#"try error("ours") catch ."#;
+    assert_eq!(outcome(caught, &[r#""ours""#]), Outcome::Pass);
+    assert_eq!(outcome(caught, &[r#""jq's""#]), Outcome::ErrorText);
+    // Inside other outputs, beside strings that must match.
+    let inside = r#""a", (.[] | try error("ours") catch ["KO", ., "b"])"#;
+    assert_eq!(
+        outcome(inside, &[r#""a""#, r#"["KO", "jq's", "b"]"#]),
+        Outcome::ErrorText
+    );
+    assert_eq!(
+        outcome(inside, &[r#""x""#, r#"["KO", "ours", "b"]"#]),
+        Outcome::Wrong,
+        "a string beside the caught one"
+    );
+    assert_eq!(
+        outcome(inside, &[r#""a""#, r#"["KO", "jq's", "x"]"#]),
+        Outcome::Wrong,
+        "a string in the handler's output that is not the message"
+    );
+    assert_eq!(
+        outcome(r#"try "ours" catch ."#, &[r#""jq's""#]),
+        Outcome::Wrong,
+        "a try body's output is no error message"
+    );
+    assert_eq!(
+        outcome(caught, &[r#""jq's""#, "1"]),
+        Outcome::Wrong,
+        "fewer outputs"
+    );
+    // A handler that is no simple term is never taken for one.
+    assert_eq!(
+        outcome(
+            r#"try error("ours") catch if true then . else 0 end"#,
+            &[r#""jq's""#]
+        ),
+        Outcome::Wrong
+    );
+    assert_eq!(
+        mark_caught_errors(r#""catch" | try .a catch .b[0], (try 1 catch ["x", .])"#).as_deref(),
+        Some(concat!(
+            r#""catch" | try .a catch (if type == "string" then "\u0001" + . else . end | .b[0]), "#,
+            r#"(try 1 catch (if type == "string" then "\u0001" + . else . end | ["x", .]))"#
+        ))
+    );
 }
