@@ -1,6 +1,11 @@
-//! Exactly-once paths on rdkafka's MockCluster (tansu 0.6 has no transactions): outputs and
-//! offsets commit together, a crashed instance's open transaction is never visible to
-//! read_committed readers, and a fenced zombie cannot commit.
+//! Exactly-once paths on rdkafka's MockCluster (tansu 0.6 has no transactions), or on the
+//! cluster in PLUMBER_TEST_BOOTSTRAP: outputs and offsets commit in transactions, a crashed
+//! instance's open transaction is never visible to read_committed readers, a fenced zombie
+//! cannot commit, and transactions stay short however slow the transform.
+//!
+//! Each test fails when the processor runs exactly-once without transactions (at-least-once
+//! under the exactly-once name): on the mock through what it can tell (below); what only a
+//! real cluster shows is asserted only there, never replaced by something weaker.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -19,10 +24,12 @@ use rdkafka::producer::DefaultProducerContext;
 use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
 
 /// A broker with transactions: the cluster in PLUMBER_TEST_BOOTSTRAP, else rdkafka's
-/// MockCluster. The mock speaks the transaction protocol and fences stale producer epochs,
-/// but keeps no transaction state on the log: it stores no offsets committed in a
-/// transaction, writes no abort markers and serves read_committed readers up to the high
-/// watermark. What depends on that is asserted only on a real cluster (`real`).
+/// MockCluster (librdkafka 2.12's). The mock speaks the transaction protocol and checks
+/// producer ids and epochs, but keeps no transaction state: it drops the offsets committed in
+/// a transaction (TxnOffsetCommit) while it stores plain OffsetCommits, writes no commit or
+/// abort markers, and serves read_committed readers up to the high watermark; it also hands a
+/// restarted transactional id a new producer id instead of bumping its epoch, so it fences
+/// nobody by itself. What depends on that is asserted only on a real cluster (`real`).
 struct Transactional {
     cluster: Option<MockCluster<'static, DefaultProducerContext>>,
     broker: Broker,
@@ -56,6 +63,32 @@ impl Transactional {
             None => self.broker.create_topic(&name, partitions),
         }
         name
+    }
+
+    /// The offsets `group` committed on `topic` went through transactions: on a real cluster
+    /// they add up to `expected`. The mock drops offsets committed in a transaction and keeps
+    /// plain commits, so there an offset it holds is one committed outside a transaction,
+    /// which at-least-once (or exactly-once without its transactions) does on every stop.
+    fn assert_offsets_committed_in_transactions(
+        &self,
+        group: &str,
+        topic: &str,
+        partitions: i32,
+        expected: i64,
+    ) {
+        let committed = self.broker.committed(group, topic, partitions);
+        if self.real {
+            assert_eq!(
+                committed.values().sum::<i64>(),
+                expected,
+                "every input offset committed with its outputs: {committed:?}"
+            );
+        } else {
+            assert!(
+                committed.is_empty(),
+                "offsets committed outside a transaction (the mock keeps only those): {committed:?}"
+            );
+        }
     }
 }
 
@@ -139,15 +172,17 @@ fn outputs_dead_letters_and_offsets_commit_in_transactions() {
     let by_id = counts(&ids(&tx.broker.read_all(&output)));
     assert_eq!(by_id.len(), 300);
     assert!(by_id.values().all(|n| *n == 1));
-    if tx.real {
-        let committed: i64 = tx.broker.committed(&step.group, &input, 3).values().sum();
-        assert_eq!(
-            committed, 301,
-            "every input offset committed with its outputs"
-        );
-    }
+    tx.assert_offsets_committed_in_transactions(&step.group, &input, 3, 301);
 }
 
+/// An instance killed with its transaction open: its restart (same transactional id) processes
+/// every input again and commits it in a transaction of its own.
+///
+/// What the mock cannot show: that the killed instance's 200 records are aborted and never
+/// reach read_committed readers. It writes no abort markers and serves read_committed readers
+/// up to the high watermark, so there they are visible beside the restart's 200. That, and
+/// that each record is seen once, is asserted only on a real cluster; on the mock the test
+/// shows that the restart's offsets went through a transaction.
 #[test]
 fn a_crashed_instance_s_transaction_is_aborted_by_its_restart() {
     let tx = transactional();
@@ -202,6 +237,7 @@ fn a_crashed_instance_s_transaction_is_aborted_by_its_restart() {
     }
     // On the log: the aborted attempt and the committed one.
     assert_eq!(tx.broker.read_all_uncommitted(&output).len(), 400);
+    tx.assert_offsets_committed_in_transactions(&restarted.group, &input, 2, 200);
 }
 
 /// On a real cluster a successor with the same transactional id fences the frozen instance.
