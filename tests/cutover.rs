@@ -1,13 +1,17 @@
 //! The cutover engine on an in-memory Kafka and runtime (one fake world), with crashes
 //! injected at every Kafka call, every runtime call and every save of the state, each both
-//! before the call takes effect and after it took effect but before the engine saw it.
+//! before the call takes effect and after it took effect but before the engine saw it; and
+//! with single calls failing the same way while the daemon lives on (the engine retries them),
+//! or a step's starts refused for a while (the other actions go on meanwhile).
 //!
 //! The fake checks, as it goes, what SPEC §4 promises of every record: per step and input
 //! partition, each life starts exactly where the step's previous life stopped (no gap, no
 //! overlap), two lives of one step never read one topic at once, a group's offsets are never
-//! set while it runs, and no group or internal topic is ever used by two lives. After a crash
-//! the next "daemon" (a fresh engine on the same state directory and the same running
-//! processors) must end where an uninterrupted run ends.
+//! set while it runs, and no group or internal topic is ever used by two lives; at the end,
+//! every sink holds each record of the source once. Every planned crash or failure must be
+//! injected (the model records it). After a crash the next "daemon" (a fresh engine on the
+//! same state directory and the same running processors), after a failure the same daemon,
+//! must end where an uninterrupted run ends.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -60,7 +64,25 @@ fn revision(a: u32, c: u32, ordered: bool) -> Topology {
     topology(&steps)
 }
 
-/// Where a crash happens: at the `at`-th call of `site`, before or after its effect.
+/// Two branches that share only the source: `in → a → out`, `in → c → out2`, with `a` and
+/// `c` at the given versions.
+fn branches(a: u32, c: u32) -> Topology {
+    topology(&[
+        ("in", "kind: source\ntopic: in\n".to_owned()),
+        (
+            "a",
+            format!("kind: processor\ninput: in\njq: '.a = {a}'\npartitions: 2\n"),
+        ),
+        (
+            "c",
+            format!("kind: processor\ninput: in\njq: '.c = {c}'\npartitions: 1\n"),
+        ),
+        ("out", "kind: sink\ntopic: out\ninput: a\n".to_owned()),
+        ("out2", "kind: sink\ntopic: out2\ninput: c\n".to_owned()),
+    ])
+}
+
+/// Where a fault hits: the `at`-th call of `site`, before or after its effect.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Site {
     Kafka,
@@ -68,23 +90,36 @@ enum Site {
     Save,
 }
 
-#[derive(Debug, Clone, Copy)]
-struct Crash {
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Fault {
     site: Site,
     at: u32,
     after_effect: bool,
 }
 
-/// Counts calls per site and crashes once, as planned; a crashed daemon makes no more calls.
+/// A fault as it was injected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Injected {
+    /// The daemon died in the call: it and every call after it fail.
+    Crash(Fault),
+    /// The call failed (an error the engine sees), and the daemon lives on: the calls after
+    /// it go through.
+    Failure(Fault),
+}
+
+/// Counts calls per site; crashes once, or fails one call, as planned, and records what it
+/// injected. A crashed daemon makes no more calls.
 #[derive(Default)]
 struct Faults {
-    plan: Mutex<Option<Crash>>,
+    crash: Mutex<Option<Fault>>,
+    failure: Mutex<Option<Fault>>,
+    injected: Mutex<Vec<Injected>>,
     calls: Mutex<BTreeMap<String, u32>>,
     crashed: AtomicBool,
 }
 
 impl Faults {
-    /// Runs `effect` unless the daemon crashed or crashes here.
+    /// Runs `effect` unless the daemon crashed, or crashes or fails here.
     fn call<T>(&self, site: Site, effect: impl FnOnce() -> T) -> Result<T, String> {
         if self.crashed.load(Ordering::SeqCst) {
             return Err("the daemon crashed".into());
@@ -95,17 +130,29 @@ impl Faults {
             *n += 1;
             *n
         };
-        let plan = *self.plan.lock().unwrap();
-        match plan {
-            Some(c) if c.site == site && c.at == n => {
-                self.crashed.store(true, Ordering::SeqCst);
-                if c.after_effect {
-                    effect();
-                }
-                Err(format!("injected crash at {site:?} call {n}"))
-            }
-            _ => Ok(effect()),
+        let here = |planned: &Mutex<Option<Fault>>| {
+            planned
+                .lock()
+                .unwrap()
+                .filter(|f| f.site == site && f.at == n)
+        };
+        let (fault, injected) = if let Some(fault) = here(&self.crash) {
+            self.crashed.store(true, Ordering::SeqCst);
+            (fault, Injected::Crash(fault))
+        } else if let Some(fault) = here(&self.failure) {
+            (fault, Injected::Failure(fault))
+        } else {
+            return Ok(effect());
+        };
+        self.injected.lock().unwrap().push(injected);
+        if fault.after_effect {
+            effect();
         }
+        Err(format!("injected {injected:?}"))
+    }
+
+    fn injected(&self) -> Vec<Injected> {
+        self.injected.lock().unwrap().clone()
     }
 
     fn count(&self, site: Site) -> u32 {
@@ -119,13 +166,18 @@ impl Faults {
 }
 
 /// Kafka and the processors in one: running processors consume everything at once (unless
-/// their step is stuck) and write one record to their internal topic per record consumed.
+/// their step is stuck) and write one record to each topic they write (their internal topic
+/// or a sink) per record consumed.
 #[derive(Default)]
 struct World {
     faults: Faults,
     inner: Mutex<Inner>,
     /// The engine's `keep_topics` (`plumber up --keep-topics`).
     keep_topics: AtomicBool,
+    /// Steps whose starts the runtime refuses (a retryable error; the daemon lives on), and
+    /// how many starts it refused.
+    refusing: Mutex<BTreeSet<String>>,
+    refused: Mutex<u32>,
 }
 
 #[derive(Default, Clone, PartialEq, Debug)]
@@ -170,10 +222,10 @@ impl Inner {
                 }
                 if consumed > 0 {
                     moved = true;
-                    if let Some(own) = spec.outputs.iter().find(|o| **o == group)
-                        && let Some(partitions) = self.topics.get_mut(own)
-                    {
-                        partitions[0] += consumed;
+                    for output in &spec.outputs {
+                        if let Some(partitions) = self.topics.get_mut(output) {
+                            partitions[0] += consumed;
+                        }
                     }
                 }
             }
@@ -326,6 +378,13 @@ fn runtime_error(message: String) -> runtime::Error {
 
 impl Runtime for World {
     fn start(&self, spec: &ProcessorSpec) -> runtime::Result<()> {
+        if self.refusing.lock().unwrap().contains(&spec.step) {
+            *self.refused.lock().unwrap() += 1;
+            return Err(runtime_error(format!(
+                "injected: the runtime refuses to start {}",
+                spec.group
+            )));
+        }
         self.with(Site::Runtime, |w| {
             if w.running.contains_key(&spec.group) {
                 return;
@@ -535,20 +594,33 @@ fn drive(
         if world.faults.crashed.load(Ordering::SeqCst) {
             return false;
         }
-        match advanced.unwrap() {
-            Advance::Progressed => {}
-            Advance::Settled { .. } | Advance::Removed => *cursor += 1,
-            Advance::Waiting { waits, .. } => {
+        match advanced {
+            Ok(Advance::Progressed) => {}
+            Ok(Advance::Settled { .. } | Advance::Removed) => *cursor += 1,
+            Ok(Advance::Waiting { waits, .. }) => {
                 spins += 1;
                 assert!(spins < 1000, "the move waits forever: {waits:#?}");
+            }
+            // A save failed: the daemon's worker tries the step again (as it does after every
+            // retryable error), with the same waits.
+            Err(error) => {
+                assert!(
+                    error.is_retryable() && !world.faults.injected().is_empty(),
+                    "{error}"
+                );
+                spins += 1;
+                assert!(spins < 1000, "the move fails forever: {error}");
             }
         }
     }
     true
 }
 
-/// What an uninterrupted run ends with: the world, the state, the history.
-fn ending(world: &World, dir: &StateDir) -> (Inner, TopologyRecord, Vec<HistoryEntry>) {
+/// What a run ends with: the world, the state, the history.
+type Ending = (Inner, TopologyRecord, Vec<HistoryEntry>);
+
+/// What an uninterrupted run ends with.
+fn ending(world: &World, dir: &StateDir) -> Ending {
     let mut inner = world.snapshot();
     // Which calls were made is not part of the outcome.
     inner.stopped_at.clear();
@@ -560,6 +632,16 @@ fn ending(world: &World, dir: &StateDir) -> (Inner, TopologyRecord, Vec<HistoryE
     let mut record = dir.load("t").unwrap();
     if let Some(entry) = &mut record.unrecorded {
         entry.started_at = 0;
+    }
+    // Nor is the order in which independent actions ran (a failed one runs later).
+    record
+        .deployment
+        .lives
+        .sort_by(|a, b| a.group().cmp(b.group()));
+    for entry in &mut history {
+        entry
+            .handovers
+            .sort_by(|a, b| (&a.step, &a.from_group).cmp(&(&b.step, &b.from_group)));
     }
     (inner, record, history)
 }
@@ -580,42 +662,79 @@ fn deployed(first: &Topology) -> (World, tempfile::TempDir, StateDir) {
     (world, dir, state)
 }
 
-/// Runs `steps` after deploying `first`, crashing at every call of every site, before and
-/// after its effect; each crashed run, resumed by a new daemon, must end like the run
-/// without a crash.
-fn every_crash_ends_like_no_crash(first: &Topology, steps: &[Step<'_>]) -> usize {
+/// The calls per site of an uninterrupted run of `steps` after deploying `first`, and what
+/// it ends with: every sink holds each record of the source once.
+fn reference_run(first: &Topology, steps: &[Step<'_>]) -> (Vec<(Site, u32)>, Ending) {
     let (world, _dir, state) = deployed(first);
     assert!(daemon(&world, &state, steps, &mut 0));
-    let reference = ending(&world, &state);
     let calls: Vec<(Site, u32)> = [Site::Kafka, Site::Runtime, Site::Save]
         .into_iter()
         .map(|site| (site, world.faults.count(site)))
         .collect();
+    assert!(calls.iter().any(|(_, n)| *n > 0), "{calls:?}");
+    assert_eq!(sink_counts(&world), [("in", 30), ("out", 30), ("out2", 30)]);
+    (calls, ending(&world, &state))
+}
+
+/// Every fault of a reference run's calls: each call of each site, before and after its
+/// effect.
+fn every_fault(calls: &[(Site, u32)]) -> impl Iterator<Item = Fault> + '_ {
+    calls.iter().flat_map(|&(site, count)| {
+        (1..=count).flat_map(move |at| {
+            [false, true].map(|after_effect| Fault {
+                site,
+                at,
+                after_effect,
+            })
+        })
+    })
+}
+
+/// Runs `steps` after deploying `first`, crashing at every call of every site, before and
+/// after its effect; each crashed run, resumed by a new daemon, must end like the run
+/// without a crash. Every planned crash must happen (the runs are deterministic: the crashed
+/// run makes the reference run's calls up to the crash). Returns how many crashed.
+fn every_crash_ends_like_no_crash(first: &Topology, steps: &[Step<'_>]) -> usize {
+    let (calls, reference) = reference_run(first, steps);
     let mut crashes = 0;
-    for (site, count) in calls {
-        for at in 1..=count {
-            for after_effect in [false, true] {
-                let (world, _dir, state) = deployed(first);
-                let crash = Crash {
-                    site,
-                    at,
-                    after_effect,
-                };
-                *world.faults.plan.lock().unwrap() = Some(crash);
-                let mut cursor = 0;
-                if daemon(&world, &state, steps, &mut cursor) {
-                    continue;
-                }
-                crashes += 1;
-                // The next daemon: same state directory, same running processors.
-                world.faults.crashed.store(false, Ordering::SeqCst);
-                *world.faults.plan.lock().unwrap() = None;
-                assert!(daemon(&world, &state, steps, &mut cursor));
-                assert_eq!(ending(&world, &state), reference, "after {crash:?}");
-            }
-        }
+    for crash in every_fault(&calls) {
+        let (world, _dir, state) = deployed(first);
+        *world.faults.crash.lock().unwrap() = Some(crash);
+        let mut cursor = 0;
+        assert!(
+            !daemon(&world, &state, steps, &mut cursor),
+            "the daemon ran to the end without {crash:?}"
+        );
+        assert_eq!(world.faults.injected(), [Injected::Crash(crash)]);
+        crashes += 1;
+        // The next daemon: same state directory, same running processors.
+        world.faults.crashed.store(false, Ordering::SeqCst);
+        *world.faults.crash.lock().unwrap() = None;
+        assert!(daemon(&world, &state, steps, &mut cursor));
+        assert_eq!(ending(&world, &state), reference, "after {crash:?}");
     }
     crashes
+}
+
+/// Runs `steps` after deploying `first`, failing each call of each site in turn (one call,
+/// before or after its effect) while the daemon lives on: the engine retries the failed
+/// action (or the worker the failed step), and the run must end like the run without a
+/// failure. Returns how many failures were injected.
+fn every_failure_ends_like_no_failure(first: &Topology, steps: &[Step<'_>]) -> usize {
+    let (calls, reference) = reference_run(first, steps);
+    let mut failures = 0;
+    for failure in every_fault(&calls) {
+        let (world, _dir, state) = deployed(first);
+        *world.faults.failure.lock().unwrap() = Some(failure);
+        assert!(
+            daemon(&world, &state, steps, &mut 0),
+            "a failure is no crash: {failure:?}"
+        );
+        assert_eq!(world.faults.injected(), [Injected::Failure(failure)]);
+        failures += 1;
+        assert_eq!(ending(&world, &state), reference, "after {failure:?}");
+    }
+    failures
 }
 
 #[test]
@@ -704,9 +823,9 @@ fn replacing_a_source_connected_step_survives_a_crash_anywhere() {
 }
 
 #[test]
-fn an_ordered_cutover_survives_a_crash_anywhere() {
-    let (from, to) = (revision(1, 1, true), revision(2, 1, true));
-    every_crash_ends_like_no_crash(
+fn replacing_a_source_connected_step_survives_a_failing_call_anywhere() {
+    let (from, to) = (revision(1, 1, false), revision(2, 1, false));
+    let failures = every_failure_ends_like_no_failure(
         &from,
         &[Step {
             commit: "r2",
@@ -714,6 +833,144 @@ fn an_ordered_cutover_survives_a_crash_anywhere() {
             actions: None,
         }],
     );
+    assert!(failures > 20, "only {failures} failures injected");
+}
+
+#[test]
+fn an_ordered_cutover_survives_a_crash_anywhere() {
+    let (from, to) = (revision(1, 1, true), revision(2, 1, true));
+    let crashes = every_crash_ends_like_no_crash(
+        &from,
+        &[Step {
+            commit: "r2",
+            topology: &to,
+            actions: None,
+        }],
+    );
+    assert!(crashes > 20, "only {crashes} crashes injected");
+}
+
+#[test]
+fn an_ordered_cutover_survives_a_failing_call_anywhere() {
+    let (from, to) = (revision(1, 1, true), revision(2, 1, true));
+    let failures = every_failure_ends_like_no_failure(
+        &from,
+        &[Step {
+            commit: "r2",
+            topology: &to,
+            actions: None,
+        }],
+    );
+    assert!(failures > 20, "only {failures} failures injected");
+}
+
+/// The records on the source and on each of the users' sinks: every step passes each
+/// record on, so a sink holds each record of the source exactly once, however many lives
+/// wrote it.
+fn sink_counts(world: &World) -> [(&'static str, i64); 3] {
+    let topics = world.snapshot().topics;
+    ["in", "out", "out2"].map(|t| (t, topics[t].iter().sum()))
+}
+
+/// The runtime refuses to start `a`'s new life (a retryable error, the daemon lives on): the
+/// engine tries it again at every look, and meanwhile `c`'s replacement, which does not
+/// depend on it, runs to its end. Once the runtime starts it, the move ends as the same move
+/// without the failure ends, and records written while `a` could not start are read by its
+/// new life: none lost, none read twice.
+#[test]
+fn a_failing_start_is_retried_while_the_other_actions_go_on() {
+    let (one, two) = (branches(1, 1), branches(2, 2));
+    let r2 = [Step {
+        commit: "r2",
+        topology: &two,
+        actions: None,
+    }];
+    let reference = {
+        let (world, _dir, state) = deployed(&one);
+        assert!(daemon(&world, &state, &r2, &mut 0));
+        world.produce("in", 5);
+        assert_eq!(sink_counts(&world), [("in", 45), ("out", 45), ("out2", 45)]);
+        ending(&world, &state)
+    };
+
+    let (world, _dir, state) = deployed(&one);
+    let groups_of = |step: &str| -> Vec<String> {
+        world
+            .snapshot()
+            .running
+            .into_values()
+            .filter(|s| s.step == step)
+            .map(|s| s.group)
+            .collect()
+    };
+    let (old_a, old_c) = (groups_of("a"), groups_of("c"));
+    let refused = || *world.refused.lock().unwrap();
+    world.refusing.lock().unwrap().insert("a".into());
+    with_engine(&world, &state, |engine| {
+        let mut waits = Waits::default();
+        let r2 = target("r2", Some(&two));
+        // Until only what waits for `a`'s start is left; per look, the lives of `c` and how
+        // often `a`'s start failed by then.
+        let mut looks = Vec::new();
+        let waiting_for = loop {
+            assert!(looks.len() < 1000, "no end of the other actions");
+            let advanced = engine.advance(&r2, &mut waits).unwrap();
+            looks.push((groups_of("c"), refused()));
+            match advanced {
+                Advance::Progressed => {}
+                Advance::Waiting { waits, .. } => break waits,
+                settled => panic!("settled while a cannot start: {settled:?}"),
+            }
+        };
+        // `c` moved on after `a`'s start first failed: its new life runs, its old one is
+        // gone; `a` runs no life.
+        let new_c = groups_of("c");
+        assert_eq!(new_c.len(), 1);
+        assert!(!old_c.contains(&new_c[0]), "{new_c:?}");
+        let c_started = looks.iter().position(|(c, _)| *c == new_c).unwrap();
+        assert!(
+            looks[c_started].1 >= 1,
+            "c started only after a's start failed: {looks:#?}"
+        );
+        assert!(groups_of("a").is_empty(), "old a: {old_a:?}");
+        let [start_a] = &waiting_for[..] else {
+            panic!("only a's start waits: {waiting_for:#?}");
+        };
+        assert!(
+            start_a.action.starts_with("start-processor a as ")
+                && start_a.failures >= 2
+                && start_a.reason.contains("injected: the runtime refuses"),
+            "{start_a:#?}"
+        );
+        // Records keep coming while `a` cannot start: `c` writes them on, `a`'s sink waits.
+        world.produce("in", 5);
+        assert_eq!(sink_counts(&world), [("in", 45), ("out", 30), ("out2", 45)]);
+        // The engine keeps trying, once per look, and status counts the failures.
+        let before = refused();
+        for look in 1..=3 {
+            let Advance::Waiting { waits: now, .. } = engine.advance(&r2, &mut waits).unwrap()
+            else {
+                panic!("a started while refused");
+            };
+            assert_eq!(refused(), before + look);
+            assert_eq!(now.len(), 1, "{now:#?}");
+            assert_eq!(now[0].failures, start_a.failures + look, "{now:#?}");
+        }
+        // The runtime starts it again: the move ends.
+        world.refusing.lock().unwrap().clear();
+        advance_until(engine, &r2, &mut waits, |a| {
+            matches!(a, Advance::Settled { .. })
+        });
+    });
+    let new_a = groups_of("a");
+    assert_eq!(new_a.len(), 1);
+    assert!(!old_a.contains(&new_a[0]), "{new_a:?}");
+    assert_eq!(
+        sink_counts(&world),
+        [("in", 45), ("out", 45), ("out2", 45)],
+        "every record of `in` reaches each sink once"
+    );
+    assert_eq!(ending(&world, &state), reference);
 }
 
 #[test]
@@ -731,7 +988,8 @@ fn a_revert_runs_the_old_identities_in_new_lives_and_survives_a_crash_anywhere()
             actions: None,
         },
     ];
-    every_crash_ends_like_no_crash(&one, &steps);
+    let crashes = every_crash_ends_like_no_crash(&one, &steps);
+    assert!(crashes > 40, "only {crashes} crashes injected");
 
     let (world, _dir, state) = deployed(&one);
     let first_groups: BTreeSet<String> = world.snapshot().running.keys().cloned().collect();
@@ -772,7 +1030,8 @@ fn a_newer_commit_takes_over_a_move_half_way_and_survives_a_crash_anywhere() {
                 actions: None,
             },
         ];
-        every_crash_ends_like_no_crash(&one, &steps);
+        let crashes = every_crash_ends_like_no_crash(&one, &steps);
+        assert!(crashes > 10, "only {crashes} crashes injected at {taken}");
         // And back to where it started, half-way through.
         let back = [
             Step {
@@ -786,7 +1045,11 @@ fn a_newer_commit_takes_over_a_move_half_way_and_survives_a_crash_anywhere() {
                 actions: None,
             },
         ];
-        every_crash_ends_like_no_crash(&one, &back);
+        let crashes = every_crash_ends_like_no_crash(&one, &back);
+        assert!(
+            crashes > 10,
+            "only {crashes} crashes injected back at {taken}"
+        );
     }
 }
 
