@@ -642,8 +642,11 @@ impl Admin for KafkaAdmin {
                     .map(|g| g.members().len())
                     .sum(),
             )),
-            // Brokers without DescribeGroups (librdkafka's mock cluster) cannot say.
-            Err(KafkaError::GroupListFetch(RDKafkaErrorCode::UnsupportedVersion)) => Ok(None),
+            // Brokers without DescribeGroups cannot say: librdkafka finds no version of it
+            // to use (its mock cluster: "required feature not supported by broker").
+            Err(KafkaError::GroupListFetch(
+                RDKafkaErrorCode::UnsupportedVersion | RDKafkaErrorCode::UnsupportedFeature,
+            )) => Ok(None),
             Err(source) => Err(Error::Describe {
                 group: group.to_owned(),
                 source,

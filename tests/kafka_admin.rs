@@ -94,14 +94,42 @@ fn topics_offsets_lag_and_drains() {
     admin.delete_group(&unique("never-was")).unwrap();
 }
 
-/// The engine's stop reads a stopped life's offsets once `members` says its group is empty,
-/// or cannot say (SPEC §4.2): a group with a live member must never read as empty. tansu 0.6
-/// cannot describe a group that has members (DescribeGroups fails: a transport error or a
-/// timeout), so there the runtime's own wait for the instances to exit is all that protects
-/// a cutover (the Kubernetes runtime's stop waits until the pods are gone).
-#[test]
-fn a_group_with_a_live_member_never_reads_as_empty() {
+/// A consumer in `group` on `topic` (two partitions), once it has its partitions.
+fn member(broker: &Broker, group: &str, topic: &str) -> rdkafka::consumer::BaseConsumer {
     use rdkafka::consumer::{BaseConsumer, Consumer};
+    let consumer: BaseConsumer = broker
+        .client()
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    consumer.subscribe(&[topic]).unwrap();
+    plumber_testkit::wait_until(
+        "the consumer has its partitions",
+        plumber_testkit::PATIENCE,
+        || {
+            let _ = consumer.poll(std::time::Duration::from_millis(100));
+            consumer.assignment().is_ok_and(|a| a.count() == 2)
+        },
+    );
+    consumer
+}
+
+/// The engine's stop reads a stopped life's offsets once `members` says its group is empty,
+/// or cannot say (SPEC §4.2): a group with a live member must never read as empty, nor as
+/// "cannot say" where the broker can. What each broker answers, exactly:
+///
+/// - a group nobody joined: `Some(0)`, on tansu and on a real cluster;
+/// - with one consumer in it, and once it left: on a real cluster
+///   (`PLUMBER_TEST_BOOTSTRAP`) `Some(1)`, then `Some(0)`; on tansu 0.6, which cannot
+///   describe a group that has or had members (DescribeGroups fails: the broker drops the
+///   connection), an error both times. There the runtime's own wait for the instances to
+///   exit is all that protects a cutover (the Kubernetes runtime's stop waits until the pods
+///   are gone).
+///
+/// librdkafka's MockCluster serves no DescribeGroups: the next test.
+#[test]
+fn members_counts_a_groups_members_where_the_broker_can_say() {
     use std::time::{Duration, Instant};
 
     let broker = Broker::start();
@@ -109,32 +137,72 @@ fn a_group_with_a_live_member_never_reads_as_empty() {
     let topic = unique("members");
     broker.create_topic(&topic, 2);
     let group = unique("members-group");
+    let members = admin.members(&group);
     assert!(
-        matches!(admin.members(&group), Ok(None | Some(0))),
-        "nobody joined yet"
+        matches!(members, Ok(Some(0))),
+        "nobody joined yet: {members:?}"
     );
-    let consumer: BaseConsumer = broker
-        .client()
-        .set("group.id", &group)
-        .set("enable.auto.commit", "false")
-        .create()
-        .unwrap();
-    consumer.subscribe(&[&topic]).unwrap();
-    plumber_testkit::wait_until(
-        "the consumer has its partitions",
-        plumber_testkit::PATIENCE,
-        || {
-            let _ = consumer.poll(Duration::from_millis(100));
-            consumer.assignment().is_ok_and(|a| a.count() == 2)
-        },
-    );
+
+    let consumer = member(&broker, &group, &topic);
+    let tansu = broker.is_tansu();
+    let cannot_describe = |members: &plumber::kafka::Result<Option<usize>>| matches!(members, Err(Error::Describe { group: g, .. }) if *g == group);
+    // Looked at for a while: never anything else, whatever the group does meanwhile.
     let until = Instant::now() + Duration::from_secs(3);
-    while Instant::now() < until {
+    let mut looks = 0;
+    while Instant::now() < until || looks < 3 {
         let _ = consumer.poll(Duration::from_millis(100));
         let members = admin.members(&group);
+        if tansu {
+            assert!(
+                cannot_describe(&members),
+                "tansu 0.6 cannot describe a group with a member (if it can now, expect \
+                 Some(1) as on a real cluster): {members:?}"
+            );
+        } else {
+            assert!(
+                matches!(members, Ok(Some(1))),
+                "a group with one live member: {members:?}"
+            );
+        }
+        looks += 1;
+    }
+
+    drop(consumer); // closes: leaves the group
+    if tansu {
+        let members = admin.members(&group);
         assert!(
-            !matches!(members, Ok(Some(0))),
-            "a group with a live member read as empty: {members:?}"
+            cannot_describe(&members),
+            "tansu 0.6 cannot describe a group that had members: {members:?}"
+        );
+    } else {
+        plumber_testkit::wait_until(
+            "the group is empty once its member left",
+            plumber_testkit::PATIENCE,
+            || matches!(admin.members(&group), Ok(Some(0))),
         );
     }
+}
+
+/// librdkafka's MockCluster (the exactly-once tests' broker) serves no DescribeGroups:
+/// `members` cannot say (`None`), before anyone joins and with a member alike; never `Some(0)`
+/// for a group with a live member.
+#[test]
+fn members_cannot_say_on_a_broker_without_describe_groups() {
+    use rdkafka::mocking::MockCluster;
+    use rdkafka::producer::DefaultProducerContext;
+
+    let cluster: MockCluster<'static, DefaultProducerContext> = MockCluster::new(1).unwrap();
+    let broker = Broker::external(cluster.bootstrap_servers());
+    let admin = KafkaAdmin::connect(broker.bootstrap()).unwrap();
+    let topic = unique("mock-members");
+    cluster.create_topic(&topic, 2, 1).unwrap();
+    let group = unique("mock-members-group");
+    let members = admin.members(&group);
+    assert!(
+        matches!(members, Ok(None)),
+        "nobody joined yet: {members:?}"
+    );
+    let _consumer = member(&broker, &group, &topic);
+    let members = admin.members(&group);
+    assert!(matches!(members, Ok(None)), "with a member: {members:?}");
 }
