@@ -400,7 +400,7 @@ pub fn cast<'v>(v: Value<'v>, to: SqlType) -> Result<Value<'v>, String> {
                 Value::Int(t as i64)
             }
             Value::Text(text) => Value::Int(
-                text.trim()
+                trim_space(text)
                     .parse::<i64>()
                     .map_err(|_| format!("'{}' is not an INTEGER", shorten(text)))?,
             ),
@@ -410,7 +410,7 @@ pub fn cast<'v>(v: Value<'v>, to: SqlType) -> Result<Value<'v>, String> {
             Value::Float(_) => v,
             Value::Int(_) => Value::Float(value::as_f64(&v)),
             Value::Bool(b) => Value::Float(if *b { 1.0 } else { 0.0 }),
-            Value::Text(text) => match text.trim().parse::<f64>() {
+            Value::Text(text) => match trim_space(text).parse::<f64>() {
                 Ok(f) if f.is_finite() => Value::Float(f),
                 _ => return Err(format!("'{}' is not a DOUBLE", shorten(text))),
             },
@@ -419,7 +419,7 @@ pub fn cast<'v>(v: Value<'v>, to: SqlType) -> Result<Value<'v>, String> {
         SqlType::Boolean => match &v {
             Value::Bool(_) => v,
             Value::Int(i) => Value::Bool(*i != 0),
-            Value::Text(text) => match text.trim().to_ascii_lowercase().as_str() {
+            Value::Text(text) => match trim_space(text).to_ascii_lowercase().as_str() {
                 "true" | "t" | "yes" | "y" | "on" | "1" => Value::Bool(true),
                 "false" | "f" | "no" | "n" | "off" | "0" => Value::Bool(false),
                 _ => return Err(format!("'{}' is not a BOOLEAN", shorten(text))),
@@ -427,6 +427,13 @@ pub fn cast<'v>(v: Value<'v>, to: SqlType) -> Result<Value<'v>, String> {
             _ => return Err(refuse(&v)),
         },
     })
+}
+
+/// The text without the whitespace around it that SQLite skips when it reads a number:
+/// ASCII space, tab, line feed, vertical tab, form feed and carriage return. Not Unicode
+/// spaces: SQLite reads `'12\u{3000}'` as no number, and so do we.
+fn trim_space(text: &str) -> &str {
+    text.trim_matches([' ', '\t', '\n', '\u{b}', '\u{c}', '\r'])
 }
 
 /// At most 40 characters of a value, for error messages.

@@ -310,6 +310,26 @@ fn strings() {
     }
 }
 
+/// CAST from text skips the whitespace SQLite skips around a number (space, tab, line feed,
+/// vertical tab, form feed, carriage return) and no other: `'12\u{3000}'` is no number in
+/// SQLite, and the oracle found us reading it as 12.
+#[test]
+fn cast_from_text_skips_only_the_whitespace_sqlite_skips() {
+    let value = r#"{"a": " \t\n\u000b\u000c\r12 \r\n", "b": "12\u3000", "c": "\u00a02.5", "d": "\u2003true"}"#;
+    assert_eq!(eval("CAST(a AS INTEGER)", value), "12");
+    assert_eq!(eval("CAST(a AS DOUBLE)", value), "12.0");
+    assert_eq!(eval("TRY_CAST(b AS INTEGER)", value), "null");
+    for (expr, why) in [
+        ("CAST(b AS INTEGER)", "is not an INTEGER"),
+        ("CAST(b AS DOUBLE)", "is not a DOUBLE"),
+        ("CAST(c AS DOUBLE)", "is not a DOUBLE"),
+        ("CAST(d AS BOOLEAN)", "is not a BOOLEAN"),
+    ] {
+        let message = error(expr, value);
+        assert!(message.contains(why), "{expr}: {message}");
+    }
+}
+
 #[test]
 fn case_forms() {
     let q = "CASE WHEN speed > 100 THEN 'fast' WHEN speed > 10 THEN 'moving' ELSE 'slow' END";
