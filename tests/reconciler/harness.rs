@@ -12,6 +12,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use plumber_testkit::{Broker, Process, TestRecord, live_instances, unique, wait_until};
+use rdkafka::consumer::{BaseConsumer, Consumer as _};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer as _};
 use serde_json::Value;
 use tempfile::TempDir;
@@ -138,6 +139,26 @@ impl Model {
                 p
             })
             .collect()
+    }
+
+    /// How many sink records one input record of `step` becomes (its paths to the sinks):
+    /// what one record the step processes twice duplicates downstream.
+    pub fn routes_from(&self, step: &str) -> usize {
+        fn paths(model: &Model, from: &str, to: &str) -> usize {
+            if from == to {
+                return 1;
+            }
+            model
+                .procs
+                .get(to)
+                .map(|p| p.inputs.iter().map(|i| paths(model, from, i)).sum())
+                .unwrap_or(0)
+        }
+        self.sinks
+            .values()
+            .flatten()
+            .map(|input| paths(self, step, input))
+            .sum()
     }
 
     /// What one input record becomes at `sink`, sorted.
@@ -386,48 +407,179 @@ impl World {
         self.state.path().join("state/processes")
     }
 
-    /// SIGKILLs the first instance of the running processor of `step`.
-    pub fn kill_processor(&self, step: &str) {
+    /// SIGKILLs the first instance of the running processor of `step`; returns what the
+    /// crash may make it repeat.
+    pub fn kill_processor(&self, step: &str) -> Killed {
         let prefix = format!("plumber.t.{step}.");
-        let pid_file = std::fs::read_dir(self.processes())
-            .unwrap()
-            .flatten()
-            .map(|e| e.path())
+        let pid_file = self
+            .live_pid_files()
+            .into_iter()
             .find(|p| {
                 let name = p.file_name().unwrap().to_string_lossy().into_owned();
                 name.starts_with(&prefix) && name.ends_with(".0.pid")
             })
             .unwrap_or_else(|| panic!("no running instance of {step}"));
-        let text = std::fs::read_to_string(&pid_file).unwrap();
-        let pid: i32 = text.split_whitespace().next().unwrap().parse().unwrap();
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid),
-            nix::sys::signal::Signal::SIGKILL,
-        )
-        .unwrap();
-        eprintln!("killed {step} (pid {pid})");
+        self.kill_instance(&pid_file)
+            .unwrap_or_else(|| panic!("{step} exited before it could be killed"))
     }
 
-    /// SIGKILLs the `n`-th (modulo how many there are) running processor instance; returns
-    /// its pid file's name, or `None` when none runs.
-    pub fn kill_any_processor(&self, n: usize) -> Option<String> {
+    /// SIGKILLs the `n`-th (modulo how many there are) running processor instance; panics
+    /// when none runs, so a chaos test cannot pass by killing nothing.
+    pub fn kill_any_processor(&self, n: usize) -> Killed {
+        // An instance can exit on its own (a cutover stops it) between being listed and the
+        // kill: then the next one listed is killed.
+        for _ in 0..10 {
+            let pid_files = self.live_pid_files();
+            assert!(
+                !pid_files.is_empty(),
+                "no processor instance runs: nothing to kill"
+            );
+            if let Some(killed) = self.kill_instance(&pid_files[n % pid_files.len()]) {
+                return killed;
+            }
+        }
+        panic!("every processor instance exited before it could be killed, ten times")
+    }
+
+    /// The pid files of instances whose process is alive (a file can outlive its process
+    /// until the runtime notices), sorted.
+    fn live_pid_files(&self) -> Vec<PathBuf> {
         let mut pid_files: Vec<PathBuf> = std::fs::read_dir(self.processes())
-            .ok()?
+            .into_iter()
+            .flatten()
             .flatten()
             .map(|e| e.path())
             .filter(|p| p.extension().is_some_and(|e| e == "pid"))
+            .filter(|p| pid_in(p).is_some_and(is_alive))
             .collect();
         pid_files.sort();
-        let pid_file = pid_files.get(n % pid_files.len().max(1))?;
-        let text = std::fs::read_to_string(pid_file).ok()?;
-        let pid: i32 = text.split_whitespace().next()?.parse().ok()?;
-        let _ = nix::sys::signal::kill(
+        pid_files
+    }
+
+    /// Reads the instance's group offsets, SIGKILLs it, waits until it is gone, and measures
+    /// what it had read or could read without committing; `None` when it had exited already.
+    fn kill_instance(&self, pid_file: &std::path::Path) -> Option<Killed> {
+        let name = pid_file.file_name().unwrap().to_string_lossy().into_owned();
+        // Gone with its life's stop: nothing to kill.
+        let pid = pid_in(pid_file)?;
+        // `<group>.<index>.pid`, beside `<group>.json`.
+        let group = name
+            .trim_end_matches(".pid")
+            .rsplit_once('.')
+            .map(|(group, _)| group.to_owned())
+            .unwrap();
+        let spec: Value = serde_json::from_slice(
+            &std::fs::read(self.processes().join(format!("{group}.json"))).ok()?,
+        )
+        .unwrap();
+        let step = spec["step"].as_str().unwrap().to_owned();
+        let inputs: Vec<String> = spec["inputs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i.as_str().unwrap().to_owned())
+            .collect();
+        let committed = self.committed(&group, &inputs);
+        match nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(pid),
             nix::sys::signal::Signal::SIGKILL,
-        );
-        let name = pid_file.file_name()?.to_string_lossy().into_owned();
-        eprintln!("killed {name} (pid {pid})");
-        Some(name)
+        ) {
+            Ok(()) => {}
+            Err(nix::errno::Errno::ESRCH) => return None,
+            Err(e) => panic!("kill -9 {pid} ({name}): {e}"),
+        }
+        wait_until(&format!("{name} (pid {pid}) is gone"), PATIENCE, || {
+            !is_alive(pid)
+        });
+        let uncommitted = self.uncommitted(&committed);
+        eprintln!("killed {name} (pid {pid}); {uncommitted} input records past its commits");
+        Some(Killed {
+            step,
+            group,
+            committed,
+            uncommitted,
+        })
+    }
+
+    /// `group`'s committed offset on every partition of `topics`; the partition's first
+    /// offset where it has none (it starts there).
+    pub fn committed(&self, group: &str, topics: &[String]) -> BTreeMap<(String, i32), i64> {
+        let consumer: BaseConsumer = self
+            .broker
+            .client()
+            .set("group.id", group)
+            .set("enable.auto.commit", "false")
+            .create()
+            .unwrap();
+        let mut list = rdkafka::TopicPartitionList::new();
+        for topic in topics {
+            let metadata = consumer
+                .fetch_metadata(Some(topic), Duration::from_secs(10))
+                .unwrap();
+            for partition in metadata.topics().iter().flat_map(|t| t.partitions()) {
+                list.add_partition(topic, partition.id());
+            }
+        }
+        let committed = consumer
+            .committed_offsets(list, Duration::from_secs(10))
+            .unwrap();
+        committed
+            .elements()
+            .iter()
+            .map(|e| {
+                let key = (e.topic().to_owned(), e.partition());
+                let offset = match e.offset() {
+                    rdkafka::Offset::Offset(offset) => offset,
+                    _ => {
+                        consumer
+                            .fetch_watermarks(&key.0, key.1, Duration::from_secs(10))
+                            .unwrap()
+                            .0
+                    }
+                };
+                (key, offset)
+            })
+            .collect()
+    }
+
+    /// The records past `committed` on its partitions now: all that a group which
+    /// committed there and died may process again (at-least-once).
+    pub fn uncommitted(&self, committed: &BTreeMap<(String, i32), i64>) -> u64 {
+        let consumer: BaseConsumer = self.broker.client().create().unwrap();
+        committed
+            .iter()
+            .map(|((topic, partition), offset)| {
+                let (_, end) = consumer
+                    .fetch_watermarks(topic, *partition, Duration::from_secs(10))
+                    .unwrap();
+                (end - offset).max(0) as u64
+            })
+            .sum()
+    }
+
+    /// Every running group's committed offsets, by step: measured before a fault, what
+    /// the fault may make each step repeat is [`World::uncommitted`] of them after it.
+    pub fn running_groups(&self) -> Vec<(String, BTreeMap<(String, i32), i64>)> {
+        std::fs::read_dir(self.processes())
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|e| e == "json"))
+            .map(|path| {
+                let spec: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+                let inputs: Vec<String> = spec["inputs"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|i| i.as_str().unwrap().to_owned())
+                    .collect();
+                let step = spec["step"].as_str().unwrap().to_owned();
+                (
+                    step,
+                    self.committed(spec["group"].as_str().unwrap(), &inputs),
+                )
+            })
+            .collect()
     }
 
     /// The first line of every instance's pid file (its pids and start times), by file.
@@ -440,6 +592,41 @@ impl World {
                 let text = std::fs::read_to_string(e.path()).unwrap_or_default();
                 let first = text.lines().next().unwrap_or_default().to_owned();
                 (e.file_name().to_string_lossy().into_owned(), first)
+            })
+            .collect()
+    }
+
+    /// What the daemons of this world logged, in order.
+    pub fn daemon_log(&self) -> String {
+        std::fs::read_to_string(self.state.path().join("daemon.log")).unwrap_or_default()
+    }
+
+    /// Whether `topic` is on the broker, with partitions.
+    pub fn topic_exists(&self, topic: &str) -> bool {
+        let consumer: BaseConsumer = self.broker.client().create().unwrap();
+        let metadata = consumer
+            .fetch_metadata(None, Duration::from_secs(10))
+            .unwrap();
+        metadata
+            .topics()
+            .iter()
+            .any(|t| t.name() == topic && t.error().is_none() && !t.partitions().is_empty())
+    }
+
+    /// The assignor recorded with each running group.
+    pub fn recorded_assignors(&self) -> BTreeMap<String, String> {
+        std::fs::read_dir(self.processes())
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|e| e == "json"))
+            .map(|path| {
+                let spec: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+                let assignor = spec["settings"]["assignor"].as_str().unwrap_or("none");
+                (
+                    spec["group"].as_str().unwrap().to_owned(),
+                    assignor.to_owned(),
+                )
             })
             .collect()
     }
@@ -545,6 +732,35 @@ impl Drop for World {
             );
         }
     }
+}
+
+/// A processor instance killed with SIGKILL, and what its crash may repeat.
+#[derive(Debug)]
+pub struct Killed {
+    pub step: String,
+    pub group: String,
+    /// Its group's committed offsets on its inputs just before the kill.
+    pub committed: BTreeMap<(String, i32), i64>,
+    /// The input records past those offsets just after the kill: the records in flight and
+    /// those read since the last commit (at most one commit interval's) — all that an
+    /// at-least-once successor may process again.
+    pub uncommitted: u64,
+}
+
+/// The processor pid recorded first in a pid file.
+fn pid_in(pid_file: &std::path::Path) -> Option<i32> {
+    std::fs::read_to_string(pid_file)
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// Whether `pid` runs (a zombie does not: it waits only to be reaped).
+fn is_alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|stat| !stat.contains(") Z ") && !stat.contains(") X "))
 }
 
 /// The path of a record without versions: which steps it went through.
@@ -787,8 +1003,19 @@ impl Plumber {
         Plumber::start(world, &world.repo_location(), &[])
     }
 
-    /// `plumber up LOCATION` with extra arguments, on the world's state directory.
+    /// `plumber up LOCATION` with extra arguments, on the world's state directory; keeping
+    /// retired topics on tansu (README, tansu).
     pub fn start(world: &World, location: &str, extra: &[&str]) -> Plumber {
+        Plumber::launch(world, location, extra, world.broker.is_tansu())
+    }
+
+    /// `plumber up` deleting retired topics, on tansu too: only for a world whose topics
+    /// may all break when one is deleted.
+    pub fn deleting_topics(world: &World) -> Plumber {
+        Plumber::launch(world, &world.repo_location(), &[], false)
+    }
+
+    fn launch(world: &World, location: &str, extra: &[&str], keep_topics: bool) -> Plumber {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -818,8 +1045,10 @@ impl Plumber {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log);
-        if world.broker.is_tansu() {
+        if keep_topics {
             command.arg("--keep-topics");
+        }
+        if world.broker.is_tansu() {
             // `plumber up --assignor`, passed to every processor. On tansu a processor restarted after a kill -9 got
             // no partitions under the cooperative assignor, restart after restart (README,
             // tansu); the eager one recovers.
