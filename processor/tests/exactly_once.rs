@@ -184,7 +184,7 @@ fn outputs_dead_letters_and_offsets_commit_in_transactions() {
 /// that each record is seen once, is asserted only on a real cluster; on the mock the test
 /// shows that the restart's offsets went through a transaction.
 #[test]
-fn a_crashed_instance_s_transaction_is_aborted_by_its_restart() {
+fn a_crashed_instance_s_restart_processes_its_open_transaction_again_transactionally() {
     let tx = transactional();
     let (input, output) = (tx.topic("in", 2), tx.topic("out", 2));
     tx.broker.produce(&input, &numbered(0..200));
