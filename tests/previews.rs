@@ -181,7 +181,7 @@ fn records(from: u32, count: u32) -> Vec<TestRecord> {
         .collect()
 }
 
-/// The `v`s on `topic` tagged `by`.
+/// The `v`s of `records` tagged `by`, sorted, each as often as it was written.
 fn values_by(records: &[TestRecord], by: &str) -> Vec<u64> {
     let mut values: Vec<u64> = records
         .iter()
@@ -190,8 +190,46 @@ fn values_by(records: &[TestRecord], by: &str) -> Vec<u64> {
         .filter_map(|json| json["v"].as_u64())
         .collect();
     values.sort_unstable();
-    values.dedup();
     values
+}
+
+/// One record on each of the source's `partitions`, produced after the records a check is
+/// about: a processor that wrote a marker on has read everything before it on every
+/// partition, and written what it made of it. `v`s from `from` on.
+fn markers(broker: &Broker, source: &str, partitions: i32, from: u64) -> Vec<u64> {
+    let records: Vec<TestRecord> = (0..partitions)
+        .map(|p| TestRecord {
+            partition: Some(p),
+            ..TestRecord::new(
+                &format!("marker-{p}"),
+                &format!("{{\"v\":{}}}", from + p as u64),
+            )
+        })
+        .collect();
+    broker.produce(source, &records);
+    (from..from + partitions as u64).collect()
+}
+
+/// Waits until every `v` of `expected` reached `topic` tagged `by` (the markers among them:
+/// what the step wrote before them is there too), then asserts that `topic` holds exactly
+/// these records, each once, and nothing else.
+fn holds_exactly(broker: &Broker, topic: &str, by: &str, expected: &[u64]) {
+    let records = broker.wait_for_records(topic, &format!("the records tagged {by}"), |r| {
+        let written = values_by(r, by);
+        expected.iter().all(|v| written.contains(v))
+    });
+    let mut wanted = expected.to_vec();
+    wanted.sort_unstable();
+    assert_eq!(values_by(&records, by), wanted, "{topic}: each record once");
+    let others: Vec<&str> = records
+        .iter()
+        .map(TestRecord::value_str)
+        .filter(|v| serde_json::from_str::<Value>(v).map_or(true, |json| json["by"] != by))
+        .collect();
+    assert!(
+        others.is_empty(),
+        "{topic} holds records not by {by}: {others:?}"
+    );
 }
 
 #[test]
@@ -253,23 +291,15 @@ fn a_labelled_pull_request_previews_its_change_on_live_data_into_shadow_topics_u
     });
 
     // Records written now reach the shadow topic transformed by the pull request's step, and
-    // the users' sink only through main's.
+    // the users' sink only through main's: each exactly once, and nothing else on either
+    // (the preview wrote no users' sink, main no shadow topic), checked once markers
+    // written after them passed both steps.
     broker.produce(&source, &records(1, 10));
-    let expected: Vec<u64> = (1..=10).collect();
-    broker.wait_for_records(&shadow, "the preview's output", |r| {
-        values_by(r, "pr") == expected
-    });
-    let real_output =
-        broker.wait_for_records(&sink, "main's output", |r| values_by(r, "main") == expected);
-    assert!(
-        values_by(&real_output, "pr").is_empty(),
-        "the preview wrote the users' sink"
-    );
-    let shadowed = broker.read_all(&shadow);
-    assert!(
-        values_by(&shadowed, "main").is_empty(),
-        "main wrote the shadow topic"
-    );
+    let mut expected: Vec<u64> = (1..=10).collect();
+    expected.extend(markers(&broker, &source, 3, 1000));
+    holds_exactly(&broker, &shadow, "pr", &expected);
+    holds_exactly(&broker, &sink, "main", &expected);
+    let previewed = expected.clone();
 
     // The label removed (the webhook says so): the preview's processes exit and it leaves
     // status; the real topology runs on, untouched.
@@ -311,16 +341,26 @@ fn a_labelled_pull_request_previews_its_change_on_live_data_into_shadow_topics_u
         },
     );
     assert_eq!(daemon.plan("refs/pull/7/head")["preview"], false);
+    // Records written after the teardown reach the users' sink, once each, and nothing
+    // reaches the shadow topic: checked once markers written after them passed main's step
+    // (where a preview still running would have read them too).
     broker.produce(&source, &records(11, 5));
-    let more: Vec<u64> = (1..=15).collect();
-    broker.wait_for_records(&sink, "main's output after the teardown", |r| {
-        values_by(r, "main") == more
-    });
-    assert!(
-        values_by(&broker.read_all(&shadow), "pr")
+    expected.extend(11..=15);
+    expected.extend(markers(&broker, &source, 3, 2000));
+    holds_exactly(&broker, &sink, "main", &expected);
+    let shadowed = broker.read_all(&shadow);
+    assert_eq!(
+        (values_by(&shadowed, "pr"), shadowed.len()),
+        (previewed.clone(), previewed.len()),
+        "the shadow topic holds what the preview wrote, and nothing came after the teardown: {:?}",
+        shadowed
             .iter()
-            .all(|v| *v <= 10),
-        "nothing reaches the shadow topic after the teardown"
+            .map(TestRecord::value_str)
+            .collect::<Vec<_>>()
+    );
+    assert!(
+        broker.committed(&preview_group, &source, 3).is_empty(),
+        "the preview's group read on after the teardown"
     );
     forge.assert_clean();
 }
