@@ -400,9 +400,10 @@ fn code_pushed_after_the_label_never_runs_until_the_pull_request_is_labelled_aga
     forge.set_head(7, &reviewed.to_string());
     let state = tempfile::tempdir().unwrap();
     let daemon = Daemon::start(&repo, &broker, &forge, state.path());
-    daemon.wait_topology("t.pr-7", "the reviewed change is previewed", |t| {
+    let previewed = daemon.wait_topology("t.pr-7", "the reviewed change is previewed", |t| {
         t["commit"] == reviewed.to_string().as_str() && running_group(t, "clean").is_some()
     });
+    let reviewed_group = running_group(&previewed, "clean").unwrap();
     let status_of = |sha: &str| {
         forge
             .statuses()
@@ -463,6 +464,19 @@ fn code_pushed_after_the_label_never_runs_until_the_pull_request_is_labelled_aga
     assert_eq!(plan["head"], pushed_sha.as_str(), "{plan:#}");
     assert_eq!(plan["preview"], false, "{plan:#}");
     assert!(!marker.exists(), "the unreviewed exec step ran");
+    // Nor was it started and stopped before it wrote the marker: the runtime logs every start
+    // before the process runs, and the preview is torn down, so no start can come later.
+    let log = std::fs::read_to_string(state.path().join("daemon.log")).unwrap();
+    let started: std::collections::BTreeSet<&str> = log
+        .lines()
+        .filter(|l| l.contains("instance started") && l.contains("pr-7"))
+        .filter_map(|l| l.split_whitespace().find(|w| w.contains("pr-7")))
+        .collect();
+    assert!(
+        started.iter().all(|w| w.contains(&reviewed_group)),
+        "only the reviewed head's step ran in the preview: {started:?}"
+    );
+    assert!(!started.is_empty(), "the reviewed head's start is logged");
 
     // A maintainer labels it again (at the pushed head): now it runs.
     forge.set_pull_request(7, PullRequestState::Open, &[LABEL]);

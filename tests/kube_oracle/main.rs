@@ -784,13 +784,12 @@ fn a_standby_leaves_previews_to_the_lease_holder_until_it_holds_the_lease() {
         || shown(&standby, "s.pr-7").is_some_and(|t| t.preview_of.is_some()),
     );
     let shadow = format!("{sink}.preview.pr-7");
+    // The decision creates the shadow topics before it shows `previewOf`, in one call, so
+    // their absence now is final for it. A standby's worker leaves no trace in the API to
+    // wait for, so its Deployments are checked at the end, against the order of requests.
     assert!(
         !topic_exists(&world, &shadow),
         "a standby created the shadow topic"
-    );
-    assert!(
-        deployments(&fake).is_empty(),
-        "a standby applied Deployments"
     );
     assert!(!standby.holds_lease());
 
@@ -825,6 +824,27 @@ fn a_standby_leaves_previews_to_the_lease_holder_until_it_holds_the_lease() {
         .wait_for_records(&shadow, "the preview's output", |r| {
             sorted(values_by(r, "pr")) == expected
         });
+    // Whenever the standby would have written a Deployment, the request log holds it: the
+    // first write of one comes after plumber-0 took the lease.
+    let requests = fake.requests();
+    let took_lease = requests
+        .iter()
+        .position(|r| {
+            r.method != "GET"
+                && r.path.contains("/leases")
+                && r.body
+                    .as_ref()
+                    .is_some_and(|b| b["spec"]["holderIdentity"].as_str() == Some("plumber-0"))
+        })
+        .expect("plumber-0's lease write is in the log");
+    let first_deployment_write = requests
+        .iter()
+        .position(|r| r.method != "GET" && r.path.contains("/deployments"))
+        .expect("the holder applied the preview's Deployment");
+    assert!(
+        first_deployment_write > took_lease,
+        "a standby wrote a Deployment (request {first_deployment_write}) before it took the lease (request {took_lease})"
+    );
     standby.stop();
 }
 
