@@ -6,7 +6,7 @@ use jaq_core::native::{Filter, Fun, bome, run, unary, v};
 use jaq_core::{DataT, RunPtr};
 use jaq_std::ValT as _;
 
-use crate::value::{Error, Map, Rc, Val, ValR, described, type_name};
+use crate::value::{Error, Map, Rc, Val, ValR, described, type_error, type_name};
 use crate::{json_in, json_out};
 
 fn fail(message: impl std::fmt::Display) -> Error {
@@ -134,7 +134,10 @@ impl Val {
 /// jq's `fromjson`: exactly one JSON value, at most [`json_in::MAX_DEPTH`] levels deep (an
 /// unbounded reader overflowed the stack on a string of 100,000 `[`); jq also reads `nan`.
 fn from_json(value: &Val) -> ValR {
-    let text = value.string_bytes()?;
+    let (Val::TStr(text) | Val::BStr(text)) = value else {
+        return Err(type_error(value, "only strings can be parsed"));
+    };
+    let text: &[u8] = text;
     if let b"nan" | b"NaN" | b"-nan" | b"-NaN" = text.trim() {
         return Ok(Val::from(f64::NAN));
     }
@@ -430,6 +433,14 @@ fn trim_prefix(value: Val, prefix: &Val, front: bool) -> ValR {
     }
 }
 
+/// jaq's trimming (Unicode white space), with jq's message for what is not a string.
+fn trim(value: &Val, f: impl FnOnce(&[u8]) -> &[u8]) -> ValR {
+    match value {
+        Val::TStr(s) => Ok(value.as_sub_str(f(s))),
+        _ => Err(fail("trim input must be a string")),
+    }
+}
+
 fn base32(value: &Val) -> ValR {
     const ALPHABET: &[u8; 32] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567";
     let bytes = value.string_bytes()?;
@@ -515,10 +526,30 @@ fn base<D: for<'a> DataT<V<'a> = Val>>() -> Box<[Filter<RunPtr<D>>]> {
         }),
         ("bsearch", v(1), |cv| {
             let to_idx = |r: Result<_, _>| r.map_or_else(|i| -1 - i as isize, |i| i as isize);
-            unary(cv, move |a, x| {
-                a.as_arr().map(|a| Val::from(to_idx(a.binary_search(&x))))
+            unary(cv, move |a, x| match &a {
+                Val::Arr(a) => Ok(Val::from(to_idx(a.binary_search(&x)))),
+                _ => Err(type_error(&a, "cannot be searched from")),
             })
         }),
+        ("_strindices", v(1), |cv| {
+            let to_int = |i: usize| Val::from(i as isize);
+            unary(cv, move |x, v| match (&x, &v) {
+                (Val::TStr(_) | Val::BStr(_), Val::TStr(_) | Val::BStr(_)) => {
+                    x.indices(&v).map(|idxs| idxs.map(to_int).collect())
+                }
+                (Val::TStr(_) | Val::BStr(_), _) => Err(type_error(&v, "is not a string")),
+                _ => Err(type_error(&x, "cannot be searched, as it is not a string")),
+            })
+        }),
+        ("utf8bytelength", v(0), |cv| {
+            bome(match &cv.1 {
+                Val::TStr(s) | Val::BStr(s) => Ok(Val::from(s.len())),
+                v => Err(type_error(v, "only strings have UTF-8 byte length")),
+            })
+        }),
+        ("trim", v(0), |cv| bome(trim(&cv.1, ByteSlice::trim))),
+        ("ltrim", v(0), |cv| bome(trim(&cv.1, ByteSlice::trim_start))),
+        ("rtrim", v(0), |cv| bome(trim(&cv.1, ByteSlice::trim_end))),
         ("delpaths", v(1), |cv| {
             unary(cv, |v, paths| del_paths(v, &paths))
         }),

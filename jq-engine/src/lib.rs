@@ -374,6 +374,102 @@ mod tests {
         );
     }
 
+    /// jq 1.8 shows a value in a message as at most 29 bytes of its JSON, the cut at a
+    /// character boundary and marked with `...` and the closing delimiter.
+    #[test]
+    fn messages_show_values_as_jq_does() {
+        let negated = |input: &str| outputs("try -. catch .", input);
+        assert_eq!(
+            negated(r#""xx☆☆☆☆☆☆☆☆""#),
+            [r#""string (\"xx☆☆☆☆☆☆☆☆\") cannot be negated""#]
+        );
+        assert_eq!(
+            negated(r#""xxxx☆☆☆☆☆☆☆☆""#),
+            [r#""string (\"xxxx☆☆☆☆☆☆...\") cannot be negated""#]
+        );
+        assert_eq!(
+            outputs(r#"try (. + "x") catch ."#, "123456789012345678901234567890"),
+            [r#""number (12345678901234567890123456...) and string (\"x\") cannot be added""#]
+        );
+        assert_eq!(
+            negated("[1234567890,1234567890,1234567890]"),
+            [r#""array ([1234567890,1234567890,12...]) cannot be negated""#]
+        );
+        assert_eq!(
+            negated(r#"{"aaaaaaaaaaaaaaaaaaaaaaaaaa":1}"#),
+            [r#""object ({\"aaaaaaaaaaaaaaaaaaaaaaa...}) cannot be negated""#]
+        );
+    }
+
+    #[test]
+    fn error_messages_are_jqs() {
+        let caught =
+            |program: &str, input: &str| outputs(&format!("try ({program}) catch ."), input);
+        let cases = [
+            (
+                "utf8bytelength",
+                "[1]",
+                "array ([1]) only strings have UTF-8 byte length",
+            ),
+            ("ltrim", "1", "trim input must be a string"),
+            ("bsearch(1)", "{}", "object ({}) cannot be searched from"),
+            (
+                "_strindices(\"a\")",
+                "1",
+                "number (1) cannot be searched, as it is not a string",
+            ),
+            ("_strindices(1)", "\"a\"", "number (1) is not a string"),
+            ("fromjson", "1", "number (1) only strings can be parsed"),
+            (
+                "join(\",\")",
+                "[\"a\",[1]]",
+                "string (\"a,\") and array ([1]) cannot be added",
+            ),
+            ("mktime", "1", "mktime requires array inputs"),
+            (
+                "mktime",
+                "[2024,1,1,0,0,null]",
+                "mktime requires parsed datetime inputs",
+            ),
+            (
+                "strftime(\"%Y\")",
+                "\"x\"",
+                "strftime/1 requires parsed datetime inputs",
+            ),
+            (
+                "strftime(1)",
+                "[2024]",
+                "strftime/1 requires a string format",
+            ),
+            (
+                "strflocaltime(\"%Y\")",
+                "[null]",
+                "strflocaltime/1 requires parsed datetime inputs",
+            ),
+            (".[nan] = 1", "[]", "Cannot set array element at NaN index"),
+            (".[1:2] = \"x\"", "\"abc\"", "Cannot update string slices"),
+            (
+                "setpath([{\"start\":1}]; \"x\")",
+                "\"abc\"",
+                "Cannot update string slices",
+            ),
+            (
+                ".[[1]] |= 1",
+                "[1]",
+                "Cannot update field at array index of array",
+            ),
+        ];
+        for (program, input, message) in cases {
+            let message = Val::from(message.to_owned()).to_string();
+            assert_eq!(caught(program, input), [message], "{program} on {input}");
+        }
+        // What still works around the checks.
+        assert_eq!(outputs("mktime", "[2024,8,21]"), ["1726876800"]);
+        assert_eq!(outputs("strftime(\"%Y\")", "[2024,0,1]"), ["\"2024\""]);
+        assert_eq!(outputs("_strindices(\"b\")", "\"abcb\""), ["[1,3]"]);
+        assert_eq!(outputs("[.[] | trim]", "[\" a \"]"), ["[\"a\"]"]);
+    }
+
     #[test]
     fn checker_agrees_with_compile() {
         let programs = [

@@ -83,35 +83,38 @@ pub fn type_name(v: &Val) -> &'static str {
     }
 }
 
-/// `type (value)` as jq's messages show a value: a string's first 24 bytes, or the first 26
-/// of another value's JSON, and `...` when there is more.
+/// A value as jq 1.8's messages show it (`jv_dump_string_trunc` into a 30-byte buffer): its
+/// JSON, or when that is longer than 29 bytes, as much of it as fits in 29 with `...` and the
+/// closing `"`, `]` or `}`, cut where a character starts.
+pub fn dump_trunc(v: &Val) -> String {
+    const MAX: usize = 29;
+    let mut json = Vec::new();
+    crate::json_out::write_lossy(&mut json, v);
+    let text = String::from_utf8_lossy(&json);
+    if text.len() <= MAX {
+        return text.into_owned();
+    }
+    let close = match v {
+        Val::TStr(_) | Val::BStr(_) => "\"",
+        Val::Arr(_) => "]",
+        Val::Obj(_) => "}",
+        _ => "",
+    };
+    let mut end = MAX - "...".len() - close.len();
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}...{close}", &text[..end])
+}
+
+/// `type (value)`, as jq's messages name a value.
 pub fn described(v: &Val) -> String {
-    let cut = |text: &str, at: usize| {
-        let mut end = at;
-        while !text.is_char_boundary(end) {
-            end -= 1;
-        }
-        format!("{}...", &text[..end])
-    };
-    let shown = match v {
-        Val::TStr(s) | Val::BStr(s) if s.len() > 24 => {
-            let text = String::from_utf8_lossy(s);
-            let mut json = Vec::new();
-            crate::json_out::write_lossy(&mut json, &Val::from(cut(&text, 24)));
-            String::from_utf8_lossy(&json).into_owned()
-        }
-        _ => {
-            let mut json = Vec::new();
-            crate::json_out::write_lossy(&mut json, v);
-            let text = String::from_utf8_lossy(&json);
-            if text.len() > 29 {
-                cut(&text, 26)
-            } else {
-                text.into_owned()
-            }
-        }
-    };
-    format!("{} ({shown})", type_name(v))
+    format!("{} ({})", type_name(v), dump_trunc(v))
+}
+
+/// jq's `type_error`: `type (value) message`.
+pub fn type_error(v: &Val, message: &str) -> Error {
+    fail(format_args!("{} {message}", described(v)))
 }
 
 fn fail(message: impl fmt::Display) -> Error {
@@ -268,7 +271,9 @@ impl jaq_core::ValT for Val {
             Val::Arr(ref mut a) if matches!(index, Val::Num(_)) => {
                 let Val::Num(n) = index else { unreachable!() };
                 let Some(mut i) = n.as_index() else {
-                    return opt.fail(self, |_| Exn::from(fail("Cannot index array with NaN")));
+                    return opt.fail(self, |_| {
+                        Exn::from(fail("Cannot set array element at NaN index"))
+                    });
                 };
                 let len = a.len() as isize;
                 if i < 0 {
@@ -299,6 +304,13 @@ impl jaq_core::ValT for Val {
                     a.remove(i);
                 }
                 Ok(self)
+            }
+            // What jq can read but not set (`jv_set`), after what it cannot read at all.
+            Val::Arr(_) if matches!(index, Val::Arr(_)) => opt.fail(self, |_| {
+                Exn::from(fail("Cannot update field at array index of array"))
+            }),
+            Val::TStr(_) | Val::BStr(_) if matches!(index, Val::Obj(_)) => {
+                opt.fail(self, |_| Exn::from(fail("Cannot update string slices")))
             }
             _ => opt.fail(self, |v| Exn::from(cannot_index(&v, index))),
         }
@@ -334,6 +346,9 @@ impl jaq_core::ValT for Val {
                 };
                 Rc::make_mut(a).splice(skip..skip + take, (*y).clone());
                 Ok(self)
+            }
+            Val::TStr(_) | Val::BStr(_) => {
+                opt.fail(self, |_| Exn::from(fail("Cannot update string slices")))
             }
             _ => opt.fail(self, |v| {
                 Exn::from(fail(format_args!(
@@ -469,13 +484,6 @@ impl Val {
         match self {
             Self::Num(n) => Some(n),
             _ => None,
-        }
-    }
-
-    pub(crate) fn as_arr(&self) -> Result<&Rc<Vec<Self>>, Error> {
-        match self {
-            Self::Arr(a) => Ok(a),
-            _ => Err(Error::typ(self.clone(), "array")),
         }
     }
 
