@@ -133,6 +133,7 @@ impl Val {
 
 /// jq's `fromjson`: exactly one JSON value, at most [`json_in::MAX_DEPTH`] levels deep (an
 /// unbounded reader overflowed the stack on a string of 100,000 `[`); jq also reads `nan`.
+/// What jq refuses gets jq's message, naming the place as jq does ([`crate::jq_parse`]).
 fn from_json(value: &Val) -> ValR {
     let (Val::TStr(text) | Val::BStr(text)) = value else {
         return Err(type_error(value, "only strings can be parsed"));
@@ -142,6 +143,10 @@ fn from_json(value: &Val) -> ValR {
         return Ok(Val::from(f64::NAN));
     }
     json_in::read(text).map_err(|e| {
+        if let Some(message) = crate::jq_parse::error(text) {
+            return fail(message);
+        }
+        // Text jq reads but a step does not (`[nan]`, `01`): our reader's words.
         let start: String = String::from_utf8_lossy(&text[..text.len().min(40)]).into();
         let more = if text.len() > 40 { "…" } else { "" };
         fail(format_args!(

@@ -9,6 +9,7 @@
 //! (`rewrite`). What still differs from jq is listed in processor/README.md.
 
 mod funs;
+mod jq_parse;
 pub mod json_in;
 pub mod json_out;
 mod num;
