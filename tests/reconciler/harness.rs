@@ -503,7 +503,7 @@ impl World {
 
     /// `group`'s committed offset on every partition of `topics`; the partition's first
     /// offset where it has none (it starts there).
-    pub fn committed(&self, group: &str, topics: &[String]) -> BTreeMap<(String, i32), i64> {
+    pub fn committed(&self, group: &str, topics: &[String]) -> Offsets {
         let consumer: BaseConsumer = self
             .broker
             .client()
@@ -544,7 +544,7 @@ impl World {
 
     /// The records past `committed` on its partitions now: all that a group which
     /// committed there and died may process again (at-least-once).
-    pub fn uncommitted(&self, committed: &BTreeMap<(String, i32), i64>) -> u64 {
+    pub fn uncommitted(&self, committed: &Offsets) -> u64 {
         let consumer: BaseConsumer = self.broker.client().create().unwrap();
         committed
             .iter()
@@ -559,7 +559,7 @@ impl World {
 
     /// Every running group's committed offsets, by step: measured before a fault, what
     /// the fault may make each step repeat is [`World::uncommitted`] of them after it.
-    pub fn running_groups(&self) -> Vec<(String, BTreeMap<(String, i32), i64>)> {
+    pub fn running_groups(&self) -> Vec<(String, Offsets)> {
         std::fs::read_dir(self.processes())
             .unwrap()
             .flatten()
@@ -734,13 +734,16 @@ impl Drop for World {
     }
 }
 
+/// A group's offsets, by topic and partition.
+pub type Offsets = BTreeMap<(String, i32), i64>;
+
 /// A processor instance killed with SIGKILL, and what its crash may repeat.
 #[derive(Debug)]
 pub struct Killed {
     pub step: String,
     pub group: String,
     /// Its group's committed offsets on its inputs just before the kill.
-    pub committed: BTreeMap<(String, i32), i64>,
+    pub committed: Offsets,
     /// The input records past those offsets just after the kill: the records in flight and
     /// those read since the last commit (at most one commit interval's) — all that an
     /// at-least-once successor may process again.
