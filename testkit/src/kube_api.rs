@@ -110,7 +110,8 @@
 //! `fieldSelector=metadata.name=…`); `resourceVersionMatch` is ignored, and a version newer than
 //! the server's is waited for rather than refused; bookmarks come only at a timeout, never
 //! periodically; a metadata-only watch (`watch_metadata`) gets whole objects. No discovery, no
-//! authentication or RBAC, no admission (webhooks, defaulting, Pod Security), no validation of
+//! authentication (but a bearer token over HTTPS, [`FakeApi::serve_https`]), no RBAC unless
+//! [`FakeApi::with_rbac`], no admission (webhooks, defaulting, Pod Security), no validation of
 //! built-in kinds, no garbage collection beyond the deployment controller's Pods (owner
 //! references of other kinds are not followed, `Foreground` deletion is not modelled), no
 //! graceful Pod termination unless a test's kubelet models it with a finalizer
@@ -154,12 +155,16 @@
 
 mod controller;
 mod fields;
+mod https;
+mod rbac;
 mod schema;
 mod selector;
 mod server;
 mod store;
 mod watch;
 
+pub use https::Served;
+pub use rbac::{Attributes, Rbac};
 pub use server::Target;
 
 /// KEDA's own `ScaledObject` CRD (v2.20.2, Apache-2.0; see `fixtures/keda/README.md`), for
@@ -520,6 +525,8 @@ struct State {
     pod_finalizer: Option<String>,
     auto_settle: bool,
     pod_log: Vec<PodEvent>,
+    /// [`FakeApi::with_rbac`]; `None`, everything is allowed.
+    rbac: Option<rbac::Rbac>,
 }
 
 struct Inner {
@@ -577,6 +584,7 @@ impl FakeApi {
                     pod_finalizer: None,
                     auto_settle: true,
                     pod_log: Vec::new(),
+                    rbac: None,
                 }),
                 listeners: Mutex::new(Vec::new()),
             }),
@@ -1046,7 +1054,14 @@ impl FakeApi {
         let (recorded, hold, fault) = {
             let mut state = self.lock();
             state.seq += 1;
-            let recorded = RecordedRequest::new(&parts, &bytes, state.seq);
+            let mut recorded = RecordedRequest::new(&parts, &bytes, state.seq);
+            // Authorization comes first, as in the API server: a denied request is neither
+            // held nor failed by a fault.
+            if let Some(denied) = rbac::denied(state.rbac.as_ref(), &state.store, &recorded) {
+                recorded.status = Some(denied.code);
+                state.requests.push(recorded);
+                return respond(denied.code, &denied.status());
+            }
             let hold = state
                 .holds
                 .iter()
