@@ -173,9 +173,17 @@ async fn status(State(api): State<Api>) -> Response {
 }
 
 async fn history(State(api): State<Api>) -> Response {
-    match api.context.records.history() {
-        Ok(entries) => axum::Json(api.context.shown_history(entries)).into_response(),
-        Err(error) => (StatusCode::INTERNAL_SERVER_ERROR, error.to_string()).into_response(),
+    // The records may be Topology objects, read through a client that blocks its thread on
+    // the Kubernetes runtime's own tokio runtime: never on one of the listener's threads.
+    let records = api.context.records.clone();
+    match tokio::task::spawn_blocking(move || records.history()).await {
+        Ok(Ok(entries)) => axum::Json(api.context.shown_history(entries)).into_response(),
+        Ok(Err(error)) => (StatusCode::INTERNAL_SERVER_ERROR, error.to_string()).into_response(),
+        Err(error) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("reading the history failed: {error}"),
+        )
+            .into_response(),
     }
 }
 

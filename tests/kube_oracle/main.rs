@@ -17,6 +17,7 @@ mod fake_forge;
 mod harness;
 mod kubelet;
 mod replica;
+mod shipped;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;

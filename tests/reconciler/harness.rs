@@ -1018,6 +1018,47 @@ impl Plumber {
         Plumber::launch(world, &world.repo_location(), &[], false)
     }
 
+    /// `plumber daemon --config CONFIG`, the shipped binary in its Kubernetes mode, as a
+    /// process of its own; `port` is the one its config listens on.
+    #[allow(dead_code)] // for tests/kube_oracle, which shares this harness
+    pub fn daemon(world: &World, config: &std::path::Path, port: u16) -> Plumber {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(world.state.path().join("daemon.log"))
+            .unwrap();
+        eprintln!(
+            "daemon log: {}",
+            world.state.path().join("daemon.log").display()
+        );
+        let mut command = Command::new(env!("CARGO_BIN_EXE_plumber"));
+        command
+            .arg("daemon")
+            .arg("--config")
+            .arg(config)
+            .env("RUST_LOG", "info,librdkafka=warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log);
+        let plumber = Plumber {
+            process: Some(Process::spawn("plumber daemon", &mut command)),
+            server: format!("http://127.0.0.1:{port}"),
+            repo: world.repo.path().to_owned(),
+        };
+        wait_until("the daemon answers", PATIENCE, || {
+            plumber.try_status().is_some()
+        });
+        plumber
+    }
+
+    /// SIGTERM, as Kubernetes stops a Pod; how the daemon exited (`None`: not in time).
+    #[allow(dead_code)] // for tests/kube_oracle, which shares this harness
+    pub fn terminate(&mut self) -> Option<std::process::ExitStatus> {
+        let mut process = self.process.take()?;
+        process.signal(nix::sys::signal::Signal::SIGTERM);
+        process.wait_exit(PATIENCE)
+    }
+
     fn launch(world: &World, location: &str, extra: &[&str], keep_topics: bool) -> Plumber {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()

@@ -244,6 +244,11 @@ pub struct Kafka {
     /// By cluster name of `plumber.yaml` (`default` when it names none).
     #[serde(default)]
     pub clusters: BTreeMap<String, Cluster>,
+    /// Keep retired internal topics instead of deleting them (as `plumber up
+    /// --keep-topics`): for clusters that refuse deletion (`delete.topic.enable=false`), or
+    /// where it breaks other topics (tansu 0.6). Plans say which topics are kept.
+    #[serde(default)]
+    pub keep_topics: bool,
 }
 
 /// What a Kafka cluster of `plumber.yaml` is in this environment.

@@ -1,0 +1,112 @@
+//! `plumber daemon` as users deploy it: the real binary, as a process, with the
+//! `daemon.yaml` that `deploy/` ships (adapted only where a cluster differs from this test:
+//! the repository, the broker, the listener, the cache and a kubeconfig for a daemon outside
+//! the cluster), against the in-memory API server served over HTTPS, which answers 403 to
+//! every request the Role in `deploy/role.yaml` does not allow the daemon's service account.
+//! The test kubelet runs the real processors for its Pods on the test's broker.
+
+use std::path::Path;
+
+use plumber_testkit::kube_api::{Attributes, Rbac};
+
+use super::*;
+
+/// The Role the daemon's service account is bound to (`deploy/rolebinding.yaml`).
+const ROLE: &str = include_str!("../../deploy/role.yaml");
+/// The daemon's configuration as `deploy/` ships it.
+const DAEMON_YAML: &str = include_str!("../../deploy/daemon.yaml");
+
+/// `deploy/daemon.yaml`, with what differs for this test: a kubeconfig (a daemon outside the
+/// cluster), the test's repository and broker, a loopback listener, a cache of its own, a
+/// short poll, and on tansu retired topics kept.
+fn daemon_config(world: &World, kubeconfig: &Path, cache: &Path, port: u16) -> String {
+    let mut config: serde_json::Value =
+        serde_saphyr::from_str(DAEMON_YAML).expect("deploy/daemon.yaml is YAML");
+    config["kubernetes"]["kubeconfig"] = kubeconfig.display().to_string().into();
+    config["repository"]["url"] = world.repo_location().into();
+    config["repository"]["pollInterval"] = "1s".into();
+    config["kafka"]["clusters"]["default"]["bootstrap"] = world.broker.bootstrap().into();
+    config["listen"] = format!("127.0.0.1:{port}").into();
+    config["cacheDir"] = cache.display().to_string().into();
+    if world.broker.is_tansu() {
+        // Deleting a topic on tansu breaks every other (README, tansu).
+        config["kafka"]["keepTopics"] = true.into();
+    }
+    // JSON is YAML: the daemon reads it as it reads the shipped file.
+    serde_json::to_string_pretty(&config).unwrap()
+}
+
+/// The requests the API server refused, as `verb resource name`.
+fn forbidden(fake: &FakeApi) -> Vec<String> {
+    fake.requests()
+        .iter()
+        .filter(|r| r.status == Some(403))
+        .map(|r| format!("{} {}", r.method, r.path))
+        .collect()
+}
+
+#[test]
+fn the_shipped_daemon_moves_a_topology_over_https_within_deploy_s_role() {
+    let scratch = Scratch::new();
+    let world = World::new("shipped");
+    let fake = cluster().with_rbac(Rbac::service_account(NS, "plumber").with_roles_yaml(ROLE, NS));
+    let served = fake.serve_https();
+    let kubeconfig = scratch.path("kubeconfig");
+    served.write_kubeconfig(&kubeconfig, NS).unwrap();
+    let kubelet = Kubelet::start(&fake, NS, &processor_binary(), &scratch.path("pods"));
+
+    let model = Model::new()
+        .processor(Proc::new("a", 1, &["src"]))
+        .processor(Proc::new("b", 1, &["a"]))
+        .sink("out1", &["b"]);
+    let mut revisions = vec![model];
+    let r1 = world.commit("first", &revisions[0]);
+    let port = plumber_testkit::free_port();
+    let config = scratch.path("daemon.yaml");
+    std::fs::write(
+        &config,
+        daemon_config(&world, &kubeconfig, &scratch.path("cache"), port),
+    )
+    .unwrap();
+    let mut daemon = harness::Plumber::daemon(&world, &config, port);
+    daemon.wait_applied("t", r1);
+    let load = world.start_load(50);
+    load.wait_for(100);
+
+    let next = revisions[0].clone().replace("a", 2);
+    let r2 = world.commit("a v2", &next);
+    revisions.push(next);
+    daemon.wait_applied("t", r2);
+    let (sent, final_from) = load.finish(100);
+    world.assert_oracle(&revisions, sent, final_from);
+    assert_runs(&fake, &kubelet, &world, &revisions[1]);
+
+    // The page's history panel and `plumber history --server` read the Topologies' records.
+    let history = daemon.history();
+    let moves = history.as_array().map(Vec::len).unwrap_or(0);
+    assert!(moves >= 2, "both moves in the history: {history:#}");
+
+    assert_eq!(
+        forbidden(&fake),
+        Vec::<String>::new(),
+        "the daemon asked only for what deploy/role.yaml grants"
+    );
+    // The RBAC mode does refuse: what the Role does not grant is forbidden.
+    assert!(
+        !Rbac::service_account(NS, "plumber")
+            .with_roles_yaml(ROLE, NS)
+            .allows(&Attributes::of(
+                "GET",
+                &format!("/api/v1/namespaces/{NS}/secrets"),
+                &BTreeMap::new()
+            )),
+        "deploy/role.yaml grants no Secrets"
+    );
+
+    let exit = daemon.terminate().expect("the daemon stops on SIGTERM");
+    assert!(
+        exit.success(),
+        "the daemon exits cleanly on SIGTERM: {exit}"
+    );
+    drop(served);
+}
