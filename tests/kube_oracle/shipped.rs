@@ -13,13 +13,25 @@ use super::*;
 
 /// The Role the daemon's service account is bound to (`deploy/rolebinding.yaml`).
 const ROLE: &str = include_str!("../../deploy/role.yaml");
+/// With the component `deploy/processors/`: the daemon's Role as its patch leaves it, and the
+/// Role it has in the processors' namespace.
+const APART_DAEMON_ROLE: &str = include_str!("../../deploy/processors/daemon-role.yaml");
+const APART_PROCESSORS_ROLE: &str = include_str!("../../deploy/processors/role.yaml");
+/// The processors' namespace `deploy/processors/namespace.yaml` makes.
+const PROCESSORS_NS: &str = "plumber-processors";
 /// The daemon's configuration as `deploy/` ships it.
 const DAEMON_YAML: &str = include_str!("../../deploy/daemon.yaml");
 
 /// `deploy/daemon.yaml`, with what differs for this test: a kubeconfig (a daemon outside the
 /// cluster), the test's repository and broker, a loopback listener, a cache of its own, a
 /// short poll, and on tansu retired topics kept.
-fn daemon_config(world: &World, kubeconfig: &Path, cache: &Path, port: u16) -> String {
+fn daemon_config(
+    world: &World,
+    kubeconfig: &Path,
+    cache: &Path,
+    port: u16,
+    processor_namespace: Option<&str>,
+) -> String {
     let mut config: serde_json::Value =
         serde_saphyr::from_str(DAEMON_YAML).expect("deploy/daemon.yaml is YAML");
     config["kubernetes"]["kubeconfig"] = kubeconfig.display().to_string().into();
@@ -28,6 +40,9 @@ fn daemon_config(world: &World, kubeconfig: &Path, cache: &Path, port: u16) -> S
     config["kafka"]["clusters"]["default"]["bootstrap"] = world.broker.bootstrap().into();
     config["listen"] = format!("127.0.0.1:{port}").into();
     config["cacheDir"] = cache.display().to_string().into();
+    if let Some(namespace) = processor_namespace {
+        config["kubernetes"]["processorNamespace"] = namespace.into();
+    }
     if world.broker.is_tansu() {
         // Deleting a topic on tansu breaks every other (README, tansu).
         config["kafka"]["keepTopics"] = true.into();
@@ -47,13 +62,41 @@ fn forbidden(fake: &FakeApi) -> Vec<String> {
 
 #[test]
 fn the_shipped_daemon_moves_a_topology_over_https_within_deploy_s_role() {
+    let rbac = Rbac::service_account(NS, "plumber").with_roles_yaml(ROLE, NS);
+    // The RBAC mode does refuse: what the Role does not grant is forbidden.
+    assert!(
+        !rbac.allows(&Attributes::of(
+            "GET",
+            &format!("/api/v1/namespaces/{NS}/secrets"),
+            &BTreeMap::new()
+        )),
+        "deploy/role.yaml grants no Secrets"
+    );
+    run_shipped("shipped", rbac, None);
+}
+
+/// The same with the component `deploy/processors/`: processors in a namespace of their own,
+/// the daemon with its patched Role in its namespace and the processors' Role in theirs.
+#[test]
+fn the_shipped_daemon_runs_processors_apart_within_deploy_processors_roles() {
+    let rbac = Rbac::service_account(NS, "plumber")
+        .with_roles_yaml(APART_DAEMON_ROLE, NS)
+        .with_roles_yaml(APART_PROCESSORS_ROLE, PROCESSORS_NS);
+    run_shipped("shipped-apart", rbac, Some(PROCESSORS_NS));
+}
+
+/// `plumber daemon` with `deploy/daemon.yaml` under `rbac`, processors in
+/// `processor_namespace` (absent: the daemon's): a first commit, then a cutover under load,
+/// exactly once; the history reads, no request was forbidden, SIGTERM stops it.
+fn run_shipped(name: &str, rbac: Rbac, processor_namespace: Option<&str>) {
     let scratch = Scratch::new();
-    let world = World::new("shipped");
-    let fake = cluster().with_rbac(Rbac::service_account(NS, "plumber").with_roles_yaml(ROLE, NS));
+    let world = World::new(name);
+    let fake = cluster().with_rbac(rbac);
     let served = fake.serve_https();
     let kubeconfig = scratch.path("kubeconfig");
     served.write_kubeconfig(&kubeconfig, NS).unwrap();
-    let kubelet = Kubelet::start(&fake, NS, &processor_binary(), &scratch.path("pods"));
+    let pods = processor_namespace.unwrap_or(NS);
+    let kubelet = Kubelet::start(&fake, pods, &processor_binary(), &scratch.path("pods"));
 
     let model = Model::new()
         .processor(Proc::new("a", 1, &["src"]))
@@ -65,7 +108,13 @@ fn the_shipped_daemon_moves_a_topology_over_https_within_deploy_s_role() {
     let config = scratch.path("daemon.yaml");
     std::fs::write(
         &config,
-        daemon_config(&world, &kubeconfig, &scratch.path("cache"), port),
+        daemon_config(
+            &world,
+            &kubeconfig,
+            &scratch.path("cache"),
+            port,
+            processor_namespace,
+        ),
     )
     .unwrap();
     let mut daemon = harness::Plumber::daemon(&world, &config, port);
@@ -79,7 +128,15 @@ fn the_shipped_daemon_moves_a_topology_over_https_within_deploy_s_role() {
     daemon.wait_applied("t", r2);
     let (sent, final_from) = load.finish(100);
     world.assert_oracle(&revisions, sent, final_from);
-    assert_runs(&fake, &kubelet, &world, &revisions[1]);
+    if processor_namespace.is_none() {
+        assert_runs(&fake, &kubelet, &world, &revisions[1]);
+    } else {
+        assert!(
+            fake.list::<Deployment>(NS).is_empty(),
+            "no processor in the daemon's namespace"
+        );
+        assert_eq!(kubelet.refused(), Vec::<String>::new(), "every Pod ran");
+    }
 
     // The page's history panel and `plumber history --server` read the Topologies' records.
     let history = daemon.history();
@@ -89,20 +146,8 @@ fn the_shipped_daemon_moves_a_topology_over_https_within_deploy_s_role() {
     assert_eq!(
         forbidden(&fake),
         Vec::<String>::new(),
-        "the daemon asked only for what deploy/role.yaml grants"
+        "the daemon asked only for what its Roles grant"
     );
-    // The RBAC mode does refuse: what the Role does not grant is forbidden.
-    assert!(
-        !Rbac::service_account(NS, "plumber")
-            .with_roles_yaml(ROLE, NS)
-            .allows(&Attributes::of(
-                "GET",
-                &format!("/api/v1/namespaces/{NS}/secrets"),
-                &BTreeMap::new()
-            )),
-        "deploy/role.yaml grants no Secrets"
-    );
-
     let exit = daemon.terminate().expect("the daemon stops on SIGTERM");
     assert!(
         exit.success(),
