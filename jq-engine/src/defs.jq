@@ -63,7 +63,10 @@ def truncate_stream(stream):
 # Arrays and strings
 def join($x): reduce .[] as $i (null;
     (if . == null then "" else . + $x end) +
-    ($i | if . == null then "" elif type == "boolean" or type == "number" then tojson else . end)
+    ($i | if type == "string" then . elif . == null then ""
+          elif type == "boolean" or type == "number" then tojson
+          # Else the addition fails, with jq's message.
+          else . end)
   ) // "";
 def _flatten($x):
   reduce .[] as $i ([]; if $i | type == "array" and $x != 0 then . + ($i | _flatten($x - 1)) else . + [$i] end);
@@ -73,22 +76,11 @@ def toarray: if type == "array" then . else [.] end;
 def trimstr($x): ltrimstr($x) | rtrimstr($x);
 def split($sep): _plumber_split($sep);
 def ascii: [.] | implode;
-# Broken-down times as short as jq takes them.
-def _plumber_time: if type == "array" and length < 8 then . + [0, 0, 0, 0, 0, 0, 0, 0][length:] else . end;
-# jq's checks of them, with its messages; jaq converts what passes.
-def _plumber_tm($name):
-  if any(.[:8][]; type != "number" or isnan) then error("\($name) requires parsed datetime inputs")
-  else _plumber_time end;
-def mktime:
-  if type != "array" then error("mktime requires array inputs")
-  else _plumber_tm("mktime") | _plumber_mktime end;
-def _plumber_strf($name; $f; f):
-  if type != "number" and type != "array" then error("\($name) requires parsed datetime inputs")
-  elif $f | type != "string" then error("\($name) requires a string format")
-  elif type == "number" then f
-  else _plumber_tm($name) | f end;
-def strftime($f): _plumber_strf("strftime/1"; $f; _plumber_strftime($f));
-def strflocaltime($f): _plumber_strf("strflocaltime/1"; $f; _plumber_strflocaltime($f));
+# Times: jq's checks and messages, and short broken-down times padded as jq takes them
+# (`_plumber_time_in`); jaq converts what passes.
+def mktime: _plumber_time_in("mktime") | _plumber_mktime;
+def strftime($f): _plumber_time_in("strftime/1"; $f) | _plumber_strftime($f);
+def strflocaltime($f): _plumber_time_in("strflocaltime/1"; $f) | _plumber_strflocaltime($f);
 def todate: strftime("%Y-%m-%dT%H:%M:%SZ");
 def dateadd(u; n): . + n;
 def datesub(u; n): . - n;

@@ -446,6 +446,33 @@ fn trim(value: &Val, f: impl FnOnce(&[u8]) -> &[u8]) -> ValR {
     }
 }
 
+/// jq's checks of what `mktime` (`format` none) and `strftime`/`strflocaltime` (`name`, their
+/// format) take, with its messages: a broken-down time whose first 8 elements are numbers, not
+/// NaN (`jv2tm`), or for the latter an epoch number too. A short time is padded with zeros to
+/// 8, as jq takes it; jaq's conversions do the rest. Native: these run once per date.
+fn time_input(value: Val, name: &Val, format: Option<&Val>) -> ValR {
+    let name = match name {
+        Val::TStr(s) | Val::BStr(s) => String::from_utf8_lossy(s).into_owned(),
+        other => other.to_string(),
+    };
+    let refuse = |what: &str| Err(fail(format_args!("{name} requires {what}")));
+    let format_ok = format.is_none_or(|f| matches!(f, Val::TStr(_) | Val::BStr(_)));
+    let number = |v: &Val| matches!(v, Val::Num(n) if !n.as_f64().is_nan());
+    match value {
+        Val::Num(_) if format.is_some() && format_ok => Ok(value),
+        Val::Num(_) | Val::Arr(_) if !format_ok => refuse("a string format"),
+        Val::Arr(mut fields) if fields.iter().take(8).all(number) => {
+            if fields.len() < 8 {
+                Rc::make_mut(&mut fields).resize(8, Val::from(0usize));
+            }
+            Ok(Val::Arr(fields))
+        }
+        Val::Arr(_) => refuse("parsed datetime inputs"),
+        _ if format.is_none() => refuse("array inputs"),
+        _ => refuse("parsed datetime inputs"),
+    }
+}
+
 fn base32(value: &Val) -> ValR {
     const ALPHABET: &[u8; 32] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567";
     let bytes = value.string_bytes()?;
@@ -551,6 +578,14 @@ fn base<D: for<'a> DataT<V<'a> = Val>>() -> Box<[Filter<RunPtr<D>>]> {
                 Val::TStr(s) | Val::BStr(s) => Ok(Val::from(s.len())),
                 v => Err(type_error(v, "only strings have UTF-8 byte length")),
             })
+        }),
+        ("_plumber_time_in", v(1), |cv| {
+            unary(cv, |v, name| time_input(v, &name, None))
+        }),
+        ("_plumber_time_in", v(2), |mut cv| {
+            let format = cv.0.pop_var();
+            let name = cv.0.pop_var();
+            bome(time_input(cv.1, &name, Some(&format)))
         }),
         ("trim", v(0), |cv| bome(trim(&cv.1, ByteSlice::trim))),
         ("ltrim", v(0), |cv| bome(trim(&cv.1, ByteSlice::trim_start))),
