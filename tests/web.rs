@@ -6,8 +6,14 @@
 //! What it checks, in one page load (a marker set in the page at the start must survive, so
 //! nothing below reloads it): every topology and step shows; a commit that replaces a step
 //! and adds one whose source topic does not exist yet shows the cutover action by action,
-//! waiting for that topic, then (the topic created) finishing with the new history entry; a
-//! broken commit shows its error with file and line; a restarted daemon is reconnected to.
+//! waiting for that topic, with the life each replaced step retires on its node and in its
+//! details until it has stopped, then (the topic created) finishing with the new history
+//! entry; a broken commit shows its error with file and line; a restarted daemon is
+//! reconnected to. At each of these the numbers, states and retiring lives the page shows
+//! (each node's lines and spoken label, the details, the summary, the overview's rows) are
+//! those of the status it shows, the one the daemon sent under the event id the page marks
+//! (`<main data-event-id>`), written as the page writes them; and the browser's console has
+//! no error (none at all but the failed reconnections while the daemon is away).
 //!
 //! Screenshots (the overview, a topology, its cutover, the overview with an error) are
 //! written to `PLUMBER_WEB_SCREENSHOTS` (a directory; `docs/` for the README) when it is set.
@@ -16,13 +22,15 @@
 
 mod common;
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{TestRepo, processor_binary, write};
-use plumber_testkit::browser::Browser;
 use plumber_testkit::browser::fantoccini::key::Key;
+use plumber_testkit::browser::{Browser, ConsoleEntry};
 use plumber_testkit::{Broker, Process, TestRecord, free_port, unique};
 use serde_json::{Value, json};
 
@@ -164,6 +172,672 @@ impl PageActions for Browser {
     }
 }
 
+/// The status documents the daemon sends on `/api/events` as numbered changes, by event id:
+/// what every client, the page too, was sent under that id, and what `/api/status` answered
+/// when it was sent. (A client's opening status, and a resync's, is numbered as the last event
+/// sent but may be newer than that event's: never kept here; the page marks one it shows with
+/// `data-event-opening`.) One daemon run: ids start over with the next.
+struct StatusFeed {
+    documents: Arc<Mutex<BTreeMap<u64, Value>>>,
+}
+
+impl StatusFeed {
+    /// Follows the daemon's event stream from now on, until the daemon stops.
+    fn follow(api: &str) -> StatusFeed {
+        let documents = Arc::new(Mutex::new(BTreeMap::new()));
+        let (connected, opened) = std::sync::mpsc::channel();
+        let (api, kept) = (api.to_owned(), documents.clone());
+        std::thread::spawn(move || {
+            let mut stream = EventStream::connect(&api);
+            let mut last = stream.next().and_then(|opening| opening.id);
+            let _ = connected.send(());
+            while let Some(event) = stream.next() {
+                let Some(id) = event.id else { continue };
+                let fresh = last.is_none_or(|last| id > last);
+                last = last.max(Some(id));
+                if fresh
+                    && event.kind == "status"
+                    && let Ok(document) = serde_json::from_str(&event.data)
+                {
+                    kept.lock().unwrap().insert(id, document);
+                }
+            }
+        });
+        opened
+            .recv_timeout(PATIENCE)
+            .expect("the status feed connects to the daemon");
+        StatusFeed { documents }
+    }
+
+    /// The status document sent as event `id`.
+    fn at(&self, id: u64) -> Option<Value> {
+        self.documents.lock().unwrap().get(&id).cloned()
+    }
+}
+
+/// What the page shows of the status, as a script reads it in one go: the event id of the
+/// status shown (`<main data-event-id>`), the route, each drawn step (its data attributes and
+/// each line of text), the summary line, the selected step's details and its retiring life's,
+/// and the overview's rows.
+const PAGE_NUMBERS: &str = "(() => {
+  const main = document.getElementById('main');
+  const rows = (dl) => dl ? [...dl.children].map(d =>
+    [d.querySelector('dt')?.textContent ?? '', d.querySelector('dd')?.textContent ?? '']) : null;
+  const retiring = document.querySelector('aside.details [data-retiring-details]');
+  return {
+    id: main?.dataset.eventId ?? null,
+    opening: main?.hasAttribute('data-event-opening') ?? false,
+    hash: location.hash,
+    steps: [...document.querySelectorAll('section[aria-labelledby=dag-title] svg [data-step]')]
+      .map(g => ({
+        step: g.dataset.step, kind: g.dataset.kind ?? null, state: g.dataset.state ?? null,
+        retiring: g.dataset.retiring ?? null, retiringState: g.dataset.retiringState ?? null,
+        selected: g.classList.contains('selected'), label: g.getAttribute('aria-label'),
+        lines: [...g.querySelectorAll('text')].map(t => [t.getAttribute('class'), t.textContent]),
+      })),
+    summary: document.querySelector('.page-head .summary')?.textContent ?? null,
+    details: rows(document.querySelector('aside.details > dl')),
+    retiring: retiring ? [retiring.dataset.retiringDetails, rows(retiring.querySelector('dl'))] : null,
+    topologies: [...document.querySelectorAll('tr[data-topology]')].map(r => ({
+      name: r.dataset.topology, phase: r.dataset.phase,
+      cells: Object.fromEntries([...r.querySelectorAll('td[data-label]')]
+        .map(c => [c.dataset.label, c.textContent])),
+    })),
+  };
+})()";
+
+/// The event id of the status the page shows, when that status is a numbered change (not a
+/// connection's opening one).
+fn shown_event(page: &Value) -> Option<u64> {
+    if page["opening"] == true {
+        return None;
+    }
+    page["id"].as_str()?.parse().ok()
+}
+
+/// Waits until the page shows a status it was sent as a numbered event, then checks that every
+/// number, state and retiring life it shows is that status's (`/api/status` at the same event
+/// id), written as the page writes them, and that the console has no error; again at every
+/// later status the page shows until `until` holds of the status and the page's reading.
+/// Returns that status.
+fn page_shows_status(
+    browser: &Browser,
+    feed: &StatusFeed,
+    what: &str,
+    until: impl Fn(&Value, &Value) -> bool,
+) -> Value {
+    let deadline = Instant::now() + PATIENCE;
+    let mut checked = None;
+    loop {
+        let page = browser.wait_for(
+            &format!("the page shows a newer numbered status ({what})"),
+            PAGE_NUMBERS,
+            |page| shown_event(page).is_some_and(|id| checked != Some(id) && feed.at(id).is_some()),
+        );
+        let id = shown_event(&page).unwrap();
+        let status = feed.at(id).unwrap();
+        let expected = page_of(&status, &page);
+        assert_eq!(
+            reading(&page),
+            expected,
+            "the page shows status event {id} as it is ({what}); the status: {status:#}"
+        );
+        no_console_errors(browser, what);
+        if until(&status, &page) {
+            return status;
+        }
+        checked = Some(id);
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting until {what}; last status: {status:#}"
+        );
+    }
+}
+
+/// Fails on any error in the browser's console since the last look.
+fn no_console_errors(browser: &Browser, when: &str) {
+    let errors: Vec<ConsoleEntry> = browser
+        .console()
+        .into_iter()
+        .filter(ConsoleEntry::is_error)
+        .collect();
+    assert!(
+        errors.is_empty(),
+        "the page's console has errors ({when}): {errors:#?}"
+    );
+}
+
+/// What the page reads of a status, without what only locates it (the id, the route).
+fn reading(page: &Value) -> Value {
+    json!({
+        "steps": page["steps"],
+        "summary": page["summary"],
+        "details": page["details"],
+        "retiring": page["retiring"],
+        "topologies": page["topologies"],
+    })
+}
+
+/// What the page shows of `status` on the route it is on (`page["hash"]`), with the step it
+/// has selected, as `reading` has it: the page's own writing (`web/src/topology.tsx`,
+/// `overview.tsx`, `format.ts`), from the status document.
+fn page_of(status: &Value, page: &Value) -> Value {
+    let hash = page["hash"].as_str().unwrap_or_default();
+    let Some(name) = hash.strip_prefix("#/topology/") else {
+        let rows: Vec<Value> = status["topologies"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(overview_row)
+            .collect();
+        let topologies = rows.len() as u64;
+        let summary = format!(
+            "Branch {} at {} · {} · {}",
+            status["branch"].as_str().unwrap_or_default(),
+            short(&status["commit"]),
+            phase(&status["phase"]),
+            plural(topologies, "topology", "topologies")
+        );
+        return json!({
+            "steps": [], "summary": summary, "details": null, "retiring": null,
+            "topologies": rows,
+        });
+    };
+    let t = topology(status, name);
+    let steps: Vec<&Value> = t["steps"].as_array().into_iter().flatten().collect();
+    let selected = page["steps"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|s| s["selected"] == true)
+        .and_then(|s| s["step"].as_str());
+    let chosen = steps
+        .iter()
+        .find(|s| Some(s["name"].as_str().unwrap()) == selected);
+    // The nodes in the page's order (data flow), matched by name.
+    let nodes: Vec<Value> = page["steps"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|drawn| {
+            let s = steps.iter().find(|s| s["name"] == drawn["step"])?;
+            Some(step_node(name, s, drawn))
+        })
+        .collect();
+    let mut expected_nodes = nodes;
+    // A step of the status the page does not draw shows as missing.
+    for s in &steps {
+        if !page["steps"]
+            .as_array()
+            .is_some_and(|drawn| drawn.iter().any(|d| d["step"] == s["name"]))
+        {
+            expected_nodes.push(step_node(name, s, &Value::Null));
+        }
+    }
+    let summary = t["name"].is_string().then(|| {
+        format!(
+            "{} · commit {} · {} · total lag {} · {} rec/s{}",
+            phase(&t["phase"]),
+            short(&t["commit"]),
+            plural(steps.len() as u64, "step", "steps"),
+            count(total_lag(t)),
+            rate(total_rate(t)),
+            t["delivery"]
+                .as_str()
+                .map(|d| format!(" · {d}"))
+                .unwrap_or_default()
+        )
+    });
+    json!({
+        "steps": expected_nodes,
+        "summary": summary,
+        "details": chosen.map(|s| step_details(s)),
+        "retiring": chosen.and_then(|s| s["retiring"].as_object().map(|_| retiring_details(&s["retiring"]))),
+        "topologies": [],
+    })
+}
+
+/// A drawn step as `PAGE_NUMBERS` reads it; `drawn`, what it read (for whether the step is
+/// selected, and names the node has no room for, which the page shortens with an ellipsis).
+fn step_node(topology: &str, s: &Value, drawn: &Value) -> Value {
+    let selected = drawn["selected"] == true;
+    // A name written whole, or its beginning and "…" (`fit`); never a number.
+    let fitted = |class: &str, text: &str| {
+        let shown = drawn["lines"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|l| l[0] == class)
+            .and_then(|l| l[1].as_str())
+            .unwrap_or_default();
+        match shown.strip_suffix('…') {
+            Some(start) if !start.is_empty() && text.starts_with(start) => shown.to_owned(),
+            _ => text.to_owned(),
+        }
+    };
+    let name = s["name"].as_str().unwrap();
+    let kind = s["kind"].as_str().unwrap();
+    let state = s["state"].as_str().unwrap();
+    let processor = kind == "processor";
+    let kind_label = match s["transform"].as_str() {
+        Some(transform) if processor => format!("processor · {transform}"),
+        _ => kind.to_owned(),
+    };
+    let mut lines = vec![
+        json!(["kind-label", kind_label.clone()]),
+        json!(["badge", badge(state)]),
+        json!(["name", fitted("name", name)]),
+    ];
+    let old = &s["retiring"];
+    if processor {
+        let replicas = match s["replicas"].as_u64() {
+            Some(n) => plural(n, "replica", "replicas"),
+            None => "— replicas".to_owned(),
+        };
+        lines.push(json!([
+            "detail",
+            format!(
+                "{replicas} · {} rec/s",
+                rate(s["recordsPerSecond"].as_f64())
+            )
+        ]));
+        lines.push(json!([
+            "detail",
+            format!("lag {}", count(s["lag"].as_i64()))
+        ]));
+        if old.is_object() {
+            lines.push(json!([
+                "detail retiring-line",
+                format!(
+                    "replacing {}: {}, lag {}",
+                    short_group(topology, name, old["group"].as_str().unwrap()),
+                    retiring_state(old["state"].as_str().unwrap()),
+                    count(old["lag"].as_i64())
+                )
+            ]));
+        }
+    } else {
+        let topic = s["topic"].as_str().unwrap_or_default();
+        lines.push(json!(["detail", fitted("detail", topic)]));
+    }
+    let retiring = processor && old.is_object();
+    // What assistive technology says: the numbers unrounded, as JavaScript prints them.
+    let known = |v: &Value| match v {
+        Value::Number(n) => n.as_f64().map_or(n.to_string(), |f| f.to_string()),
+        _ => "unknown".to_owned(),
+    };
+    let spoken = if processor {
+        format!(
+            ", {} replicas, lag {}, {} records per second",
+            known(&s["replicas"]),
+            known(&s["lag"]),
+            known(&s["recordsPerSecond"])
+        )
+    } else {
+        s["topic"]
+            .as_str()
+            .filter(|t| !t.is_empty())
+            .map(|t| format!(", topic {t}"))
+            .unwrap_or_default()
+    };
+    let spoken_retiring = if retiring {
+        format!(
+            ", replacing life {}, {}, {} replicas, lag {}",
+            old["group"].as_str().unwrap(),
+            retiring_state(old["state"].as_str().unwrap()),
+            known(&old["replicas"]),
+            known(&old["lag"])
+        )
+    } else {
+        String::new()
+    };
+    json!({
+        "label": format!("{kind_label} {name}, {state}{spoken}{spoken_retiring}"),
+        "step": name,
+        "kind": kind,
+        "state": state,
+        "retiring": if retiring { old["group"].clone() } else { Value::Null },
+        "retiringState": if retiring { old["state"].clone() } else { Value::Null },
+        "selected": selected,
+        "lines": lines,
+    })
+}
+
+/// The rows of a step's details (`StepDetails`).
+fn step_details(s: &Value) -> Value {
+    let text = |v: &Value| v.as_str().map(str::to_owned);
+    let mut rows = vec![
+        ("State", Some(badge(s["state"].as_str().unwrap()))),
+        ("File", text(&s["file"])),
+        ("Topic", text(&s["topic"])),
+        ("Transform", text(&s["transform"])),
+        ("Identity", text(&s["identity"])),
+        ("Group", text(&s["group"])),
+        ("Internal topic", text(&s["internalTopic"])),
+        ("Dead-letter topic", text(&s["deadLetterTopic"])),
+    ];
+    if s["kind"] == "processor" {
+        let scale = &s["scale"];
+        rows.push((
+            "Replicas",
+            Some(format!(
+                "{}{}",
+                s["replicas"]
+                    .as_u64()
+                    .map_or("—".to_owned(), |n| n.to_string()),
+                if scale.is_object() {
+                    format!(" (scale {}..{})", scale["min"], scale["max"])
+                } else {
+                    String::new()
+                }
+            )),
+        ));
+        rows.push(("Lag", Some(count(s["lag"].as_i64()))));
+        rows.push(("Records/s", Some(rate(s["recordsPerSecond"].as_f64()))));
+    } else if let Some(lag) = s["lag"].as_i64() {
+        rows.push(("Lag", Some(count(Some(lag)))));
+    }
+    let reads: Vec<&str> = s["inputs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
+    rows.push(("Reads", Some(reads.join(", "))));
+    shown_rows(rows)
+}
+
+/// The rows of a retiring life's details (`RetiringDetails`): group, then its rows.
+fn retiring_details(life: &Value) -> Value {
+    let state = life["state"].as_str().unwrap();
+    json!([
+        life["group"],
+        shown_rows(vec![
+            (
+                "State",
+                Some(format!("{} ({})", badge(state), retiring_state(state)))
+            ),
+            ("Group", life["group"].as_str().map(str::to_owned)),
+            ("Identity", life["identity"].as_str().map(str::to_owned)),
+            ("Replicas", life["replicas"].as_u64().map(|n| n.to_string())),
+            ("Lag", Some(count(life["lag"].as_i64()))),
+        ])
+    ])
+}
+
+/// The `Row`s the page writes: none for a missing or empty value.
+fn shown_rows(rows: Vec<(&str, Option<String>)>) -> Value {
+    rows.into_iter()
+        .filter_map(|(term, value)| value.filter(|v| !v.is_empty()).map(|v| json!([term, v])))
+        .collect()
+}
+
+/// An overview row as `PAGE_NUMBERS` reads it (`Overview`).
+fn overview_row(t: &Value) -> Value {
+    let steps = t["steps"].as_array().map(Vec::as_slice).unwrap_or_default();
+    let kinds = |kind: &str| steps.iter().filter(|s| s["kind"] == kind).count();
+    let cutover = &t["cutover"];
+    let progress = match (cutover["done"].as_u64(), cutover["remaining"].as_u64()) {
+        (Some(done), Some(remaining)) => format!(" {done}/{}", done + remaining),
+        _ => String::new(),
+    };
+    let error = t["lastError"]
+        .as_str()
+        .map_or("none".to_owned(), |e| format!("✕ {e}"));
+    json!({
+        "name": t["name"],
+        "phase": t["phase"],
+        "cells": {
+            "Commit": short(&t["commit"]),
+            "Phase": format!("{}{progress}", phase(&t["phase"])),
+            "Steps": format!(
+                "{} ({} in · {} proc · {} out)",
+                steps.len(),
+                kinds("source"),
+                kinds("processor"),
+                kinds("sink")
+            ),
+            "Total lag": count(total_lag(t)),
+            "Records/s": rate(total_rate(t)),
+            "Error": error,
+        },
+    })
+}
+
+/// A topology's lag: its steps' and their retiring lives' (`totalLag`).
+fn total_lag(t: &Value) -> Option<i64> {
+    let lags: Vec<i64> = t["steps"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|s| [s["lag"].as_i64(), s["retiring"]["lag"].as_i64()])
+        .flatten()
+        .collect();
+    (!lags.is_empty()).then(|| lags.iter().sum())
+}
+
+/// A topology's records/s: its processors' (`totalRate`), added in the page's order.
+fn total_rate(t: &Value) -> Option<f64> {
+    let rates: Vec<f64> = t["steps"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|s| s["kind"] == "processor")
+        .filter_map(|s| s["recordsPerSecond"].as_f64())
+        .collect();
+    (!rates.is_empty()).then(|| rates.iter().fold(0.0, |a, b| a + b))
+}
+
+fn badge(state: &str) -> String {
+    match state {
+        "running" => "● running".into(),
+        "starting" => "◐ starting".into(),
+        "stopped" => "■ stopped".into(),
+        "pending" => "◌ pending".into(),
+        "external" => "○ external".into(),
+        other => other.into(),
+    }
+}
+
+fn phase(phase: &Value) -> String {
+    match phase.as_str().unwrap_or_default() {
+        "idle" => "● idle".into(),
+        "cutover" => "◆ cutover".into(),
+        "error" => "✕ error".into(),
+        other => other.into(),
+    }
+}
+
+/// A retiring life's state, as what it does for the move.
+fn retiring_state(state: &str) -> &str {
+    match state {
+        "running" => "draining",
+        other => other,
+    }
+}
+
+/// A life's group without the `plumber.<topology>.<step>.` every life shares: 8 hex digits of
+/// the identity, then its life number if any.
+fn short_group(topology: &str, step: &str, group: &str) -> String {
+    match group.strip_prefix(&format!("plumber.{topology}.{step}.")) {
+        Some(rest) if rest.len() >= 12 => format!("{}{}", &rest[..8], &rest[12..]),
+        Some(rest) => rest[..rest.len().min(8)].to_owned(),
+        None => group.to_owned(),
+    }
+}
+
+fn short(commit: &Value) -> String {
+    commit
+        .as_str()
+        .map_or("none".to_owned(), |c| c.chars().take(8).collect())
+}
+
+fn plural(n: u64, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
+/// `count` of `format.ts`: an integer as `Intl.NumberFormat('en-US')` writes it.
+fn count(n: Option<i64>) -> String {
+    n.map_or("—".to_owned(), |n| intl(n as f64, 0))
+}
+
+/// `rate` of `format.ts`: from 100 on an integer, below it one decimal.
+fn rate(n: Option<f64>) -> String {
+    n.map_or("—".to_owned(), |n| {
+        intl(n, if n >= 100.0 { 0 } else { 1 })
+    })
+}
+
+/// `n` as `Intl.NumberFormat('en-US', {minimumFractionDigits: fraction,
+/// maximumFractionDigits: fraction})` writes it: the shortest decimal that reads back as `n`
+/// (what JavaScript prints, and Rust's `Display` too), rounded half away from zero, its
+/// thousands grouped with commas.
+fn intl(n: f64, fraction: usize) -> String {
+    let shortest = format!("{}", n.abs());
+    let (whole, decimals) = shortest.split_once('.').unwrap_or((&shortest, ""));
+    let mut digits: Vec<u8> = whole
+        .bytes()
+        .chain(
+            decimals
+                .bytes()
+                .chain(std::iter::repeat(b'0'))
+                .take(fraction),
+        )
+        .map(|b| b - b'0')
+        .collect();
+    if decimals
+        .as_bytes()
+        .get(fraction)
+        .is_some_and(|&d| d >= b'5')
+    {
+        let mut at = digits.len();
+        loop {
+            if at == 0 {
+                digits.insert(0, 1);
+                break;
+            }
+            at -= 1;
+            if digits[at] == 9 {
+                digits[at] = 0;
+            } else {
+                digits[at] += 1;
+                break;
+            }
+        }
+    }
+    let split = digits.len() - fraction;
+    let whole: String = digits[..split]
+        .iter()
+        .map(|d| char::from(b'0' + d))
+        .collect();
+    let mut grouped = String::new();
+    for (i, c) in whole.chars().enumerate() {
+        if i > 0 && (whole.len() - i).is_multiple_of(3) {
+            grouped.push(',');
+        }
+        grouped.push(c);
+    }
+    let decimals: String = digits[split..]
+        .iter()
+        .map(|d| char::from(b'0' + d))
+        .collect();
+    let sign = if n < 0.0 { "-" } else { "" };
+    if fraction == 0 {
+        format!("{sign}{grouped}")
+    } else {
+        format!("{sign}{grouped}.{decimals}")
+    }
+}
+
+#[test]
+fn numbers_are_written_as_the_pages_intl_number_format_writes_them() {
+    let cases: &[(f64, usize, &str)] = &[
+        (0.0, 1, "0.0"),
+        (0.05, 1, "0.1"),
+        (0.25, 1, "0.3"),
+        (0.35, 1, "0.4"),
+        (1.005, 2, "1.01"),
+        (12.34, 1, "12.3"),
+        (99.96, 1, "100.0"),
+        (99.94, 1, "99.9"),
+        (100.5, 0, "101"),
+        (999.5, 0, "1,000"),
+        (1234.0, 0, "1,234"),
+        (1234567.4, 0, "1,234,567"),
+        (1e-7, 1, "0.0"),
+        (0.15, 1, "0.2"),
+        (0.45, 1, "0.5"),
+        (1.45, 1, "1.5"),
+        (2.675, 2, "2.68"),
+        (-2.5, 0, "-3"),
+    ];
+    for &(n, fraction, written) in cases {
+        assert_eq!(intl(n, fraction), written, "{n} with {fraction} decimals");
+    }
+    assert_eq!(rate(Some(12.0)), "12.0");
+    assert_eq!(rate(Some(150.4)), "150");
+    assert_eq!(rate(None), "—");
+    assert_eq!(count(Some(12345)), "12,345");
+}
+
+fn step<'a>(topology: &'a Value, name: &str) -> &'a Value {
+    topology["steps"]
+        .as_array()
+        .and_then(|steps| steps.iter().find(|s| s["name"] == name))
+        .unwrap_or(&Value::Null)
+}
+
+/// The http servers of a processor life's instances (the processes the local runtime starts
+/// beside each, marked with its instance in their environment), paused (SIGSTOP) until
+/// dropped (SIGCONT): the life's processors wait on their calls, so it drains as slowly as the
+/// test needs, while they still answer the daemon (their metrics, their group).
+struct Paused(Vec<nix::unistd::Pid>);
+
+impl Paused {
+    fn servers_of(group: &str) -> Paused {
+        let marker = format!("{}={group}.", plumber::runtime::local::INSTANCE_OF_ENV);
+        let pids: Vec<nix::unistd::Pid> = std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+            .filter(|pid| {
+                let read =
+                    |file: &str| std::fs::read(format!("/proc/{pid}/{file}")).unwrap_or_default();
+                let server = !String::from_utf8_lossy(&read("cmdline")).contains("--group\0");
+                server
+                    && read("environ")
+                        .split(|&b| b == 0)
+                        .any(|var| var.starts_with(marker.as_bytes()))
+            })
+            .map(nix::unistd::Pid::from_raw)
+            .collect();
+        assert!(!pids.is_empty(), "no http server of {group} runs");
+        for pid in &pids {
+            nix::sys::signal::kill(*pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+        }
+        Paused(pids)
+    }
+}
+
+impl Drop for Paused {
+    fn drop(&mut self) {
+        for pid in &self.0 {
+            let _ = nix::sys::signal::kill(*pid, nix::sys::signal::Signal::SIGCONT);
+        }
+    }
+}
+
+/// The steps of vehicle-telemetry with a life retiring.
+fn retiring_steps(status: &Value) -> Vec<String> {
+    topology(status, "vehicle-telemetry")["steps"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|s| s["retiring"].is_object())
+        .map(|s| s["name"].as_str().unwrap().to_owned())
+        .collect()
+}
+
 fn step_names(topology: &Value) -> Vec<String> {
     topology["steps"]
         .as_array()
@@ -213,6 +887,8 @@ fn the_page_shows_the_example_live_through_a_cutover_a_broken_commit_and_a_resta
         })
     });
 
+    let feed = StatusFeed::follow(&daemon.api);
+
     // Sample records keep flowing, as in `scripts/demo`, so records/s show.
     let _load = Process::spawn(
         "plumber dev load",
@@ -240,6 +916,7 @@ fn the_page_shows_the_example_live_through_a_cutover_a_broken_commit_and_a_resta
         |v| v.as_array().is_some_and(|a| a.len() >= 2),
     );
     assert_eq!(rows, json!(["clicks", "vehicle-telemetry"]));
+    page_shows_status(&browser, &feed, "the overview", |_, _| true);
     let screenshots = std::env::var_os("PLUMBER_WEB_SCREENSHOTS").map(PathBuf::from);
     if let Some(dir) = &screenshots {
         std::fs::create_dir_all(dir).unwrap();
@@ -275,16 +952,18 @@ fn the_page_shows_the_example_live_through_a_cutover_a_broken_commit_and_a_resta
                 "records/s on each processor: {text}"
             );
         }
+        page_shows_status(&browser, &feed, &format!("the steps of {name}"), |_, _| {
+            true
+        });
     }
     // Records/s as the processors' own metrics count them.
-    browser.wait_for(
+    page_shows_status(
+        &browser,
+        &feed,
         "moving shows the records it reads per second",
-        "document.querySelector(\"svg [data-step='moving']\")?.textContent ?? ''",
-        |v| {
-            v.as_str()
-                .and_then(|t| t.split(" rec/s").next())
-                .and_then(|t| t.rsplit(' ').next())
-                .and_then(|rate| rate.parse::<f64>().ok())
+        |status, _| {
+            step(topology(status, "vehicle-telemetry"), "moving")["recordsPerSecond"]
+                .as_f64()
                 .is_some_and(|rate| rate > 0.0)
         },
     );
@@ -314,6 +993,7 @@ fn the_page_shows_the_example_live_through_a_cutover_a_broken_commit_and_a_resta
             })
         },
     );
+    page_shows_status(&browser, &feed, "the details of moving", |_, _| true);
 
     browser.wait_for(
         "the first deployment is in the history",
@@ -328,7 +1008,19 @@ fn the_page_shows_the_example_live_through_a_cutover_a_broken_commit_and_a_resta
     }
 
     // A commit that replaces `moving` and adds a step whose source topic does not exist yet:
-    // the cutover waits for it, action by action on the page.
+    // the cutover waits for it, action by action on the page. Replacing `moving` replaces
+    // `risk-score` below it too, whose old life drains what the old `moving` wrote before it
+    // stops: its model server paused until the page has shown it retiring (else how long it
+    // retires is up to the machine, and may be shorter than one status event).
+    let old_risk = step(topology(&status, "vehicle-telemetry"), "risk-score")["group"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    browser.script(
+        "document.querySelector(\"section[aria-labelledby=dag-title] svg [data-step='risk-score']\")\
+         .focus(); return null;",
+    );
+    let paused = Paused::servers_of(&old_risk);
     let late = unique("vehicles-late");
     let late_out = unique("vehicles-late-out");
     broker.create_topic(&late_out, 1);
@@ -355,6 +1047,18 @@ fn the_page_shows_the_example_live_through_a_cutover_a_broken_commit_and_a_resta
             ),
         ],
     );
+    // The life the move retires, on its step and in its details, as status has it; then
+    // it may drain and stop (it leaves the step: checked below).
+    let retires = |status: &Value| {
+        step(topology(status, "vehicle-telemetry"), "risk-score")["retiring"]["group"] == *old_risk
+    };
+    page_shows_status(
+        &browser,
+        &feed,
+        "risk-score's old life retires, on its node and in its details",
+        |status, page| retires(status) && page["retiring"][0] == *old_risk,
+    );
+    drop(paused);
     let waiting = browser.wait_for(
         "the cutover waits for the missing topic, action by action",
         "[...document.querySelectorAll('[data-cutover] [data-action]')]\
@@ -388,6 +1092,15 @@ fn the_page_shows_the_example_live_through_a_cutover_a_broken_commit_and_a_resta
                     .is_some_and(|a| a.contains(&json!(replaced.to_string())))
         },
     );
+    page_shows_status(
+        &browser,
+        &feed,
+        "the steps after the cutover",
+        |status, _| {
+            topology(status, "vehicle-telemetry")["cutover"].is_null()
+                && retiring_steps(status).is_empty()
+        },
+    );
     let history = browser.elements(&format!("[data-history][data-to='{replaced}']"), "data-to");
     assert!(
         history[0].1.contains("Only fast vehicles"),
@@ -418,6 +1131,12 @@ fn the_page_shows_the_example_live_through_a_cutover_a_broken_commit_and_a_resta
     }
     let status = daemon.status().unwrap();
     assert_eq!(status["lastError"]["commit"], broken.to_string().as_str());
+    page_shows_status(
+        &browser,
+        &feed,
+        "the overview with the error",
+        |status, _| status["lastError"]["commit"] == broken.to_string().as_str(),
+    );
 
     // The daemon goes away and comes back: the page reconnects by itself.
     daemon.stop();
@@ -430,6 +1149,7 @@ fn the_page_shows_the_example_live_through_a_cutover_a_broken_commit_and_a_resta
     daemon.wait_status("the restarted daemon knows the broken head", |s| {
         s["lastError"]["commit"] == broken.to_string().as_str()
     });
+    let feed = StatusFeed::follow(&daemon.api);
     browser.wait_for(
         "the page is live again and shows the error again",
         "[document.querySelector('[data-connection]')?.dataset.connection, \
@@ -441,6 +1161,22 @@ fn the_page_shows_the_example_live_through_a_cutover_a_broken_commit_and_a_resta
                     .is_some_and(|t| t.contains("normalize.yaml:4"))
         },
     );
+    // While the daemon was away, the page's attempts to reconnect failed: those, and only
+    // those, are errors the console may have.
+    let reconnecting = format!("{}/api/events - Failed to load resource: ", daemon.api);
+    let errors: Vec<ConsoleEntry> = browser
+        .console()
+        .into_iter()
+        .filter(|e| e.is_error())
+        .filter(|e| !(e.source == "network" && e.message.starts_with(&reconnecting)))
+        .collect();
+    assert!(
+        errors.is_empty(),
+        "the console has errors besides failed reconnections: {errors:#?}"
+    );
+    page_shows_status(&browser, &feed, "the restarted daemon's status", |_, _| {
+        true
+    });
     assert_eq!(
         browser.script("return window.plumberTestMarker ?? null;"),
         "not reloaded",
@@ -464,6 +1200,7 @@ fn the_page_shows_the_example_live_through_a_cutover_a_broken_commit_and_a_resta
         "document.querySelectorAll('[data-topology]').length",
         |v| v == 2,
     );
+    no_console_errors(&browser, "at the end");
     drop(daemon);
 }
 

@@ -4,8 +4,8 @@
 //! does. Every call waits for its answer.
 //!
 //! [`Browser`] does what every caller needs (load a page, run a script, wait for the page to
-//! show something); a caller drives the rest through [`Browser::client`] and
-//! [`Browser::block_on`], or chromedriver itself through [`Browser::driver_url`] and
+//! show something, read its console); a caller drives the rest through [`Browser::client`]
+//! and [`Browser::block_on`], or chromedriver itself through [`Browser::driver_url`] and
 //! [`Browser::session_id`].
 
 use std::future::Future;
@@ -90,6 +90,10 @@ impl BrowserOptions {
             }
         };
         let mut capabilities = self.capabilities;
+        // The console, for [`Browser::console`] (unless the caller asked for other logs).
+        capabilities
+            .entry("goog:loggingPrefs")
+            .or_insert_with(|| json!({"browser": "ALL"}));
         capabilities.insert(
             "goog:chromeOptions".into(),
             json!({
@@ -201,6 +205,49 @@ impl Browser {
         }
         let text = self.script("return document.body.innerText;");
         panic!("timed out waiting until {what}; last: {last}; the page says:\n{text}");
+    }
+}
+
+/// One message of the browser's console: the page's `console` calls, its uncaught errors and
+/// promise rejections, and what the browser says about it (a request that failed, a script it
+/// blocked).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+pub struct ConsoleEntry {
+    /// `SEVERE` (an error), `WARNING`, `INFO` or `DEBUG`.
+    pub level: String,
+    /// Where it comes from: `console-api` (a `console` call), `javascript` (uncaught),
+    /// `network`, …
+    #[serde(default)]
+    pub source: String,
+    pub message: String,
+    /// Milliseconds since the epoch.
+    #[serde(default)]
+    pub timestamp: u64,
+}
+
+impl ConsoleEntry {
+    /// An error: `console.error`, an uncaught exception or rejection, a failed request.
+    pub fn is_error(&self) -> bool {
+        self.level == "SEVERE"
+    }
+}
+
+impl Browser {
+    /// The console's messages since the last call (chromedriver hands each out once), of
+    /// every page this browser showed. Empty when the browser was started with a
+    /// `goog:loggingPrefs` capability that keeps no `browser` log.
+    pub fn console(&self) -> Vec<ConsoleEntry> {
+        let url = format!("{}/session/{}/se/log", self.driver_url, self.session_id);
+        let answer = ureq::post(&url)
+            .header("Content-Type", "application/json")
+            .send(r#"{"type":"browser"}"#)
+            .and_then(|mut response| response.body_mut().read_to_string())
+            .unwrap_or_else(|e| panic!("chromedriver does not give the console's log: {e}"));
+        let log: Value = serde_json::from_str(&answer)
+            .unwrap_or_else(|e| panic!("chromedriver's log is not JSON ({e}): {answer}"));
+        serde_json::from_value(log["value"].clone()).unwrap_or_else(|e| {
+            panic!("chromedriver's log is not a list of entries ({e}): {answer}")
+        })
     }
 }
 

@@ -1,7 +1,7 @@
 // Checks the built page against the fixture daemon in headless Chromium: the DOM hooks the
-// browser test relies on, live updates without relayout, keyboard access, reconnection after a
-// restart, and that no request leaves the server. Needs playwright-core, installed outside
-// the repository:
+// browser test relies on (the status event shown among them), live updates without relayout,
+// keyboard access, reconnection after a restart, that no request leaves the server and that
+// the console has no error. Needs playwright-core, installed outside the repository:
 //   (cd /tmp/pw && npm i playwright-core) && PLAYWRIGHT_CORE=/tmp/pw/node_modules/playwright-core/index.mjs node dev/check.mjs
 import { spawn } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
@@ -23,7 +23,12 @@ const browser = await chromium.launch({ executablePath: process.env.CHROMIUM ?? 
 const page = await browser.newPage({ viewport: { width: 1280, height: 800 } });
 const requests = [];
 page.on('request', (r) => requests.push(r.url()));
-page.on('pageerror', (e) => console.log('pageerror', e.message));
+// Errors in the console fail, but for the page's reconnection attempts while the daemon is away.
+const consoleErrors = [];
+page.on('pageerror', (e) => consoleErrors.push(`uncaught: ${e.message}`));
+page.on('console', (m) => {
+  if (m.type() === 'error' && !m.location().url.endsWith('/api/events')) consoleErrors.push(m.text());
+});
 
 await page.goto(base + '#/');
 await page.waitForSelector('[data-connection="live"]', { timeout: 10000 });
@@ -51,7 +56,11 @@ ok(await page.locator('[data-plan="refs/heads/fix-fx-timeout"]').count() === 0, 
 const parse = await page.$('[data-step="parse"]');
 const t0 = await parse.getAttribute('transform');
 const txt0 = await parse.textContent();
+const eventOf = () => page.evaluate(() => [document.querySelector('main').dataset.eventId, document.querySelector('main').hasAttribute('data-event-opening')]);
+const [id0] = await eventOf();
 await page.waitForFunction((t) => document.querySelector('[data-step="parse"]').textContent !== t, txt0, { timeout: 5000 });
+const [id1, opening1] = await eventOf();
+ok(/^\d+$/.test(id0 ?? '') && Number(id1) > Number(id0) && !opening1, `main marks the status event shown, a numbered change after an update (${id0} -> ${id1})`);
 ok(await parse.evaluate((e) => e.isConnected), 'same node element after an update (no re-render of the layout)');
 ok((await parse.getAttribute('transform')) === t0, 'node position unchanged after a numbers update');
 
@@ -119,5 +128,6 @@ ok(await page.locator('[data-cutover]').count() === 0, 'no cutover on billing');
 
 const outside = requests.filter((u) => !u.startsWith(base));
 ok(outside.length === 0, `no request outside the server (${requests.length} requests)`);
+ok(consoleErrors.length === 0, `no error in the console${consoleErrors.length ? `: ${consoleErrors.join('; ')}` : ''}`);
 await browser.close();
 await stop();

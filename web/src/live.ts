@@ -13,6 +13,10 @@ export interface Daemon {
   everLive: boolean;
   /** Why a fetch failed, shown until the next success. */
   problem: string | null;
+  /** The event the status shown came in: its `id`, and whether it was a connection's opening
+   * status (or a resync's) rather than the numbered change every client was sent. `null` while
+   * the status shown is the fetched one. */
+  statusEvent: { id: string; opening: boolean } | null;
 }
 
 const sameMove = (a: HistoryEntry, b: HistoryEntry) =>
@@ -30,6 +34,7 @@ export function useDaemon(): Daemon {
     connection: 'reconnecting',
     everLive: false,
     problem: null,
+    statusEvent: null,
   });
 
   useEffect(() => {
@@ -38,6 +43,15 @@ export function useDaemon(): Daemon {
     let source: EventSource | null = null;
     let retry: ReturnType<typeof setTimeout> | undefined;
     let outage = false;
+    // The greatest event id this connection has seen, `null` until its first event: a status
+    // first on a connection, or numbered as an event already seen (a resync), is a snapshot.
+    let seen: number | null = null;
+    const numbered = (ev: Event) => {
+      const id = Number((ev as MessageEvent).lastEventId);
+      const fresh = seen != null && id > seen;
+      if (seen == null || id > seen) seen = id;
+      return fresh;
+    };
     const update = (f: (d: Daemon) => Daemon) => {
       if (!stopped) setState(f);
     };
@@ -60,8 +74,10 @@ export function useDaemon(): Daemon {
     loadPlans();
 
     const connect = () => {
+      seen = null;
       source = new EventSource('api/events');
       source.addEventListener('status', (ev) => {
+        const fresh = numbered(ev);
         let status: Status;
         try {
           status = JSON.parse((ev as MessageEvent<string>).data) as Status;
@@ -69,14 +85,16 @@ export function useDaemon(): Daemon {
           return;
         }
         sawStatusEvent = true;
-        update((d) => ({ ...d, status, connection: 'live', everLive: true }));
+        const statusEvent = { id: (ev as MessageEvent).lastEventId, opening: !fresh };
+        update((d) => ({ ...d, status, statusEvent, connection: 'live', everLive: true }));
         if (outage) {
           outage = false;
           loadHistory();
           loadPlans();
         }
       });
-      source.addEventListener('plan', () => {
+      source.addEventListener('plan', (ev) => {
+        numbered(ev);
         loadPlans();
       });
       // This page fell behind the stream: the daemon sent the status again; read the rest.
@@ -85,6 +103,7 @@ export function useDaemon(): Daemon {
         loadPlans();
       });
       source.addEventListener('history', (ev) => {
+        numbered(ev);
         let entry: HistoryEntry;
         try {
           entry = JSON.parse((ev as MessageEvent<string>).data) as HistoryEntry;
@@ -98,6 +117,8 @@ export function useDaemon(): Daemon {
       });
       source.onerror = () => {
         outage = true;
+        // The browser reconnects by itself: the next connection starts with a snapshot.
+        seen = null;
         update((d) => ({ ...d, connection: 'reconnecting' }));
         // The browser retries by itself unless the answer was not an event stream (a 502 from
         // a proxy, a daemon that is starting): then it gives up, and so we start over.

@@ -61,7 +61,13 @@ function App() {
         </nav>
         <ConnectionState daemon={daemon} />
       </header>
-      <main id="main" tabIndex={-1}>
+      {/* Which status event the page shows (for tests that compare it with the daemon's). */}
+      <main
+        id="main"
+        tabIndex={-1}
+        data-event-id={daemon.statusEvent?.id}
+        data-event-opening={daemon.statusEvent?.opening ? '' : undefined}
+      >
         {body}
       </main>
     </>
