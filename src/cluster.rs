@@ -87,7 +87,8 @@ pub fn run(path: &Path) -> Result<()> {
             })
         },
     )
-    .context("reading the processors that run")?;
+    .context("reading the processors that run")?
+    .fenced_by(lease.guard());
     let records = TopologyStore::new(
         client,
         handle,

@@ -12,6 +12,7 @@ mod common;
 // uses no `plumber up`, so parts of it go unused here).
 #[path = "../support/fake_forge.rs"]
 mod fake_forge;
+mod fence;
 #[allow(dead_code)]
 #[path = "../reconciler/harness.rs"]
 mod harness;

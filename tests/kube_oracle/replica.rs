@@ -79,7 +79,9 @@ impl Replica {
                 })
             },
         )
-        .expect("the Kubernetes runtime");
+        .expect("the Kubernetes runtime")
+        // As `plumber daemon` wires it (src/cluster.rs): no write without the lease.
+        .fenced_by(lease.guard());
         let records = Arc::new(
             TopologyStore::new(
                 client,

@@ -111,6 +111,9 @@ pub struct KubeRuntime {
     topologies: Arc<Cache<Topology>>,
     /// Only where the processors' `/metrics` are ([`trim_pod`]).
     pods: Cache<Pod>,
+    /// Asked immediately before every write ([`KubeRuntime::fenced_by`]): a replica that
+    /// lost the lease in the middle of an action writes no further object of it.
+    fence: Option<Arc<dyn Fn() -> bool + Send + Sync>>,
 }
 
 /// The label selector of every object Plumber manages.
@@ -167,6 +170,7 @@ impl KubeRuntime {
             verified: Mutex::new(BTreeMap::new()),
             changing: Mutex::new(()),
             owners: Mutex::new(BTreeMap::new()),
+            fence: None,
         };
         runtime.wait_listed(&runtime.deployments)?;
         runtime.wait_listed(&runtime.scaled_objects)?;
@@ -184,6 +188,33 @@ impl KubeRuntime {
             );
         }
         Ok(runtime)
+    }
+
+    /// Writes only while `may_write` holds (the lease's guard), asked immediately before
+    /// each one: the engine asks once per action, and an action writes several objects.
+    pub fn fenced_by(mut self, may_write: Arc<dyn Fn() -> bool + Send + Sync>) -> Self {
+        self.fence = Some(may_write);
+        self
+    }
+
+    /// `Err` when the fence says this replica may no longer write.
+    fn fenced(&self, operation: &'static str, group: &str) -> Result<()> {
+        match &self.fence {
+            Some(may_write) if !may_write() => {
+                tracing::warn!(
+                    operation,
+                    group,
+                    "not written: this replica no longer holds the lease"
+                );
+                Err(Error::Backend {
+                    operation,
+                    group: group.to_owned(),
+                    message: "this replica no longer holds the lease: it writes nothing".into(),
+                    retryable: true,
+                })
+            }
+            _ => Ok(()),
+        }
     }
 
     /// Takes what runs from the annotations of Plumber's Deployments and, for a processor
@@ -362,6 +393,7 @@ impl KubeRuntime {
             + 'static,
         <K as Resource>::DynamicType: Default,
     {
+        self.fenced("apply", group)?;
         let api: Api<K> = self.api();
         let params = PatchParams::apply(FIELD_MANAGER).force();
         let applied = self
@@ -388,6 +420,7 @@ impl KubeRuntime {
             + 'static,
         <K as Resource>::DynamicType: Default,
     {
+        self.fenced("delete", group)?;
         let api: Api<K> = self.api();
         match self.handle.block_on(api.delete(group, params)) {
             Ok(_) => {}
@@ -704,6 +737,7 @@ impl Runtime for KubeRuntime {
                 "plumber.dev/restarted-at": crate::cutover::now().to_string()
             }}}}
         });
+        self.fenced("restart", group)?;
         let api: Api<Deployment> = self.api();
         match self
             .handle
