@@ -12,10 +12,25 @@ use crate::json_in::MAX_DEPTH;
 /// `01`, `+1`, `.5`, `Infinity`).
 pub fn error(text: &[u8]) -> Option<String> {
     let message = first_error(text)?;
-    Some(format!(
-        "{message} (while parsing '{}')",
-        String::from_utf8_lossy(text)
-    ))
+    Some(format!("{message} (while parsing '{}')", quoted(text)))
+}
+
+/// At most this much of the text is quoted in the message.
+const QUOTED_MAX: usize = 100;
+
+/// The text as the message quotes it: whole, as jq does, up to [`QUOTED_MAX`] bytes; longer,
+/// cut at a character with `...`, since a record's string can be megabytes and the message
+/// travels on (dead letters, logs).
+fn quoted(text: &[u8]) -> String {
+    let text = String::from_utf8_lossy(text);
+    if text.len() <= QUOTED_MAX {
+        return text.into_owned();
+    }
+    let mut end = QUOTED_MAX - "...".len();
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}...", &text[..end])
 }
 
 const BOM: &[u8] = b"\xEF\xBB\xBF";
