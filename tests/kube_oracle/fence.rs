@@ -107,3 +107,30 @@ fn a_holder_deposed_between_two_writes_of_an_action_makes_no_more() {
     holder.stop();
     drop(scratch);
 }
+
+/// `kubectl delete lease plumber`: the holder seeks the lease anew, creates the Lease again
+/// and acts on (kube-lease-manager alone only reports it missing, forever).
+#[test]
+fn a_deleted_lease_is_created_again_and_held() {
+    let scratch = Scratch::new();
+    let world = World::new("kube-lease-deleted");
+    let fake = cluster();
+    let holder = Replica::start(&fake, &world, "plumber-0", &scratch.path("plumber-0"));
+    wait_until("plumber-0 holds the lease", PATIENCE, || {
+        holder.holds_lease()
+    });
+    let before = fake.get::<Lease>(NS, "plumber").unwrap().metadata.uid;
+    assert!(fake.delete::<Lease>(NS, "plumber"));
+    wait_until(
+        "a new Lease names plumber-0, which holds it",
+        PATIENCE,
+        || {
+            fake.get::<Lease>(NS, "plumber").is_some_and(|lease| {
+                lease.metadata.uid != before
+                    && lease.spec.and_then(|s| s.holder_identity).as_deref() == Some("plumber-0")
+            }) && holder.holds_lease()
+        },
+    );
+    holder.stop();
+    drop(scratch);
+}

@@ -65,6 +65,8 @@ struct State {
     elected: AtomicBool,
     /// When this replica last saw a renewal of its own, and the renew time it saw.
     confirmed: Mutex<Option<(Instant, String)>>,
+    /// The Lease object was not there at the last look (someone deleted it).
+    missing: AtomicBool,
 }
 
 /// Held (or sought) for as long as it lives; [`Lease::release`] gives it up for another
@@ -94,38 +96,61 @@ impl Lease {
             let config = config.clone();
             let state = state.clone();
             handle.spawn(async move {
-                let built = LeaseManagerBuilder::new(client, &config.name)
-                    .with_namespace(&config.namespace)
-                    .with_identity(&config.identity)
-                    .with_duration(duration)
-                    .with_grace(grace)
-                    .build()
-                    .await;
-                let manager = match built {
-                    Ok(manager) => manager,
-                    Err(error) => {
-                        tracing::error!(%error, lease = %config.name, "cannot seek the lease");
+                // One manager per life of the Lease object: kube-lease-manager creates the
+                // Lease when it starts, but a Lease deleted later (`kubectl delete lease`)
+                // it only reports as missing, forever; no replica would act again.
+                loop {
+                    let built = LeaseManagerBuilder::new(client.clone(), &config.name)
+                        .with_namespace(&config.namespace)
+                        .with_identity(&config.identity)
+                        .with_duration(duration)
+                        .with_grace(grace)
+                        .build()
+                        .await;
+                    let manager = match built {
+                        Ok(manager) => manager,
+                        Err(error) => {
+                            tracing::error!(%error, lease = %config.name, "cannot seek the lease; trying again");
+                            tokio::select! {
+                                _ = tokio::time::sleep(config.grace) => continue,
+                                _ = stopping.changed() => return,
+                            }
+                        }
+                    };
+                    let (mut elected, task) = manager.watch().await;
+                    let again = loop {
+                        tokio::select! {
+                            changed = elected.changed() => {
+                                if changed.is_err() {
+                                    break true;
+                                }
+                                let now = *elected.borrow_and_update();
+                                state.elected.store(now, Ordering::SeqCst);
+                                tracing::info!(lease = %config.name, identity = %config.identity, holder = now, "lease changed");
+                            }
+                            _ = stopping.changed() => break false,
+                            _ = tokio::time::sleep(config.check) => {
+                                if state.missing.load(Ordering::SeqCst) {
+                                    tracing::warn!(lease = %config.name, "the Lease is gone; seeking it anew");
+                                    break true;
+                                }
+                            }
+                        }
+                    };
+                    state.elected.store(false, Ordering::SeqCst);
+                    // Closing the channel makes the manager release the lease and end.
+                    drop(elected);
+                    if !again {
+                        let _ = task.await;
                         return;
                     }
-                };
-                let (mut elected, task) = manager.watch().await;
-                loop {
+                    task.abort();
+                    state.missing.store(false, Ordering::SeqCst);
                     tokio::select! {
-                        changed = elected.changed() => {
-                            if changed.is_err() {
-                                break;
-                            }
-                            let now = *elected.borrow_and_update();
-                            state.elected.store(now, Ordering::SeqCst);
-                            tracing::info!(lease = %config.name, identity = %config.identity, holder = now, "lease changed");
-                        }
-                        _ = stopping.changed() => break,
+                        _ = tokio::time::sleep(config.check) => {}
+                        _ = stopping.changed() => return,
                     }
                 }
-                state.elected.store(false, Ordering::SeqCst);
-                // Closing the channel makes the manager release the lease and end.
-                drop(elected);
-                let _ = task.await;
             })
         };
         let pods: Api<Pod> = Api::namespaced(client.clone(), &config.namespace);
@@ -139,7 +164,10 @@ impl Lease {
                 let mut labelled = None;
                 loop {
                     match api.get_opt(&config.name).await {
-                        Ok(lease) => confirm(&state, lease.as_ref(), &config.identity),
+                        Ok(lease) => {
+                            state.missing.store(lease.is_none(), Ordering::SeqCst);
+                            confirm(&state, lease.as_ref(), &config.identity)
+                        }
                         Err(error) => {
                             tracing::debug!(%error, "cannot read the lease; not confirming it")
                         }
