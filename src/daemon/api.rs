@@ -174,10 +174,13 @@ async fn status(State(api): State<Api>) -> Response {
 
 async fn history(State(api): State<Api>) -> Response {
     // The records may be Topology objects, read through a client that blocks its thread on
-    // the Kubernetes runtime's own tokio runtime: never on one of the listener's threads.
-    let records = api.context.records.clone();
-    match tokio::task::spawn_blocking(move || records.history()).await {
-        Ok(Ok(entries)) => axum::Json(api.context.shown_history(entries)).into_response(),
+    // the Kubernetes runtime's own tokio runtime, and the commits they name are read from
+    // git: never on one of the listener's threads.
+    let context = api.context.clone();
+    let read =
+        move || Ok::<_, crate::store::Error>(context.shown_history(context.records.history()?));
+    match tokio::task::spawn_blocking(read).await {
+        Ok(Ok(shown)) => axum::Json(shown).into_response(),
         Ok(Err(error)) => (StatusCode::INTERNAL_SERVER_ERROR, error.to_string()).into_response(),
         Err(error) => (
             StatusCode::INTERNAL_SERVER_ERROR,

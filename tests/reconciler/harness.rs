@@ -468,17 +468,9 @@ impl World {
             .rsplit_once('.')
             .map(|(group, _)| group.to_owned())
             .unwrap();
-        let spec: Value = serde_json::from_slice(
-            &std::fs::read(self.processes().join(format!("{group}.json"))).ok()?,
-        )
-        .unwrap();
+        let spec = read_spec(&self.processes().join(format!("{group}.json")))?;
         let step = spec["step"].as_str().unwrap().to_owned();
-        let inputs: Vec<String> = spec["inputs"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|i| i.as_str().unwrap().to_owned())
-            .collect();
+        let inputs = inputs_in(&spec);
         let committed = self.committed(&group, &inputs);
         match nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(pid),
@@ -560,25 +552,24 @@ impl World {
     /// Every running group's committed offsets, by step: measured before a fault, what
     /// the fault may make each step repeat is [`World::uncommitted`] of them after it.
     pub fn running_groups(&self) -> Vec<(String, Offsets)> {
+        self.recorded_specs()
+            .iter()
+            .map(|spec| {
+                let step = spec["step"].as_str().unwrap().to_owned();
+                let group = spec["group"].as_str().unwrap();
+                (step, self.committed(group, &inputs_in(spec)))
+            })
+            .collect()
+    }
+
+    /// The spec the runtime recorded of every running group (`<group>.json`).
+    fn recorded_specs(&self) -> Vec<Value> {
         std::fs::read_dir(self.processes())
             .unwrap()
             .flatten()
             .map(|e| e.path())
             .filter(|p| p.extension().is_some_and(|e| e == "json"))
-            .map(|path| {
-                let spec: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
-                let inputs: Vec<String> = spec["inputs"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|i| i.as_str().unwrap().to_owned())
-                    .collect();
-                let step = spec["step"].as_str().unwrap().to_owned();
-                (
-                    step,
-                    self.committed(spec["group"].as_str().unwrap(), &inputs),
-                )
-            })
+            .filter_map(|path| read_spec(&path))
             .collect()
     }
 
@@ -615,13 +606,9 @@ impl World {
 
     /// The assignor recorded with each running group.
     pub fn recorded_assignors(&self) -> BTreeMap<String, String> {
-        std::fs::read_dir(self.processes())
-            .unwrap()
-            .flatten()
-            .map(|e| e.path())
-            .filter(|p| p.extension().is_some_and(|e| e == "json"))
-            .map(|path| {
-                let spec: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        self.recorded_specs()
+            .iter()
+            .map(|spec| {
                 let assignor = spec["settings"]["assignor"].as_str().unwrap_or("none");
                 (
                     spec["group"].as_str().unwrap().to_owned(),
@@ -633,12 +620,7 @@ impl World {
 
     /// Every recorded group runs exactly its number of instances, no more.
     pub fn assert_one_instance_per_group(&self) {
-        for entry in std::fs::read_dir(self.processes()).unwrap().flatten() {
-            let path = entry.path();
-            if path.extension().is_none_or(|e| e != "json") {
-                continue;
-            }
-            let spec: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        for spec in self.recorded_specs() {
             let group = spec["group"].as_str().unwrap().to_owned();
             // The local runtime runs `scale.min` instances, at least one.
             let replicas = spec["scale"]["min"].as_u64().unwrap().max(1);
@@ -748,6 +730,21 @@ pub struct Killed {
     /// those read since the last commit (at most one commit interval's) — all that an
     /// at-least-once successor may process again.
     pub uncommitted: u64,
+}
+
+/// A group's recorded spec; `None` when it is gone (its life stopped).
+fn read_spec(path: &std::path::Path) -> Option<Value> {
+    Some(serde_json::from_slice(&std::fs::read(path).ok()?).unwrap())
+}
+
+/// The input topics of a recorded spec.
+fn inputs_in(spec: &Value) -> Vec<String> {
+    spec["inputs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i.as_str().unwrap().to_owned())
+        .collect()
 }
 
 /// The processor pid recorded first in a pid file.
@@ -1022,26 +1019,28 @@ impl Plumber {
     /// process of its own; `port` is the one its config listens on.
     #[allow(dead_code)] // for tests/kube_oracle, which shares this harness
     pub fn daemon(world: &World, config: &std::path::Path, port: u16) -> Plumber {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_plumber"));
+        command.arg("daemon").arg("--config").arg(config);
+        Plumber::spawn(world, "plumber daemon", command, port)
+    }
+
+    /// Runs `command` with the world's daemon log as its stderr, and waits until its API on
+    /// `port` answers.
+    fn spawn(world: &World, name: &str, mut command: Command, port: u16) -> Plumber {
+        let path = world.state.path().join("daemon.log");
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(world.state.path().join("daemon.log"))
+            .open(&path)
             .unwrap();
-        eprintln!(
-            "daemon log: {}",
-            world.state.path().join("daemon.log").display()
-        );
-        let mut command = Command::new(env!("CARGO_BIN_EXE_plumber"));
+        eprintln!("daemon log: {}", path.display());
         command
-            .arg("daemon")
-            .arg("--config")
-            .arg(config)
             .env("RUST_LOG", "info,librdkafka=warn")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log);
         let plumber = Plumber {
-            process: Some(Process::spawn("plumber daemon", &mut command)),
+            process: Some(Process::spawn(name, &mut command)),
             server: format!("http://127.0.0.1:{port}"),
             repo: world.repo.path().to_owned(),
         };
@@ -1065,15 +1064,6 @@ impl Plumber {
             .local_addr()
             .unwrap()
             .port();
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(world.state.path().join("daemon.log"))
-            .unwrap();
-        eprintln!(
-            "daemon log: {}",
-            world.state.path().join("daemon.log").display()
-        );
         let mut command = Command::new(env!("CARGO_BIN_EXE_plumber"));
         command
             .arg("up")
@@ -1084,11 +1074,7 @@ impl Plumber {
             .arg(world.state.path().join("state"))
             .args(["--listen", &format!("127.0.0.1:{port}")])
             .args(["--stall-timeout", "15", "--record-timeout", "5"])
-            .env("PLUMBER_PROCESSOR", processor_binary())
-            .env("RUST_LOG", "info,librdkafka=warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log);
+            .env("PLUMBER_PROCESSOR", processor_binary());
         if keep_topics {
             command.arg("--keep-topics");
         }
@@ -1098,15 +1084,7 @@ impl Plumber {
             // tansu); the eager one recovers.
             command.env("PLUMBER_ASSIGNOR", "eager");
         }
-        let plumber = Plumber {
-            process: Some(Process::spawn("plumber up", &mut command)),
-            server: format!("http://127.0.0.1:{port}"),
-            repo: world.repo.path().to_owned(),
-        };
-        wait_until("the daemon answers", PATIENCE, || {
-            plumber.try_status().is_some()
-        });
-        plumber
+        Plumber::spawn(world, "plumber up", command, port)
     }
 
     fn try_status(&self) -> Option<Value> {
