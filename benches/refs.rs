@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use git2::build::TreeUpdateBuilder;
 use git2::{FileMode, Oid, Repository, Signature, Time};
-use plumber::daemon::plans::Planner;
+use plumber::daemon::review::plans::Planner;
 use plumber::daemon::{Context, DaemonConfig};
 use plumber::plan::Deployment;
 use plumber::runtime::local::{LocalConfig, LocalRuntime};

@@ -12,9 +12,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result};
+use plumber::daemon::config::Config;
 use plumber::daemon::{ClusterOverride, Context, Daemon, DaemonConfig, GitAuth};
 use plumber::runtime::kube::apply::{KubeConfig, KubeRuntime};
-use plumber::runtime::kube::config::Config;
 use plumber::runtime::kube::lease::{Lease, LeaseConfig};
 use plumber::runtime::kube::render::{RenderConfig, Source};
 use plumber::store::topology::TopologyStore;

@@ -21,6 +21,7 @@
 pub mod cutover;
 pub mod daemon;
 pub mod diagnostic;
+pub mod durable;
 pub mod forge;
 pub mod graph;
 pub mod kafka;

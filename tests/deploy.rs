@@ -20,7 +20,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_json::Value;
 
-use plumber::runtime::kube::config::Config;
+use plumber::daemon::config::Config;
 use plumber::runtime::kube::crd;
 
 /// What the daemon's HTTP API answers health checks on (src/daemon/api.rs).

@@ -20,7 +20,7 @@ use common::daemon::Harness;
 use common::{TestRepo, remove, write};
 use git2::Oid;
 use plumber::daemon::Context;
-use plumber::daemon::plans::{PlanChange, RefPlan, note_fingerprint};
+use plumber::daemon::review::plans::{PlanChange, RefPlan, note_fingerprint};
 use plumber::plan::{Action, Change, Deployment};
 use plumber::store::TopologyRecord;
 use plumber_testkit::{Process, wait_until};

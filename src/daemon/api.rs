@@ -539,15 +539,15 @@ async fn hook(State(api): State<Api>, headers: HeaderMap, body: axum::body::Body
     }
     api.fetch();
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
-    let republish = super::publish::webhook_pull_request(header, &body);
-    let look = super::publish::webhook_pull_request_changed(header, &body);
-    let closed = super::publish::webhook_pull_request_closed(header, &body);
+    let republish = super::review::publish::webhook_pull_request(header, &body);
+    let look = super::review::publish::webhook_pull_request_changed(header, &body);
+    let closed = super::review::publish::webhook_pull_request_closed(header, &body);
     let labelled = api
         .context
         .config
         .preview_label
         .as_ref()
-        .and_then(|label| super::previews::webhook_labelled(header, &body, label));
+        .and_then(|label| super::review::previews::webhook_labelled(header, &body, label));
     if republish.is_none() && look.is_none() && closed.is_none() && labelled.is_none() {
         outcome("fetch");
     } else if !verified {

@@ -11,6 +11,7 @@
 //! in status, logs and metrics. With trusted keys, neither is a head they did not sign.
 
 pub mod api;
+pub mod config;
 pub mod events;
 mod follow;
 pub mod health;
@@ -18,11 +19,10 @@ pub mod hooks;
 pub mod listener;
 mod mailbox;
 mod observe;
-pub mod plans;
-pub mod previews;
-pub mod publish;
 pub mod rates;
 mod reconcile;
+mod resource;
+pub mod review;
 pub mod revisions;
 pub mod status;
 pub mod watch;
@@ -298,13 +298,13 @@ pub struct Context {
     /// The keys of [`DaemonConfig::trusted_keys`]: only commits they signed are applied.
     pub trusted_keys: Option<Arc<crate::trust::TrustedKeys>>,
     /// The plans of the watched refs.
-    pub plans: Arc<plans::Plans>,
+    pub plans: Arc<review::plans::Plans>,
     /// What `GET /api/events` streams.
     pub events: Arc<events::Events>,
     /// Asks the forge publisher to publish a pull request's plan again (webhooks).
-    pub publish: publish::Requests,
+    pub publish: review::publish::Requests,
     /// Asks the previews thread to decide a pull request's preview again (webhooks).
-    pub previews: previews::Requests,
+    pub previews: review::previews::Requests,
     /// The daemon's threads, for `GET /healthz`.
     pub threads: Arc<health::Threads>,
     /// A webhook asked for a fetch that has not started yet (later ones need not ask again).
@@ -399,10 +399,10 @@ impl Context {
             runtime,
             store,
             trusted_keys,
-            plans: Arc::new(plans::Plans::default()),
+            plans: Arc::new(review::plans::Plans::default()),
             events: Arc::new(events::Events::default()),
-            publish: publish::Requests::default(),
-            previews: previews::Requests::default(),
+            publish: review::publish::Requests::default(),
+            previews: review::previews::Requests::default(),
             threads: Arc::default(),
             fetch_asked: AtomicBool::new(false),
             connect,
@@ -529,8 +529,8 @@ pub struct Daemon {
     follower: Option<JoinHandle<()>>,
     observer: Option<JoinHandle<()>>,
     planner: Option<JoinHandle<()>>,
-    publisher: Option<publish::Running>,
-    previews: Option<previews::Running>,
+    publisher: Option<review::publish::Running>,
+    previews: Option<review::previews::Running>,
     api: Option<api::Server>,
     pub listening: SocketAddr,
 }
@@ -540,8 +540,8 @@ impl Daemon {
     pub fn start(context: Arc<Context>) -> Result<Daemon, Error> {
         // First: a forge that cannot be used (its token file) stops the daemon before it acts.
         // Should a later step fail, dropping it ends it.
-        let publisher = publish::start(&context)?;
-        let previews = previews::start(&context)?;
+        let publisher = review::publish::start(&context)?;
+        let previews = review::previews::start(&context)?;
         let (triggers, receiver) = mpsc::channel();
         let api = api::Server::start(context.clone(), triggers.clone())?;
         let listening = api.addr;
@@ -568,7 +568,7 @@ impl Daemon {
         let wake_planner = context.plans.receiver();
         let planner = spawn(&context.threads, "plans", Kind::Essential, {
             let context = context.clone();
-            move || plans::run(&context, &wake_planner)
+            move || review::plans::run(&context, &wake_planner)
         })?;
         let _ = triggers.send(Trigger::Startup);
         tracing::info!(repo = %context.revisions.source().display(), branch = %context.config.branch, api = %listening, "daemon started");

@@ -496,7 +496,7 @@ impl Watchdog {
                     group,
                     lag = progress.lag,
                     restarts = stall.restarts,
-                    hint = "on tansu 0.6, restart the broker (README, \"tansu\")",
+                    hint = "on tansu 0.6, restart the broker (docs/tansu.md)",
                     "processor still makes no progress after restarts, so its consumer group may not form; restarting it again"
                 );
             }

@@ -74,8 +74,8 @@ fn inherited_env() -> impl Iterator<Item = (&'static str, std::ffi::OsString)> {
 /// How long a process killed with SIGKILL may take to disappear before it is given up on (it
 /// can only be stuck in the kernel, e.g. on a dead network file system).
 const KILL_GRACE: Duration = Duration::from_secs(5);
+use crate::durable;
 use crate::spec::{EnvValue, Resources, Scale, Transform};
-use crate::store::write_atomically;
 
 /// Settings of the local runtime.
 #[derive(Debug, Clone)]
@@ -845,7 +845,7 @@ impl Shared {
         // On a line of its own: a daemon that knows only the pids reads the first line.
         record.push_str(&format!("\n{METRICS_RECORD} {metrics}\n"));
         let path = pid_file(&self.processes, &spec.group, index);
-        if let Err(source) = write_atomically(&path, record.as_bytes()) {
+        if let Err(source) = durable::write(&path, record.as_bytes()) {
             tracing::warn!(error = %source, "cannot record the pid; a restarted daemon will not adopt this instance");
         }
         tracing::info!(group = %spec.group, index, pid = running.processor.pid(), log = %log_path.display(), %metrics, "instance started");
@@ -890,7 +890,7 @@ impl Shared {
             retryable: true,
         };
         let bytes = serde_json::to_vec_pretty(spec).map_err(|e| failed(e.to_string()))?;
-        write_atomically(&path, &bytes).map_err(|e| failed(e.to_string()))
+        durable::write(&path, &bytes).map_err(|e| failed(e.to_string()))
     }
 
     /// The credentials directory for the processor's cluster, if it has credentials.

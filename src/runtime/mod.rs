@@ -8,6 +8,9 @@
 pub mod args;
 pub mod kube;
 pub mod local;
+mod start;
+
+pub use start::Target;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -54,6 +57,10 @@ impl Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Whether this daemon replica may still write (it holds the lease): asked immediately before
+/// each write, so a replica deposed in the middle of an action writes nothing more.
+pub type Guard = dyn Fn() -> bool + Send + Sync;
 
 /// How processors run, decided by the daemon for every step alike.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]

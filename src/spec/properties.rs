@@ -249,7 +249,7 @@ pub fn problem(key: &str, value: &str, origin: Origin) -> Option<String> {
         Origin::Repository if ALLOWED.contains(&key) => None,
         Origin::Repository => Some(format!(
             "`{key}` is not a property `plumber.yaml` may set: Git may tune connections, \
-             security protocol, batching and fetching (README, \"Cluster properties\"); a \
+             security protocol, batching and fetching (docs/security.md, \"Cluster properties and credentials\"); a \
              setting the operator needs belongs in the daemon's configuration \
              (`kafka.clusters.<name>.properties`)"
         )),

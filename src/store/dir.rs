@@ -294,21 +294,12 @@ pub struct StateLock {
     _file: nix::fcntl::Flock<fs::File>,
 }
 
-/// Replaces `path` with `bytes` so that a crash leaves either the old or the new content.
-pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
-    let write_error = |source| Error::Write {
+/// Replaces `path` with `bytes` (see [`crate::durable::write`]).
+pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
+    crate::durable::write(path, bytes).map_err(|source| Error::Write {
         path: path.to_path_buf(),
         source,
-    };
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let mut temporary = tempfile::NamedTempFile::new_in(dir).map_err(write_error)?;
-    temporary.write_all(bytes).map_err(write_error)?;
-    temporary.as_file().sync_all().map_err(write_error)?;
-    temporary.persist(path).map_err(|e| write_error(e.error))?;
-    // The rename itself is durable once the directory is synced.
-    fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(write_error)
+    })
 }
 
 /// The checkouts of the state directory at `root` (see [`StateDir::checkouts`]).

@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use crate::plan::{Deployment, PartitionOffset};
-pub use dir::{StateDir, StateLock, checkouts_dir, write_atomically};
+pub use dir::{StateDir, StateLock, checkouts_dir};
 
 /// The version of [`TopologyRecord`]'s format; a record of another version is refused.
 pub const FORMAT: u32 = 2;

@@ -25,7 +25,7 @@ use kube::api::{Api, DeleteParams, ListParams, PostParams, Preconditions};
 use serde::{Deserialize, Serialize};
 
 use super::{CutoverStore, Error, FORMAT, HistoryEntry, Result, TopologyRecord};
-use crate::daemon::{CutoverEvent, StatusSink, status};
+use crate::runtime::Guard;
 use crate::runtime::kube::cache::Cache;
 use crate::runtime::kube::crd::{Topology, TopologySpec, TopologyStatus};
 use crate::runtime::kube::render::{MANAGED_BY, Source, TOPOLOGY};
@@ -47,9 +47,6 @@ struct StatusRecord {
     #[serde(default)]
     history: Vec<HistoryEntry>,
 }
-
-/// Whether this daemon replica may write (it holds the lease).
-pub type Guard = dyn Fn() -> bool + Send + Sync;
 
 pub struct TopologyStore {
     client: Client,
@@ -276,9 +273,32 @@ impl TopologyStore {
 }
 
 impl TopologyStore {
+    /// Records a Kubernetes Event on the topology's resource (`kubectl describe topology`
+    /// lists them); dropped before the resource exists (the engine creates it with its
+    /// first save).
+    pub fn record_event(&self, topology: &str, reason: &str, note: &str) -> Result<()> {
+        let Some(object) = self.get(topology)? else {
+            return Ok(());
+        };
+        let reference = object.object_ref(&());
+        let recorder = Recorder::new(self.client.clone(), self.reporter.clone());
+        self.handle
+            .block_on(recorder.publish(
+                &Event {
+                    type_: EventType::Normal,
+                    reason: reason.into(),
+                    note: Some(note.chars().take(1000).collect()),
+                    action: "Cutover".into(),
+                    secondary: None,
+                },
+                &reference,
+            ))
+            .map_err(|error| kube_error("record an event of", topology, error))
+    }
+
     /// Writes the observed fields of a topology's status, keeping its record; nothing when
     /// they did not change since the last write.
-    fn publish_status(&self, topology: &str, observed: TopologyStatus) -> Result<()> {
+    pub fn publish_status(&self, topology: &str, observed: TopologyStatus) -> Result<()> {
         let mut published = self
             .published
             .lock()
@@ -310,145 +330,6 @@ impl TopologyStore {
         }
         published.insert(topology.to_owned(), observed);
         Ok(())
-    }
-}
-
-impl StatusSink for TopologyStore {
-    fn publish(&self, topology: &status::TopologyStatus, repository: Option<&status::LastError>) {
-        if let Err(error) = self.publish_status(&topology.name, observed(topology, repository)) {
-            tracing::warn!(topology = %topology.name, %error, "cannot publish the topology's status");
-        }
-    }
-
-    fn event(&self, topology: &str, event: &CutoverEvent) {
-        // The Topology exists once the engine saved anything; an event before is dropped.
-        let Ok(Some(object)) = self.get(topology) else {
-            return;
-        };
-        let reference = object.object_ref(&());
-        let recorder = Recorder::new(self.client.clone(), self.reporter.clone());
-        let published = self.handle.block_on(recorder.publish(
-            &Event {
-                type_: EventType::Normal,
-                reason: event.reason.into(),
-                note: Some(event.note.chars().take(1000).collect()),
-                action: "Cutover".into(),
-                secondary: None,
-            },
-            &reference,
-        ));
-        if let Err(error) = published {
-            tracing::warn!(topology, %error, "cannot record an event of the cutover");
-        }
-    }
-}
-
-/// The daemon's status of a topology as its Topology resource shows it.
-fn observed(
-    topology: &status::TopologyStatus,
-    repository: Option<&status::LastError>,
-) -> TopologyStatus {
-    use crate::runtime::kube::crd::{
-        CutoverStatus, Delivery, LastError, Phase, StepKind, StepState, StepStatus, WaitStatus,
-    };
-    use status::Phase as DaemonPhase;
-    let steps: Vec<StepStatus> = topology
-        .steps
-        .iter()
-        .map(|s| StepStatus {
-            name: s.name.clone(),
-            kind: match s.kind.as_str() {
-                "source" => Some(StepKind::Source),
-                "processor" => Some(StepKind::Processor),
-                "sink" => Some(StepKind::Sink),
-                _ => None,
-            },
-            state: match s.state.as_str() {
-                "external" => Some(StepState::External),
-                "running" => Some(StepState::Running),
-                "starting" => Some(StepState::Starting),
-                // Pending: during a move, a processor whose new life has yet to start.
-                "stopped" | "pending" => Some(StepState::Stopped),
-                _ => None,
-            },
-            identity: s.identity.clone(),
-            group: s.group.clone(),
-            replicas: None,
-            running: None,
-            lag: s.lag,
-        })
-        .collect();
-    let processors = steps
-        .iter()
-        .filter(|s| s.kind == Some(StepKind::Processor))
-        .count();
-    let ready = steps
-        .iter()
-        .filter(|s| s.kind == Some(StepKind::Processor) && s.state == Some(StepState::Running))
-        .count();
-    let lags: Vec<i64> = steps.iter().filter_map(|s| s.lag).collect();
-    let count = |n: usize| i32::try_from(n).unwrap_or(i32::MAX);
-    TopologyStatus {
-        observed_generation: None,
-        commit: topology.commit.clone(),
-        short_commit: topology
-            .commit
-            .as_ref()
-            .map(|c| c.chars().take(12).collect()),
-        phase: Some(match topology.phase {
-            DaemonPhase::Idle => Phase::Idle,
-            DaemonPhase::Cutover => Phase::Cutover,
-            DaemonPhase::Error => Phase::Error,
-        }),
-        steps_ready: Some(format!("{ready}/{processors}")),
-        lag: (!lags.is_empty()).then(|| lags.iter().sum()),
-        delivery: match topology.delivery.as_deref() {
-            Some("exactly-once") => Some(Delivery::ExactlyOnce),
-            Some("at-least-once") => Some(Delivery::AtLeastOnce),
-            _ => None,
-        },
-        steps,
-        cutover: topology.cutover.as_ref().map(|c| CutoverStatus {
-            from: None,
-            to: Some(c.to.clone()),
-            started: None,
-            done: Some(count(c.done)),
-            remaining: Some(count(c.remaining)),
-            current: c.current.clone(),
-            waiting: c
-                .waiting
-                .iter()
-                .map(|w| WaitStatus {
-                    action: w.action.clone(),
-                    reason: w.reason.clone(),
-                    failures: i32::try_from(w.failures).unwrap_or(i32::MAX),
-                })
-                .collect(),
-        }),
-        last_error: match (&topology.last_error, repository) {
-            (Some(message), _) => Some(LastError {
-                message: message.clone(),
-                ..LastError::default()
-            }),
-            (None, Some(error)) => {
-                let place = error.place.as_ref().map(|p| &p.diagnostic);
-                Some(LastError {
-                    commit: error.commit.clone(),
-                    code: place.map(|d| d.code.to_string()),
-                    file: place.map(|d| d.file.clone()),
-                    line: place
-                        .and_then(|d| d.line)
-                        .and_then(|n| i32::try_from(n).ok()),
-                    column: place
-                        .and_then(|d| d.column)
-                        .and_then(|n| i32::try_from(n).ok()),
-                    message: error.message.clone(),
-                })
-            }
-            (None, None) => None,
-        },
-        conditions: Vec::new(),
-        record: None,
     }
 }
 

@@ -53,7 +53,9 @@ use super::keda::{ScaledObject, TriggerAuthentication};
 use super::render::{
     self, IDENTITY, LIFE, MANAGED_BY, Objects, RenderConfig, SPEC_ANNOTATION, STEP, TOPOLOGY,
 };
-use crate::runtime::{Error, MetricsEndpoint, ProcessorSpec, ProcessorStatus, Result, Runtime};
+use crate::runtime::{
+    Error, Guard, MetricsEndpoint, ProcessorSpec, ProcessorStatus, Result, Runtime,
+};
 use crate::spec::{Resources, Scale};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
@@ -113,7 +115,7 @@ pub struct KubeRuntime {
     pods: Cache<Pod>,
     /// Asked immediately before every write ([`KubeRuntime::fenced_by`]): a replica that
     /// lost the lease in the middle of an action writes no further object of it.
-    fence: Option<Arc<dyn Fn() -> bool + Send + Sync>>,
+    fence: Option<Arc<Guard>>,
 }
 
 /// The label selector of every object Plumber manages.
@@ -192,7 +194,7 @@ impl KubeRuntime {
 
     /// Writes only while `may_write` holds (the lease's guard), asked immediately before
     /// each one: the engine asks once per action, and an action writes several objects.
-    pub fn fenced_by(mut self, may_write: Arc<dyn Fn() -> bool + Send + Sync>) -> Self {
+    pub fn fenced_by(mut self, may_write: Arc<Guard>) -> Self {
         self.fence = Some(may_write);
         self
     }
@@ -731,10 +733,12 @@ impl Runtime for KubeRuntime {
     }
 
     fn restart(&self, group: &str) -> Result<()> {
-        // As `kubectl rollout restart`: a new template annotation rolls the pods.
+        // As `kubectl rollout restart`: a new template annotation (the same RFC 3339 time
+        // kubectl writes) rolls the pods.
+        let now = humantime::format_rfc3339_seconds(std::time::SystemTime::now());
         let patch = serde_json::json!({
             "spec": { "template": { "metadata": { "annotations": {
-                "plumber.dev/restarted-at": crate::cutover::now().to_string()
+                "plumber.dev/restarted-at": now.to_string()
             }}}}
         });
         self.fenced("restart", group)?;

@@ -19,7 +19,7 @@ use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
 use kube_lease_manager::LeaseManagerBuilder;
 
-use crate::store::topology::Guard;
+use crate::runtime::Guard;
 
 #[derive(Debug, Clone)]
 pub struct LeaseConfig {

@@ -29,12 +29,11 @@ use super::keda::{
     AuthenticationRef, ScaleTargetRef, ScaleTrigger, ScaledObject, ScaledObjectSpec,
     SecretTargetRef, TriggerAuthentication, TriggerAuthenticationSpec,
 };
-use crate::cutover::{Target, processor_spec};
 use crate::graph::Topology;
 use crate::graph::identity::SHORT_LEN;
 use crate::plan::{self, Action, moves};
 use crate::runtime::args::{Placement, processor_args};
-use crate::runtime::{Cluster, ProcessorSpec, Settings};
+use crate::runtime::{Cluster, ProcessorSpec, Settings, Target};
 use crate::spec::{ClusterSpec, EnvValue, Transform};
 
 /// Where the processor serves `/healthz` and `/metrics`.
@@ -143,7 +142,7 @@ pub fn revision(
             let Action::StartProcessor(start) = action else {
                 continue;
             };
-            let spec = processor_spec(&topology.name, &start, &cluster, &target);
+            let spec = ProcessorSpec::starting(&topology.name, &start, &cluster, &target);
             let objects = processor(&spec, config)?;
             out.push(json(&objects.deployment));
             out.push(json(&objects.scaled_object));

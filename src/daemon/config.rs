@@ -310,7 +310,7 @@ impl PullPolicy {
     }
 }
 
-/// The limits of the HTTP listener ([`crate::daemon::ListenerConfig`]).
+/// The limits of the HTTP listener ([`super::ListenerConfig`]).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct Listener {
@@ -334,12 +334,12 @@ pub struct Listener {
 
 impl Default for Listener {
     fn default() -> Self {
-        Listener::from(crate::daemon::ListenerConfig::default())
+        Listener::from(super::ListenerConfig::default())
     }
 }
 
-impl From<crate::daemon::ListenerConfig> for Listener {
-    fn from(config: crate::daemon::ListenerConfig) -> Self {
+impl From<super::ListenerConfig> for Listener {
+    fn from(config: super::ListenerConfig) -> Self {
         Listener {
             max_connections: config.max_connections,
             header_timeout: config.header_timeout,
@@ -351,9 +351,9 @@ impl From<crate::daemon::ListenerConfig> for Listener {
     }
 }
 
-impl From<&Listener> for crate::daemon::ListenerConfig {
+impl From<&Listener> for super::ListenerConfig {
     fn from(listener: &Listener) -> Self {
-        crate::daemon::ListenerConfig {
+        super::ListenerConfig {
             max_connections: listener.max_connections,
             header_timeout: listener.header_timeout,
             idle_timeout: listener.idle_timeout,
@@ -388,9 +388,7 @@ fn default_branch() -> String {
 }
 
 fn default_watch_refs() -> Vec<String> {
-    crate::daemon::watch::DEFAULT_WATCH_REFS
-        .map(str::to_owned)
-        .to_vec()
+    super::watch::DEFAULT_WATCH_REFS.map(str::to_owned).to_vec()
 }
 
 fn default_poll() -> Duration {
@@ -464,7 +462,7 @@ impl Config {
             ));
         }
         for pattern in &self.repository.watch_refs {
-            if let Err(error) = crate::daemon::watch::check_ref_pattern(pattern) {
+            if let Err(error) = super::watch::check_ref_pattern(pattern) {
                 return Err(invalid("repository.watchRefs", error.to_string()));
             }
         }
@@ -630,7 +628,7 @@ images: { processor: 'plumber-processor:dev' }
 
     #[test]
     fn the_shipped_configuration_parses() -> anyhow::Result<()> {
-        let config = parse(include_str!("../../../deploy/daemon.yaml"))?;
+        let config = parse(include_str!("../../deploy/daemon.yaml"))?;
         assert_eq!(config.listen, default_listen());
         assert!(config.kubernetes.kubeconfig.is_none(), "in-cluster client");
         assert!(config.kafka.clusters.contains_key("default"));

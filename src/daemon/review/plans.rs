@@ -8,7 +8,7 @@
 //! rest. Per ref the newest inputs win: a ref's head is read again right before its plan is
 //! computed, and a plan is recomputed only when its ref, the tracked branch or what runs moved.
 //!
-//! Cheap by caching: topologies are validated once per git tree ([`super::revisions::TreeCache`],
+//! Cheap by caching: topologies are validated once per git tree ([`crate::daemon::revisions::TreeCache`],
 //! shared with the branch's revisions), and each topology's plan once per (tree, what runs of
 //! it), so a push to one branch plans one topology again, and a push to the tracked branch
 //! plans again only what it changed, for every ref.
@@ -28,9 +28,9 @@ use git2::Oid;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-use super::revisions::{TopologyKey, TreeValidation};
-use super::watch::{NOTES_REF, ref_matches};
-use super::{Context, Error};
+use crate::daemon::revisions::{TopologyKey, TreeValidation};
+use crate::daemon::watch::{NOTES_REF, ref_matches};
+use crate::daemon::{Context, Error};
 use crate::diagnostic::Diagnostic;
 use crate::graph::Topology;
 use crate::owners::CodeOwners;
@@ -154,7 +154,7 @@ impl RefPlan {
 
     /// An invalid plan of `name`, for tests.
     #[cfg(test)]
-    pub(super) fn for_test(name: &str) -> RefPlan {
+    pub(crate) fn for_test(name: &str) -> RefPlan {
         RefPlan {
             name: name.to_owned(),
             head: String::new(),
@@ -178,7 +178,7 @@ impl RefPlan {
 
     /// This plan, as if its merge had `clusters` and its base `base`.
     #[cfg(test)]
-    pub(super) fn with_clusters_for_test(
+    pub(crate) fn with_clusters_for_test(
         mut self,
         clusters: BTreeMap<String, ClusterSpec>,
         base_clusters: BTreeMap<String, ClusterSpec>,
@@ -429,7 +429,7 @@ impl Plans {
     }
 
     /// The worker's end of [`Plans::look`].
-    pub(super) fn receiver(&self) -> Receiver<()> {
+    pub(crate) fn receiver(&self) -> Receiver<()> {
         let (sender, receiver) = mpsc::channel();
         *self.wake.lock().unwrap_or_else(PoisonError::into_inner) = Some(sender);
         receiver
@@ -437,7 +437,7 @@ impl Plans {
 
     /// Ref `name`'s preview environment now runs `shown` (`None`: none): its plan says so, and
     /// is announced again when that changes.
-    pub(super) fn show_preview(&self, name: &str, shown: Option<ShownPreview>) {
+    pub(crate) fn show_preview(&self, name: &str, shown: Option<ShownPreview>) {
         {
             let mut previews = self.previews.lock().unwrap_or_else(PoisonError::into_inner);
             if previews.get(name) == shown.as_ref() {
@@ -525,7 +525,7 @@ pub struct Planner {
 }
 
 /// The plans worker: runs until the daemon stops.
-pub(super) fn run(context: &Arc<Context>, wake: &Receiver<()>) {
+pub(crate) fn run(context: &Arc<Context>, wake: &Receiver<()>) {
     let mut worker = Planner::default();
     while wake.recv().is_ok() {
         // A burst of looks is one pass.
@@ -855,7 +855,7 @@ impl Planner {
 
 /// The head of every watched pull-request ref of the repository now, by pull request (empty
 /// when the repository cannot be read: every pull request is then asked about alone).
-pub(super) fn pull_request_heads(context: &Context) -> BTreeMap<u64, String> {
+pub(crate) fn pull_request_heads(context: &Context) -> BTreeMap<u64, String> {
     let repository = match context.revisions.source().open() {
         Ok(repository) => repository,
         Err(error) => {
@@ -957,7 +957,7 @@ fn write_note(
         return Ok(false);
     }
     let note_error = |source| {
-        Error::Watch(super::watch::Error::Note {
+        Error::Watch(crate::daemon::watch::Error::Note {
             commit: commit.to_string(),
             repository: git.path().display().to_string(),
             source,

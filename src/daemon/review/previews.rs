@@ -36,9 +36,9 @@ use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::plans::{PlanEvent, PreviewTopology, RefPlan, ShownPreview};
-use super::status::PreviewOf;
-use super::worker::Worker;
-use super::{AdminUse, Context, Error, Revision};
+use crate::daemon::status::PreviewOf;
+use crate::daemon::worker::Worker;
+use crate::daemon::{AdminUse, Context, Error, Revision};
 use crate::forge::{self, Forge, PullRequest, PullRequestState};
 use crate::graph::Kind;
 use crate::plan::Deployment;
@@ -71,7 +71,7 @@ enum Request {
 /// previews).
 #[derive(Default)]
 pub struct Requests {
-    mailbox: super::mailbox::Mailbox<Request>,
+    mailbox: crate::daemon::mailbox::Mailbox<Request>,
 }
 
 impl Requests {
@@ -139,7 +139,7 @@ const CLUSTERS_CHANGED: &str = "it changes the clusters of plumber.yaml (bootstr
 
 /// Whether a pull request's preview runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum Verdict {
+pub(crate) enum Verdict {
     /// Run the plan's head, which the label approved.
     Run,
     /// It must not run, and why.
@@ -153,7 +153,7 @@ pub(super) enum Verdict {
 }
 
 /// What is known of a pull request's approval when it is decided on.
-pub(super) struct Approval<'a> {
+pub(crate) struct Approval<'a> {
     /// The head the label approved, if the daemon knows it (a verified `labeled` webhook, the
     /// head seen when the label was first seen, the head a preview ran).
     pub approved: Option<&'a str>,
@@ -164,7 +164,7 @@ pub(super) struct Approval<'a> {
 /// The verdict on a pull request from its plan (`None`: its ref is gone) and what the forge
 /// says of it (`pull`, asked only when the plan could be previewed), and the head its label
 /// approves (when it carries it): the one known, else the head the forge names now.
-pub(super) fn verdict(
+pub(crate) fn verdict(
     plan: Option<&RefPlan>,
     pull: impl FnOnce() -> forge::Result<PullRequest>,
     label: &str,
@@ -219,7 +219,7 @@ pub(super) fn verdict(
 
 /// What a preview topology runs: when it changes, its worker is handed the new revision.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct Fingerprint {
+pub(crate) struct Fingerprint {
     head: String,
     /// Every step's name and identity.
     steps: Vec<(String, String)>,
@@ -242,7 +242,7 @@ impl Fingerprint {
 
 /// What to do with one pull request's preview topologies.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub(super) struct Changes {
+pub(crate) struct Changes {
     /// Not running: start them.
     pub start: Vec<String>,
     /// Running something else (or being torn down): hand them the new revision.
@@ -253,7 +253,7 @@ pub(super) struct Changes {
 
 /// Where a preview topology the thread looks after stands.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum Stands {
+pub(crate) enum Stands {
     Runs(Fingerprint),
     /// Adopted from a previous run's store: what it runs is not known.
     Adopted,
@@ -261,7 +261,7 @@ pub(super) enum Stands {
 }
 
 /// From what runs of a pull request to what is wanted of it.
-pub(super) fn changes(
+pub(crate) fn changes(
     running: &BTreeMap<String, Stands>,
     wanted: &BTreeMap<String, Fingerprint>,
 ) -> Changes {
@@ -377,7 +377,7 @@ impl ForgetQueue {
 }
 
 /// The running thread; dropping it ends it (and its workers, after the action in hand).
-pub(super) struct Running {
+pub(crate) struct Running {
     thread: Option<std::thread::JoinHandle<()>>,
     clock: Arc<forge::StoppableClock>,
     context: Arc<Context>,
@@ -394,7 +394,7 @@ impl Drop for Running {
 }
 
 /// Starts the previews thread when `--preview-label` is set (it needs the forge).
-pub(super) fn start(context: &Arc<Context>) -> Result<Option<Running>, Error> {
+pub(crate) fn start(context: &Arc<Context>) -> Result<Option<Running>, Error> {
     let Some(label) = context.config.preview_label.clone() else {
         return Ok(None);
     };
@@ -412,10 +412,10 @@ pub(super) fn start(context: &Arc<Context>) -> Result<Option<Running>, Error> {
     let events = context.plans.subscribe();
     let requests = context.previews.mailbox.attach();
     tracing::info!(label = %label, "preview environments for pull requests labelled so");
-    let thread = super::spawn(
+    let thread = crate::daemon::spawn(
         &context.threads,
         "previews",
-        super::health::Kind::Essential,
+        crate::daemon::health::Kind::Essential,
         {
             let context = context.clone();
             move || {

@@ -33,14 +33,14 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::plans::{PlanChange, PlanEvent, Plans, RefPlan};
-use super::status::{Failed, ForgeStatus, Published, Store};
-use super::{Context, Error};
+use crate::daemon::status::{Failed, ForgeStatus, Published, Store};
+use crate::daemon::{Context, Error};
 use crate::forge::{self, CommentOutcome, CommitStatus, Forge, State};
 use crate::plan::Change;
 
@@ -72,7 +72,7 @@ enum Request {
 /// How the API and the follower ask the publisher (a no-op without a forge).
 #[derive(Default)]
 pub struct Requests {
-    mailbox: super::mailbox::Mailbox<Request>,
+    mailbox: crate::daemon::mailbox::Mailbox<Request>,
 }
 
 impl Requests {
@@ -248,7 +248,10 @@ fn of_pull_request(source: &dyn Source, number: u64) -> Vec<Subject> {
 
 /// The failing commit status of a tracked-branch head the trusted keys refused (`None`
 /// for a trusted head: it has no plan of its own to report).
-fn refused_head(branch: &str, signature: &super::status::SignatureStatus) -> Option<Subject> {
+fn refused_head(
+    branch: &str,
+    signature: &crate::daemon::status::SignatureStatus,
+) -> Option<Subject> {
     let status = signature.commit_status()?;
     Some(Subject {
         name: format!("refs/heads/{branch}"),
@@ -729,7 +732,7 @@ impl Publisher {
             head: subject.head.clone(),
             pull_request: subject.pull_request,
             what: what.to_owned(),
-            at: unix_now(),
+            at: crate::cutover::now(),
         });
     }
 
@@ -761,19 +764,13 @@ impl Publisher {
             pull_request: subject.pull_request,
             message: error.to_string(),
             retrying,
-            at: unix_now(),
+            at: crate::cutover::now(),
         });
     }
 }
 
-fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-}
-
 /// The running publisher; dropping it ends it (waiting for a publication in hand).
-pub(super) struct Running {
+pub(crate) struct Running {
     thread: Option<JoinHandle<()>>,
     clock: Arc<forge::StoppableClock>,
     context: Arc<Context>,
@@ -791,7 +788,7 @@ impl Drop for Running {
 
 /// Connects to the forge of the daemon's configuration (reading its token file: a missing or
 /// empty one is an error naming it) and starts the publisher; `None` without a forge.
-pub(super) fn start(context: &Arc<Context>) -> Result<Option<Running>, Error> {
+pub(crate) fn start(context: &Arc<Context>) -> Result<Option<Running>, Error> {
     let Some(config) = &context.config.forge else {
         return Ok(None);
     };
@@ -809,10 +806,10 @@ pub(super) fn start(context: &Arc<Context>) -> Result<Option<Running>, Error> {
     let events = context.plans.subscribe();
     let requests = context.publish.mailbox.attach();
     tracing::info!(forge = %config.kind, url = %config.api_url(), repo = %config.repo, "publishing plans on the forge");
-    let thread = super::spawn(
+    let thread = crate::daemon::spawn(
         &context.threads,
         "publish",
-        super::health::Kind::Essential,
+        crate::daemon::health::Kind::Essential,
         {
             let context = context.clone();
             move || run(&context, forge, events, requests)
