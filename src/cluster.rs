@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result};
 use plumber::daemon::config::Config;
@@ -124,7 +124,12 @@ pub fn run(path: &Path) -> Result<()> {
             "stopping: finishing the current action, then giving the lease up"
         );
     }
-    daemon.shutdown();
+    // Bounded, as `plumber up`'s: the pod's grace period (60 s in deploy/) must not end in
+    // SIGKILL while the lease is held, or the next replica waits for it to expire.
+    let busy = daemon.shutdown_within(Some(Instant::now() + crate::up::THREADS_WAIT));
+    if !busy.is_empty() {
+        tracing::warn!(threads = ?busy, "still busy; not waited for (the next holder resumes)");
+    }
     lease.release(Duration::from_secs(10));
     tracing::info!("stopped; the processors keep running");
     Ok(())

@@ -35,7 +35,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::cutover::{self, CutoverConfig};
 use crate::kafka::{Admin, KafkaAdmin};
@@ -592,26 +592,65 @@ impl Daemon {
     /// Stops reconciling: the action in hand finishes and is saved (the next start goes on
     /// from there). Processors keep running; the caller decides about them.
     pub fn shutdown(&mut self) {
+        self.shutdown_within(None);
+    }
+
+    /// As [`Daemon::shutdown`], waiting for the daemon's threads until `deadline` at most:
+    /// answers the names of those still busy then, which are left to end with the process
+    /// (a topology's worker in the middle of an action is a crash the engine resumes from;
+    /// the review side holds nothing). So a stop is bounded even while a plan of a large ref,
+    /// a fetch or a cutover action takes long.
+    pub fn shutdown_within(&mut self, deadline: Option<Instant>) -> Vec<&'static str> {
         self.context.threads.stop();
         self.context.stopping.store(true, Ordering::SeqCst);
         let _ = self.triggers.send(Trigger::Shutdown);
-        if let Some(follower) = self.follower.take() {
-            let _ = follower.join();
-        }
-        // Its workers finish the action in hand, as the topologies' do.
-        drop(self.previews.take());
+        self.context.plans.look();
+        let mut busy = Vec::new();
+        // Everything is told to stop before anything is waited for: they end together.
+        let publisher = self
+            .publisher
+            .take()
+            .and_then(review::publish::Running::stopping);
+        let previews = self
+            .previews
+            .take()
+            .and_then(review::previews::Running::stopping);
         // The observer only reads; it may be inside a slow Kafka call and ends on its own.
         drop(self.observer.take());
-        self.context.plans.look();
-        if let Some(planner) = self.planner.take() {
-            let _ = planner.join();
+        let waits = [
+            ("follow", self.follower.take()),
+            ("previews", previews),
+            ("plans", self.planner.take()),
+            ("publish", publisher),
+        ];
+        for (name, thread) in waits {
+            if let Some(thread) = thread
+                && !join_by(thread, deadline)
+            {
+                busy.push(name);
+            }
         }
-        // Ends the publisher (after the publication in hand: the clients' waits end at once).
-        drop(self.publisher.take());
         if let Some(api) = self.api.take() {
             api.stop();
         }
+        busy
     }
+}
+
+/// Joins `thread` unless it is still running at `deadline` (`None`: waits as long as it
+/// takes); whether it ended.
+fn join_by(thread: JoinHandle<()>, deadline: Option<Instant>) -> bool {
+    if let Some(deadline) = deadline {
+        // JoinHandle has no timed join; its end is looked at often enough for a shutdown.
+        while !thread.is_finished() {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    let _ = thread.join();
+    true
 }
 
 impl Drop for Daemon {

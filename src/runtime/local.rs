@@ -140,6 +140,9 @@ struct Shared {
     logs: PathBuf,
     managed: Mutex<BTreeMap<String, Managed>>,
     shutdown: AtomicBool,
+    /// Set by [`LocalRuntime::stop_all`] with `managed` held: nothing starts afterwards (a
+    /// worker still in an action when the daemon stops would leave its processor behind).
+    closed: AtomicBool,
 }
 
 struct Managed {
@@ -498,6 +501,7 @@ impl LocalRuntime {
             logs,
             managed: Mutex::new(managed),
             shutdown: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
         });
         let supervisor = {
             let shared = shared.clone();
@@ -516,12 +520,14 @@ impl LocalRuntime {
         })
     }
 
-    /// Stops every processor gracefully (the daemon is stopping). Their records stay, so the
-    /// next daemon starts them again.
+    /// Stops every processor gracefully (the daemon is stopping), and starts nothing more.
+    /// Their records stay, so the next daemon starts them again.
     pub fn stop_all(&self) {
-        let taken: Vec<Managed> = std::mem::take(&mut *self.shared.managed())
-            .into_values()
-            .collect();
+        let taken: Vec<Managed> = {
+            let mut managed = self.shared.managed();
+            self.shared.closed.store(true, Ordering::SeqCst);
+            std::mem::take(&mut *managed).into_values().collect()
+        };
         // All at once: each may take its full graceful-stop time.
         std::thread::scope(|scope| {
             for mut m in taken {
@@ -951,6 +957,13 @@ fn free_port() -> std::io::Result<u16> {
 impl Runtime for LocalRuntime {
     fn start(&self, spec: &ProcessorSpec) -> Result<()> {
         let mut managed = self.shared.managed();
+        if self.shared.closed.load(Ordering::SeqCst) {
+            return Err(Error::Start {
+                group: spec.group.clone(),
+                message: "the daemon is stopping: nothing starts any more (the next start of the daemon starts it)".into(),
+                retryable: true,
+            });
+        }
         if let Some(existing) = managed.get(&spec.group) {
             if existing.spec.identity == spec.identity {
                 return Ok(());

@@ -776,10 +776,23 @@ pub(crate) struct Running {
     context: Arc<Context>,
 }
 
-impl Drop for Running {
-    fn drop(&mut self) {
+impl Running {
+    /// Tells the thread to end (after the publication in hand: the clients' waits end at once)
+    /// and hands it over to be waited for.
+    pub(crate) fn stopping(mut self) -> Option<std::thread::JoinHandle<()>> {
+        self.stop();
+        self.thread.take()
+    }
+
+    fn stop(&self) {
         self.clock.stop();
         self.context.publish.mailbox.detach();
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.stop();
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
