@@ -144,6 +144,7 @@ fn daemon_config(config: &Config) -> Result<DaemonConfig> {
     out.poll_interval = config.repository.poll_interval;
     out.trusted_keys = config.trusted_keys.clone();
     out.allow_rollback = config.allow_rollback;
+    out.wedged_after = config.wedged_after;
     out.cutover.keep_topics = config.kafka.keep_topics;
     out.budget = config.commit_budget.budget();
     out.watch_refs = config.repository.watch_refs.clone();

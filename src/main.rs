@@ -115,6 +115,10 @@ enum Command {
         /// (never less than the record timeout plus 27 s: a record still in hand is not a stall).
         #[arg(long, default_value_t = 60, value_name = "SECS")]
         stall_timeout: u64,
+        /// `/healthz` answers 503 once one unit of a daemon thread's work (a cutover step, a
+        /// look at the branch, a plan of the watched refs) has run this many seconds.
+        #[arg(long, default_value_t = 300, value_name = "SECS")]
+        wedged_after: u64,
         /// Seconds one record may take in a processor, every attempt included; then it is
         /// dead-lettered (`timeout`) and processing goes on.
         #[arg(long, default_value_t = 60, value_name = "SECS",
@@ -490,6 +494,7 @@ fn run(command: Command) -> Result<ExitCode> {
             poll_interval,
             keep_topics,
             stall_timeout,
+            wedged_after,
             record_timeout,
             webhook_secret_file,
             secrets,
@@ -522,6 +527,7 @@ fn run(command: Command) -> Result<ExitCode> {
             config.listener = listener.into();
             config.cutover.keep_topics = keep_topics;
             config.stalled_after = std::time::Duration::from_secs(stall_timeout.max(1));
+            config.wedged_after = std::time::Duration::from_secs(wedged_after.max(1));
             config.record_timeout = std::time::Duration::from_secs(record_timeout);
             config.poll_interval = std::time::Duration::from_secs(poll_interval.max(1));
             config.webhook_secret = webhook_secret_file

@@ -236,16 +236,17 @@ fn the_daemon_is_probed_and_served_on_its_api_port() {
         i32::from(config.listen.port()),
         "the container port is where daemon.yaml's `listen` serves"
     );
-    for (which, probe) in [
-        ("liveness", &container.liveness_probe),
-        ("readiness", &container.readiness_probe),
-        ("startup", &container.startup_probe),
+    // Live while no thread died or is wedged; ready once the watch caches have listed.
+    for (which, probe, path) in [
+        ("liveness", &container.liveness_probe, HEALTH_PATH),
+        ("readiness", &container.readiness_probe, "/readyz"),
+        ("startup", &container.startup_probe, HEALTH_PATH),
     ] {
         let get = probe
             .as_ref()
             .and_then(|p| p.http_get.as_ref())
             .unwrap_or_else(|| panic!("an HTTP {which} probe"));
-        assert_eq!(get.path.as_deref(), Some(HEALTH_PATH), "{which} probe");
+        assert_eq!(get.path.as_deref(), Some(path), "{which} probe");
         assert_eq!(
             get.port,
             IntOrString::String("http".into()),

@@ -695,19 +695,28 @@ fn a_holder_that_no_longer_finds_itself_in_the_lease_stops_acting() {
 #[test]
 fn observed_status_is_published_beside_the_record_and_only_when_it_changed() {
     use plumber::daemon::StatusSink as _;
-    use plumber::daemon::status::{Phase, StepStatus, TopologyStatus};
+    use plumber::daemon::status::{Delivery, Kind, Phase, StepState, StepStatus, TopologyStatus};
     let fake = fake();
     let leader = Arc::new(AtomicBool::new(true));
     let store = store(&fake, &leader);
     store.save("shop", &moved("aaa")).unwrap();
-    let step = |name: &str, kind: &str, state: &str, lag| StepStatus {
+    let step = |name: &str, kind, state, lag| StepStatus {
         name: name.into(),
-        kind: kind.into(),
+        kind,
         identity: None,
         group: None,
-        state: state.into(),
+        state,
         lag,
-        ..StepStatus::default()
+        inputs: Vec::new(),
+        file: None,
+        topic: None,
+        transform: None,
+        internal_topic: None,
+        dead_letter_topic: None,
+        replicas: None,
+        scale: None,
+        records_per_second: None,
+        retiring: None,
     };
     let observed = TopologyStatus {
         name: "shop".into(),
@@ -715,13 +724,13 @@ fn observed_status_is_published_beside_the_record_and_only_when_it_changed() {
         phase: Phase::Idle,
         cutover: None,
         steps: vec![
-            step("orders", "source", "external", None),
-            step("validate", "processor", "running", Some(3)),
-            step("enrich", "processor", "starting", Some(4)),
-            step("valid", "sink", "external", None),
+            step("orders", Kind::Source, StepState::External, None),
+            step("validate", Kind::Processor, StepState::Running, Some(3)),
+            step("enrich", Kind::Processor, StepState::Starting, Some(4)),
+            step("valid", Kind::Sink, StepState::External, None),
         ],
         last_error: None,
-        delivery: Some("exactly-once".into()),
+        delivery: Some(Delivery::ExactlyOnce),
         preview_of: None,
     };
     store.publish(&observed, None);

@@ -318,7 +318,7 @@ fn health_answers_while_the_api_is_stuck_and_names_a_thread_that_died() {
     }
     healthy(addr);
 
-    let held = context.store.write();
+    let held = context.store.hold();
     let stuck = std::thread::spawn(move || answer_within(addr, "/api/status", PATIENCE));
     wait_until("the API's runtime is stuck", PATIENCE, || {
         answer_within(addr, "/api/plans", Duration::from_secs(1)).is_none()

@@ -41,6 +41,7 @@
 //! # previewLabel: preview  # open pull requests with this label get a preview environment
 //! stepSecrets: [scoring-api]     # the Secrets steps may name in secretKeyRef; absent: none
 //! # commitBudget: { files: 100000, bytes: 33554432, steps: 50000, topologies: 2000, checkoutBytes: 268435456 }
+//! # wedgedAfter: 5m          # /healthz fails once one unit of a thread's work runs this long
 //! ```
 
 use std::collections::BTreeMap;
@@ -132,6 +133,14 @@ pub struct Config {
     /// naming any other is invalid (SPEC §11). Default: none. Never the daemon's own.
     #[serde(default)]
     pub step_secrets: Vec<String>,
+    /// `/healthz` (the liveness probe) fails once one unit of a daemon thread's work (a
+    /// cutover step, a look at the branch, a plan pass) has run this long (`5m`).
+    #[serde(default = "default_wedged_after", deserialize_with = "duration")]
+    pub wedged_after: Duration,
+}
+
+fn default_wedged_after() -> Duration {
+    crate::daemon::health::DEFAULT_WEDGED_AFTER
 }
 
 /// `commitBudget`: [`crate::spec::budget::Budget`], each key optional.
@@ -495,6 +504,7 @@ impl Config {
             ("listener.maxWebhookBody", listener.max_webhook_body == 0),
             ("listener.headerTimeout", listener.header_timeout.is_zero()),
             ("listener.idleTimeout", listener.idle_timeout.is_zero()),
+            ("wedgedAfter", self.wedged_after.is_zero()),
         ] {
             if zero {
                 return Err(invalid(field, "must be more than 0".into()));

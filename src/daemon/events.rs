@@ -184,7 +184,7 @@ mod tests {
             // 2,000 writes as fast as they come, interleaved with a plan event.
             let started = Instant::now();
             for n in 0..2_000 {
-                store.write().branch = format!("b{n}");
+                store.apply(crate::daemon::facts::Fact::Branch(format!("b{n}")));
                 if n == 1_000 {
                     events.publish("plan", &serde_json::json!({"ref": "refs/heads/x"}));
                 }
@@ -194,7 +194,7 @@ mod tests {
             }
             // Unchanged writes send nothing new.
             for _ in 0..100 {
-                store.write().branch = "b1999".into();
+                store.apply(crate::daemon::facts::Fact::Branch("b1999".into()));
             }
             let mut seen = vec![Arc::new(first)];
             let last = loop {

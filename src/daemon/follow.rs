@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 
+use super::facts::Fact;
 use super::status::{LastError, Place, SignatureStatus, VerdictLabel};
 use super::worker::Worker;
 use super::{Context, Error, Revision, Trigger};
@@ -34,6 +35,7 @@ pub(super) fn follow(context: &Arc<Context>, receiver: &Receiver<Trigger>) {
             .store(false, std::sync::atomic::Ordering::SeqCst);
         workers.retain(|_, w| !w.is_finished());
         tracing::debug!(triggers = ?burst, "looking at the branch");
+        let _busy = context.threads.busy("a look at the branch");
         let looked = newest_valid(context, &mut followed);
         // Refs other than the branch may have moved too (the same watcher, the same fetch).
         context.plans.followed(followed.head.as_deref());
@@ -55,7 +57,7 @@ pub(super) fn follow(context: &Arc<Context>, receiver: &Receiver<Trigger>) {
             }
             Err(error) => {
                 tracing::error!(%error, "cannot follow the branch");
-                context.store.set_error(Some(LastError {
+                context.store.apply(Fact::RepositoryFailed(LastError {
                     commit: followed.head.clone(),
                     topology: None,
                     message: error.to_string(),
@@ -95,7 +97,7 @@ fn resume(context: &Context, followed: &mut Followed) -> Option<Arc<Revision>> {
     match context.revisions.load(&commit) {
         Ok(revision) => {
             tracing::info!(%commit, "the branch's head is not applied; what ran before the restart runs again");
-            context.store.write().commit = Some(commit.clone());
+            context.store.apply(Fact::Desired(commit.clone()));
             followed.desired = Some(commit);
             Some(revision)
         }
@@ -246,8 +248,11 @@ fn newest_valid(
                     .metrics
                     .head_untrusted
                     .set(i64::from(!trusted));
-                context.store.write().signature =
-                    Some(SignatureStatus::new(&commit, verdict.clone(), keys.dir()));
+                context.store.apply(Fact::Signature(SignatureStatus::new(
+                    &commit,
+                    verdict.clone(),
+                    keys.dir(),
+                )));
                 // A refused head gets a failing commit status on the forge, if there is one.
                 context.publish.signature_changed();
             }
@@ -271,7 +276,7 @@ fn newest_valid(
                 } else {
                     tracing::warn!(%commit, head = %head, "the head is not valid; applying its newest valid ancestor");
                 }
-                context.store.write().commit = Some(commit.clone());
+                context.store.apply(Fact::Desired(commit.clone()));
                 followed.desired = Some(commit);
                 return Ok(Some(revision));
             }
@@ -283,7 +288,7 @@ fn newest_valid(
                 if candidate == head {
                     context.store.metrics.invalid_commits.inc();
                     tracing::error!(%commit, %errors, "commit is not valid; the last valid commit keeps running");
-                    context.store.set_error(Some(LastError {
+                    context.store.apply(Fact::RepositoryFailed(LastError {
                         commit: Some(commit.clone()),
                         topology: None,
                         message: format!("commit {commit} is not valid: {errors}"),
@@ -351,13 +356,7 @@ fn recorded_commits(context: &Context) -> Result<BTreeSet<String>, Error> {
 
 /// A valid head ends a repository-level error; a topology's own error stays.
 fn clear_repository_error(context: &Context) {
-    let kept = context
-        .store
-        .read()
-        .last_error
-        .clone()
-        .filter(|e| e.topology.is_some());
-    context.store.set_error(kept);
+    context.store.apply(Fact::RepositoryRecovered);
 }
 
 /// An untrusted commit is never applied, and nothing older is applied in its place (Flux's
@@ -385,7 +384,7 @@ fn refuse_untrusted(
         })
         .inc();
     tracing::error!(%commit, verdict = verdict.label(), key = verdict.key(), trusted_keys = %keys.dir().display(), "{message}; what runs keeps running");
-    context.store.set_error(Some(LastError {
+    context.store.apply(Fact::RepositoryFailed(LastError {
         commit: Some(commit.to_owned()),
         topology: None,
         message,

@@ -338,6 +338,12 @@ impl Front {
                 ),
             );
         }
+        if path == "/readyz" {
+            return match self.threads.ready() {
+                Ok(()) => here(StatusCode::OK, "ready\n".into()),
+                Err(why) => here(StatusCode::SERVICE_UNAVAILABLE, why),
+            };
+        }
         if path == "/healthz" {
             let health = self.threads.health();
             let status = if health == super::health::Health::Ok {

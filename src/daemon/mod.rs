@@ -13,6 +13,7 @@
 pub mod api;
 pub mod config;
 pub mod events;
+pub mod facts;
 mod follow;
 pub mod health;
 pub mod hooks;
@@ -81,6 +82,9 @@ pub struct DaemonConfig {
     /// partitions after a crash) reads on after a graceful restart, which loses nothing.
     /// Never shorter than the longest time the processor may spend on one record.
     pub stalled_after: Duration,
+    /// How long one unit of a thread's work (an engine step, a look at the branch, a plan
+    /// pass) may run before `/healthz` says the daemon is wedged ([`health::Threads::busy`]).
+    pub wedged_after: Duration,
     /// How long one record may take in a processor, every attempt included.
     pub record_timeout: Duration,
     /// The rebalance protocol of the groups of lives started from now on (a life keeps the
@@ -141,6 +145,7 @@ impl DaemonConfig {
             observe_interval: Duration::from_secs(2),
             lag_reads_per_look: Duration::from_secs(5),
             stalled_after: Duration::from_secs(60),
+            wedged_after: health::DEFAULT_WEDGED_AFTER,
             record_timeout: Duration::from_secs(60),
             assignor: crate::runtime::Assignor::default(),
             cutover: CutoverConfig::default(),
@@ -379,6 +384,12 @@ impl Context {
             None => None,
         };
         let state = Arc::new(StateDir::open(&config.state_dir)?);
+        let wedged_after = config.wedged_after;
+        let threads = Arc::new(health::Threads::new(wedged_after));
+        threads.wait_for({
+            let runtime = runtime.clone();
+            Arc::new(move || runtime.unsynced())
+        });
         let records = records.unwrap_or_else(|| state.clone() as Arc<dyn CutoverStore>);
         for pattern in &config.watch_refs {
             watch::check_ref_pattern(pattern)?;
@@ -389,7 +400,7 @@ impl Context {
             source = source.with_auth(auth.clone());
         }
         let store = Store::default();
-        store.write().branch = config.branch.clone();
+        store.apply(facts::Fact::Branch(config.branch.clone()));
         Ok(Arc::new(Context {
             revisions: Revisions::new(source, &state, config.step_secrets.clone(), config.budget),
             config,
@@ -403,7 +414,7 @@ impl Context {
             events: Arc::new(events::Events::default()),
             publish: review::publish::Requests::default(),
             previews: review::previews::Requests::default(),
-            threads: Arc::default(),
+            threads,
             fetch_asked: AtomicBool::new(false),
             connect,
             admins: Mutex::new(BTreeMap::new()),

@@ -6,7 +6,8 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::status::{LifeStatus, StepLabels, StepStatus};
+use super::facts::Fact;
+use super::status::{LifeStatus, StepLabels, StepState, StepStatus};
 use super::{AdminUse, Context};
 use crate::graph::{Kind, StepKind};
 use crate::kafka::{Admin, Progress};
@@ -29,7 +30,10 @@ pub(super) fn observe_loop(context: &Arc<Context>) {
     let mut acting = false;
     let mut resume = None;
     while !context.is_stopping() {
-        observe(context, &watchdog, &mut acting, &mut resume);
+        {
+            let _busy = context.threads.busy("a look at what runs");
+            observe(context, &watchdog, &mut acting, &mut resume);
+        }
         // Sleep in short slices so a shutdown is not held up.
         let deadline = Instant::now() + context.config.observe_interval;
         while Instant::now() < deadline && !context.is_stopping() {
@@ -92,7 +96,7 @@ fn observe(context: &Context, watchdog: &Watchdog, acting: &mut bool, resume: &m
             .iter()
             .any(|t| t.name == name && t.preview_of.is_some());
         if !started_again {
-            context.store.remove_topology(&name);
+            context.store.apply(Fact::Removed(name));
         }
     }
     // Lag is read group by group (committed offsets and watermarks): at 1,000 topologies of
@@ -115,9 +119,9 @@ fn observe(context: &Context, watchdog: &Watchdog, acting: &mut bool, resume: &m
                     *resume = Some(name.clone());
                 }
             }
-            Err(error) => context.store.topology(name, |t| {
-                t.phase = super::status::Phase::Error;
-                t.last_error = Some(error.to_string());
+            Err(error) => context.store.apply(Fact::RecordUnreadable {
+                topology: name.clone(),
+                message: error.to_string(),
             }),
         }
     }
@@ -254,12 +258,12 @@ fn observe_topology(
             .retiring
             .map(|life| life_status(life, running, &progress));
         let (state, lag, replicas) = match (kind, life) {
-            (Kind::Source | Kind::Sink, _) => ("external".to_owned(), None, None),
+            (Kind::Source | Kind::Sink, _) => (StepState::External, None, None),
             // During a move: its new life has yet to start.
             (Kind::Processor, None) if record.moving.is_some() => {
-                ("pending".to_owned(), None, Some(0))
+                (StepState::Pending, None, Some(0))
             }
-            (Kind::Processor, None) => ("stopped".to_owned(), None, Some(0)),
+            (Kind::Processor, None) => (StepState::Stopped, None, Some(0)),
             (Kind::Processor, Some(life)) => {
                 let LifeStatus {
                     state,
@@ -296,7 +300,7 @@ fn observe_topology(
         let records_per_second = group.as_deref().and_then(|g| context.rates.per_second(g));
         steps.push(StepStatus {
             name: listed.step,
-            kind: format!("{:?}", listed.kind).to_lowercase(),
+            kind: listed.kind,
             identity: listed.identity,
             group,
             state,
@@ -316,7 +320,10 @@ fn observe_topology(
             retiring,
         });
     }
-    context.store.topology(name, |t| t.steps = steps);
+    context.store.apply(Fact::Observed {
+        topology: name.to_owned(),
+        steps,
+    });
     read_all
 }
 
@@ -345,14 +352,14 @@ fn life_status(
 ) -> LifeStatus {
     let group = life.group();
     let state = match running.get(group) {
-        None => "stopped",
-        Some(p) if p.running >= p.replicas => "running",
-        Some(_) => "starting",
+        None => StepState::Stopped,
+        Some(p) if p.running >= p.replicas => StepState::Running,
+        Some(_) => StepState::Starting,
     };
     LifeStatus {
         group: group.to_owned(),
         identity: life.identity().to_string(),
-        state: state.to_owned(),
+        state,
         replicas: running.get(group).map_or(0, |p| p.running),
         lag: progress.get(group).map(|p| p.lag),
     }
@@ -776,7 +783,7 @@ mod tests {
             Some(LifeStatus {
                 group: old_life.group().to_owned(),
                 identity: old_life.identity().to_string(),
-                state: "stopped".into(),
+                state: StepState::Stopped,
                 replicas: 0,
                 lag: Some(5),
             }),

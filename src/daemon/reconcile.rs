@@ -4,9 +4,8 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::status::{
-    ActionState, ActionStatus, CutoverStatus, OutcomeLabels, Phase, TopologyLabel, WaitStatus,
-};
+use super::facts::Fact;
+use super::status::{OutcomeLabels, TopologyLabel, WaitStatus};
 use super::{AdminUse, Context, CutoverEvent, Error, Revision};
 use crate::cutover::{self, Advance, Engine, Event, Target, Waits};
 use crate::runtime::{Delivery, Settings};
@@ -29,6 +28,7 @@ pub(super) fn reconcile(
     desired: &Revision,
     waits: &mut Waits,
 ) -> Result<Step, Error> {
+    let _busy = context.threads.busy("a step of the cutover engine");
     let topology = desired.topology(name);
     let cluster = topology.map(|t| context.cluster(desired, t)).transpose()?;
     let bootstrap = match &cluster {
@@ -42,9 +42,10 @@ pub(super) fn reconcile(
     };
     let admin = context.admin(AdminUse::Cutover, &bootstrap)?;
     let delivery = context.delivery(&bootstrap, admin.as_ref())?;
-    context
-        .store
-        .topology(name, |t| t.delivery = Some(delivery.as_str().to_owned()));
+    context.store.apply(Fact::Delivery {
+        topology: name.to_owned(),
+        delivery,
+    });
     context
         .store
         .metrics
@@ -77,21 +78,16 @@ pub(super) fn reconcile(
         Advance::Settled { .. } => Step::Settled,
         Advance::Removed => Step::Removed,
         Advance::Waiting { until, waits } => {
-            context.store.topology(name, |t| {
-                t.last_error = waits
-                    .iter()
-                    .find(|w| w.failures > 0)
-                    .map(|w| format!("{}: {}", w.action, w.reason));
-                if let Some(c) = &mut t.cutover {
-                    c.waiting = waits
-                        .into_iter()
-                        .map(|w| WaitStatus {
-                            action: w.action,
-                            reason: w.reason,
-                            failures: w.failures,
-                        })
-                        .collect();
-                }
+            context.store.apply(Fact::Waiting {
+                topology: name.to_owned(),
+                waits: waits
+                    .into_iter()
+                    .map(|w| WaitStatus {
+                        action: w.action,
+                        reason: w.reason,
+                        failures: w.failures,
+                    })
+                    .collect(),
             });
             Step::Waiting(until)
         }
@@ -113,15 +109,11 @@ fn show(name: &str, context: &Context, event: Event<'_>) {
     match event {
         Event::Started { from, to, .. } => {
             metrics.in_cutover.get_or_create(&label).set(1);
-            context.store.topology(name, |t| {
-                t.phase = Phase::Cutover;
-                t.commit = from.map(str::to_owned);
-                t.cutover = Some(CutoverStatus {
-                    from: from.map(str::to_owned),
-                    to: to.to_owned(),
-                    started_at: Some(cutover::now()),
-                    ..CutoverStatus::default()
-                });
+            context.store.apply(Fact::Started {
+                topology: name.to_owned(),
+                from: from.map(str::to_owned),
+                to: to.to_owned(),
+                at: cutover::now(),
             });
         }
         Event::Action {
@@ -130,30 +122,20 @@ fn show(name: &str, context: &Context, event: Event<'_>) {
             action,
         } => {
             metrics.cutover_actions.get_or_create(&label).inc();
-            context.store.topology(name, |t| {
-                t.phase = Phase::Cutover;
-                let c = t.cutover.get_or_insert_with(CutoverStatus::default);
-                c.done = done;
-                c.remaining = remaining;
-                let current = cutover::describe(action);
-                for a in &mut c.actions {
-                    if a.action == current {
-                        a.state = ActionState::Running;
-                        a.reason = None;
-                    }
-                }
-                c.current = Some(current);
+            context.store.apply(Fact::Acted {
+                topology: name.to_owned(),
+                done,
+                remaining,
+                action: cutover::describe(action),
             });
         }
-        Event::Remaining { moving, actions } => context.store.topology(name, |t| {
-            t.phase = Phase::Cutover;
-            let c = t.cutover.get_or_insert_with(CutoverStatus::default);
-            c.from.clone_from(&moving.from);
-            c.to.clone_from(&moving.to);
-            c.started_at = Some(moving.started_at);
-            c.done = moving.done;
-            c.remaining = actions.len();
-            c.actions = shown_actions(&c.actions, actions);
+        Event::Remaining { moving, actions } => context.store.apply(Fact::Remaining {
+            topology: name.to_owned(),
+            from: moving.from.clone(),
+            to: moving.to.clone(),
+            started_at: moving.started_at,
+            done: moving.done,
+            left: actions.to_vec(),
         }),
         Event::Finished { to, started_at, .. } => {
             metrics.in_cutover.get_or_create(&label).set(0);
@@ -171,13 +153,10 @@ fn show(name: &str, context: &Context, event: Event<'_>) {
                     .inc();
                 tracing::info!(topology = name, commit = to, "cutover finished");
             }
-            context.store.topology(name, |t| {
-                t.phase = Phase::Idle;
-                t.commit = Some(to.to_owned());
-                t.cutover = None;
-                t.last_error = None;
+            context.store.apply(Fact::Settled {
+                topology: name.to_owned(),
+                commit: to.to_owned(),
             });
-            context.store.clear_error_of(name);
             // What runs changed: the plans of the watched refs start from it.
             context.plans.running_changed();
             if started_at.is_some() {
@@ -201,34 +180,6 @@ fn show_history(name: &str, to: &str, context: &Context) {
         }
         Err(error) => tracing::debug!(%error, topology = name, "cannot read the history"),
     }
-}
-
-/// Action by action: those shown before that are no longer left are done (in the order they
-/// were shown), then what is left.
-fn shown_actions(before: &[ActionStatus], left: &[cutover::Outlook]) -> Vec<ActionStatus> {
-    let mut shown: Vec<ActionStatus> = before
-        .iter()
-        .filter(|a| a.state == ActionState::Done || !left.iter().any(|l| l.action == a.action))
-        .map(|a| ActionStatus {
-            state: ActionState::Done,
-            reason: None,
-            ..a.clone()
-        })
-        .collect();
-    shown.extend(left.iter().map(|l| {
-        let (state, reason) = match (&l.waiting, &l.blocked_by) {
-            (Some(reason), _) => (ActionState::Waiting, Some(reason.clone())),
-            (None, Some(blocker)) => (ActionState::Pending, Some(format!("waits for {blocker}"))),
-            (None, None) => (ActionState::Pending, None),
-        };
-        ActionStatus {
-            action: l.action.clone(),
-            state,
-            reason,
-            failures: l.failures,
-        }
-    }));
-    shown
 }
 
 /// A cutover's event as the cluster's Events show it (`None`: it is no cutover phase).
@@ -271,55 +222,4 @@ fn describe_event(event: &Event<'_>) -> Option<CutoverEvent> {
             note: format!("runs {}", short(to)),
         },
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn outlook(action: &str, waiting: Option<&str>, blocked_by: Option<&str>) -> cutover::Outlook {
-        cutover::Outlook {
-            action: action.into(),
-            waiting: waiting.map(str::to_owned),
-            failures: u32::from(waiting.is_some()),
-            blocked_by: blocked_by.map(str::to_owned),
-        }
-    }
-
-    #[test]
-    fn actions_shown_before_and_no_longer_left_are_done_in_the_order_shown() {
-        let first = shown_actions(
-            &[],
-            &[
-                outlook("start b", None, None),
-                outlook("drain a", Some("lag 4"), None),
-                outlook("stop a", None, Some("drain a")),
-            ],
-        );
-        let states: Vec<_> = first
-            .iter()
-            .map(|a| (a.state, a.reason.as_deref()))
-            .collect();
-        assert_eq!(
-            states,
-            [
-                (ActionState::Pending, None),
-                (ActionState::Waiting, Some("lag 4")),
-                (ActionState::Pending, Some("waits for drain a")),
-            ]
-        );
-        // `start b` took effect, then `drain a`: both done, in the order they were shown.
-        let second = shown_actions(&first, &[outlook("stop a", None, None)]);
-        let third = shown_actions(&second, &[]);
-        let shown: Vec<_> = third.iter().map(|a| (a.action.as_str(), a.state)).collect();
-        assert_eq!(
-            shown,
-            [
-                ("start b", ActionState::Done),
-                ("drain a", ActionState::Done),
-                ("stop a", ActionState::Done),
-            ]
-        );
-        assert!(third.iter().all(|a| a.reason.is_none()));
-    }
 }

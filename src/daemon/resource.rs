@@ -27,26 +27,24 @@ fn observed(
     use crate::runtime::kube::crd::{
         CutoverStatus, Delivery, LastError, Phase, StepKind, StepState, StepStatus, WaitStatus,
     };
-    use status::Phase as DaemonPhase;
+    use status::{Kind, Phase as DaemonPhase, StepState as DaemonState};
     let steps: Vec<StepStatus> = topology
         .steps
         .iter()
         .map(|s| StepStatus {
             name: s.name.clone(),
-            kind: match s.kind.as_str() {
-                "source" => Some(StepKind::Source),
-                "processor" => Some(StepKind::Processor),
-                "sink" => Some(StepKind::Sink),
-                _ => None,
-            },
-            state: match s.state.as_str() {
-                "external" => Some(StepState::External),
-                "running" => Some(StepState::Running),
-                "starting" => Some(StepState::Starting),
+            kind: Some(match s.kind {
+                Kind::Source => StepKind::Source,
+                Kind::Processor => StepKind::Processor,
+                Kind::Sink => StepKind::Sink,
+            }),
+            state: Some(match s.state {
+                DaemonState::External => StepState::External,
+                DaemonState::Running => StepState::Running,
+                DaemonState::Starting => StepState::Starting,
                 // Pending: during a move, a processor whose new life has yet to start.
-                "stopped" | "pending" => Some(StepState::Stopped),
-                _ => None,
-            },
+                DaemonState::Stopped | DaemonState::Pending => StepState::Stopped,
+            }),
             identity: s.identity.clone(),
             group: s.group.clone(),
             replicas: None,
@@ -78,11 +76,10 @@ fn observed(
         }),
         steps_ready: Some(format!("{ready}/{processors}")),
         lag: (!lags.is_empty()).then(|| lags.iter().sum()),
-        delivery: match topology.delivery.as_deref() {
-            Some("exactly-once") => Some(Delivery::ExactlyOnce),
-            Some("at-least-once") => Some(Delivery::AtLeastOnce),
-            _ => None,
-        },
+        delivery: topology.delivery.map(|delivery| match delivery {
+            status::Delivery::ExactlyOnce => Delivery::ExactlyOnce,
+            status::Delivery::AtLeastOnce => Delivery::AtLeastOnce,
+        }),
         steps,
         cutover: topology.cutover.as_ref().map(|c| CutoverStatus {
             from: None,

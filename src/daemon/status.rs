@@ -1,6 +1,6 @@
 //! What the daemon shows: the status document of `GET /api/status` (SPEC §6) and the
-//! Prometheus metrics. The reconcile loop and the topology workers write it; HTTP handlers
-//! only read snapshots.
+//! Prometheus metrics. The document has one writer, [`super::facts::reduce`], which applies
+//! the facts the daemon's parts send ([`Store::apply`]); HTTP handlers only read snapshots.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::AtomicU64;
@@ -13,6 +13,9 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use serde::Serialize;
+
+pub use crate::graph::Kind;
+pub use crate::runtime::Delivery;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -124,7 +127,7 @@ pub struct TopologyStatus {
     pub steps: Vec<StepStatus>,
     pub last_error: Option<String>,
     /// How its processors deliver: `exactly-once` or `at-least-once` (decided per cluster).
-    pub delivery: Option<String>,
+    pub delivery: Option<Delivery>,
     /// Set on a pull request's preview environment: what it previews.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub preview_of: Option<PreviewOf>,
@@ -196,18 +199,16 @@ pub struct WaitStatus {
     pub failures: u32,
 }
 
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct StepStatus {
     pub name: String,
-    pub kind: String,
+    pub kind: Kind,
     pub identity: Option<String>,
     /// The consumer group (and internal topic) of the processor's life that runs.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub group: Option<String>,
-    /// `external` for sources and sinks; for processors `running`, `starting` (fewer
-    /// instances up than asked) or `stopped`.
-    pub state: String,
+    pub state: StepState,
     /// Records the processor's group has not consumed yet; `null` when unknown.
     pub lag: Option<i64>,
     /// The steps it reads: the graph's edges.
@@ -234,14 +235,29 @@ pub struct StepStatus {
     pub retiring: Option<LifeStatus>,
 }
 
+/// Where a step stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StepState {
+    /// A source or a sink: a topic Plumber does not run.
+    External,
+    /// Every instance asked for is up.
+    Running,
+    /// Fewer instances up than asked.
+    Starting,
+    Stopped,
+    /// During a move: a processor whose new life has yet to start.
+    Pending,
+}
+
 /// One life of a processor: its group, and where it stands (as [`StepStatus`] says them).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct LifeStatus {
     pub group: String,
     pub identity: String,
     /// `running`, `starting` or `stopped`.
-    pub state: String,
+    pub state: StepState,
     pub replicas: u32,
     pub lag: Option<i64>,
 }
@@ -536,7 +552,7 @@ impl Store {
         self.status.read().unwrap_or_else(PoisonError::into_inner)
     }
 
-    pub fn write(&self) -> StatusWrite<'_> {
+    fn write(&self) -> StatusWrite<'_> {
         StatusWrite {
             guard: self.status.write().unwrap_or_else(PoisonError::into_inner),
             written: &self.written,
@@ -548,106 +564,21 @@ impl Store {
         self.written.subscribe()
     }
 
-    /// Changes one topology's entry, creating it if needed, and recomputes the overall phase.
-    pub fn topology(&self, name: &str, change: impl FnOnce(&mut TopologyStatus)) {
-        let mut status = self.write();
-        let at = match status.topologies.iter().position(|t| t.name == name) {
-            Some(at) => at,
-            None => {
-                status.topologies.push(TopologyStatus {
-                    name: name.to_owned(),
-                    ..TopologyStatus::default()
-                });
-                status.topologies.sort_by(|a, b| a.name.cmp(&b.name));
-                status
-                    .topologies
-                    .iter()
-                    .position(|t| t.name == name)
-                    .unwrap_or_default()
-            }
-        };
-        if let Some(topology) = status.topologies.get_mut(at) {
-            change(topology);
-        }
-        status.phase = overall(&status);
+    /// Holds the document as a write would, without writing: every reader waits until the
+    /// guard drops. For tests of what must not wait for the status (health, the listener).
+    pub fn hold(&self) -> impl Drop + '_ {
+        self.write()
     }
 
-    pub fn remove_topology(&self, name: &str) {
-        let mut status = self.write();
-        status.topologies.retain(|t| t.name != name);
-        status.phase = overall(&status);
-    }
-
-    /// A topology recovered: its error, if it is the last one, is over.
-    pub fn clear_error_of(&self, topology: &str) {
-        let mut status = self.write();
-        if status
-            .last_error
-            .as_ref()
-            .is_some_and(|e| e.topology.as_deref() == Some(topology))
-        {
-            status.last_error = None;
-            status.phase = overall(&status);
-        }
-    }
-
-    pub fn set_error(&self, error: Option<LastError>) {
-        let mut status = self.write();
-        status.last_error = error;
-        status.phase = overall(&status);
-    }
-}
-
-fn overall(status: &Status) -> Phase {
-    let phases: Vec<Phase> = status.topologies.iter().map(|t| t.phase).collect();
-    if phases.contains(&Phase::Cutover) {
-        Phase::Cutover
-    } else if phases.contains(&Phase::Error) || status.last_error.is_some() {
-        Phase::Error
-    } else {
-        Phase::Idle
+    /// Applies what a part of the daemon learnt: the one way the document is written.
+    pub fn apply(&self, fact: super::facts::Fact) {
+        super::facts::reduce(&mut self.write(), fact);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn error_of(topology: Option<&str>) -> LastError {
-        LastError {
-            commit: None,
-            topology: topology.map(str::to_owned),
-            message: "boom".into(),
-            at: 0,
-            place: None,
-        }
-    }
-
-    #[test]
-    fn the_phase_follows_topologies_and_errors() {
-        let store = Store::default();
-        store.topology("t", |t| t.phase = Phase::Cutover);
-        assert_eq!(store.read().phase, Phase::Cutover);
-        store.topology("t", |t| t.phase = Phase::Idle);
-        assert_eq!(store.read().phase, Phase::Idle);
-        store.set_error(Some(error_of(Some("t"))));
-        assert_eq!(store.read().phase, Phase::Error);
-    }
-
-    #[test]
-    fn a_recovered_topology_clears_only_its_own_error() {
-        let store = Store::default();
-        store.set_error(Some(error_of(Some("t"))));
-        store.clear_error_of("x");
-        assert!(store.read().last_error.is_some());
-        store.clear_error_of("t");
-        assert!(store.read().last_error.is_none());
-        assert_eq!(store.read().phase, Phase::Idle);
-        // A repository-level error (an invalid commit) is not a topology's to clear.
-        store.set_error(Some(error_of(None)));
-        store.clear_error_of("t");
-        assert!(store.read().last_error.is_some());
-    }
 
     #[test]
     fn the_signature_of_the_head_is_flat_json_and_a_refused_one_fails_the_commit_status() {

@@ -7,8 +7,9 @@ use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use super::facts::Fact;
 use super::reconcile::{Step, reconcile};
-use super::status::{LastError, OutcomeLabels, Phase};
+use super::status::OutcomeLabels;
 use super::{Context, Error, Revision};
 use crate::cutover::{self, Waits};
 
@@ -99,7 +100,7 @@ fn work(name: &str, context: &Arc<Context>, slot: &(Mutex<Slot>, Condvar)) {
                     None
                 }
                 Ok(Step::Removed) => {
-                    context.store.remove_topology(name);
+                    context.store.apply(Fact::Removed(name.to_owned()));
                     tracing::info!(topology = name, "topology removed");
                     return;
                 }
@@ -148,17 +149,11 @@ fn work(name: &str, context: &Arc<Context>, slot: &(Mutex<Slot>, Condvar)) {
 
 fn report_failure(name: &str, context: &Context, error: &Error, retry_in: Duration) {
     tracing::error!(topology = name, %error, retry_in = ?retry_in, retryable = error.is_retryable(), "reconciling failed");
-    context.store.topology(name, |t| {
-        t.phase = Phase::Error;
-        t.last_error = Some(error.to_string());
-    });
-    context.store.set_error(Some(LastError {
-        commit: None,
-        topology: Some(name.to_owned()),
+    context.store.apply(Fact::Failed {
+        topology: name.to_owned(),
         message: error.to_string(),
         at: cutover::now(),
-        place: None,
-    }));
+    });
     context
         .store
         .metrics

@@ -244,6 +244,11 @@ pub trait Runtime: Send + Sync {
     fn resync(&self) -> Result<()> {
         Ok(())
     }
+    /// What the runtime has not read yet of where processors run (a watch not listed yet),
+    /// `None` once it has: the daemon is not ready (`/readyz`) before.
+    fn unsynced(&self) -> Option<String> {
+        None
+    }
     /// Where the running instances of each processor serve `/metrics`, by group; cheap (the
     /// observer asks at every look). An instance that serves none, or that the runtime cannot
     /// place, is left out, and so is a runtime that cannot tell: their rates are unknown.

@@ -28,6 +28,7 @@ use std::time::Duration;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Pod, Secret};
+use plumber::daemon::status::StepState;
 use plumber::runtime::kube::crd::{self, Topology};
 use plumber::store::{HistoryEntry, TopologyRecord};
 use plumber_testkit::kube_api::{
@@ -702,7 +703,7 @@ fn preview_group(replica: &Replica, what: &str) -> String {
         preview
             .steps
             .iter()
-            .find(|s| s.name == "clean" && s.state == "running")?
+            .find(|s| s.name == "clean" && s.state == StepState::Running)?
             .group
             .clone()
     })
@@ -808,7 +809,7 @@ fn a_standby_leaves_previews_to_the_lease_holder_until_it_holds_the_lease() {
         preview
             .steps
             .iter()
-            .find(|s| s.name == "clean" && s.state == "running")?
+            .find(|s| s.name == "clean" && s.state == StepState::Running)?
             .group
             .clone()
     });
@@ -1001,7 +1002,7 @@ fn a_labelled_pull_request_s_preview_runs_as_deployments_and_goes_when_unlabelle
         preview
             .steps
             .iter()
-            .find(|s| s.name == "clean" && s.state == "running")?
+            .find(|s| s.name == "clean" && s.state == StepState::Running)?
             .group
             .clone()
     });
@@ -1093,7 +1094,7 @@ fn a_labelled_pull_request_s_preview_runs_as_deployments_and_goes_when_unlabelle
         shown(&standby, "s.pr-7").is_some_and(|t| {
             t.steps
                 .iter()
-                .any(|s| s.group.as_ref() == Some(&group) && s.state == "running")
+                .any(|s| s.group.as_ref() == Some(&group) && s.state == StepState::Running)
         })
     });
     let kept = deployments(&fake)

@@ -118,6 +118,9 @@ fn run_shipped(name: &str, rbac: Rbac, processor_namespace: Option<&str>) {
     )
     .unwrap();
     let mut daemon = harness::Plumber::daemon(&world, &config, port);
+    // It serves only once its watches have listed what they watch: live and ready at once.
+    assert_eq!(daemon.probe("/healthz"), Some((200, "ok\n".into())));
+    assert_eq!(daemon.probe("/readyz"), Some((200, "ready\n".into())));
     daemon.wait_applied("t", r1);
     let load = world.start_load(50);
     load.wait_for(100);

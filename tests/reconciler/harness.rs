@@ -1189,6 +1189,22 @@ impl Plumber {
         response.body_mut().read_json().unwrap()
     }
 
+    /// `GET path` (`/healthz`, `/readyz`): the status and the body; `None` while nothing
+    /// answers.
+    #[allow(dead_code)] // for tests/kube_oracle, which shares this harness
+    pub fn probe(&self, path: &str) -> Option<(u16, String)> {
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .build()
+            .into();
+        let mut response = agent.get(&format!("{}{path}", self.server)).call().ok()?;
+        let status = response.status().as_u16();
+        Some((
+            status,
+            response.body_mut().read_to_string().unwrap_or_default(),
+        ))
+    }
+
     /// The daemon's `/metrics` (Prometheus text).
     pub fn metrics(&self) -> String {
         ureq::get(&format!("{}/metrics", self.server))

@@ -533,6 +533,7 @@ pub(crate) fn run(context: &Arc<Context>, wake: &Receiver<()>) {
         if context.is_stopping() {
             break;
         }
+        let _busy = context.threads.busy("a pass over the watched refs");
         if let Err(error) = worker.pass(context) {
             tracing::warn!(%error, "cannot plan the watched refs; trying again at the next change");
         }

@@ -36,6 +36,7 @@ use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::plans::{PlanEvent, PreviewTopology, RefPlan, ShownPreview};
+use crate::daemon::facts::Fact;
 use crate::daemon::status::PreviewOf;
 use crate::daemon::worker::Worker;
 use crate::daemon::{AdminUse, Context, Error, Revision};
@@ -515,6 +516,7 @@ impl Previews {
             if self.context.is_stopping() {
                 break;
             }
+            let _busy = self.context.threads.busy("a look at the previews");
             let may_act = self.context.records.may_act();
             if may_act && !acting {
                 // What a standby decided, it did not act on (no shadow topics), and the
@@ -831,8 +833,9 @@ impl Previews {
             }
             if let Err(error) = self.run_preview(number, plan, &clusters, preview) {
                 tracing::warn!(topology = %name, %error, "cannot start the preview; trying again at the next look");
-                self.context.store.topology(&name, |t| {
-                    t.last_error = Some(error.to_string());
+                self.context.store.apply(Fact::PreviewFailed {
+                    topology: name.clone(),
+                    message: error.to_string(),
                 });
             }
         }
@@ -895,14 +898,14 @@ impl Previews {
         };
         worker.desire(revision);
         tracing::info!(topology = %name, pull_request = number, head = %plan.head, "preview runs");
-        self.context.store.topology(&name, |t| {
-            t.preview_of = Some(PreviewOf {
+        self.context.store.apply(Fact::PreviewRuns {
+            topology: name.clone(),
+            of: PreviewOf {
                 name: plan.name.clone(),
                 pull_request: number,
                 topology: of.clone(),
                 shadow_topics: shadow_topics.clone(),
-            });
-            t.last_error = None;
+            },
         });
         // A shadow topic wanted again is no longer deleted.
         for shadow in shadow_topics.keys() {
@@ -1015,7 +1018,7 @@ impl Previews {
                     }
                 }
             }
-            self.context.store.remove_topology(&name);
+            self.context.store.apply(Fact::Removed(name.clone()));
             touched.insert(environment.pull_request);
             tracing::info!(topology = %name, "preview gone");
         }

@@ -39,7 +39,8 @@ use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::plans::{PlanChange, PlanEvent, Plans, RefPlan};
-use crate::daemon::status::{Failed, ForgeStatus, Published, Store};
+use crate::daemon::facts::Fact;
+use crate::daemon::status::{Failed, Published, Store};
 use crate::daemon::{Context, Error};
 use crate::forge::{self, CommentOutcome, CommitStatus, Forge, State};
 use crate::plan::Change;
@@ -724,16 +725,13 @@ impl Publisher {
 
     fn published(&self, subject: &Subject, what: &str) {
         self.store.metrics.forge_publications.inc();
-        let mut status = self.store.write();
-        let forge = status.forge.get_or_insert_with(ForgeStatus::default);
-        forge.published += 1;
-        forge.last_published = Some(Published {
+        self.store.apply(Fact::ForgePublished(Published {
             name: subject.name.clone(),
             head: subject.head.clone(),
             pull_request: subject.pull_request,
             what: what.to_owned(),
             at: crate::cutover::now(),
-        });
+        }));
     }
 
     fn failed(&mut self, subject: &Subject, error: &forge::Error, now: Instant) {
@@ -756,16 +754,13 @@ impl Publisher {
             self.retries.remove(&subject.name);
             tracing::error!(r#ref = %subject.name, pull_request = subject.pull_request, %error, "cannot publish the plan on the forge; trying again when the plan changes");
         }
-        let mut status = self.store.write();
-        let forge = status.forge.get_or_insert_with(ForgeStatus::default);
-        forge.failures += 1;
-        forge.last_error = Some(Failed {
+        self.store.apply(Fact::ForgeFailed(Failed {
             name: subject.name.clone(),
             pull_request: subject.pull_request,
             message: error.to_string(),
             retrying,
             at: crate::cutover::now(),
-        });
+        }));
     }
 }
 
@@ -808,14 +803,10 @@ pub(crate) fn start(context: &Arc<Context>) -> Result<Option<Running>, Error> {
     let clock = Arc::new(forge::StoppableClock::default());
     let forge: Arc<dyn Forge> =
         forge::connect_with(config, forge::Settings::default(), clock.clone())?.into();
-    {
-        let mut status = context.store.write();
-        status.forge = Some(ForgeStatus {
-            kind: config.kind.to_string(),
-            repo: config.repo.clone(),
-            ..ForgeStatus::default()
-        });
-    }
+    context.store.apply(Fact::ForgeConnected {
+        kind: config.kind.to_string(),
+        repo: config.repo.clone(),
+    });
     let events = context.plans.subscribe();
     let requests = context.publish.mailbox.attach();
     tracing::info!(forge = %config.kind, url = %config.api_url(), repo = %config.repo, "publishing plans on the forge");
@@ -893,6 +884,7 @@ fn run(
         if context.is_stopping() {
             break;
         }
+        let _busy = context.threads.busy("a publication on the forge");
         let now = Instant::now();
         match wake {
             Wake::Plan(event) => publisher.changed(&source, &event, now),

@@ -816,6 +816,26 @@ impl Runtime for KubeRuntime {
         Ok(endpoints)
     }
 
+    fn unsynced(&self) -> Option<String> {
+        let unlisted: Vec<&str> = [
+            (self.deployments.kind(), self.deployments.is_ready()),
+            (self.scaled_objects.kind(), self.scaled_objects.is_ready()),
+            (self.authentications.kind(), self.authentications.is_ready()),
+            (self.topologies.kind(), self.topologies.is_ready()),
+            (self.pods.kind(), self.pods.is_ready()),
+        ]
+        .into_iter()
+        .filter(|(_, ready)| !ready)
+        .map(|(kind, _)| kind)
+        .collect();
+        (!unlisted.is_empty()).then(|| {
+            format!(
+                "the watches of {} have not listed them yet (may the daemon's ServiceAccount list and watch them?)",
+                unlisted.join(", ")
+            )
+        })
+    }
+
     fn resync(&self) -> Result<()> {
         // Under `changing`: a start or stop of this runtime is wholly before or after it.
         let _changing = self.changing();

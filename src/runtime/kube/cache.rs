@@ -115,6 +115,11 @@ where
         })
     }
 
+    /// Whether the watch has listed the objects once.
+    pub fn is_ready(&self) -> bool {
+        *self.ready.borrow()
+    }
+
     pub fn kind(&self) -> &str {
         &self.kind
     }

@@ -1,6 +1,7 @@
-//! A stop is bounded (issue 24): a daemon whose topology worker is stuck inside a cutover
-//! action still stops within the time it is given, says which thread it left, and the local
-//! runtime starts nothing once `plumber up` has stopped its processors.
+//! A daemon thread stuck inside a call (issue 24): `/healthz` tells, naming the thread and
+//! what it does, once the call has run longer than `wedged_after`; a stop is bounded all the
+//! same (it says which thread it left); and the local runtime starts nothing once `plumber
+//! up` has stopped its processors.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly
 
@@ -100,6 +101,30 @@ impl Admin for Held {
     }
 }
 
+/// `GET path` on `addr`: the status and the body.
+fn probe(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    use std::io::{Read as _, Write as _};
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream.set_read_timeout(Some(PATIENCE)).unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    let status = answer
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap();
+    let body = answer
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
 fn repository() -> TestRepo {
     let repo = TestRepo::new();
     repo.commit(
@@ -134,11 +159,12 @@ fn local_runtime(state_dir: &std::path::Path) -> Arc<LocalRuntime> {
 }
 
 #[test]
-fn a_stop_leaves_a_worker_stuck_in_an_action_and_says_so() {
+fn a_worker_stuck_in_an_action_is_unhealthy_and_a_stop_leaves_it_and_says_so() {
     let repo = repository();
     let state = tempfile::tempdir().unwrap();
     let mut config = DaemonConfig::new(&repo.location(), state.path().join("state"));
     config.listen = "127.0.0.1:0".parse().unwrap();
+    config.wedged_after = Duration::from_secs(3);
     let runtime = local_runtime(&config.state_dir);
     let (held, entered) = Held::new();
     let admin = held.clone();
@@ -153,6 +179,21 @@ fn a_stop_leaves_a_worker_stuck_in_an_action_and_says_so() {
         .recv_timeout(PATIENCE)
         .expect("the topology's worker calls Kafka in its first action");
     assert!(call.starts_with("topology-t "), "{call}");
+    let addr = daemon.listening;
+    // Healthy while the call is young (a unit of work may take its time)…
+    let (status, body) = probe(addr, "/healthz");
+    assert_eq!((status, body.as_str()), (200, "ok\n"));
+    // …then wedged, naming the thread and what it does.
+    plumber_testkit::wait_until("/healthz says the worker is wedged", PATIENCE, || {
+        probe(addr, "/healthz").0 == 503
+    });
+    let (_, body) = probe(addr, "/healthz");
+    assert!(
+        body.contains("topology-t (a step of the cutover engine for")
+            && body.contains("--wedged-after"),
+        "{body}"
+    );
+    assert_eq!(probe(addr, "/readyz"), (503, body));
 
     let stopping = Instant::now();
     let (stopped, busy) = mpsc::channel();
