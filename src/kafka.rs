@@ -94,6 +94,11 @@ pub enum Error {
         /// moved, or no broker answered.
         retryable: bool,
     },
+    #[error("{operation} {target}: not done, this replica no longer holds the lease")]
+    Fenced {
+        operation: &'static str,
+        target: String,
+    },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -198,6 +203,90 @@ pub struct Standing {
 pub struct Progress {
     pub lag: i64,
     pub position: i64,
+}
+
+/// An [`Admin`] whose writes (topics created and deleted, offsets set, groups deleted) each ask
+/// the lease immediately before they are made: a daemon replica deposed in the middle of an
+/// action changes nothing more on Kafka, as its Kubernetes writes are fenced
+/// (`KubeRuntime::fenced_by`). Reads go through.
+pub struct Fenced {
+    inner: Arc<dyn Admin>,
+    may_write: Arc<crate::runtime::Guard>,
+}
+
+impl Fenced {
+    pub fn new(inner: Arc<dyn Admin>, may_write: Arc<crate::runtime::Guard>) -> Fenced {
+        Fenced { inner, may_write }
+    }
+
+    fn fence(&self, operation: &'static str, target: &str) -> Result<()> {
+        if (self.may_write)() {
+            return Ok(());
+        }
+        tracing::warn!(
+            operation,
+            target,
+            "not written: this replica no longer holds the lease"
+        );
+        Err(Error::Fenced {
+            operation,
+            target: target.to_owned(),
+        })
+    }
+}
+
+impl Admin for Fenced {
+    fn create_topic(
+        &self,
+        topic: &str,
+        partitions: u32,
+        replication: Option<u32>,
+        config: &BTreeMap<String, String>,
+    ) -> Result<()> {
+        self.fence("create topic", topic)?;
+        self.inner
+            .create_topic(topic, partitions, replication, config)
+    }
+    fn delete_topic(&self, topic: &str) -> Result<()> {
+        self.fence("delete topic", topic)?;
+        self.inner.delete_topic(topic)
+    }
+    fn commit(&self, group: &str, offsets: &[PartitionOffset]) -> Result<()> {
+        self.fence("set the offsets of group", group)?;
+        self.inner.commit(group, offsets)
+    }
+    fn delete_group(&self, group: &str) -> Result<()> {
+        self.fence("delete group", group)?;
+        self.inner.delete_group(group)
+    }
+    // Reads, each delegated (the inner admin may answer them better than the defaults do).
+    fn partitions(&self, topic: &str) -> Result<i32> {
+        self.inner.partitions(topic)
+    }
+    fn watermarks(&self, topic: &str) -> Result<Vec<(i64, i64)>> {
+        self.inner.watermarks(topic)
+    }
+    fn committed(&self, group: &str, topics: &[String]) -> Result<Vec<PartitionOffset>> {
+        self.inner.committed(group, topics)
+    }
+    fn supports_transactions(&self) -> Result<bool> {
+        self.inner.supports_transactions()
+    }
+    fn members(&self, group: &str) -> Result<Option<usize>> {
+        self.inner.members(group)
+    }
+    fn drained(&self, group: &str, topics: &[String]) -> Result<bool> {
+        self.inner.drained(group, topics)
+    }
+    fn lag(&self, group: &str, topics: &[String]) -> Result<i64> {
+        self.inner.lag(group, topics)
+    }
+    fn progress(&self, group: &str, topics: &[String]) -> Result<Progress> {
+        self.inner.progress(group, topics)
+    }
+    fn standings(&self, group: &str, topics: &[String]) -> Result<Vec<Standing>> {
+        self.inner.standings(group, topics)
+    }
 }
 
 /// [`Admin`] over rdkafka.
@@ -669,5 +758,100 @@ impl Admin for KafkaAdmin {
         }
         let client = self.group_client(group)?;
         client.commit(&list, CommitMode::Sync).map_err(commit_error)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use super::*;
+
+    /// Records the calls that reach it.
+    #[derive(Default)]
+    struct Recorded(Mutex<Vec<String>>);
+
+    impl Recorded {
+        fn call<T>(&self, call: String, answer: T) -> Result<T> {
+            self.0.lock().unwrap_or_else(|e| e.into_inner()).push(call);
+            Ok(answer)
+        }
+    }
+
+    impl Admin for Recorded {
+        fn create_topic(
+            &self,
+            topic: &str,
+            _: u32,
+            _: Option<u32>,
+            _: &BTreeMap<String, String>,
+        ) -> Result<()> {
+            self.call(format!("create {topic}"), ())
+        }
+        fn delete_topic(&self, topic: &str) -> Result<()> {
+            self.call(format!("delete {topic}"), ())
+        }
+        fn partitions(&self, topic: &str) -> Result<i32> {
+            self.call(format!("partitions {topic}"), 1)
+        }
+        fn watermarks(&self, topic: &str) -> Result<Vec<(i64, i64)>> {
+            self.call(format!("watermarks {topic}"), vec![(0, 5)])
+        }
+        fn committed(&self, group: &str, _: &[String]) -> Result<Vec<PartitionOffset>> {
+            self.call(format!("committed {group}"), Vec::new())
+        }
+        fn commit(&self, group: &str, _: &[PartitionOffset]) -> Result<()> {
+            self.call(format!("commit {group}"), ())
+        }
+        fn delete_group(&self, group: &str) -> Result<()> {
+            self.call(format!("delete-group {group}"), ())
+        }
+        fn supports_transactions(&self) -> Result<bool> {
+            self.call("transactions?".into(), true)
+        }
+        fn members(&self, group: &str) -> Result<Option<usize>> {
+            self.call(format!("members {group}"), Some(0))
+        }
+    }
+
+    #[test]
+    fn a_deposed_replica_writes_nothing_to_kafka_and_still_reads() {
+        let recorded = Arc::new(Recorded::default());
+        let holds = Arc::new(AtomicBool::new(true));
+        let fenced = Fenced::new(recorded.clone(), {
+            let holds = holds.clone();
+            Arc::new(move || holds.load(Ordering::SeqCst))
+        });
+        let writes = |admin: &Fenced| {
+            [
+                admin.create_topic("t", 1, None, &BTreeMap::new()),
+                admin.delete_topic("t"),
+                admin.commit("g", &[]),
+                admin.delete_group("g"),
+            ]
+        };
+        assert!(writes(&fenced).iter().all(Result::is_ok));
+        holds.store(false, Ordering::SeqCst);
+        for refused in writes(&fenced) {
+            assert!(matches!(refused, Err(Error::Fenced { .. })), "{refused:?}");
+        }
+        // Reads go through, to the inner admin's own answers (not the trait's defaults).
+        assert_eq!(fenced.partitions("t").ok(), Some(1));
+        assert_eq!(fenced.members("g").ok(), Some(Some(0)));
+        assert_eq!(fenced.supports_transactions().ok(), Some(true));
+        let calls = recorded.0.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        assert_eq!(
+            calls,
+            [
+                "create t",
+                "delete t",
+                "commit g",
+                "delete-group g",
+                "partitions t",
+                "members g",
+                "transactions?"
+            ]
+        );
     }
 }

@@ -438,7 +438,11 @@ impl Context {
             .get(bootstrap)
             .cloned()
             .unwrap_or_else(|| Cluster::at(bootstrap));
-        let admin = (self.connect)(&cluster)?;
+        let records = self.records.clone();
+        let admin: Arc<dyn Admin> = Arc::new(crate::kafka::Fenced::new(
+            (self.connect)(&cluster)?,
+            Arc::new(move || records.may_act()),
+        ));
         admins.insert(key, admin.clone());
         Ok(admin)
     }
