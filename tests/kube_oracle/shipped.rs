@@ -7,7 +7,7 @@
 
 use std::path::Path;
 
-use plumber_testkit::kube_api::{Attributes, Rbac};
+use plumber_testkit::kube_api::{Attributes, Fault, Rbac, RecordedRequest};
 
 use super::*;
 
@@ -72,7 +72,16 @@ fn the_shipped_daemon_moves_a_topology_over_https_within_deploy_s_role() {
         )),
         "deploy/role.yaml grants no Secrets"
     );
-    run_shipped("shipped", rbac, None);
+    run_shipped("shipped", rbac, None, false);
+}
+
+/// The same while the API server fails Deployment writes of the cutover: each apply and each
+/// delete of a Deployment is answered 500, then 503, then with a reset connection, then 409,
+/// before one goes through. The cutover finishes all the same, exactly once.
+#[test]
+fn the_shipped_daemon_moves_a_topology_through_api_server_faults() {
+    let rbac = Rbac::service_account(NS, "plumber").with_roles_yaml(ROLE, NS);
+    run_shipped("shipped-faults", rbac, None, true);
 }
 
 /// The same with the component `deploy/processors/`: processors in a namespace of their own,
@@ -82,13 +91,14 @@ fn the_shipped_daemon_runs_processors_apart_within_deploy_processors_roles() {
     let rbac = Rbac::service_account(NS, "plumber")
         .with_roles_yaml(APART_DAEMON_ROLE, NS)
         .with_roles_yaml(APART_PROCESSORS_ROLE, PROCESSORS_NS);
-    run_shipped("shipped-apart", rbac, Some(PROCESSORS_NS));
+    run_shipped("shipped-apart", rbac, Some(PROCESSORS_NS), false);
 }
 
 /// `plumber daemon` with `deploy/daemon.yaml` under `rbac`, processors in
-/// `processor_namespace` (absent: the daemon's): a first commit, then a cutover under load,
-/// exactly once; the history reads, no request was forbidden, SIGTERM stops it.
-fn run_shipped(name: &str, rbac: Rbac, processor_namespace: Option<&str>) {
+/// `processor_namespace` (absent: the daemon's): a first commit, then a cutover under load
+/// (with `faults`, through failing Deployment writes), exactly once; the history reads, no
+/// request was forbidden, SIGTERM stops it.
+fn run_shipped(name: &str, rbac: Rbac, processor_namespace: Option<&str>, faults: bool) {
     let scratch = Scratch::new();
     let world = World::new(name);
     let fake = cluster().with_rbac(rbac);
@@ -125,12 +135,43 @@ fn run_shipped(name: &str, rbac: Rbac, processor_namespace: Option<&str>) {
     let load = world.start_load(50);
     load.wait_for(100);
 
+    let writes = |method: &'static str| {
+        move |r: &RecordedRequest| r.method == method && r.path.contains("/deployments/")
+    };
+    if faults {
+        for method in ["PATCH", "DELETE"] {
+            for fault in [
+                Fault::internal_error(),
+                Fault::unavailable(),
+                Fault::transport("connection reset (injected by the test)"),
+                Fault::conflict(),
+            ] {
+                fake.fail_next(1, writes(method), fault);
+            }
+        }
+    }
     let next = revisions[0].clone().replace("a", 2);
     let r2 = world.commit("a v2", &next);
     revisions.push(next);
     daemon.wait_applied("t", r2);
     let (sent, final_from) = load.finish(100);
     world.assert_oracle(&revisions, sent, final_from);
+    if faults {
+        // Every fault was met: the cutover went through each, not around them.
+        for method in ["PATCH", "DELETE"] {
+            let failed: Vec<Option<u16>> = fake
+                .requests()
+                .iter()
+                .filter(|r| writes(method)(r) && r.status.is_none_or(|s| s >= 409))
+                .map(|r| r.status)
+                .collect();
+            assert_eq!(
+                failed,
+                [Some(500), Some(503), None, Some(409)],
+                "the {method}s of Deployments that failed"
+            );
+        }
+    }
     if processor_namespace.is_none() {
         assert_runs(&fake, &kubelet, &world, &revisions[1]);
     } else {
