@@ -406,6 +406,7 @@ fn action_kind(action: &Action) -> &'static str {
         Action::DrainProcessor { .. } => "drain-processor",
         Action::StopProcessor { .. } => "stop-processor",
         Action::DeleteTopic { .. } => "delete-topic",
+        Action::DeleteGroups { .. } => "delete-groups",
     }
 }
 

@@ -42,8 +42,9 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::kafka::{self, Admin};
+use crate::plan::deployment::{TopicKind, life_name};
 use crate::plan::{
-    Action, Deployment, Effect, PartitionOffset, StartPosition, StartProcessor, moves,
+    Action, Deployment, Effect, PartitionOffset, StartPosition, StartProcessor, moves, preview,
 };
 pub use crate::runtime::Target;
 use crate::runtime::{self, ProcessorSpec, Runtime};
@@ -256,7 +257,7 @@ impl Engine<'_> {
                 wanted: wanted.to_owned(),
             });
         }
-        let remaining = moves::remaining(&record.deployment, target.topology);
+        let remaining = moves::remaining(self.topology, &record.deployment, target.topology);
         if remaining.is_empty() {
             return self.settle(record, target);
         }
@@ -529,11 +530,44 @@ impl Engine<'_> {
                 partitions,
                 replication,
                 config,
+                kind,
                 ..
             } => {
+                let partitions = match (kind, preview::shadow_of(self.topology, topic)) {
+                    // A shadow topic has as many partitions as the users' topic it stands in
+                    // for (read now: the plan is made without Kafka).
+                    (TopicKind::Shadow, Some(users)) => {
+                        let count = self.admin.partitions(users).map_err(|e| failed(&e))?;
+                        u32::try_from(count.max(1)).unwrap_or(1)
+                    }
+                    _ => *partitions,
+                };
                 self.admin
-                    .create_topic(topic, *partitions, *replication, config)
+                    .create_topic(topic, partitions, *replication, config)
                     .map_err(|e| failed(&e))?;
+                Effect::Done
+            }
+            Action::DeleteGroups { base, lives } => {
+                for life in 1..=*lives {
+                    let group = life_name(base, life);
+                    match self.admin.delete_group(&group) {
+                        Ok(()) => {}
+                        // The broker refuses for good (authorization, an old broker): the
+                        // group's offsets expire by its offsets.retention.minutes instead. A
+                        // life started later under this name has its offsets set first.
+                        Err(kafka::Error::DeleteGroup {
+                            retryable: false,
+                            message,
+                            ..
+                        }) => tracing::warn!(
+                            topology = self.topology,
+                            group,
+                            error = %message,
+                            "cannot delete the group; leaving it to expire"
+                        ),
+                        Err(error) => return Err(failed(&error)),
+                    }
+                }
                 Effect::Done
             }
             Action::DeleteTopic { topic } => {
@@ -751,6 +785,11 @@ fn handovers(
 pub fn describe(action: &Action) -> String {
     match action {
         Action::CreateTopic {
+            topic,
+            kind: TopicKind::Shadow,
+            ..
+        } => format!("create-topic {topic} (shadow: the partitions of the users' topic)"),
+        Action::CreateTopic {
             topic, partitions, ..
         } => {
             format!("create-topic {topic} ({partitions} partitions)")
@@ -766,6 +805,14 @@ pub fn describe(action: &Action) -> String {
         }
         Action::StopProcessor { group, .. } => format!("stop-processor {group}"),
         Action::DeleteTopic { topic } => format!("delete-topic {topic}"),
+        Action::DeleteGroups { base, lives } => {
+            let lives = if *lives == 1 {
+                "1 life".to_owned()
+            } else {
+                format!("{lives} lives")
+            };
+            format!("delete-groups {base} ({lives})")
+        }
     }
 }
 

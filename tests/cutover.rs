@@ -1013,7 +1013,7 @@ fn a_newer_commit_takes_over_a_move_half_way_and_survives_a_crash_anywhere() {
         revision(2, 1, false),
         revision(2, 2, false),
     );
-    let full = moves::plan(&plumber::plan::Deployment::of(&one), Some(&two)).len();
+    let full = moves::plan(&one.name, &plumber::plan::Deployment::of(&one), Some(&two)).len();
     // Early, half-way and late: each point crashes everywhere, so not every point.
     let mut points = vec![1, full / 2, full - 1];
     points.dedup();

@@ -96,6 +96,7 @@ fn script(plan: &Plan) -> Vec<String> {
                 None => format!("stop {step}"),
             },
             Action::DeleteTopic { topic } => format!("delete {}", abbreviate(topic)),
+            Action::DeleteGroups { base, .. } => format!("delete-groups {}", abbreviate(base)),
         })
         .collect()
 }

@@ -347,6 +347,9 @@ fn check_plan(old: &[Topology], new: &[Topology]) {
             Action::UpdateProcessor { group, .. } => {
                 assert!(old_groups.contains_key(group) && new_groups.contains_key(group));
             }
+            Action::DeleteGroups { base, .. } => {
+                panic!("only a retired preview's groups are deleted, never {base}'s")
+            }
         }
     }
     assert_eq!(

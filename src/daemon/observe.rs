@@ -384,7 +384,7 @@ fn shown_revision(
         .and_then(|commit| load(&commit))
         .filter(|revision| {
             revision.topology(name).is_some()
-                && moves::remaining(&record.deployment, revision.topology(name)).is_empty()
+                && moves::remaining(name, &record.deployment, revision.topology(name)).is_empty()
         })
         .or_else(|| record.commit.as_deref().and_then(load))
 }

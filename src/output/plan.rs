@@ -9,6 +9,7 @@ use super::graph::{mermaid_id, mermaid_node};
 use super::short_commit as short;
 use crate::diagnostic::Diagnostic;
 use crate::graph::{Kind, Topology};
+use crate::plan::deployment::TopicKind;
 use crate::plan::{Action, Change, FieldChange, Plan, StartPosition, StepPlan, TopologyPlan};
 use crate::spec::{CutoverMode, Transform};
 
@@ -48,6 +49,13 @@ fn sign(change: Change) -> char {
 /// One action as a sentence.
 pub fn describe(action: &Action) -> String {
     match action {
+        Action::CreateTopic {
+            topic,
+            kind: TopicKind::Shadow,
+            ..
+        } => format!(
+            "create shadow topic `{topic}` (as many partitions as the topic it stands in for)"
+        ),
         Action::CreateTopic {
             topic,
             partitions,
@@ -136,6 +144,13 @@ pub fn describe(action: &Action) -> String {
             None => format!("stop `{step}` ({}) gracefully", identity.short()),
         },
         Action::DeleteTopic { topic } => format!("delete topic `{topic}`"),
+        Action::DeleteGroups { base, lives } => {
+            if *lives == 1 {
+                format!("delete the consumer group of `{base}`")
+            } else {
+                format!("delete the consumer groups of `{base}`'s {lives} lives")
+            }
+        }
     }
 }
 

@@ -36,6 +36,14 @@ pub struct Deployment {
     pub internal_topics: BTreeMap<String, String>,
     /// Dead-letter topics created; never deleted (they hold the users' rejected records).
     pub dead_letter_topics: BTreeSet<String>,
+    /// A preview's shadow topics created ([`super::preview::shadow_of`]); deleted once
+    /// nothing writes them.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub shadow_topics: BTreeSet<String>,
+    /// Processor names (of `lives_used`) whose consumer groups were deleted: a retired
+    /// preview leaves none behind.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub groups_deleted: BTreeSet<String>,
     /// Internal topics created since the deployment last matched its target: a reader that
     /// starts on one starts at its beginning (SPEC §4: "earliest on topics created in the
     /// same cutover", which a newer commit taking over a cutover continues).
@@ -157,7 +165,7 @@ impl Deployment {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.lives.is_empty() && self.internal_topics.is_empty()
+        self.lives.is_empty() && self.internal_topics.is_empty() && self.shadow_topics.is_empty()
     }
 
     pub fn life(&self, group: &str) -> Option<&Life> {
@@ -181,10 +189,17 @@ impl Deployment {
                 TopicKind::DeadLetter => {
                     self.dead_letter_topics.insert(topic.clone());
                 }
+                TopicKind::Shadow => {
+                    self.shadow_topics.insert(topic.clone());
+                }
             },
             Action::DeleteTopic { topic } => {
                 self.internal_topics.remove(topic);
                 self.fresh_topics.remove(topic);
+                self.shadow_topics.remove(topic);
+            }
+            Action::DeleteGroups { base, .. } => {
+                self.groups_deleted.insert(base.clone());
             }
             Action::UpdateProcessor {
                 group,
@@ -286,6 +301,9 @@ pub enum TopicKind {
     Internal,
     /// A step's dead letters.
     DeadLetter,
+    /// A preview's stand-in for a users' sink topic, with as many partitions (the engine
+    /// reads the count when it creates it).
+    Shadow,
 }
 
 #[cfg(test)]

@@ -210,6 +210,9 @@ pub enum Action {
     },
     /// Delete the topic: its writer and readers have stopped.
     DeleteTopic { topic: String },
+    /// Delete the consumer groups of every life of processor `base` (`base`, `base.2`, …
+    /// `base.<lives>`): a retired preview's, none of whose lives runs.
+    DeleteGroups { base: String, lives: u32 },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -297,13 +300,14 @@ pub fn plan_topology_from(
         }
     };
     let shown = new.or(old);
+    let name = shown.map(|t| t.name.clone()).unwrap_or_default();
     TopologyPlan {
-        name: shown.map(|t| t.name.clone()).unwrap_or_default(),
+        actions: moves::plan(&name, deployed, new),
+        name,
         change,
         cutover: shown.map(|t| t.cutover).unwrap_or_default(),
         cluster: shown.map(|t| t.cluster.clone()).unwrap_or_default(),
         steps,
-        actions: moves::plan(deployed, new),
         kept_topics: Vec::new(),
     }
 }

@@ -232,11 +232,12 @@ pub struct Pending {
     pub blocked_by: Option<String>,
 }
 
-/// Every action that remains between `deployment` and `target`, in the order the engine
-/// prefers them: in-place scaling, topic creation, starts (downstream first), deletions of
-/// topics nothing uses any more, then retiring old lives in data-flow order (each drains
-/// the topics whose writers stopped, then stops).
-pub fn remaining(deployment: &Deployment, target: Option<&Topology>) -> Vec<Pending> {
+/// Every action that remains between topology `name`'s `deployment` and `target`, in the
+/// order the engine prefers them: in-place scaling, topic creation, starts (downstream
+/// first), deletions of topics nothing uses any more, then retiring old lives in data-flow
+/// order (each drains the topics whose writers stopped, then stops); a retired preview's
+/// consumer groups are deleted last.
+pub fn remaining(name: &str, deployment: &Deployment, target: Option<&Topology>) -> Vec<Pending> {
     let resolved = resolve(deployment, target);
     let mut out = Vec::new();
     let ready = |action| Pending {
@@ -245,9 +246,22 @@ pub fn remaining(deployment: &Deployment, target: Option<&Topology>) -> Vec<Pend
     };
     let lives = &deployment.lives;
     let Some(topology) = target else {
-        retire(deployment, &resolved, &mut out);
+        retire(name, deployment, &resolved, &BTreeSet::new(), &mut out);
+        if lives.is_empty() && super::preview::is_preview(name) {
+            // Only groups under its own names, whatever a record says.
+            let own = format!("plumber.{name}.");
+            for (base, last) in &deployment.lives_used {
+                if base.starts_with(&own) && !deployment.groups_deleted.contains(base) {
+                    out.push(ready(Action::DeleteGroups {
+                        base: base.clone(),
+                        lives: *last,
+                    }));
+                }
+            }
+        }
         return out;
     };
+    let shadows = shadow_sinks(topology);
 
     // 1. In place.
     for wanted in &resolved.wanted {
@@ -293,6 +307,19 @@ pub fn remaining(deployment: &Deployment, target: Option<&Topology>) -> Vec<Pend
             }));
         }
     }
+    // A preview's shadow topics, before anything writes them.
+    for (topic, step) in &shadows {
+        if !deployment.shadow_topics.contains(*topic) {
+            out.push(ready(Action::CreateTopic {
+                topic: (*topic).to_owned(),
+                step: (*step).to_owned(),
+                partitions: 0,
+                replication: topology.replication,
+                config: topology.topic_config.clone(),
+                kind: TopicKind::Shadow,
+            }));
+        }
+    }
     // 3. Starts, downstream first, so readers are ready before data arrives.
     for wanted in resolved.wanted.iter().rev() {
         let resume = wanted.kept.map(|k| &lives[k]).filter(|l| !l.running);
@@ -314,8 +341,22 @@ pub fn remaining(deployment: &Deployment, target: Option<&Topology>) -> Vec<Pend
         });
     }
     // 4 and 5.
-    retire(deployment, &resolved, &mut out);
+    let wanted_shadows = shadows.keys().copied().collect();
+    retire(name, deployment, &resolved, &wanted_shadows, &mut out);
     out
+}
+
+/// A preview's shadow topics (its sinks' topics, [`super::preview::shadow_of`]), with the
+/// sink step that names each.
+fn shadow_sinks(topology: &Topology) -> BTreeMap<&str, &str> {
+    topology
+        .steps()
+        .filter_map(|(_, step)| match &step.kind {
+            StepKind::Sink { topic } => super::preview::shadow_of(&topology.name, topic)
+                .map(|_| (topic.as_str(), step.name.as_str())),
+            _ => None,
+        })
+        .collect()
 }
 
 /// What keeps a new life from starting: a topic not created yet, or a retiring life of the
@@ -336,6 +377,13 @@ fn start_blocked_by(
         .chain(wanted.outputs.iter().filter(|t| **t == wanted.group))
         .find(|t| !deployment.internal_topics.contains_key(*t));
     if let Some(topic) = missing {
+        return Some(format!("topic {topic} to be created"));
+    }
+    let shadow = wanted.outputs.iter().find(|t| {
+        super::preview::shadow_of(&topology.name, t).is_some()
+            && !deployment.shadow_topics.contains(*t)
+    });
+    if let Some(topic) = shadow {
         return Some(format!("topic {topic} to be created"));
     }
     if !deployment.dead_letter_topics.contains(&start.dlq) {
@@ -395,9 +443,32 @@ fn downstream(lives: &[Life], topics: &[&str]) -> BTreeSet<usize> {
     seen
 }
 
-/// Deletions of internal topics nothing in the target uses, then the retirement of old lives.
-fn retire(deployment: &Deployment, resolved: &Resolved, out: &mut Vec<Pending>) {
+/// Deletions of internal and shadow topics nothing in the target uses (`shadows`: the
+/// target's), then the retirement of old lives.
+fn retire(
+    name: &str,
+    deployment: &Deployment,
+    resolved: &Resolved,
+    shadows: &BTreeSet<&str>,
+    out: &mut Vec<Pending>,
+) {
     let lives = &deployment.lives;
+    for topic in &deployment.shadow_topics {
+        // Only what is a shadow topic by its name is ever deleted: never a users' topic.
+        if shadows.contains(topic.as_str()) || super::preview::shadow_of(name, topic).is_none() {
+            continue;
+        }
+        let writer = lives
+            .iter()
+            .find(|l| l.writes(topic))
+            .map(|l| format!("{} to stop", l.group()));
+        out.push(Pending {
+            action: Action::DeleteTopic {
+                topic: topic.clone(),
+            },
+            blocked_by: writer,
+        });
+    }
     let used: BTreeSet<&str> = resolved
         .wanted
         .iter()
@@ -474,11 +545,12 @@ fn retire(deployment: &Deployment, resolved: &Resolved, out: &mut Vec<Pending>) 
 /// The first action that can run now and that `skip` does not rule out (the engine skips
 /// actions that wait for something outside the deployment: a drain, a missing topic).
 pub fn next(
+    name: &str,
     deployment: &Deployment,
     target: Option<&Topology>,
     skip: &dyn Fn(&Action) -> bool,
 ) -> Option<Action> {
-    remaining(deployment, target)
+    remaining(name, deployment, target)
         .into_iter()
         .find(|p| p.blocked_by.is_none() && !skip(&p.action))
         .map(|p| p.action)
@@ -487,15 +559,19 @@ pub fn next(
 /// Most actions one move can have: every life stops, starts, drains and creates or deletes
 /// its topics once. A bound, should a bug ever make the simulation loop.
 fn action_bound(deployment: &Deployment, target: Option<&Topology>) -> usize {
-    8 * (deployment.lives.len() + target.map_or(0, Topology::len)) + 16
+    8 * (deployment.lives.len() + target.map_or(0, Topology::len))
+        + deployment.lives_used.len()
+        + deployment.shadow_topics.len()
+        + 16
 }
 
-/// The whole plan: the actions in the order the engine runs them when nothing has to wait.
-pub fn plan(deployment: &Deployment, target: Option<&Topology>) -> Vec<Action> {
+/// The whole plan of topology `name`: the actions in the order the engine runs them when
+/// nothing has to wait.
+pub fn plan(name: &str, deployment: &Deployment, target: Option<&Topology>) -> Vec<Action> {
     let mut simulated = deployment.clone();
     let mut actions = Vec::new();
     for _ in 0..action_bound(deployment, target) {
-        let Some(action) = next(&simulated, target, &|_| false) else {
+        let Some(action) = next(name, &simulated, target, &|_| false) else {
             break;
         };
         let effect = match &action {

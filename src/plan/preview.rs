@@ -106,6 +106,17 @@ pub fn shadow_topic(topic: &str, slug: &str) -> String {
     format!("{topic}.preview.{slug}")
 }
 
+/// The users' topic that `topic` stands in for, when `topology` is a preview and `topic` is
+/// one of its shadow topics by name (`<topic>.preview.<slug>`): what the engine creates,
+/// copies the partition count of, and deletes with the preview. Never a users' topic.
+pub fn shadow_of<'t>(topology: &str, topic: &'t str) -> Option<&'t str> {
+    let (_, slug) = topology.rsplit_once('.')?;
+    topic
+        .strip_suffix(slug)?
+        .strip_suffix(".preview.")
+        .filter(|users| !users.is_empty())
+}
+
 /// The previews of every topology of `merged` (a merge preview's graphs) that would start a
 /// processor, `running` giving each topology's deployment (`None`: it does not run).
 pub fn previews<'a>(
@@ -535,5 +546,90 @@ mod tests {
             .expect_err(bad);
             assert!(matches!(error, Error::Slug { .. }), "{bad}: {error}");
         }
+    }
+
+    #[test]
+    fn shadow_topics_are_told_by_their_preview_s_name_only() {
+        assert_eq!(shadow_of("t.pr-7", "out.preview.pr-7"), Some("out"));
+        assert_eq!(shadow_of("t.pr-7", "out.preview.pr-70"), None);
+        assert_eq!(shadow_of("t.pr-7", "out"), None);
+        assert_eq!(shadow_of("t.pr-7", ".preview.pr-7"), None);
+        // A real topology has no shadow topics, whatever its sinks are called.
+        assert_eq!(shadow_of("t", "out.preview.t"), None);
+    }
+
+    /// The engine is the only actor on Kafka: a preview's shadow topics and consumer groups
+    /// are actions of its plan, created before anything writes them and deleted once its
+    /// lives stopped.
+    #[test]
+    fn a_preview_s_engine_creates_its_shadow_topics_and_deletes_them_and_its_groups() {
+        use crate::plan::deployment::{Effect, TopicKind};
+        use crate::plan::{Action, moves};
+
+        let running = topology(&[]);
+        let merged = topology(&[("b", "kind: processor\ninput: a\njq: 'select(.x)'\n")]);
+        let preview = preview_of(&merged, &running).expect("b changed");
+        let name = preview.graph.name.clone();
+        let actions = moves::plan(&name, &Deployment::default(), Some(&preview.graph));
+        let created = actions.iter().position(|a| {
+            matches!(a, Action::CreateTopic { topic, kind: TopicKind::Shadow, .. }
+                if topic == "out.preview.pr-7")
+        });
+        let started = actions
+            .iter()
+            .position(|a| matches!(a, Action::StartProcessor(s) if s.step == "b"));
+        assert!(
+            matches!((created, started), (Some(c), Some(s)) if c < s),
+            "the shadow topic exists before b writes it: {actions:#?}"
+        );
+
+        let mut deployment = Deployment::default();
+        for action in &actions {
+            deployment.apply(action, Effect::Done);
+        }
+        assert!(deployment.shadow_topics.contains("out.preview.pr-7"));
+        // Torn down: b stops, then its shadow topic and its group go.
+        let teardown = moves::plan(&name, &deployment, None);
+        let describe: Vec<String> = teardown.iter().map(crate::cutover::describe).collect();
+        let stop = describe
+            .iter()
+            .position(|a| a.starts_with("stop-processor plumber.t.pr-7.b."));
+        let delete_shadow = describe
+            .iter()
+            .position(|a| a == "delete-topic out.preview.pr-7");
+        let delete_groups = describe
+            .iter()
+            .position(|a| a.starts_with("delete-groups plumber.t.pr-7.b."));
+        assert!(
+            matches!((stop, delete_shadow, delete_groups), (Some(s), Some(t), Some(g)) if s < t && s < g),
+            "{describe:#?}"
+        );
+        let mut retired = deployment.clone();
+        for action in &teardown {
+            retired.apply(action, Effect::Stopped(Vec::new()));
+        }
+        assert!(retired.is_empty());
+        assert!(
+            moves::remaining(&name, &retired, None).is_empty(),
+            "settled"
+        );
+
+        // A real topology's removal deletes no group (its record keeps their names), and a
+        // record naming another's groups gets none of them deleted.
+        let mut other = retired.clone();
+        other.groups_deleted.clear();
+        other
+            .lives_used
+            .insert("plumber.t.pr-70.b.0123456789ab".into(), 1);
+        let left: Vec<String> = moves::remaining(&name, &other, None)
+            .iter()
+            .map(|p| crate::cutover::describe(&p.action))
+            .collect();
+        assert!(
+            left.iter()
+                .all(|a| a.starts_with("delete-groups plumber.t.pr-7.")),
+            "{left:?}"
+        );
+        assert!(moves::remaining("t", &other, None).is_empty());
     }
 }

@@ -137,7 +137,7 @@ mod tests {
             cluster: Some(&cluster),
             settings: Settings::default(),
         };
-        let actions = moves::plan(&Deployment::default(), Some(&topology));
+        let actions = moves::plan("t", &Deployment::default(), Some(&topology));
         let starts: Vec<&StartProcessor> = actions
             .iter()
             .filter_map(|a| match a {

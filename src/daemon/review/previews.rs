@@ -39,7 +39,7 @@ use super::plans::{PlanEvent, PreviewTopology, RefPlan, ShownPreview};
 use crate::daemon::facts::Fact;
 use crate::daemon::status::PreviewOf;
 use crate::daemon::worker::Worker;
-use crate::daemon::{AdminUse, Context, Error, Revision};
+use crate::daemon::{Context, Error, Revision};
 use crate::forge::{self, Forge, PullRequest, PullRequestState};
 use crate::graph::Kind;
 use crate::plan::Deployment;
@@ -315,12 +315,9 @@ struct Previews {
     /// Why a labelled pull request runs no preview, for its plan comment, and the commit
     /// status it was given (per pull request: its head and what it was told).
     notes: BTreeMap<u64, Note>,
-    /// Shadow topics of torn-down previews still to delete, with their bootstrap servers.
-    to_delete: BTreeMap<String, String>,
-    /// Consumer groups of torn-down previews still to delete, with their bootstrap servers.
-    groups_to_delete: BTreeMap<String, String>,
-    /// Torn-down previews whose records are forgotten once their groups are deleted.
-    to_forget: ForgetQueue,
+    /// Torn-down previews whose records are still to forget (their engine deleted their
+    /// shadow topics and consumer groups as it retired them).
+    to_forget: BTreeSet<String>,
 }
 
 /// What a labelled pull request's reviewers are told about its preview, on its head.
@@ -329,52 +326,6 @@ struct Note {
     head: String,
     /// `None`: it runs.
     why_not: Option<String>,
-}
-
-/// Torn-down previews whose records are to be forgotten, each with its groups still to
-/// delete: a group left behind (its offsets) must not be taken up by one started again
-/// with the same names.
-#[derive(Debug, Default)]
-struct ForgetQueue(BTreeMap<String, BTreeSet<String>>);
-
-impl ForgetQueue {
-    /// `preview` was reaped; these groups of its are being deleted.
-    fn reaped(&mut self, preview: &str, groups: impl IntoIterator<Item = String>) {
-        self.0
-            .insert(preview.to_owned(), groups.into_iter().collect());
-    }
-
-    fn group_deleted(&mut self, group: &str) {
-        for groups in self.0.values_mut() {
-            groups.remove(group);
-        }
-    }
-
-    /// A group the broker will not delete: its preview's record stays.
-    fn group_refused(&mut self, group: &str) {
-        self.0.retain(|_, groups| !groups.contains(group));
-    }
-
-    /// The previews whose groups are all deleted.
-    fn ready(&self) -> Vec<String> {
-        self.0
-            .iter()
-            .filter(|(_, groups)| groups.is_empty())
-            .map(|(name, _)| name.clone())
-            .collect()
-    }
-
-    fn done(&mut self, preview: &str) {
-        self.0.remove(preview);
-    }
-
-    fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-
-    fn clear(&mut self) {
-        self.0.clear();
-    }
 }
 
 /// The running thread; dropping it ends it (and its workers, after the action in hand).
@@ -442,9 +393,7 @@ pub(crate) fn start(context: &Arc<Context>) -> Result<Option<Running>, Error> {
                     approvals: BTreeMap::new(),
                     heads: BTreeMap::new(),
                     notes: BTreeMap::new(),
-                    to_delete: BTreeMap::new(),
-                    groups_to_delete: BTreeMap::new(),
-                    to_forget: ForgetQueue::default(),
+                    to_forget: BTreeSet::new(),
                 };
                 previews.run(events, requests);
             }
@@ -493,8 +442,6 @@ impl Previews {
             // A standby looks often, to act soon after it took the lease over.
             let busy = !acting
                 || self.environments.values().any(|e| e.tearing_down)
-                || !self.to_delete.is_empty()
-                || !self.groups_to_delete.is_empty()
                 || !self.to_forget.is_empty();
             let wake = runtime.block_on(async {
                 let until = if busy {
@@ -862,24 +809,9 @@ impl Previews {
             clusters: clusters.clone(),
             checkout,
         };
-        let cluster = self.context.cluster(&revision, &preview.graph)?;
-        // Only the lease holder acts on Kafka; a standby runs it again once it holds the
-        // lease.
-        let shadows = if self.context.records.may_act() {
-            &preview.shadow_topics
-        } else {
-            &BTreeMap::new()
-        };
-        let admin = self.context.admin(AdminUse::Cutover, &cluster.bootstrap)?;
-        for (shadow, sink) in shadows {
-            let partitions = admin.partitions(sink)?;
-            admin.create_topic(
-                shadow,
-                u32::try_from(partitions.max(1)).unwrap_or(1),
-                preview.graph.replication,
-                &preview.graph.topic_config,
-            )?;
-        }
+        // Its cluster must resolve before the worker has it; its shadow topics are the
+        // engine's to create, as the worker moves the preview.
+        self.context.cluster(&revision, &preview.graph)?;
         let processors: Vec<String> = preview
             .graph
             .steps()
@@ -907,10 +839,6 @@ impl Previews {
                 shadow_topics: shadow_topics.clone(),
             },
         });
-        // A shadow topic wanted again is no longer deleted.
-        for shadow in shadow_topics.keys() {
-            self.to_delete.remove(shadow);
-        }
         self.environments.insert(
             name,
             Environment {
@@ -978,8 +906,10 @@ impl Previews {
         }));
     }
 
-    /// Forgets the previews whose workers are done, deleting their consumer groups, and
-    /// their shadow topics unless `--keep-topics`.
+    /// Forgets the previews whose workers are done: their engines deleted their shadow
+    /// topics and consumer groups as they retired them. Their records are forgotten too,
+    /// unless `--keep-topics` kept their internal topics (the record's names keep a preview
+    /// started again off those).
     fn reap(&mut self) {
         let done: Vec<String> = self
             .environments
@@ -992,88 +922,17 @@ impl Previews {
             let Some(environment) = self.environments.remove(&name) else {
                 continue;
             };
-            let record = self.context.records.load(&name).ok();
-            let bootstrap = record.as_ref().and_then(|r| r.bootstrap.clone());
-            if let (Some(record), Some(bootstrap)) = (&record, &bootstrap) {
-                let groups = groups_of(&name, &record.deployment);
-                for group in &groups {
-                    self.groups_to_delete
-                        .insert(group.clone(), bootstrap.clone());
-                }
-                if !self.context.config.cutover.keep_topics {
-                    self.to_forget.reaped(&name, groups);
-                }
-            }
-            if !self.context.config.cutover.keep_topics
-                && let Some(bootstrap) = bootstrap
-            {
-                let suffix = name
-                    .rsplit_once('.')
-                    .map(|(_, slug)| format!(".preview.{slug}"))
-                    .unwrap_or_default();
-                for shadow in environment.shadow_topics.keys() {
-                    // Only what is a shadow topic by its name: never a user's topic.
-                    if !suffix.is_empty() && shadow.ends_with(&suffix) {
-                        self.to_delete.insert(shadow.clone(), bootstrap.clone());
-                    }
-                }
+            if !self.context.config.cutover.keep_topics {
+                self.to_forget.insert(name.clone());
             }
             self.context.store.apply(Fact::Removed(name.clone()));
             touched.insert(environment.pull_request);
             tracing::info!(topology = %name, "preview gone");
         }
         if !self.context.records.may_act() {
-            // The lease holder deletes them: a standby's deletion could race the holder
+            // The lease holder forgets them: a standby's forget could race the holder
             // starting the preview again.
-            self.to_delete.clear();
-            self.groups_to_delete.clear();
             self.to_forget.clear();
-        }
-        let deleting = std::mem::take(&mut self.to_delete);
-        for (shadow, bootstrap) in deleting {
-            let deleted = self
-                .context
-                .admin(AdminUse::Cutover, &bootstrap)
-                .and_then(|admin| admin.delete_topic(&shadow).map_err(Error::from));
-            match deleted {
-                Ok(()) => tracing::info!(topic = %shadow, "shadow topic deleted"),
-                Err(error) => {
-                    tracing::warn!(topic = %shadow, %error, "cannot delete a shadow topic; trying again");
-                    self.to_delete.insert(shadow, bootstrap);
-                }
-            }
-        }
-        let deleting = std::mem::take(&mut self.groups_to_delete);
-        for (group, bootstrap) in deleting {
-            let admin = match self.context.admin(AdminUse::Cutover, &bootstrap) {
-                Ok(admin) => admin,
-                Err(error) => {
-                    tracing::warn!(%group, %error, "cannot delete a preview's group; trying again");
-                    self.groups_to_delete.insert(group, bootstrap);
-                    continue;
-                }
-            };
-            match admin.delete_group(&group) {
-                Ok(()) => {
-                    tracing::info!(%group, "preview group deleted");
-                    self.to_forget.group_deleted(&group);
-                }
-                Err(crate::kafka::Error::DeleteGroup {
-                    retryable: false,
-                    message,
-                    ..
-                }) => {
-                    // The broker refuses (authorization, an old broker): the group's offsets
-                    // expire by its offsets.retention.minutes instead, and the record stays,
-                    // so that one started again does not take them up.
-                    tracing::warn!(%group, error = %message, "cannot delete a preview's group; leaving it to expire");
-                    self.to_forget.group_refused(&group);
-                }
-                Err(error) => {
-                    tracing::warn!(%group, %error, "cannot delete a preview's group; trying again");
-                    self.groups_to_delete.insert(group, bootstrap);
-                }
-            }
         }
         self.forget_reaped();
         if !touched.is_empty() {
@@ -1084,10 +943,9 @@ impl Previews {
         }
     }
 
-    /// Forgets the records of reaped previews whose groups are all deleted, unless started
-    /// again meanwhile.
+    /// Forgets the records of reaped previews, unless started again meanwhile.
     fn forget_reaped(&mut self) {
-        for name in self.to_forget.ready() {
+        for name in std::mem::take(&mut self.to_forget) {
             // Read again just before: only a retired record is forgotten (another replica
             // may have started it again; a write after this read makes the forget conflict).
             let retired = self
@@ -1096,20 +954,16 @@ impl Previews {
                 .load(&name)
                 .is_ok_and(|r| r.is_retired());
             if self.environments.contains_key(&name) || !retired {
-                self.to_forget.done(&name);
                 continue;
             }
             match self.context.records.forget(&name) {
-                Ok(()) => {
-                    tracing::info!(topology = %name, "preview's record forgotten");
-                    self.to_forget.done(&name);
-                }
+                Ok(()) => tracing::info!(topology = %name, "preview's record forgotten"),
                 Err(error) if error.is_retryable() => {
                     tracing::warn!(topology = %name, %error, "cannot forget a preview's record; trying again");
+                    self.to_forget.insert(name);
                 }
                 Err(error) => {
                     tracing::warn!(topology = %name, %error, "cannot forget a preview's record; it stays");
-                    self.to_forget.done(&name);
                 }
             }
         }
@@ -1203,20 +1057,6 @@ fn markdown(topologies: &[PreviewTopology], slug: &str) -> String {
     crate::output::preview::running_markdown(&rows, slug)
 }
 
-/// Every consumer group the preview `name` ever had: each life of each of its processors
-/// (`plumber.<name>.<step>.<id12>[.<n>]`), and never a group outside its own names.
-fn groups_of(name: &str, deployment: &crate::plan::Deployment) -> Vec<String> {
-    let prefix = format!("plumber.{name}.");
-    deployment
-        .lives_used
-        .iter()
-        .filter(|(base, _)| base.starts_with(&prefix))
-        .flat_map(|(base, last)| {
-            (1..=*last).map(move |life| crate::plan::deployment::life_name(base, life))
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1227,30 +1067,6 @@ mod tests {
             labels: labels.iter().map(|l| (*l).to_owned()).collect(),
             head: None,
         })
-    }
-
-    #[test]
-    fn a_preview_s_record_is_forgotten_once_its_groups_are_deleted_and_never_when_one_is_refused() {
-        let mut queue = ForgetQueue::default();
-        queue.reaped(
-            "t.pr-1",
-            ["plumber.t.pr-1.a.1".into(), "plumber.t.pr-1.b.1".into()],
-        );
-        queue.reaped("t.pr-2", ["plumber.t.pr-2.a.1".into()]);
-        queue.reaped("t.pr-3", []);
-        assert_eq!(queue.ready(), ["t.pr-3"], "nothing left to delete");
-        queue.group_deleted("plumber.t.pr-1.a.1");
-        queue.group_refused("plumber.t.pr-2.a.1");
-        assert_eq!(queue.ready(), ["t.pr-3"], "one group of t.pr-1 is left");
-        queue.group_deleted("plumber.t.pr-1.b.1");
-        assert_eq!(
-            queue.ready(),
-            ["t.pr-1", "t.pr-3"],
-            "t.pr-2 keeps its record"
-        );
-        queue.done("t.pr-1");
-        queue.done("t.pr-3");
-        assert!(queue.is_empty());
     }
 
     #[test]
@@ -1528,31 +1344,5 @@ mod tests {
 
     fn test_plan(name: &str) -> RefPlan {
         RefPlan::for_test(name)
-    }
-
-    #[test]
-    fn a_preview_s_groups_are_every_life_of_its_own_processors_only() {
-        let mut deployment = crate::plan::Deployment::default();
-        deployment
-            .lives_used
-            .insert("plumber.shop.pr-7.clean.0123456789ab".into(), 2);
-        deployment
-            .lives_used
-            .insert("plumber.shop.pr-7.enrich.ba9876543210".into(), 1);
-        // Another preview's, and the real topology's: never this preview's to delete.
-        deployment
-            .lives_used
-            .insert("plumber.shop.pr-70.clean.0123456789ab".into(), 1);
-        deployment
-            .lives_used
-            .insert("plumber.shop.clean.0123456789ab".into(), 1);
-        assert_eq!(
-            groups_of("shop.pr-7", &deployment),
-            [
-                "plumber.shop.pr-7.clean.0123456789ab",
-                "plumber.shop.pr-7.clean.0123456789ab.2",
-                "plumber.shop.pr-7.enrich.ba9876543210",
-            ]
-        );
     }
 }

@@ -138,7 +138,7 @@ pub fn revision(
             cluster: Some(&cluster),
             settings: Settings::default(),
         };
-        for action in moves::plan(&plan::Deployment::default(), Some(topology)) {
+        for action in moves::plan(&topology.name, &plan::Deployment::default(), Some(topology)) {
             let Action::StartProcessor(start) = action else {
                 continue;
             };
