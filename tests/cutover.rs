@@ -514,6 +514,17 @@ fn with_engine_seeing<T>(
     on_event: &(dyn Fn(Event<'_>) + Sync),
     body: impl FnOnce(&Engine<'_>) -> T,
 ) -> T {
+    with_engine_named(world, dir, "t", on_event, body)
+}
+
+/// [`with_engine_seeing`] for topology `name`.
+fn with_engine_named<T>(
+    world: &World,
+    dir: &StateDir,
+    name: &str,
+    on_event: &(dyn Fn(Event<'_>) + Sync),
+    body: impl FnOnce(&Engine<'_>) -> T,
+) -> T {
     let store = Store {
         dir: dir.clone(),
         faults: &world.faults,
@@ -526,7 +537,7 @@ fn with_engine_seeing<T>(
         ..CutoverConfig::default()
     };
     body(&Engine {
-        topology: "t",
+        topology: name,
         admin: world,
         runtime: world,
         store: &store,
@@ -1287,4 +1298,165 @@ fn a_running_processor_gone_from_the_runtime_is_started_again_where_it_was() {
         "it resumes where it was"
     );
     assert_eq!(state.load("t").unwrap().commit.as_deref(), Some("r1"));
+}
+
+/// A preview of `t` (its step `a` changed) as the daemon makes it: `t.pr-1`, writing the
+/// shadow topics of the sinks it reaches.
+fn preview_of_a() -> plumber::plan::preview::Preview {
+    let running = revision(1, 1, false);
+    let merged = revision(2, 1, false);
+    plumber::plan::preview::preview(
+        &merged,
+        &plumber::plan::Deployment::of(&running),
+        &plumber::spec::RepoSettings::default().clusters,
+        "pr-1",
+    )
+    .unwrap()
+    .expect("a changed: a preview")
+}
+
+/// Drives the engine of preview `name` to `preview` (commit `p1`: `cursor` 0), then to its
+/// removal (1), up to target `until` (excluded); false when the daemon crashed.
+fn preview_daemon(
+    world: &World,
+    dir: &StateDir,
+    name: &str,
+    preview: &Topology,
+    cursor: &mut usize,
+    until: usize,
+) -> bool {
+    with_engine_named(world, dir, name, &|_| {}, |engine| {
+        let mut waits = Waits::default();
+        let targets = [target("p1", Some(preview)), target("gone", None)];
+        let mut spins = 0;
+        while let Some(target) = targets.get(*cursor).filter(|_| *cursor < until) {
+            let advanced = engine.advance(target, &mut waits);
+            if world.faults.crashed.load(Ordering::SeqCst) {
+                return false;
+            }
+            match advanced {
+                Ok(Advance::Settled { .. } | Advance::Removed) => *cursor += 1,
+                Ok(Advance::Progressed) => {}
+                Ok(Advance::Waiting { waits, .. }) => {
+                    spins += 1;
+                    assert!(spins < 1000, "the preview waits forever: {waits:#?}");
+                }
+                Err(error) => {
+                    assert!(error.is_retryable(), "{error}");
+                    spins += 1;
+                    assert!(spins < 1000, "the preview fails forever: {error}");
+                }
+            }
+        }
+        true
+    })
+}
+
+/// A retired preview leaves nothing on Kafka: its engine made its shadow topics (with the
+/// users' sinks' partitions) and, once retired, deleted them and every consumer group its
+/// lives had, and a daemon crashed at any call of the retirement ends the same.
+#[test]
+fn a_retired_preview_leaves_no_shadow_topic_nor_group_and_survives_a_crash_anywhere() {
+    let preview = preview_of_a();
+    let name = preview.graph.name.clone();
+    let deploy = || {
+        let world = World::with_user_topics();
+        world
+            .inner
+            .lock()
+            .unwrap()
+            .topics
+            .insert("out".into(), vec![0, 0, 0]);
+        let dir = tempfile::tempdir().unwrap();
+        let state = StateDir::open(dir.path()).unwrap();
+        assert!(preview_daemon(
+            &world,
+            &state,
+            &name,
+            &preview.graph,
+            &mut 0,
+            1
+        ));
+        world.produce("in", 10);
+        *world.faults.calls.lock().unwrap() = BTreeMap::new();
+        (world, dir, state)
+    };
+    let (world, _dir, state) = deploy();
+    {
+        let inner = world.inner.lock().unwrap();
+        let shadows: BTreeMap<&String, usize> = preview
+            .shadow_topics
+            .keys()
+            .map(|t| (t, inner.topics.get(t).map_or(0, Vec::len)))
+            .collect();
+        assert_eq!(
+            shadows,
+            BTreeMap::from([
+                (&"out.preview.pr-1".to_owned(), 3),
+                (&"out2.preview.pr-1".to_owned(), 1)
+            ]),
+            "each shadow topic exists with its sink's partitions"
+        );
+        assert!(!inner.running.is_empty());
+    }
+    assert!(preview_daemon(
+        &world,
+        &state,
+        &name,
+        &preview.graph,
+        &mut 1,
+        2
+    ));
+    let calls: Vec<(Site, u32)> = [Site::Kafka, Site::Runtime, Site::Save]
+        .into_iter()
+        .map(|site| (site, world.faults.count(site)))
+        .collect();
+    let retired = |world: &World, state: &StateDir| {
+        let inner = world.inner.lock().unwrap();
+        let own = format!("plumber.{name}.");
+        let left: Vec<&String> = inner
+            .topics
+            .keys()
+            .filter(|t| t.starts_with(&own) && !t.ends_with(".dlq") || t.contains(".preview."))
+            .chain(inner.committed.keys().filter(|g| g.starts_with(&own)))
+            .collect();
+        assert_eq!(
+            left,
+            Vec::<&String>::new(),
+            "nothing of the preview is left"
+        );
+        assert!(inner.running.is_empty());
+        assert_eq!(
+            ["in", "out", "out2"].map(|t| inner.topics.contains_key(t)),
+            [true; 3],
+            "the users' topics stay"
+        );
+        let record = state.load(&name).unwrap();
+        assert!(record.is_retired(), "{record:#?}");
+        (inner.topics.clone(), record.deployment)
+    };
+    let reference = retired(&world, &state);
+    let mut crashes = 0;
+    for crash in every_fault(&calls) {
+        let (world, _dir, state) = deploy();
+        *world.faults.crash.lock().unwrap() = Some(crash);
+        let mut cursor = 1;
+        assert!(
+            !preview_daemon(&world, &state, &name, &preview.graph, &mut cursor, 2),
+            "the daemon ran to the end without {crash:?}"
+        );
+        world.faults.crashed.store(false, Ordering::SeqCst);
+        *world.faults.crash.lock().unwrap() = None;
+        assert!(preview_daemon(
+            &world,
+            &state,
+            &name,
+            &preview.graph,
+            &mut cursor,
+            2
+        ));
+        assert_eq!(retired(&world, &state), reference, "after {crash:?}");
+        crashes += 1;
+    }
+    assert!(crashes > 10, "{crashes} crashes");
 }
