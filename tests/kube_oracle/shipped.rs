@@ -199,3 +199,78 @@ fn run_shipped(name: &str, rbac: Rbac, processor_namespace: Option<&str>, faults
     );
     drop(served);
 }
+
+/// The holder of the Lease `deploy/daemon.yaml` names.
+fn lease_holder(fake: &FakeApi) -> Option<String> {
+    fake.get::<k8s_openapi::api::coordination::v1::Lease>(NS, "plumber")?
+        .spec?
+        .holder_identity
+}
+
+/// A rolling restart as Kubernetes makes it: a second replica starts and stands by, the first
+/// gets SIGTERM in the middle of a cutover, finishes the action in hand and gives the Lease
+/// up, and the second takes the Lease over and finishes the cutover: exactly once, within
+/// `deploy/`'s Role.
+#[test]
+fn a_rolling_restart_hands_a_cutover_from_one_shipped_replica_to_the_next() {
+    let scratch = Scratch::new();
+    let world = World::new("shipped-rolling");
+    let fake = cluster().with_rbac(Rbac::service_account(NS, "plumber").with_roles_yaml(ROLE, NS));
+    let served = fake.serve_https();
+    let kubeconfig = scratch.path("kubeconfig");
+    served.write_kubeconfig(&kubeconfig, NS).unwrap();
+    let _kubelet = Kubelet::start(&fake, NS, &processor_binary(), &scratch.path("pods"));
+    let first = Model::new()
+        .processor(Proc::new("a", 1, &["src"]))
+        .processor(Proc::new("b", 1, &["a"]))
+        .sink("out1", &["b"]);
+    let r1 = world.commit("first", &first);
+    let replica = |name: &str| {
+        let port = plumber_testkit::free_port();
+        let config = scratch.path(&format!("{name}.yaml"));
+        let yaml = daemon_config(&world, &kubeconfig, &scratch.path(name), port, None);
+        std::fs::write(&config, yaml).unwrap();
+        harness::Plumber::daemon_named(&world, &config, port, name)
+    };
+    let mut old = replica("plumber-old");
+    old.wait_applied("t", r1);
+    let load = world.start_load(50);
+    load.wait_for(100);
+    let new = replica("plumber-new");
+    assert_eq!(lease_holder(&fake).as_deref(), Some("plumber-old"));
+
+    let next = first.clone().replace("a", 2).replace("b", 2);
+    let r2 = world.commit("a and b v2", &next);
+    old.wait_until("the old replica is in the cutover", |status| {
+        status["topologies"][0]["phase"] == "cutover"
+    });
+    let exit = old.terminate().expect("the old replica stops on SIGTERM");
+    assert!(exit.success(), "it exits cleanly: {exit}");
+    assert!(
+        record(&fake).is_some_and(|r| r.moving.is_some()),
+        "the old replica left the cutover half-way"
+    );
+    // A standby's status shows the record's move, not its end: the record is what tells.
+    wait_until("the new replica holds the Lease", PATIENCE, || {
+        lease_holder(&fake).as_deref() == Some("plumber-new")
+    });
+    // Given up, the Lease is sought at the standby's next look at it (every second), not
+    // when the lock it last saw would have lapsed (up to 30 s later).
+    assert!(
+        world.daemon_log().lines().any(|line| line
+            .contains("the Lease was given up; seeking it now")
+            && line.contains("plumber-new")),
+        "the new replica saw the Lease given up"
+    );
+    wait_applied(&fake, r2);
+    new.wait_applied("t", r2);
+    let (sent, final_from) = load.finish(100);
+    world.assert_oracle(&[first, next], sent, final_from);
+    assert_eq!(
+        forbidden(&fake),
+        Vec::<String>::new(),
+        "both replicas asked only for what the Role grants"
+    );
+    drop(new);
+    drop(served);
+}

@@ -1019,8 +1019,18 @@ impl Plumber {
     /// process of its own; `port` is the one its config listens on.
     #[allow(dead_code)] // for tests/kube_oracle, which shares this harness
     pub fn daemon(world: &World, config: &std::path::Path, port: u16) -> Plumber {
+        Plumber::daemon_named(world, config, port, "plumber-0")
+    }
+
+    /// [`Plumber::daemon`] as the replica `pod` (its `HOSTNAME`, its Lease identity).
+    #[allow(dead_code)] // for tests/kube_oracle, which shares this harness
+    pub fn daemon_named(world: &World, config: &std::path::Path, port: u16, pod: &str) -> Plumber {
         let mut command = Command::new(env!("CARGO_BIN_EXE_plumber"));
-        command.arg("daemon").arg("--config").arg(config);
+        command
+            .arg("daemon")
+            .arg("--config")
+            .arg(config)
+            .env("HOSTNAME", pod);
         Plumber::spawn(world, "plumber daemon", command, port)
     }
 

@@ -67,6 +67,10 @@ struct State {
     confirmed: Mutex<Option<(Instant, String)>>,
     /// The Lease object was not there at the last look (someone deleted it).
     missing: AtomicBool,
+    /// The Lease named no holder at the last look: its holder gave it up (a rolling
+    /// restart). kube-lease-manager's standby sleeps until the lock it last saw would have
+    /// lapsed (up to the lease's duration); seeking it anew takes it within a check.
+    unheld: AtomicBool,
 }
 
 /// Held (or sought) for as long as it lives; [`Lease::release`] gives it up for another
@@ -134,6 +138,12 @@ impl Lease {
                                     tracing::warn!(lease = %config.name, "the Lease is gone; seeking it anew");
                                     break true;
                                 }
+                                if state.unheld.load(Ordering::SeqCst)
+                                    && !state.elected.load(Ordering::SeqCst)
+                                {
+                                    tracing::info!(lease = %config.name, identity = %config.identity, "the Lease was given up; seeking it now");
+                                    break true;
+                                }
                             }
                         }
                     };
@@ -146,6 +156,7 @@ impl Lease {
                     }
                     task.abort();
                     state.missing.store(false, Ordering::SeqCst);
+                    state.unheld.store(false, Ordering::SeqCst);
                     tokio::select! {
                         _ = tokio::time::sleep(config.check) => {}
                         _ = stopping.changed() => return,
@@ -166,6 +177,14 @@ impl Lease {
                     match api.get_opt(&config.name).await {
                         Ok(lease) => {
                             state.missing.store(lease.is_none(), Ordering::SeqCst);
+                            let unheld =
+                                lease
+                                    .as_ref()
+                                    .and_then(|l| l.spec.as_ref())
+                                    .is_some_and(|s| {
+                                        s.holder_identity.as_deref().is_none_or(str::is_empty)
+                                    });
+                            state.unheld.store(unheld, Ordering::SeqCst);
                             confirm(&state, lease.as_ref(), &config.identity)
                         }
                         Err(error) => {
