@@ -486,7 +486,9 @@ impl Daemon {
             Arc::new(|| true),
         )
         .expect("the store starts")
-        .with_cache(runtime.topology_cache());
+        .with_cache(runtime.topology_cache())
+        // One holder for the whole run, as `plumber daemon` between takeovers.
+        .with_term(Arc::new(|| Some(1)));
         Daemon {
             runtime,
             store,

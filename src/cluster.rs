@@ -99,7 +99,8 @@ pub fn run(path: &Path) -> Result<()> {
         },
         lease.guard(),
     )?
-    .with_cache(runtime.topology_cache());
+    .with_cache(runtime.topology_cache())
+    .with_term(lease.term());
     let daemon_config = daemon_config(&config)?;
     tracing::info!(
         namespace,

@@ -1235,3 +1235,72 @@ fn the_metrics_of_a_processor_are_at_its_running_pods_ips() {
     runtime.stop(&spec.group).unwrap();
     wait_for(|| runtime.metrics_endpoints().unwrap().is_empty());
 }
+
+/// Within one lease term a load costs no request: what this replica wrote or read in the
+/// term is what is there, since nobody else writes during it. A new term reads again, and a
+/// record written by someone else all the same (by hand) is still a conflict, never
+/// overwritten.
+#[test]
+fn loads_within_a_lease_term_read_nothing_and_a_write_by_another_is_still_a_conflict() {
+    use std::sync::atomic::AtomicU64;
+    let fake = fake();
+    let leader = Arc::new(AtomicBool::new(true));
+    let term = Arc::new(AtomicU64::new(1));
+    let ours = store(&fake, &leader).with_term({
+        let (leader, term) = (leader.clone(), term.clone());
+        Arc::new(move || {
+            leader
+                .load(Ordering::SeqCst)
+                .then(|| term.load(Ordering::SeqCst))
+        })
+    });
+    ours.save("shop", &moved("aaa")).unwrap();
+    fake.clear_requests();
+    for _ in 0..3 {
+        assert_eq!(ours.load("shop").unwrap().commit.as_deref(), Some("aaa"));
+    }
+    ours.save("shop", &moved("bbb")).unwrap();
+    assert_eq!(ours.load("shop").unwrap().commit.as_deref(), Some("bbb"));
+    let summaries =
+        |fake: &FakeApi| -> Vec<String> { fake.requests().iter().map(|r| r.summary()).collect() };
+    assert_eq!(
+        summaries(&fake),
+        ["replace topologies/shop/status"],
+        "one write, no read"
+    );
+
+    // A new term (the lease lost and taken again): read again, once.
+    term.store(2, Ordering::SeqCst);
+    fake.clear_requests();
+    ours.load("shop").unwrap();
+    ours.load("shop").unwrap();
+    assert_eq!(summaries(&fake), ["get topologies/shop"]);
+
+    // Someone writes the record meanwhile: the load, from this term, does not see it, but
+    // the save does, and refuses.
+    let other = store(&fake, &Arc::new(AtomicBool::new(true)));
+    let store = ours;
+    other.save("shop", &moved("by-hand")).unwrap();
+    assert_eq!(store.load("shop").unwrap().commit.as_deref(), Some("bbb"));
+    let error = store.save("shop", &moved("ccc")).unwrap_err();
+    assert!(
+        matches!(error, plumber::store::Error::Conflict { .. }),
+        "{error}"
+    );
+    assert_eq!(
+        other.load("shop").unwrap().commit.as_deref(),
+        Some("by-hand")
+    );
+    // After the conflict the next load reads what is there, and the engine goes on from it.
+    assert_eq!(
+        store.load("shop").unwrap().commit.as_deref(),
+        Some("by-hand")
+    );
+    store.save("shop", &moved("ddd")).unwrap();
+
+    // Not holding the lease: every load reads.
+    leader.store(false, Ordering::SeqCst);
+    fake.clear_requests();
+    store.load("shop").unwrap();
+    assert_eq!(summaries(&fake), ["get topologies/shop"]);
+}

@@ -62,6 +62,11 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// each write, so a replica deposed in the middle of an action writes nothing more.
 pub type Guard = dyn Fn() -> bool + Send + Sync;
 
+/// Which term of the lease this replica holds now (`None`: it does not): a new number each
+/// time it takes the lease. Nobody else writes Plumber's state during one term, so what this
+/// replica read or wrote in it is still current.
+pub type Term = dyn Fn() -> Option<u64> + Send + Sync;
+
 /// How processors run, decided by the daemon for every step alike.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

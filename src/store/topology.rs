@@ -25,10 +25,10 @@ use kube::api::{Api, DeleteParams, ListParams, PostParams, Preconditions};
 use serde::{Deserialize, Serialize};
 
 use super::{CutoverStore, Error, FORMAT, HistoryEntry, Result, TopologyRecord};
-use crate::runtime::Guard;
 use crate::runtime::kube::cache::Cache;
 use crate::runtime::kube::crd::{Topology, TopologySpec, TopologyStatus};
 use crate::runtime::kube::render::{MANAGED_BY, Source, TOPOLOGY};
+use crate::runtime::{Guard, Term};
 use kube::Resource as _;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 
@@ -48,6 +48,10 @@ struct StatusRecord {
     history: Vec<HistoryEntry>,
 }
 
+/// A Topology object as this store last read or wrote it (`None`: there was none), and the
+/// lease term it did so in.
+type Known = (Option<Topology>, Option<u64>);
+
 pub struct TopologyStore {
     client: Client,
     namespace: String,
@@ -57,8 +61,11 @@ pub struct TopologyStore {
     handle: tokio::runtime::Handle,
     /// Each topology's object as this store last read or wrote it (`None`: there was none),
     /// without its managed fields: its record is the one a save expects to find, and its
-    /// `resourceVersion` the precondition of the next write.
-    known: Mutex<BTreeMap<String, Option<Topology>>>,
+    /// `resourceVersion` the precondition of the next write; with the lease term it was
+    /// read or written in.
+    known: Mutex<BTreeMap<String, Known>>,
+    /// The lease's term ([`TopologyStore::with_term`]); `None`: every load reads the object.
+    term: Option<Arc<Term>>,
     /// The observed status last published of each topology.
     published: Mutex<BTreeMap<String, TopologyStatus>>,
     /// Who the cutover Events say reported them.
@@ -88,6 +95,7 @@ impl TopologyStore {
             guard,
             handle,
             known: Mutex::new(BTreeMap::new()),
+            term: None,
             published: Mutex::new(BTreeMap::new()),
             reporter: Reporter {
                 controller: "plumber".into(),
@@ -96,6 +104,15 @@ impl TopologyStore {
             cache: None,
             parsed: Mutex::new(BTreeMap::new()),
         })
+    }
+
+    /// Loads a record without reading its object when this store read or wrote it in the
+    /// lease term it holds now: nobody else writes during a term, so the engine's load before
+    /// each action costs no request (it did one per action). A record written by someone
+    /// all the same (by hand) makes the next save a conflict, as before: never overwritten.
+    pub fn with_term(mut self, term: Arc<Term>) -> Self {
+        self.term = Some(term);
+        self
     }
 
     /// Reads the topologies' records from `cache` (the runtime's, which watches the same
@@ -124,10 +141,11 @@ impl TopologyStore {
                 cache.written(object.clone());
             }
         }
+        let term = self.term.as_ref().and_then(|term| term());
         self.known
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .insert(topology.to_owned(), object);
+            .insert(topology.to_owned(), (object, term));
     }
 
     /// Forgets what this store knew of a Topology it deleted (or found gone).
@@ -156,7 +174,7 @@ impl TopologyStore {
     /// The object as this store last read or wrote it (`None` inside: it did not exist), and
     /// the record it held; `None` when this store never looked.
     fn last_seen(&self, topology: &str) -> Option<(Option<Topology>, Option<serde_json::Value>)> {
-        let known = self
+        let (known, _) = self
             .known
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -164,6 +182,28 @@ impl TopologyStore {
             .cloned()?;
         let record = record_of(known.as_ref());
         Some((known, record))
+    }
+
+    /// The next load of `topology` reads its object, whatever the term.
+    fn stale(&self, topology: &str) {
+        if let Some((_, term)) = self
+            .known
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get_mut(topology)
+        {
+            *term = None;
+        }
+    }
+
+    /// The record as this store read or wrote it in the lease term held now, if it did.
+    fn current(&self, topology: &str) -> Option<Option<serde_json::Value>> {
+        let now = self.term.as_ref().and_then(|term| term())?;
+        let known = self.known.lock().unwrap_or_else(PoisonError::into_inner);
+        match known.get(topology)? {
+            (object, Some(term)) if *term == now => Some(record_of(object.as_ref())),
+            _ => None,
+        }
     }
 
     /// Read, change and write the status record of `topology`, with the guarantees above.
@@ -174,30 +214,33 @@ impl TopologyStore {
             });
         }
         let (last_seen, expected) = self.last_seen(topology).unzip();
-        let written = self.replace_status(
-            topology,
-            "write the record of",
-            last_seen.flatten(),
-            |object| {
-                let raw = record_of(Some(object));
-                if let Some(known) = &expected
-                    && *known != raw
-                {
-                    return Err(Error::Conflict {
-                        topology: topology.to_owned(),
-                    });
-                }
-                let mut record = parse(topology, raw)?;
-                change(&mut record);
-                let value = serde_json::to_value(&record)
-                    .map_err(|e| api("encode the record of", topology, e.to_string(), false))?;
-                object
-                    .status
-                    .get_or_insert_with(TopologyStatus::default)
-                    .record = Some(value);
-                Ok(())
-            },
-        )?;
+        let written = self
+            .replace_status(
+                topology,
+                "write the record of",
+                last_seen.flatten(),
+                |object| {
+                    let raw = record_of(Some(object));
+                    if let Some(known) = &expected
+                        && *known != raw
+                    {
+                        return Err(Error::Conflict {
+                            topology: topology.to_owned(),
+                        });
+                    }
+                    let mut record = parse(topology, raw)?;
+                    change(&mut record);
+                    let value = serde_json::to_value(&record)
+                        .map_err(|e| api("encode the record of", topology, e.to_string(), false))?;
+                    object
+                        .status
+                        .get_or_insert_with(TopologyStatus::default)
+                        .record = Some(value);
+                    Ok(())
+                },
+            )
+            // Whatever failed (a conflict above all), the next load reads the object again.
+            .inspect_err(|_| self.stale(topology))?;
         self.remember(topology, Some(written));
         Ok(())
     }
@@ -379,6 +422,9 @@ fn kube_error(operation: &'static str, topology: &str, error: kube::Error) -> Er
 
 impl CutoverStore for TopologyStore {
     fn load(&self, topology: &str) -> Result<TopologyRecord> {
+        if let Some(raw) = self.current(topology) {
+            return Ok(parse(topology, raw)?.record);
+        }
         Ok(self.read(topology)?.record)
     }
 

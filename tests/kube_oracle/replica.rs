@@ -95,7 +95,8 @@ impl Replica {
             )
             .expect("the Topology store")
             // As `plumber daemon` wires it (src/cluster.rs).
-            .with_cache(runtime.topology_cache()),
+            .with_cache(runtime.topology_cache())
+            .with_term(lease.term()),
         );
         let mut config = DaemonConfig::new(&world.repo_location(), cache.to_owned());
         config.branch = "main".into();

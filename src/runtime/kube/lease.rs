@@ -19,7 +19,7 @@ use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
 use kube_lease_manager::LeaseManagerBuilder;
 
-use crate::runtime::Guard;
+use crate::runtime::{Guard, Term};
 
 #[derive(Debug, Clone)]
 pub struct LeaseConfig {
@@ -63,6 +63,8 @@ impl LeaseConfig {
 struct State {
     /// What kube-lease-manager last said.
     elected: AtomicBool,
+    /// Counts the times this replica was elected: the term it holds ([`Lease::term`]).
+    terms: std::sync::atomic::AtomicU64,
     /// When this replica last saw a renewal of its own, and the renew time it saw.
     confirmed: Mutex<Option<(Instant, String)>>,
     /// The Lease object was not there at the last look (someone deleted it).
@@ -129,6 +131,9 @@ impl Lease {
                                     break true;
                                 }
                                 let now = *elected.borrow_and_update();
+                                if now && !state.elected.load(Ordering::SeqCst) {
+                                    state.terms.fetch_add(1, Ordering::SeqCst);
+                                }
                                 state.elected.store(now, Ordering::SeqCst);
                                 tracing::info!(lease = %config.name, identity = %config.identity, holder = now, "lease changed");
                             }
@@ -221,6 +226,13 @@ impl Lease {
         let state = self.state.clone();
         let validity = self.validity;
         Arc::new(move || held(&state, validity))
+    }
+
+    /// The term of the lease held now, for the store that keeps what it wrote in one.
+    pub fn term(&self) -> Arc<Term> {
+        let state = self.state.clone();
+        let validity = self.validity;
+        Arc::new(move || held(&state, validity).then(|| state.terms.load(Ordering::SeqCst)))
     }
 
     /// Stops acting and gives the lease up (waits up to `timeout` for the API server), so
