@@ -15,7 +15,7 @@ use axum::body::Bytes;
 use serde::Serialize;
 use tokio::sync::broadcast;
 
-use super::status::Store;
+use super::facts::Store;
 
 /// The shortest time between two `status` events: lag and records/s change every look, and a
 /// page redraws nothing faster than a person reads.

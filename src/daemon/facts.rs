@@ -1,13 +1,15 @@
 //! The one writer of the status document (`GET /api/status`): the daemon's parts send the
 //! [`Fact`]s they learn, and [`reduce`] alone turns them into the document, each under the
-//! same write lock ([`super::status::Store::apply`]). So a topology's `phase`, its error and
+//! same write lock ([`Store::apply`]; the [`Store`] lets nothing else write). So a topology's `phase`, its error and
 //! the daemon's overall phase follow from facts in one place, whichever thread learnt them:
 //! the follower (the branch), a topology's worker and its engine (cutovers), the observer
 //! (what runs), the previews thread and the forge publisher.
 
+use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
 use super::status::{
-    ActionState, ActionStatus, CutoverStatus, Failed, ForgeStatus, LastError, Phase, PreviewOf,
-    Published, SignatureStatus, Status, StepStatus, TopologyStatus, WaitStatus,
+    ActionState, ActionStatus, CutoverStatus, Failed, ForgeStatus, LastError, Metrics, Phase,
+    PreviewOf, Published, SignatureStatus, Status, StepStatus, TopologyStatus, WaitStatus,
 };
 use crate::cutover::Outlook;
 use crate::runtime::Delivery;
@@ -98,6 +100,81 @@ pub enum Fact {
     },
     ForgePublished(Published),
     ForgeFailed(Failed),
+}
+
+/// The shared status; cheap to clone.
+#[derive(Clone)]
+pub struct Store {
+    status: Arc<RwLock<Status>>,
+    /// Counts writes, so readers that push status (the event stream) learn of changes.
+    written: Arc<tokio::sync::watch::Sender<u64>>,
+    pub metrics: Metrics,
+}
+
+impl Default for Store {
+    fn default() -> Self {
+        Store {
+            status: Arc::default(),
+            written: Arc::new(tokio::sync::watch::Sender::new(0)),
+            metrics: Metrics::default(),
+        }
+    }
+}
+
+/// A write to the status; readers are told when it ends (they find the lock free within
+/// microseconds of being woken).
+pub struct StatusWrite<'a> {
+    guard: RwLockWriteGuard<'a, Status>,
+    written: &'a tokio::sync::watch::Sender<u64>,
+}
+
+impl std::ops::Deref for StatusWrite<'_> {
+    type Target = Status;
+    fn deref(&self) -> &Status {
+        &self.guard
+    }
+}
+
+impl std::ops::DerefMut for StatusWrite<'_> {
+    fn deref_mut(&mut self) -> &mut Status {
+        &mut self.guard
+    }
+}
+
+impl Drop for StatusWrite<'_> {
+    fn drop(&mut self) {
+        self.written
+            .send_modify(|count| *count = count.wrapping_add(1));
+    }
+}
+
+impl Store {
+    pub fn read(&self) -> RwLockReadGuard<'_, Status> {
+        self.status.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn write(&self) -> StatusWrite<'_> {
+        StatusWrite {
+            guard: self.status.write().unwrap_or_else(PoisonError::into_inner),
+            written: &self.written,
+        }
+    }
+
+    /// Changes whenever the status was written (maybe to the same value).
+    pub fn writes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.written.subscribe()
+    }
+
+    /// Holds the document as a write would, without writing: every reader waits until the
+    /// guard drops. For tests of what must not wait for the status (health, the listener).
+    pub fn hold(&self) -> impl Drop + '_ {
+        self.write()
+    }
+
+    /// Applies what a part of the daemon learnt: the one way the document is written.
+    pub fn apply(&self, fact: Fact) {
+        reduce(&mut self.write(), fact);
+    }
 }
 
 /// Applies `fact` to `status`, then the daemon's overall phase.

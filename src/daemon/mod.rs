@@ -42,10 +42,11 @@ use crate::cutover::{self, CutoverConfig};
 use crate::kafka::{Admin, KafkaAdmin};
 use crate::runtime::{Cluster, Delivery, Runtime};
 use crate::store::{CutoverStore, StateDir};
+use facts::Store;
 use health::Kind;
 pub use listener::ListenerConfig;
 pub use revisions::{Revision, Revisions};
-use status::{HistoryShown, Store};
+use status::HistoryShown;
 pub use watch::{GitAuth, Source, Trigger};
 
 /// Settings of the daemon.

@@ -1,10 +1,11 @@
 //! What the daemon shows: the status document of `GET /api/status` (SPEC §6) and the
 //! Prometheus metrics. The document has one writer, [`super::facts::reduce`], which applies
-//! the facts the daemon's parts send ([`Store::apply`]); HTTP handlers only read snapshots.
+//! the facts the daemon's parts send ([`super::facts::Store::apply`]); HTTP handlers only
+//! read snapshots.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -498,81 +499,6 @@ impl Default for Metrics {
             forge_publications,
             forge_publish_failures,
         }
-    }
-}
-
-/// The shared status; cheap to clone.
-#[derive(Clone)]
-pub struct Store {
-    status: Arc<RwLock<Status>>,
-    /// Counts writes, so readers that push status (the event stream) learn of changes.
-    written: Arc<tokio::sync::watch::Sender<u64>>,
-    pub metrics: Metrics,
-}
-
-impl Default for Store {
-    fn default() -> Self {
-        Store {
-            status: Arc::default(),
-            written: Arc::new(tokio::sync::watch::Sender::new(0)),
-            metrics: Metrics::default(),
-        }
-    }
-}
-
-/// A write to the status; readers are told when it ends (they find the lock free within
-/// microseconds of being woken).
-pub struct StatusWrite<'a> {
-    guard: RwLockWriteGuard<'a, Status>,
-    written: &'a tokio::sync::watch::Sender<u64>,
-}
-
-impl std::ops::Deref for StatusWrite<'_> {
-    type Target = Status;
-    fn deref(&self) -> &Status {
-        &self.guard
-    }
-}
-
-impl std::ops::DerefMut for StatusWrite<'_> {
-    fn deref_mut(&mut self) -> &mut Status {
-        &mut self.guard
-    }
-}
-
-impl Drop for StatusWrite<'_> {
-    fn drop(&mut self) {
-        self.written
-            .send_modify(|count| *count = count.wrapping_add(1));
-    }
-}
-
-impl Store {
-    pub fn read(&self) -> RwLockReadGuard<'_, Status> {
-        self.status.read().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn write(&self) -> StatusWrite<'_> {
-        StatusWrite {
-            guard: self.status.write().unwrap_or_else(PoisonError::into_inner),
-            written: &self.written,
-        }
-    }
-
-    /// Changes whenever the status was written (maybe to the same value).
-    pub fn writes(&self) -> tokio::sync::watch::Receiver<u64> {
-        self.written.subscribe()
-    }
-
-    /// Holds the document as a write would, without writing: every reader waits until the
-    /// guard drops. For tests of what must not wait for the status (health, the listener).
-    pub fn hold(&self) -> impl Drop + '_ {
-        self.write()
-    }
-
-    /// Applies what a part of the daemon learnt: the one way the document is written.
-    pub fn apply(&self, fact: super::facts::Fact) {
-        super::facts::reduce(&mut self.write(), fact);
     }
 }
 

@@ -39,8 +39,8 @@ use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::plans::{PlanChange, PlanEvent, Plans, RefPlan};
-use crate::daemon::facts::Fact;
-use crate::daemon::status::{Failed, Published, Store};
+use crate::daemon::facts::{Fact, Store};
+use crate::daemon::status::{Failed, Published};
 use crate::daemon::{Context, Error};
 use crate::forge::{self, CommentOutcome, CommitStatus, Forge, State};
 use crate::plan::Change;
