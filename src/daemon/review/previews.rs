@@ -8,15 +8,15 @@
 //! Each preview topology (`<topology>.<slug>`) runs through the same machinery as a topology:
 //! a `Worker` whose desired revision holds the preview's graph at the pull request's head,
 //! moved by the cutover engine, its record in the store beside the topologies' (which the
-//! follower and the plans leave alone: real names hold no dot). Its shadow topics are
-//! created first, with the partitions of the sink they stand in for. Once it is no longer
-//! wanted (closed, merged, the label removed, the merge invalid, the ref gone), its worker's
-//! target is "gone": the engine stops its processors and deletes its internal topics (unless
-//! `--keep-topics`), then its shadow topics are deleted (unless `--keep-topics`) and it is
-//! forgotten. Its record is forgotten too ([`crate::store::CutoverStore::forget`]; on
-//! Kubernetes its Topology object is deleted) once its groups are deleted, unless
-//! `--keep-topics`: then its internal topics keep their records, and its retired record stays
-//! so that one started again gets new names and never reads them.
+//! follower and the plans leave alone: real names hold no dot). Its engine creates its shadow
+//! topics first, with the partitions of the sink they stand in for (actions of its plan:
+//! this thread never acts on Kafka). Once it is no longer wanted (closed, merged, the label
+//! removed, the merge invalid, the ref gone), its worker's target is "gone": the engine stops
+//! its processors, deletes its internal and shadow topics (unless `--keep-topics`) and its
+//! consumer groups. Then this thread forgets its record
+//! ([`crate::store::CutoverStore::forget`]; on Kubernetes its Topology object is deleted),
+//! unless `--keep-topics`: then its internal topics are kept, and its retired record stays so
+//! that one started again gets new names and never reads them.
 //!
 //! One thread decides, looking at a pull request again on a change of its plan, on a
 //! pull-request webhook ([`Requests::look`]), and every poll interval while its preview runs
@@ -24,9 +24,9 @@
 //! forge. A forge that cannot answer now (retrying may help) changes nothing.
 //!
 //! Every daemon replica decides (so its status says what runs), but only the one that may
-//! act (the lease holder on Kubernetes) creates and deletes shadow topics and groups; its
-//! workers' engines act only then too. A replica that starts acting runs every preview it
-//! knows again, creating what the previous holder had not.
+//! act (the lease holder on Kubernetes) forgets records, and its workers' engines act only
+//! then too. A replica that starts acting runs every preview it knows again, its engines
+//! resuming from the records.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
