@@ -173,10 +173,28 @@ fn the_scaled_object_scales_the_deployment_on_its_groups_lag_per_input_topic() {
         assert_eq!(metadata["lagThreshold"], "500");
         assert_eq!(metadata["sasl"], "scram_sha512");
         assert_eq!(metadata["tls"], "enable");
-        assert_eq!(trigger["authenticationRef"]["name"], spec.group.as_str());
     }
-    // Credentials by reference to the cluster's Secret, keyed by librdkafka property names.
+    // Credentials by reference to the cluster's Secret, keyed by librdkafka property names,
+    // in one TriggerAuthentication per cluster credentials that every processor shares.
     let auth = serde_json::to_value(objects.trigger_authentication.unwrap()).unwrap();
+    let shared = auth["metadata"]["name"].as_str().unwrap();
+    assert!(shared.starts_with("plumber-kafka-kafka-user-"), "{shared}");
+    assert!(auth["metadata"].get("ownerReferences").is_none());
+    for trigger in triggers {
+        assert_eq!(trigger["authenticationRef"]["name"], shared);
+    }
+    let mut other = spec.clone();
+    other.group = "plumber.t.other.0123456789ab".into();
+    let theirs = rendered(&other).trigger_authentication.unwrap();
+    assert_eq!(theirs.metadata.name.as_deref(), Some(shared), "shared");
+    let mut plaintext = other.clone();
+    plaintext.cluster.properties.clear();
+    let apart = rendered(&plaintext).trigger_authentication.unwrap();
+    assert_ne!(
+        apart.metadata.name.as_deref(),
+        Some(shared),
+        "the same Secret taken otherwise is another one"
+    );
     let refs: Vec<(String, String, String)> = auth["spec"]["secretTargetRef"]
         .as_array()
         .unwrap()

@@ -17,6 +17,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::core::{ApiResource, GroupVersionKind};
 use plumber::runtime::kube::apply::{KubeConfig, KubeRuntime};
 use plumber::runtime::kube::crd;
+use plumber::runtime::kube::keda::TriggerAuthentication;
 use plumber::runtime::kube::lease::{HOLDER_LABEL, Lease, LeaseConfig};
 use plumber::runtime::kube::render::{RenderConfig, SPEC_ANNOTATION, Source};
 use plumber::runtime::{Cluster, ProcessorSpec, Runtime, Settings};
@@ -164,6 +165,17 @@ fn a_start_applies_authentication_deployment_then_scaled_object_as_plumber() {
         deployment.metadata.labels.unwrap()["plumber.dev/step"],
         "validate"
     );
+    // The next processor with the cluster's credentials shares the TriggerAuthentication.
+    fake.clear_requests();
+    let enrich = self::spec("enrich", "cd");
+    runtime.start(&enrich).unwrap();
+    assert_eq!(
+        writes(&fake),
+        [
+            (Verb::Apply, "deployments".to_owned()),
+            (Verb::Apply, "scaledobjects".to_owned()),
+        ]
+    );
     wait_for(|| pods_of(&fake, &spec) == 1);
     // Starting what runs changes nothing.
     let before: Deployment = fake.get(NS, &spec.group).unwrap();
@@ -198,7 +210,7 @@ fn a_stop_deletes_the_scaled_object_first_and_returns_once_no_pod_is_left() {
         .collect();
     assert_eq!(
         deletes,
-        ["scaledobjects", "triggerauthentications", "deployments"],
+        ["scaledobjects", "deployments"],
         "KEDA must not scale back what is stopping"
     );
     let deployment_delete = fake
@@ -211,6 +223,14 @@ fn a_stop_deletes_the_scaled_object_first_and_returns_once_no_pod_is_left() {
     // Stopping what does not run is not an error.
     runtime.stop(&spec.group).unwrap();
     runtime.stop("plumber.shop.never.cdcdcdcdcdcd").unwrap();
+    // The TriggerAuthentication it shared goes at the next look, no processor using it.
+    assert_eq!(
+        fake.list::<TriggerAuthentication>(NS).len(),
+        1,
+        "kept until a look"
+    );
+    runtime.repair().unwrap();
+    assert_eq!(fake.list::<TriggerAuthentication>(NS).len(), 0);
 }
 
 #[test]

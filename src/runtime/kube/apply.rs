@@ -377,7 +377,16 @@ impl KubeRuntime {
 
     fn apply_objects(&self, spec: &ProcessorSpec, objects: &Objects) -> Result<()> {
         if let Some(authentication) = &objects.trigger_authentication {
-            self.apply_one(&self.authentications, &spec.group, authentication)?;
+            // Shared: applied once, and again only when it is not as it should be.
+            let name = shared_name(authentication);
+            let verified = self.verified().clone();
+            if !at_verified(&self.authentications, name, None, &verified) {
+                let mut drift = Vec::new();
+                self.compare(&self.authentications, name, authentication, &mut drift);
+                if !drift.is_empty() {
+                    self.apply_one(&self.authentications, name, authentication)?;
+                }
+            }
         }
         self.apply_one(&self.deployments, &spec.group, &objects.deployment)?;
         self.apply_one(&self.scaled_objects, &spec.group, &objects.scaled_object)
@@ -445,10 +454,17 @@ impl KubeRuntime {
         verified: &BTreeMap<String, String>,
     ) -> bool {
         let group = &spec.group;
+        let shared = render::trigger_authentication(spec, &self.config.render);
         at_verified(&self.deployments, group, owner, verified)
             && at_verified(&self.scaled_objects, group, owner, verified)
-            && (spec.cluster.credentials.is_none()
-                || at_verified(&self.authentications, group, owner, verified))
+            && shared.as_ref().is_none_or(|authentication| {
+                at_verified(
+                    &self.authentications,
+                    shared_name(authentication),
+                    None,
+                    verified,
+                )
+            })
     }
 
     /// What differs between the objects of `spec` and the cluster's: nothing when they hold
@@ -470,7 +486,7 @@ impl KubeRuntime {
         if let Some(authentication) = &objects.trigger_authentication {
             self.compare(
                 &self.authentications,
-                &spec.group,
+                shared_name(authentication),
                 authentication,
                 &mut drift,
             );
@@ -609,6 +625,11 @@ where
         })
 }
 
+/// The name of a shared object (rendered with one).
+fn shared_name<K: Resource>(object: &K) -> &str {
+    object.meta().name.as_deref().unwrap_or_default()
+}
+
 /// What [`KubeRuntime::verified`] keeps of an object found right.
 fn stamp(version: &str, owner: Option<&str>) -> String {
     format!("{version}@{}", owner.unwrap_or("-"))
@@ -697,8 +718,8 @@ impl Runtime for KubeRuntime {
         {
             let _changing = self.changing();
             self.running().remove(group);
+            // Its TriggerAuthentication is shared: a look deletes it once no processor uses it.
             self.delete(&self.scaled_objects, group, &DeleteParams::default())?;
-            self.delete(&self.authentications, group, &DeleteParams::default())?;
             self.delete(&self.deployments, group, &DeleteParams::foreground())?;
         }
         // Without a spec (its Deployment was deleted already, by a replica that crashed
@@ -872,7 +893,13 @@ impl Runtime for KubeRuntime {
         };
         self.collect(&self.deployments, &keep)?;
         self.collect(&self.scaled_objects, &keep)?;
-        self.collect(&self.authentications, &keep)?;
+        let shared: BTreeSet<String> = self
+            .running()
+            .values()
+            .filter_map(|spec| render::trigger_authentication(spec, &self.config.render))
+            .map(|authentication| shared_name(&authentication).to_owned())
+            .collect();
+        self.collect(&self.authentications, &shared)?;
         for spec in &moved {
             // The owner as the watch knows it: a repair asks the API nothing it need not.
             let objects = self.objects_owned_by(spec, self.known_owner(&spec.topology))?;

@@ -1,6 +1,8 @@
 //! What a processor identity is in a cluster (SPEC §7): a Deployment, a KEDA ScaledObject that
-//! scales it on its group's lag, and a TriggerAuthentication when the cluster has
-//! credentials. Pure: `plumber render` prints exactly what the runtime applies.
+//! scales it on its group's lag, and, when the cluster has credentials, the
+//! TriggerAuthentication its scaler uses: one per cluster credentials (Secret and what the
+//! cluster's properties take from it), shared by every processor that has them, not one
+//! each. Pure: `plumber render` prints exactly what the runtime applies.
 //!
 //! - `jq` and `sql` steps run the processor image.
 //! - `http` steps run the user's image as a second container beside the processor, which
@@ -12,7 +14,9 @@
 //! writable), no privilege escalation and no capabilities. The processor serves `/healthz`
 //! and `/metrics` on [`METRICS_PORT`].
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+
+use sha2::Digest as _;
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
@@ -110,6 +114,8 @@ pub fn revision(
     config: &RenderConfig,
 ) -> Result<Vec<serde_json::Value>, Error> {
     let mut out = Vec::new();
+    // The TriggerAuthentications processors share, each printed once.
+    let mut shared = BTreeSet::new();
     for topology in topologies {
         let cluster = clusters
             .get(&topology.cluster)
@@ -146,7 +152,9 @@ pub fn revision(
             let objects = processor(&spec, config)?;
             out.push(json(&objects.deployment));
             out.push(json(&objects.scaled_object));
-            if let Some(authentication) = &objects.trigger_authentication {
+            if let Some(authentication) = &objects.trigger_authentication
+                && shared.insert(authentication.metadata.name.clone())
+            {
                 out.push(json(authentication));
             }
         }
@@ -265,19 +273,7 @@ pub fn processor(spec: &ProcessorSpec, config: &RenderConfig) -> Result<Objects,
         },
         status: None,
     };
-    let authentication = spec
-        .cluster
-        .credentials
-        .as_ref()
-        .map(|secret| TriggerAuthentication {
-            metadata: ObjectMeta {
-                annotations: None,
-                ..meta(false).unwrap_or_default()
-            },
-            spec: TriggerAuthenticationSpec {
-                secret_target_ref: trigger_secrets(spec, secret),
-            },
-        });
+    let authentication = trigger_authentication(spec, config);
     let scaled_object = ScaledObject {
         // Annotated too: a restarted daemon still knows a processor whose Deployment was
         // deleted by hand while no daemon ran, and puts the Deployment back.
@@ -295,9 +291,9 @@ pub fn processor(spec: &ProcessorSpec, config: &RenderConfig) -> Result<Objects,
                     kind: "kafka".into(),
                     name: None,
                     metadata: trigger_metadata(spec, topic),
-                    authentication_ref: authentication
-                        .as_ref()
-                        .map(|_| AuthenticationRef { name: name.clone() }),
+                    authentication_ref: authentication.as_ref().map(|a| AuthenticationRef {
+                        name: a.metadata.name.clone().unwrap_or_default(),
+                    }),
                 })
                 .collect(),
         },
@@ -371,6 +367,31 @@ fn uses_tls(spec: &ProcessorSpec) -> bool {
 
 /// The trigger's secret parameters, from the keys of the cluster's credentials Secret
 /// (librdkafka property names, SPEC §2).
+/// The TriggerAuthentication the scalers of `spec`'s cluster use, shared by every processor
+/// with the same credentials: named after its Secret and a digest of what it takes from it
+/// (two clusters with one Secret and different mechanisms get one each). No owner: no one
+/// topology's; the runtime deletes it once no processor uses it.
+pub fn trigger_authentication(
+    spec: &ProcessorSpec,
+    config: &RenderConfig,
+) -> Option<TriggerAuthentication> {
+    let secret = spec.cluster.credentials.as_ref()?;
+    let refs = trigger_secrets(spec, secret);
+    let digest = sha2::Sha256::digest(serde_json::to_vec(&refs).unwrap_or_default());
+    let digest: String = digest.iter().take(4).map(|b| format!("{b:02x}")).collect();
+    Some(TriggerAuthentication {
+        metadata: ObjectMeta {
+            name: Some(format!("plumber-kafka-{secret}-{digest}")),
+            namespace: Some(config.namespace.clone()),
+            labels: Some(BTreeMap::from([(MANAGED_BY.into(), "plumber".into())])),
+            ..ObjectMeta::default()
+        },
+        spec: TriggerAuthenticationSpec {
+            secret_target_ref: refs,
+        },
+    })
+}
+
 fn trigger_secrets(spec: &ProcessorSpec, secret: &str) -> Vec<SecretTargetRef> {
     let mut refs = Vec::new();
     let mut take = |parameter: &str, key: &str| {
