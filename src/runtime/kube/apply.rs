@@ -379,8 +379,7 @@ impl KubeRuntime {
         if let Some(authentication) = &objects.trigger_authentication {
             // Shared: applied once, and again only when it is not as it should be.
             let name = shared_name(authentication);
-            let verified = self.verified().clone();
-            if !at_verified(&self.authentications, name, None, &verified) {
+            if !at_verified(&self.authentications, name, None, &self.verified()) {
                 let mut drift = Vec::new();
                 self.compare(&self.authentications, name, authentication, &mut drift);
                 if !drift.is_empty() {
@@ -454,17 +453,10 @@ impl KubeRuntime {
         verified: &BTreeMap<String, String>,
     ) -> bool {
         let group = &spec.group;
-        let shared = render::trigger_authentication(spec, &self.config.render);
         at_verified(&self.deployments, group, owner, verified)
             && at_verified(&self.scaled_objects, group, owner, verified)
-            && shared.as_ref().is_none_or(|authentication| {
-                at_verified(
-                    &self.authentications,
-                    shared_name(authentication),
-                    None,
-                    verified,
-                )
-            })
+            && render::trigger_authentication_name(spec)
+                .is_none_or(|name| at_verified(&self.authentications, &name, None, verified))
     }
 
     /// What differs between the objects of `spec` and the cluster's: nothing when they hold
@@ -896,8 +888,7 @@ impl Runtime for KubeRuntime {
         let shared: BTreeSet<String> = self
             .running()
             .values()
-            .filter_map(|spec| render::trigger_authentication(spec, &self.config.render))
-            .map(|authentication| shared_name(&authentication).to_owned())
+            .filter_map(render::trigger_authentication_name)
             .collect();
         self.collect(&self.authentications, &shared)?;
         for spec in &moved {

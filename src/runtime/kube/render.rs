@@ -16,8 +16,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use sha2::Digest as _;
-
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource,
@@ -365,33 +363,50 @@ fn uses_tls(spec: &ProcessorSpec) -> bool {
         .is_some_and(|p| p.eq_ignore_ascii_case("SSL") || p.eq_ignore_ascii_case("SASL_SSL"))
 }
 
-/// The trigger's secret parameters, from the keys of the cluster's credentials Secret
-/// (librdkafka property names, SPEC §2).
 /// The TriggerAuthentication the scalers of `spec`'s cluster use, shared by every processor
-/// with the same credentials: named after its Secret and a digest of what it takes from it
-/// (two clusters with one Secret and different mechanisms get one each). No owner: no one
-/// topology's; the runtime deletes it once no processor uses it.
+/// with the same credentials ([`trigger_authentication_name`]). No owner: no one topology's;
+/// the runtime deletes it once no processor uses it.
 pub fn trigger_authentication(
     spec: &ProcessorSpec,
     config: &RenderConfig,
 ) -> Option<TriggerAuthentication> {
     let secret = spec.cluster.credentials.as_ref()?;
-    let refs = trigger_secrets(spec, secret);
-    let digest = sha2::Sha256::digest(serde_json::to_vec(&refs).unwrap_or_default());
-    let digest: String = digest.iter().take(4).map(|b| format!("{b:02x}")).collect();
     Some(TriggerAuthentication {
         metadata: ObjectMeta {
-            name: Some(format!("plumber-kafka-{secret}-{digest}")),
+            name: trigger_authentication_name(spec),
             namespace: Some(config.namespace.clone()),
             labels: Some(BTreeMap::from([(MANAGED_BY.into(), "plumber".into())])),
             ..ObjectMeta::default()
         },
         spec: TriggerAuthenticationSpec {
-            secret_target_ref: refs,
+            secret_target_ref: trigger_secrets(spec, secret),
         },
     })
 }
 
+/// The name of the TriggerAuthentication of `spec`'s cluster credentials: its Secret, and
+/// what the scaler takes from it (`-sasl`: a username and password, `-tls`: the CA), so two
+/// clusters with one Secret used otherwise get one each. Cheap: every look asks it of every
+/// running processor.
+pub fn trigger_authentication_name(spec: &ProcessorSpec) -> Option<String> {
+    let secret = spec.cluster.credentials.as_ref()?;
+    let mut name = format!("plumber-kafka-{secret}");
+    if takes_password(spec) {
+        name.push_str("-sasl");
+    }
+    if uses_tls(spec) {
+        name.push_str("-tls");
+    }
+    Some(name)
+}
+
+/// Whether the scaler takes a username and password from the credentials.
+fn takes_password(spec: &ProcessorSpec) -> bool {
+    keda_sasl(spec).is_some_and(|m| m != "gssapi" && m != "oauthbearer")
+}
+
+/// The trigger's secret parameters, from the keys of the cluster's credentials Secret
+/// (librdkafka property names, SPEC §2).
 fn trigger_secrets(spec: &ProcessorSpec, secret: &str) -> Vec<SecretTargetRef> {
     let mut refs = Vec::new();
     let mut take = |parameter: &str, key: &str| {
@@ -401,7 +416,7 @@ fn trigger_secrets(spec: &ProcessorSpec, secret: &str) -> Vec<SecretTargetRef> {
             key: key.into(),
         });
     };
-    if keda_sasl(spec).is_some_and(|m| m != "gssapi" && m != "oauthbearer") {
+    if takes_password(spec) {
         take("username", "sasl.username");
         take("password", "sasl.password");
     }
