@@ -108,7 +108,7 @@ pub struct DaemonConfig {
     /// `{public_url}/api/plans/{ref}` (`--public-url`; absent: no link).
     pub public_url: Option<String>,
     /// Open pull requests carrying this label get a preview environment (`--preview-label`,
-    /// [`previews`]); needs `forge`. `None`: no previews.
+    /// [`review::previews`]); needs `forge`. `None`: no previews.
     pub preview_label: Option<String>,
     /// What one commit may make the daemon read and write ([`crate::spec::budget`]).
     pub budget: crate::spec::budget::Budget,
