@@ -37,6 +37,14 @@ pub enum Fact {
         topology: String,
         steps: Vec<StepStatus>,
     },
+    /// What a replica that does not act (a standby) reads of the topology's record: the
+    /// commit it runs and the move in progress, if any. Its engine sends no facts, so without
+    /// this a standby would show a move half-way as done (its steps are the target's).
+    Recorded {
+        topology: String,
+        commit: Option<String>,
+        moving: Option<crate::store::Move>,
+    },
     /// The observer cannot read the topology's record.
     RecordUnreadable {
         topology: String,
@@ -191,6 +199,31 @@ pub fn reduce(status: &mut Status, fact: Fact) {
             topology_mut(status, &topology).delivery = Some(delivery);
         }
         Fact::Observed { topology, steps } => topology_mut(status, &topology).steps = steps,
+        Fact::Recorded {
+            topology,
+            commit,
+            moving,
+        } => {
+            let t = topology_mut(status, &topology);
+            match moving {
+                Some(moving) => {
+                    t.phase = Phase::Cutover;
+                    t.commit = moving.from.clone();
+                    let c = t.cutover.get_or_insert_with(CutoverStatus::default);
+                    c.from = moving.from;
+                    c.to = moving.to;
+                    c.started_at = Some(moving.started_at);
+                    c.done = moving.done;
+                }
+                None => {
+                    if t.phase == Phase::Cutover {
+                        t.phase = Phase::Idle;
+                    }
+                    t.commit = commit;
+                    t.cutover = None;
+                }
+            }
+        }
         Fact::RecordUnreadable { topology, message } => {
             let t = topology_mut(status, &topology);
             t.phase = Phase::Error;
@@ -459,6 +492,35 @@ mod tests {
                 .and_then(|e| e.topology.as_deref()),
             Some("t")
         );
+    }
+
+    /// A standby's engine sends nothing: what it shows of a move comes from the record.
+    #[test]
+    fn a_standby_shows_the_move_its_record_holds_until_the_record_settles() {
+        let mut status = Status::default();
+        let moving = crate::store::Move {
+            from: Some("a".into()),
+            to: "b".into(),
+            started_at: 7,
+            done: 3,
+            handovers: Vec::new(),
+        };
+        let recorded = |commit: &str, moving: Option<crate::store::Move>| Fact::Recorded {
+            topology: "t".into(),
+            commit: Some(commit.into()),
+            moving,
+        };
+        apply(&mut status, [recorded("a", Some(moving))]);
+        let t = &status.topologies[0];
+        assert_eq!((t.phase, t.commit.as_deref()), (Phase::Cutover, Some("a")));
+        let cutover = t.cutover.as_ref().map(|c| (c.to.as_str(), c.done));
+        assert_eq!(cutover, Some(("b", 3)));
+        assert_eq!(status.phase, Phase::Cutover);
+        apply(&mut status, [recorded("b", None)]);
+        let t = &status.topologies[0];
+        assert_eq!((t.phase, t.commit.as_deref()), (Phase::Idle, Some("b")));
+        assert!(t.cutover.is_none());
+        assert_eq!(status.phase, Phase::Idle);
     }
 
     #[test]

@@ -320,6 +320,13 @@ fn observe_topology(
             retiring,
         });
     }
+    if !context.records.may_act() {
+        context.store.apply(Fact::Recorded {
+            topology: name.to_owned(),
+            commit: record.commit.clone(),
+            moving: record.moving.clone(),
+        });
+    }
     context.store.apply(Fact::Observed {
         topology: name.to_owned(),
         steps,

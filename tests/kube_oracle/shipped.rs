@@ -250,7 +250,6 @@ fn a_rolling_restart_hands_a_cutover_from_one_shipped_replica_to_the_next() {
         record(&fake).is_some_and(|r| r.moving.is_some()),
         "the old replica left the cutover half-way"
     );
-    // A standby's status shows the record's move, not its end: the record is what tells.
     wait_until("the new replica holds the Lease", PATIENCE, || {
         lease_holder(&fake).as_deref() == Some("plumber-new")
     });
