@@ -190,7 +190,13 @@ impl Lease {
                                         s.holder_identity.as_deref().is_none_or(str::is_empty)
                                     });
                             state.unheld.store(unheld, Ordering::SeqCst);
-                            confirm(&state, lease.as_ref(), &config.identity)
+                            confirm(
+                                &state,
+                                lease.as_ref(),
+                                &config.identity,
+                                validity,
+                                Instant::now(),
+                            )
                         }
                         Err(error) => {
                             tracing::debug!(%error, "cannot read the lease; not confirming it")
@@ -302,7 +308,13 @@ fn held(state: &State, validity: Duration) -> bool {
 
 /// Takes note of a renewal of this replica's lease, or forgets the last one when the Lease
 /// names another holder.
-fn confirm(state: &State, lease: Option<&LeaseObject>, identity: &str) {
+fn confirm(
+    state: &State,
+    lease: Option<&LeaseObject>,
+    identity: &str,
+    validity: Duration,
+    now: Instant,
+) {
     let spec = lease.and_then(|l| l.spec.as_ref());
     let holder = spec.and_then(|s| s.holder_identity.as_deref());
     let mut confirmed = state
@@ -318,6 +330,56 @@ fn confirm(state: &State, lease: Option<&LeaseObject>, identity: &str) {
         .map(|t| format!("{:?}", t.0))
         .unwrap_or_default();
     if confirmed.as_ref().is_none_or(|(_, seen)| *seen != renewed) {
-        *confirmed = Some((Instant::now(), renewed));
+        // Confirmed after a stretch without (never, another holder, or too long ago to act
+        // on): a new term. Someone else may have written in between, whatever
+        // kube-lease-manager says.
+        if confirmed
+            .as_ref()
+            .is_none_or(|(at, _)| now.saturating_duration_since(*at) >= validity)
+        {
+            state.terms.fetch_add(1, Ordering::SeqCst);
+        }
+        *confirmed = Some((now, renewed));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::coordination::v1::LeaseSpec;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+
+    use super::*;
+
+    fn lease(holder: &str, renewed_at_s: i64) -> LeaseObject {
+        LeaseObject {
+            spec: Some(LeaseSpec {
+                holder_identity: Some(holder.to_owned()),
+                renew_time: Some(MicroTime(
+                    k8s_openapi::jiff::Timestamp::from_second(renewed_at_s).unwrap_or_default(),
+                )),
+                ..LeaseSpec::default()
+            }),
+            ..LeaseObject::default()
+        }
+    }
+
+    /// Nobody else writes during one term: a term ends whenever this replica could not have
+    /// known it held the lease (another holder, or no renewal seen for `validity`).
+    #[test]
+    fn a_new_term_begins_after_every_stretch_without_a_confirmed_renewal() {
+        let state = State::default();
+        let term = || state.terms.load(Ordering::SeqCst);
+        let validity = Duration::from_secs(25);
+        let start = Instant::now();
+        let at = |s: u64| start + Duration::from_secs(s);
+        confirm(&state, Some(&lease("me", 1)), "me", validity, at(0));
+        assert_eq!(term(), 1);
+        confirm(&state, Some(&lease("me", 2)), "me", validity, at(20));
+        assert_eq!(term(), 1, "renewed within the validity: the same term");
+        confirm(&state, Some(&lease("other", 3)), "me", validity, at(21));
+        confirm(&state, Some(&lease("me", 4)), "me", validity, at(22));
+        assert_eq!(term(), 2, "held by another in between");
+        confirm(&state, Some(&lease("me", 5)), "me", validity, at(60));
+        assert_eq!(term(), 3, "no renewal seen for longer than the validity");
     }
 }
