@@ -16,7 +16,6 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::daemon::Harness;
-use common::{TestRepo, write};
 use peak_alloc::PeakAlloc;
 use plumber::daemon::health::Kind;
 use plumber_testkit::{Process, Usage, free_port, wait_until};
@@ -30,26 +29,6 @@ const PATIENCE: Duration = Duration::from_secs(60);
 const MB: usize = 1024 * 1024;
 
 /// A repository with one topology (source → jq → sink).
-fn repository() -> TestRepo {
-    let repo = TestRepo::new();
-    repo.commit(
-        "main",
-        "one topology",
-        &[
-            write("topologies/t/in.yaml", "kind: source\ntopic: t-in\n"),
-            write(
-                "topologies/t/clean.yaml",
-                "kind: processor\ninput: in\njq: '.'\n",
-            ),
-            write(
-                "topologies/t/out.yaml",
-                "kind: sink\ntopic: t-out\ninput: clean\n",
-            ),
-        ],
-    );
-    repo
-}
-
 /// An HTTP/1.1 request on a connection of its own; the answer's status (its first line only
 /// is read: the rest stays unread, as a client that stops reading leaves it).
 fn ask(addr: SocketAddr, request: &str) -> (TcpStream, u16) {
@@ -138,7 +117,7 @@ fn healthy(addr: SocketAddr) {
 /// is closed; `/healthz` answers throughout, and the daemon's memory stays small.
 #[test]
 fn half_sent_request_heads_are_closed_and_cost_little_while_health_answers() {
-    let repo = repository();
+    let repo = common::one_topology();
     let state = tempfile::tempdir().unwrap();
     let port = free_port();
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
@@ -222,7 +201,7 @@ fn half_sent_request_heads_are_closed_and_cost_little_while_health_answers() {
 fn event_streams_never_read_are_capped_closed_and_cost_little() {
     const STREAMS: usize = 16;
     const EVENT: usize = 2 * MB;
-    let repo = repository();
+    let repo = common::one_topology();
     let harness = Harness::start(&repo.location(), |config| {
         config.listener.max_event_streams = STREAMS;
         config.listener.idle_timeout = Duration::from_secs(2);
@@ -302,7 +281,7 @@ fn event_streams_never_read_are_capped_closed_and_cost_little() {
 /// daemon's threads and names one that died.
 #[test]
 fn health_answers_while_the_api_is_stuck_and_names_a_thread_that_died() {
-    let repo = repository();
+    let repo = common::one_topology();
     let harness = Harness::start(&repo.location(), |_| {});
     let addr = harness.daemon.listening;
     let context = harness.context().clone();
@@ -345,7 +324,7 @@ fn health_answers_while_the_api_is_stuck_and_names_a_thread_that_died() {
 /// `localhost`, IP addresses and allowed names are; the webhook takes posts by any name.
 #[test]
 fn a_loopback_listener_answers_only_to_its_own_names() {
-    let repo = repository();
+    let repo = common::one_topology();
     let harness = Harness::start(&repo.location(), |config| {
         config.listener.allowed_hosts = vec!["plumber.test".into()];
     });
@@ -385,7 +364,7 @@ fn a_loopback_listener_answers_only_to_its_own_names() {
 /// was no maximum.
 #[test]
 fn connections_past_the_maximum_are_turned_away_but_health_answers() {
-    let repo = repository();
+    let repo = common::one_topology();
     let harness = Harness::start(&repo.location(), |config| {
         config.listener.max_connections = 8;
         config.listener.header_timeout = Duration::from_secs(60);
@@ -414,7 +393,7 @@ fn connections_past_the_maximum_are_turned_away_but_health_answers() {
 /// large body, nor one that never ends.
 #[test]
 fn webhook_bodies_over_the_limit_or_too_slow_are_refused() {
-    let repo = repository();
+    let repo = common::one_topology();
     let harness = Harness::start(&repo.location(), |config| {
         config.listener.max_webhook_body = 64 * 1024;
         config.listener.header_timeout = Duration::from_secs(1);

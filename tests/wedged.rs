@@ -13,7 +13,6 @@ use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use common::{TestRepo, write};
 use plumber::daemon::{Context, Daemon, DaemonConfig};
 use plumber::kafka::{self, Admin};
 use plumber::plan::PartitionOffset;
@@ -125,26 +124,6 @@ fn probe(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
     (status, body)
 }
 
-fn repository() -> TestRepo {
-    let repo = TestRepo::new();
-    repo.commit(
-        "main",
-        "one topology",
-        &[
-            write("topologies/t/in.yaml", "kind: source\ntopic: t-in\n"),
-            write(
-                "topologies/t/clean.yaml",
-                "kind: processor\ninput: in\njq: '.'\n",
-            ),
-            write(
-                "topologies/t/out.yaml",
-                "kind: sink\ntopic: t-out\ninput: clean\n",
-            ),
-        ],
-    );
-    repo
-}
-
 fn local_runtime(state_dir: &std::path::Path) -> Arc<LocalRuntime> {
     Arc::new(
         LocalRuntime::open(
@@ -160,7 +139,7 @@ fn local_runtime(state_dir: &std::path::Path) -> Arc<LocalRuntime> {
 
 #[test]
 fn a_worker_stuck_in_an_action_is_unhealthy_and_a_stop_leaves_it_and_says_so() {
-    let repo = repository();
+    let repo = common::one_topology();
     let state = tempfile::tempdir().unwrap();
     let mut config = DaemonConfig::new(&repo.location(), state.path().join("state"));
     config.listen = "127.0.0.1:0".parse().unwrap();

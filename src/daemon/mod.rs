@@ -545,8 +545,8 @@ pub struct Daemon {
     follower: Option<JoinHandle<()>>,
     observer: Option<JoinHandle<()>>,
     planner: Option<JoinHandle<()>>,
-    publisher: Option<review::publish::Running>,
-    previews: Option<review::previews::Running>,
+    publisher: Option<review::Running>,
+    previews: Option<review::Running>,
     api: Option<api::Server>,
     pub listening: SocketAddr,
 }
@@ -623,14 +623,8 @@ impl Daemon {
         self.context.plans.look();
         let mut busy = Vec::new();
         // Everything is told to stop before anything is waited for: they end together.
-        let publisher = self
-            .publisher
-            .take()
-            .and_then(review::publish::Running::stopping);
-        let previews = self
-            .previews
-            .take()
-            .and_then(review::previews::Running::stopping);
+        let publisher = self.publisher.take().and_then(review::Running::stopping);
+        let previews = self.previews.take().and_then(review::Running::stopping);
         // The observer only reads; it may be inside a slow Kafka call and ends on its own.
         drop(self.observer.take());
         let waits = [

@@ -289,3 +289,25 @@ pub fn tagged(source: &str, sink: &str, by: &str) -> Vec<Change> {
         ),
     ]
 }
+
+/// A repository whose `main` holds one topology `t`: `in` (topic `t-in`) → `clean` (jq `.`)
+/// → `out` (topic `t-out`).
+pub fn one_topology() -> TestRepo {
+    let repo = TestRepo::new();
+    repo.commit(
+        "main",
+        "one topology",
+        &[
+            write("topologies/t/in.yaml", "kind: source\ntopic: t-in\n"),
+            write(
+                "topologies/t/clean.yaml",
+                "kind: processor\ninput: in\njq: '.'\n",
+            ),
+            write(
+                "topologies/t/out.yaml",
+                "kind: sink\ntopic: t-out\ninput: clean\n",
+            ),
+        ],
+    );
+    repo
+}

@@ -328,38 +328,8 @@ struct Note {
     why_not: Option<String>,
 }
 
-/// The running thread; dropping it ends it (and its workers, after the action in hand).
-pub(crate) struct Running {
-    thread: Option<std::thread::JoinHandle<()>>,
-    clock: Arc<forge::StoppableClock>,
-    context: Arc<Context>,
-}
-
-impl Running {
-    /// Tells the thread to end (after the action in hand: the clients' waits end at once)
-    /// and hands it over to be waited for.
-    pub(crate) fn stopping(mut self) -> Option<std::thread::JoinHandle<()>> {
-        self.stop();
-        self.thread.take()
-    }
-
-    fn stop(&self) {
-        self.clock.stop();
-        self.context.previews.mailbox.detach();
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        self.stop();
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-}
-
 /// Starts the previews thread when `--preview-label` is set (it needs the forge).
-pub(crate) fn start(context: &Arc<Context>) -> Result<Option<Running>, Error> {
+pub(crate) fn start(context: &Arc<Context>) -> Result<Option<super::Running>, Error> {
     let Some(label) = context.config.preview_label.clone() else {
         return Ok(None);
     };
@@ -399,11 +369,11 @@ pub(crate) fn start(context: &Arc<Context>) -> Result<Option<Running>, Error> {
             }
         },
     )?;
-    Ok(Some(Running {
-        thread: Some(thread),
-        clock,
-        context: context.clone(),
-    }))
+    let detach = {
+        let context = context.clone();
+        move || context.previews.mailbox.detach()
+    };
+    Ok(Some(super::Running::new(thread, clock, detach)))
 }
 
 /// What woke the thread.

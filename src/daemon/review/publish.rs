@@ -32,7 +32,6 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use tokio::sync::broadcast::error::RecvError;
@@ -764,39 +763,9 @@ impl Publisher {
     }
 }
 
-/// The running publisher; dropping it ends it (waiting for a publication in hand).
-pub(crate) struct Running {
-    thread: Option<JoinHandle<()>>,
-    clock: Arc<forge::StoppableClock>,
-    context: Arc<Context>,
-}
-
-impl Running {
-    /// Tells the thread to end (after the publication in hand: the clients' waits end at once)
-    /// and hands it over to be waited for.
-    pub(crate) fn stopping(mut self) -> Option<std::thread::JoinHandle<()>> {
-        self.stop();
-        self.thread.take()
-    }
-
-    fn stop(&self) {
-        self.clock.stop();
-        self.context.publish.mailbox.detach();
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        self.stop();
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-}
-
 /// Connects to the forge of the daemon's configuration (reading its token file: a missing or
 /// empty one is an error naming it) and starts the publisher; `None` without a forge.
-pub(crate) fn start(context: &Arc<Context>) -> Result<Option<Running>, Error> {
+pub(crate) fn start(context: &Arc<Context>) -> Result<Option<super::Running>, Error> {
     let Some(config) = &context.config.forge else {
         return Ok(None);
     };
@@ -819,11 +788,11 @@ pub(crate) fn start(context: &Arc<Context>) -> Result<Option<Running>, Error> {
             move || run(&context, forge, events, requests)
         },
     )?;
-    Ok(Some(Running {
-        thread: Some(thread),
-        clock,
-        context: context.clone(),
-    }))
+    let detach = {
+        let context = context.clone();
+        move || context.publish.mailbox.detach()
+    };
+    Ok(Some(super::Running::new(thread, clock, detach)))
 }
 
 /// What woke the publisher.

@@ -445,18 +445,20 @@ impl KubeRuntime {
     /// Whether every object of `spec` is where it was last found right (or applied): then
     /// nothing needs comparing.
     ///
-    /// `owner`: the uid of the processor's Topology as the watch knows it.
+    /// `owner`: the uid of the processor's Topology as the watch knows it; `authentication`:
+    /// the name of the TriggerAuthentication it shares, if any.
     fn unchanged(
         &self,
         spec: &ProcessorSpec,
         owner: Option<&str>,
+        authentication: Option<&str>,
         verified: &BTreeMap<String, String>,
     ) -> bool {
         let group = &spec.group;
         at_verified(&self.deployments, group, owner, verified)
             && at_verified(&self.scaled_objects, group, owner, verified)
-            && render::trigger_authentication_name(spec)
-                .is_none_or(|name| at_verified(&self.authentications, &name, None, verified))
+            && authentication
+                .is_none_or(|name| at_verified(&self.authentications, name, None, verified))
     }
 
     /// What differs between the objects of `spec` and the cluster's: nothing when they hold
@@ -867,6 +869,8 @@ impl Runtime for KubeRuntime {
         let _changing = self.changing();
         // Only the specs whose objects moved are cloned: at 18,000 processors, cloning them
         // all was most of an idle look.
+        // The TriggerAuthentications running processors share: kept, the others collected.
+        let mut shared: BTreeSet<String> = BTreeSet::new();
         let (keep, moved) = {
             let running = self.running();
             let verified = self.verified();
@@ -877,7 +881,15 @@ impl Runtime for KubeRuntime {
                     let owner = owners
                         .entry(spec.topology.as_str())
                         .or_insert_with(|| self.known_owner(&spec.topology).map(|o| o.uid));
-                    !self.unchanged(spec, owner.as_deref(), &verified)
+                    let authentication = render::trigger_authentication_name(spec);
+                    let unchanged = self.unchanged(
+                        spec,
+                        owner.as_deref(),
+                        authentication.as_deref(),
+                        &verified,
+                    );
+                    shared.extend(authentication);
+                    !unchanged
                 })
                 .cloned()
                 .collect();
@@ -885,11 +897,6 @@ impl Runtime for KubeRuntime {
         };
         self.collect(&self.deployments, &keep)?;
         self.collect(&self.scaled_objects, &keep)?;
-        let shared: BTreeSet<String> = self
-            .running()
-            .values()
-            .filter_map(render::trigger_authentication_name)
-            .collect();
         self.collect(&self.authentications, &shared)?;
         for spec in &moved {
             // The owner as the watch knows it: a repair asks the API nothing it need not.
