@@ -498,7 +498,7 @@ impl Daemon {
 }
 
 /// The cluster of every topology, with credentials as `deploy/` sets it up: each processor
-/// is a TriggerAuthentication, a Deployment and a ScaledObject.
+/// is a TriggerAuthentication, a StatefulSet and a ScaledObject.
 fn cluster() -> Cluster {
     Cluster {
         bootstrap: "kafka.data.svc:9093".into(),
@@ -810,7 +810,7 @@ fn run(n: usize, looks: usize, look_budget: Duration, controller: bool) -> Run {
     let heap_graphs_only = HEAP.current_usage();
     let mut fake = FakeApi::new();
     if controller {
-        fake = fake.with_deployment_controller(PodStart::Ready);
+        fake = fake.with_workload_controller(PodStart::Ready);
     }
     let fake = fake
         .with_crd_yaml(KEDA_SCALED_OBJECT_CRD)
@@ -876,7 +876,7 @@ fn run(n: usize, looks: usize, look_budget: Duration, controller: bool) -> Run {
     let changed: BTreeSet<String> = spread.iter().map(|t| t.name.clone()).collect();
     out.spread = world.commit(&c3, &revision3, &changed);
 
-    // A second daemon replica taking over: it reads what runs from the Deployments.
+    // A second daemon replica taking over: it reads what runs from the StatefulSets.
     eprintln!("  restart");
     fake.clear_requests();
     meter.take_received();
@@ -1053,7 +1053,7 @@ fn report(runs: &[Run], sizes: &[usize], reps: usize, looks: usize, controller: 
     );
     let _ = writeln!(
         md,
-        "What runs: the cutover engine, `KubeRuntime` (server-side apply of a TriggerAuthentication, a Deployment and a KEDA ScaledObject per processor: the cluster has credentials, as in `deploy/`) and `TopologyStore` (the record in each Topology's status), through real `kube::Client`s, against `plumber_testkit::kube_api::FakeApi` with KEDA's and the Topology CRD's schemas, {} its deployment controller. Kafka is in memory: topics exist once created, every lag is 0, a stopped group has no members.\n",
+        "What runs: the cutover engine, `KubeRuntime` (server-side apply of a TriggerAuthentication, a StatefulSet and a KEDA ScaledObject per processor: the cluster has credentials, as in `deploy/`) and `TopologyStore` (the record in each Topology's status), through real `kube::Client`s, against `plumber_testkit::kube_api::FakeApi` with KEDA's and the Topology CRD's schemas, {} its workload controller. Kafka is in memory: topics exist once created, every lag is 0, a stopped group has no members.\n",
         if controller { "with" } else { "without" }
     );
     let _ = writeln!(
@@ -1202,7 +1202,7 @@ fn report(runs: &[Run], sizes: &[usize], reps: usize, looks: usize, controller: 
 
     let _ = writeln!(
         md,
-        "\n## A second daemon replica connecting (restart or lease take-over)\n\n`KubeRuntime::connect` (starts the watches of the four kinds and waits for their first lists, then lists the Deployments once more and reads each one's processor annotation), `TopologyStore::new` and one `topologies()`.\n"
+        "\n## A second daemon replica connecting (restart or lease take-over)\n\n`KubeRuntime::connect` (starts the watches of the four kinds and waits for their first lists, then reads each StatefulSet's and ScaledObject's processor annotation from what they listed), `TopologyStore::new` and one `topologies()`.\n"
     );
     let mut t = Table::new(runs, sizes);
     t.one("wall time, ms", 0, |r| r.restart.wall * 1000.0);
@@ -1358,10 +1358,10 @@ fn main() {
             .expect("BENCH_LOOK_SECONDS"),
     );
     let out = env_or("BENCH_OUT", "bench/results/kube.md");
-    // The fake's deployment controller settles every Deployment after every write (work
+    // The fake's workload controller settles every workload after every write (work
     // that grows with the objects per request): at these sizes it is the fake being
     // measured. The daemon's requests are the same without it (a stop finds no Pod either
-    // way: the fake deletes them with their Deployment); BENCH_CONTROLLER=1 checks that.
+    // way: the fake deletes them with their StatefulSet); BENCH_CONTROLLER=1 checks that.
     let controller = env_or("BENCH_CONTROLLER", "0") == "1";
     let mut runs = Vec::new();
     for &n in &sizes {

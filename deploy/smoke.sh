@@ -77,7 +77,7 @@ for allowed in \
     "patch topologies.plumber.dev" "delete topologies.plumber.dev" \
     "update topologies.plumber.dev --subresource=status" \
     "create events.events.k8s.io" \
-    "patch deployments.apps" "delete deployments.apps" \
+    "patch statefulsets.apps" "delete statefulsets.apps" \
     "patch scaledobjects.keda.sh" "patch triggerauthentications.keda.sh" \
     "watch pods" "create leases.coordination.k8s.io" \
     "patch leases.coordination.k8s.io/plumber"; do
@@ -91,7 +91,7 @@ for denied in "get secrets" "list secrets" "delete pods" "patch leases.coordinat
         fail "the daemon may $denied"
     fi
 done
-if kubectl auth can-i get deployments.apps --as "system:serviceaccount:$namespace:plumber" \
+if kubectl auth can-i get statefulsets.apps --as "system:serviceaccount:$namespace:plumber" \
     -n default >/dev/null 2>&1; then
     fail "the daemon may act outside its namespace"
 fi

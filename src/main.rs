@@ -245,7 +245,7 @@ enum Command {
         format: TextOrJson,
     },
     /// The daemon in a Kubernetes cluster: follows the repository, runs processors as
-    /// Deployments scaled by KEDA, keeps cutover state in each Topology's status, and acts
+    /// StatefulSets scaled by KEDA, keeps cutover state in each Topology's status, and acts
     /// only while it holds the Lease. FILE as deploy/daemon.yaml.
     Daemon {
         #[arg(long, value_name = "FILE", default_value = "/etc/plumber/daemon.yaml")]
@@ -255,7 +255,7 @@ enum Command {
     /// (`plumber crd | kubectl apply -f -`).
     Crd,
     /// Print the Kubernetes objects of a revision as YAML: per topology its Topology, then
-    /// each processor's Deployment, KEDA ScaledObject and TriggerAuthentication, as the
+    /// each processor's StatefulSet, KEDA ScaledObject and TriggerAuthentication, as the
     /// daemon applies them when it deploys the revision from nothing.
     Render {
         #[arg(default_value = ".")]

@@ -1260,7 +1260,7 @@ fn a_running_processor_gone_from_the_runtime_is_started_again_where_it_was() {
     let one = revision(1, 1, false);
     let (world, _dir, state) = deployed(&one);
     // Injected: one running processor vanishes outside the engine (on Kubernetes, its
-    // Deployment and ScaledObject deleted while no daemon ran), its committed offsets kept.
+    // StatefulSet and ScaledObject deleted while no daemon ran), its committed offsets kept.
     let (group, before) = {
         let mut inner = world.inner.lock().unwrap();
         inner.consume();

@@ -424,7 +424,7 @@ fn rule(group: &str, resource: &str, names: &[&str], verbs: &[&str]) -> Rule {
 }
 
 /// SPEC §11: with deploy/processors/ (an overlay as deploy/README.md shows), processors run in
-/// `plumber-processors`; the daemon may create no Deployment where its own Secrets are, and
+/// `plumber-processors`; the daemon may create no StatefulSet where its own Secrets are, and
 /// may manage processors only there.
 #[test]
 fn processors_apart_run_where_the_daemons_secrets_are_not() {
@@ -452,7 +452,7 @@ fn processors_apart_run_where_the_daemons_secrets_are_not() {
     assert_eq!(
         rules_of(role_in(&processors)),
         BTreeSet::from([
-            rule("apps", "deployments", &[], &manage),
+            rule("apps", "statefulsets", &[], &manage),
             rule("keda.sh", "scaledobjects", &[], &manage),
             rule("keda.sh", "triggerauthentications", &[], &manage),
             rule("", "pods", &[], &["get", "list", "watch"]),
@@ -462,7 +462,7 @@ fn processors_apart_run_where_the_daemons_secrets_are_not() {
     assert!(
         !daemon
             .iter()
-            .any(|(_, resource, _, _)| resource == "deployments" || resource == "secrets"),
+            .any(|(_, resource, _, _)| resource == "statefulsets" || resource == "secrets"),
         "{daemon:?}"
     );
     assert!(daemon.contains(&rule("", "pods", &[], &["get", "patch"])));
@@ -507,7 +507,7 @@ fn the_role_grants_exactly_what_the_daemon_needs() {
             &["get", "patch", "update"],
         ),
         rule("events.k8s.io", "events", &[], &["create", "patch"]),
-        rule("apps", "deployments", &[], &manage),
+        rule("apps", "statefulsets", &[], &manage),
         rule("keda.sh", "scaledobjects", &[], &manage),
         rule("keda.sh", "triggerauthentications", &[], &manage),
         rule("", "pods", &[], &["get", "list", "watch", "patch"]),

@@ -9,7 +9,7 @@ mod common;
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Container;
 use plumber::runtime::kube::render::{self, Objects, RenderConfig};
 use plumber::runtime::{Cluster, ProcessorSpec, Settings};
@@ -104,8 +104,8 @@ fn rendered(spec: &ProcessorSpec) -> Objects {
     render::processor(spec, &config()).unwrap()
 }
 
-fn containers(deployment: &Deployment) -> Vec<Container> {
-    let pod = deployment.spec.template.spec.as_ref().unwrap();
+fn containers(workload: &StatefulSet) -> Vec<Container> {
+    let pod = workload.spec.template.spec.as_ref().unwrap();
     pod.containers
         .iter()
         .chain(pod.init_containers.iter().flatten())
@@ -146,16 +146,26 @@ fn scaled_objects_and_trigger_authentications_pass_kedas_own_schemas() {
 }
 
 #[test]
-fn the_scaled_object_scales_the_deployment_on_its_groups_lag_per_input_topic() {
+fn the_scaled_object_scales_the_statefulset_on_its_groups_lag_per_input_topic() {
     let spec = spec(jq());
     let objects = rendered(&spec);
     let so = serde_json::to_value(&objects.scaled_object).unwrap();
     assert_eq!(so["apiVersion"], "keda.sh/v1alpha1");
     assert_eq!(so["kind"], "ScaledObject");
-    assert_eq!(so["spec"]["scaleTargetRef"]["name"], spec.group.as_str());
+    let workload = render::workload_name(&spec.group);
     assert_eq!(
-        objects.deployment.metadata.name.as_deref(),
-        Some(spec.group.as_str())
+        so["spec"]["scaleTargetRef"],
+        serde_json::json!({"apiVersion": "apps/v1", "kind": "StatefulSet", "name": workload})
+    );
+    assert_eq!(so["metadata"]["name"], spec.group.as_str());
+    assert_eq!(
+        objects.workload.metadata.name.as_deref(),
+        Some(workload.as_str())
+    );
+    // Pods come and go together; their names, not their order, carry the transactional id.
+    assert_eq!(
+        objects.workload.spec.pod_management_policy.as_deref(),
+        Some("Parallel")
     );
     assert_eq!(so["spec"]["minReplicaCount"], 0, "min: 0 scales to zero");
     assert_eq!(so["spec"]["maxReplicaCount"], 10);
@@ -237,7 +247,7 @@ fn the_scaled_object_scales_the_deployment_on_its_groups_lag_per_input_topic() {
 fn labels_say_what_runs_and_stay_valid_at_the_longest_names() {
     let spec = spec(jq());
     let objects = rendered(&spec);
-    let labels = objects.deployment.metadata.labels.clone().unwrap();
+    let labels = objects.workload.metadata.labels.clone().unwrap();
     assert_eq!(labels["app.kubernetes.io/managed-by"], "plumber");
     assert_eq!(labels["plumber.dev/topology"], spec.topology);
     assert_eq!(labels["plumber.dev/step"], spec.step);
@@ -254,15 +264,9 @@ fn labels_say_what_runs_and_stay_valid_at_the_longest_names() {
         );
     }
     // The selector picks this life's pods only, and the template carries it.
-    let selector = objects
-        .deployment
-        .spec
-        .selector
-        .match_labels
-        .clone()
-        .unwrap();
+    let selector = objects.workload.spec.selector.match_labels.clone().unwrap();
     let template = objects
-        .deployment
+        .workload
         .spec
         .template
         .metadata
@@ -274,7 +278,7 @@ fn labels_say_what_runs_and_stay_valid_at_the_longest_names() {
         assert_eq!(template.get(key), Some(value), "{key}");
     }
     assert!(!selector.contains_key("plumber.dev/commit"));
-    // The same selector from the group's name alone (a stop after the Deployment went).
+    // The same selector from the group's name alone (a stop after the StatefulSet went).
     assert_eq!(
         render::selector_of_group(&spec.group),
         Some(selector.clone())
@@ -296,9 +300,9 @@ fn labels_say_what_runs_and_stay_valid_at_the_longest_names() {
         assert_eq!(render::selector_of_group(other), None, "{other}");
     }
     // Replicas are KEDA's: plumber's apply never sets them.
-    assert_eq!(objects.deployment.spec.replicas, None);
-    // What runs is readable back from the Deployment, secrets by reference only.
-    let annotation = &objects.deployment.metadata.annotations.unwrap()["plumber.dev/processor"];
+    assert_eq!(objects.workload.spec.replicas, None);
+    // What runs is readable back from the StatefulSet, secrets by reference only.
+    let annotation = &objects.workload.metadata.annotations.unwrap()["plumber.dev/processor"];
     let back: ProcessorSpec = serde_json::from_str(annotation).unwrap();
     assert_eq!(back, spec);
 }
@@ -324,17 +328,17 @@ fn every_container_is_locked_down_and_the_processor_is_probed() {
     for transform in transforms {
         let objects = rendered(&spec(transform.clone()));
         // The API server's own types read it back unchanged.
-        let json = serde_json::to_value(&objects.deployment).unwrap();
-        let back: Deployment = serde_json::from_value(json.clone()).unwrap();
+        let json = serde_json::to_value(&objects.workload).unwrap();
+        let back: StatefulSet = serde_json::from_value(json.clone()).unwrap();
         assert_eq!(serde_json::to_value(&back).unwrap(), json);
-        let pod = objects.deployment.spec.template.spec.as_ref().unwrap();
+        let pod = objects.workload.spec.template.spec.as_ref().unwrap();
         let pod_security = pod.security_context.as_ref().unwrap();
         assert_eq!(pod_security.run_as_non_root, Some(true));
         assert_eq!(
             pod_security.seccomp_profile.as_ref().unwrap().type_,
             "RuntimeDefault"
         );
-        for container in containers(&objects.deployment) {
+        for container in containers(&objects.workload) {
             let security = container.security_context.as_ref().unwrap();
             assert_eq!(security.run_as_non_root, Some(true), "{}", container.name);
             assert_eq!(security.read_only_root_filesystem, Some(true));
@@ -344,7 +348,7 @@ fn every_container_is_locked_down_and_the_processor_is_probed() {
                 Some(&["ALL".to_owned()][..])
             );
         }
-        let runs_processor: Vec<Container> = containers(&objects.deployment)
+        let runs_processor: Vec<Container> = containers(&objects.workload)
             .into_iter()
             .filter(|c| {
                 c.args
@@ -396,7 +400,7 @@ fn every_container_is_locked_down_and_the_processor_is_probed() {
 #[test]
 fn each_transform_runs_where_spec_7_says() {
     let images = |objects: &Objects| -> Vec<(String, String)> {
-        containers(&objects.deployment)
+        containers(&objects.workload)
             .into_iter()
             .map(|c| (c.name, c.image.unwrap()))
             .collect()
@@ -430,7 +434,7 @@ fn each_transform_runs_where_spec_7_says() {
             ("install-processor".to_owned(), processor_image)
         ]
     );
-    let pod = exec.deployment.spec.template.spec.unwrap();
+    let pod = exec.workload.spec.template.spec.unwrap();
     let step = &pod.containers[0];
     assert_eq!(
         step.command.as_deref(),
@@ -489,8 +493,8 @@ fn plumber_render_prints_the_objects_of_the_example_repository() {
         .collect();
     let count = |kind: &str| kinds.iter().filter(|k| **k == kind).count();
     assert_eq!(count("Topology"), 2, "{kinds:?}");
-    assert_eq!(count("Deployment"), count("ScaledObject"));
-    assert!(count("Deployment") >= 5, "{kinds:?}");
+    assert_eq!(count("StatefulSet"), count("ScaledObject"));
+    assert!(count("StatefulSet") >= 5, "{kinds:?}");
     let topology_crd = serde_json::to_value(plumber::runtime::kube::crd::definition()).unwrap();
     let topologies = crd_validator(&topology_crd);
     let scaled_objects = keda(KEDA_SCALED_OBJECT_CRD);
@@ -498,8 +502,8 @@ fn plumber_render_prints_the_objects_of_the_example_repository() {
         match document["kind"].as_str().unwrap() {
             "Topology" => assert_valid(&topologies, document),
             "ScaledObject" => assert_valid(&scaled_objects, document),
-            "Deployment" => {
-                let _: Deployment = serde_json::from_value(document.clone()).unwrap();
+            "StatefulSet" => {
+                let _: StatefulSet = serde_json::from_value(document.clone()).unwrap();
             }
             other => panic!("unexpected {other}"),
         }
@@ -521,8 +525,9 @@ fn plumber_render_prints_the_objects_of_the_example_repository() {
 
 /// A pull request's preview environment (SPEC §9) runs as topology `<topology>.<slug>`: its
 /// objects are valid at the longest topology name and slug, their names with the dot are
-/// DNS subdomains, label values stay within 63 characters, and the pods of a life whose
-/// Deployment went are still found from the group's name alone.
+/// DNS subdomains, label values stay within 63 characters (the StatefulSet's name within 52:
+/// its pods' `controller-revision-hash` is `<name>-<10 characters>`), and the pods of a life
+/// whose StatefulSet went are still found from the group's name alone.
 #[test]
 fn a_preview_topology_renders_valid_objects_at_the_longest_names() {
     let name = "t".repeat(plumber::spec::names::MAX_NAME_LEN);
@@ -583,7 +588,7 @@ fn a_preview_topology_renders_valid_objects_at_the_longest_names() {
         .collect();
     assert_eq!(
         kinds,
-        ["Topology", "Deployment", "ScaledObject"],
+        ["Topology", "StatefulSet", "ScaledObject"],
         "one processor"
     );
     for document in &documents {
@@ -614,12 +619,20 @@ fn a_preview_topology_renders_valid_objects_at_the_longest_names() {
             }
             "ScaledObject" => assert_valid(&scaled_objects, document),
             _ => {
-                let deployment: Deployment = serde_json::from_value(document.clone()).unwrap();
-                let group = deployment.metadata.name.clone().unwrap();
+                let workload: StatefulSet = serde_json::from_value(document.clone()).unwrap();
+                let annotation =
+                    &workload.metadata.annotations.as_ref().unwrap()["plumber.dev/processor"];
+                let group = serde_json::from_str::<ProcessorSpec>(annotation)
+                    .unwrap()
+                    .group;
                 assert!(group.starts_with(&format!("plumber.{name}.{slug}.score.")));
+                assert!(group.len() > 52, "the longest group: {group}");
+                assert_eq!(object_name, render::workload_name(&group));
+                assert!(object_name.len() <= 52, "{object_name}");
+                assert!(object_name.starts_with("score-"), "{object_name}");
                 assert_eq!(
                     render::selector_of_group(&group),
-                    deployment.spec.selector.match_labels.clone(),
+                    workload.spec.selector.match_labels.clone(),
                     "the selector from the group's name alone"
                 );
                 assert_eq!(

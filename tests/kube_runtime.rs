@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::coordination::v1::Lease as LeaseObject;
 use k8s_openapi::api::core::v1::Pod;
 use kube::core::{ApiResource, GroupVersionKind};
@@ -19,7 +19,7 @@ use plumber::runtime::kube::apply::{KubeConfig, KubeRuntime};
 use plumber::runtime::kube::crd;
 use plumber::runtime::kube::keda::TriggerAuthentication;
 use plumber::runtime::kube::lease::{HOLDER_LABEL, Lease, LeaseConfig};
-use plumber::runtime::kube::render::{RenderConfig, SPEC_ANNOTATION, Source};
+use plumber::runtime::kube::render::{RenderConfig, SPEC_ANNOTATION, Source, workload_name};
 use plumber::runtime::{Cluster, ProcessorSpec, Runtime, Settings};
 use plumber::spec::{EnvValue, Resources, Scale, Transform};
 use plumber::store::topology::{HISTORY_KEPT, TopologyStore};
@@ -32,7 +32,7 @@ const NS: &str = "data";
 
 fn fake() -> FakeApi {
     FakeApi::new()
-        .with_deployment_controller(PodStart::Ready)
+        .with_workload_controller(PodStart::Ready)
         .with_crd_yaml(KEDA_SCALED_OBJECT_CRD)
         .with_crd_yaml(KEDA_TRIGGER_AUTHENTICATION_CRD)
         .with_crd(&serde_json::to_value(crd::definition()).unwrap())
@@ -137,7 +137,7 @@ fn writes(fake: &FakeApi) -> Vec<(Verb, String)> {
 }
 
 #[test]
-fn a_start_applies_authentication_deployment_then_scaled_object_as_plumber() {
+fn a_start_applies_authentication_statefulset_then_scaled_object_as_plumber() {
     let fake = fake();
     let runtime = runtime(&fake);
     fake.clear_requests();
@@ -147,7 +147,7 @@ fn a_start_applies_authentication_deployment_then_scaled_object_as_plumber() {
         writes(&fake),
         [
             (Verb::Apply, "triggerauthentications".to_owned()),
-            (Verb::Apply, "deployments".to_owned()),
+            (Verb::Apply, "statefulsets".to_owned()),
             (Verb::Apply, "scaledobjects".to_owned()),
         ]
     );
@@ -160,9 +160,9 @@ fn a_start_applies_authentication_deployment_then_scaled_object_as_plumber() {
         assert!(request.force(), "{}", request.summary());
         assert_eq!(request.namespace(), Some(NS));
     }
-    let deployment: Deployment = fake.get(NS, &spec.group).unwrap();
+    let workload: StatefulSet = fake.get(NS, &workload_name(&spec.group)).unwrap();
     assert_eq!(
-        deployment.metadata.labels.unwrap()["plumber.dev/step"],
+        workload.metadata.labels.unwrap()["plumber.dev/step"],
         "validate"
     );
     // The next processor with the cluster's credentials shares the TriggerAuthentication.
@@ -172,15 +172,15 @@ fn a_start_applies_authentication_deployment_then_scaled_object_as_plumber() {
     assert_eq!(
         writes(&fake),
         [
-            (Verb::Apply, "deployments".to_owned()),
+            (Verb::Apply, "statefulsets".to_owned()),
             (Verb::Apply, "scaledobjects".to_owned()),
         ]
     );
     wait_for(|| pods_of(&fake, &spec) == 1);
     // Starting what runs changes nothing.
-    let before: Deployment = fake.get(NS, &spec.group).unwrap();
+    let before: StatefulSet = fake.get(NS, &workload_name(&spec.group)).unwrap();
     runtime.start(&spec).unwrap();
-    let after: Deployment = fake.get(NS, &spec.group).unwrap();
+    let after: StatefulSet = fake.get(NS, &workload_name(&spec.group)).unwrap();
     assert_eq!(
         after.metadata.resource_version,
         before.metadata.resource_version
@@ -210,15 +210,15 @@ fn a_stop_deletes_the_scaled_object_first_and_returns_once_no_pod_is_left() {
         .collect();
     assert_eq!(
         deletes,
-        ["scaledobjects", "deployments"],
+        ["scaledobjects", "statefulsets"],
         "KEDA must not scale back what is stopping"
     );
-    let deployment_delete = fake
+    let workload_delete = fake
         .requests()
         .into_iter()
-        .find(|r| r.verb() == Verb::Delete && r.resource() == Some("deployments"))
+        .find(|r| r.verb() == Verb::Delete && r.resource() == Some("statefulsets"))
         .unwrap();
-    assert_eq!(deployment_delete.propagation_policy(), Some("Foreground"));
+    assert_eq!(workload_delete.propagation_policy(), Some("Foreground"));
     assert_eq!(pods_of(&fake, &spec), 0);
     // Stopping what does not run is not an error.
     runtime.stop(&spec.group).unwrap();
@@ -249,19 +249,19 @@ fn a_stop_whose_pods_do_not_go_is_an_error_naming_them() {
     assert!(error.is_retryable());
 }
 
-/// A replica deleted the Deployment and crashed while its pod was still terminating (its
+/// A replica deleted the StatefulSet and crashed while its pod was still terminating (its
 /// process finishing); the replica that takes over stops the same life again, knowing nothing
 /// of it but its group: the stop still waits for the pod, found by the group's name.
 #[test]
-fn a_stop_after_the_deployment_went_still_waits_for_its_terminating_pods() {
+fn a_stop_after_the_statefulset_went_still_waits_for_its_terminating_pods() {
     const KUBELET: &str = "test.plumber.dev/kubelet";
     let fake = FakeApi::new()
-        .with_deployment_controller(PodStart::Ready)
+        .with_workload_controller(PodStart::Ready)
         .with_pod_finalizer(KUBELET);
     let crashed = runtime(&fake);
     let spec = spec("validate", "ab");
     crashed.start(&spec).unwrap();
-    assert!(fake.delete::<Deployment>(NS, &spec.group));
+    assert!(fake.delete::<StatefulSet>(NS, &workload_name(&spec.group)));
     drop(crashed);
     assert_eq!(pods_of(&fake, &spec), 1, "the pod terminates");
     let other = runtime(&fake);
@@ -272,14 +272,89 @@ fn a_stop_after_the_deployment_went_still_waits_for_its_terminating_pods() {
     other.stop(&spec.group).unwrap();
 }
 
+/// An evicted processor pod is replaced under its own name, and only once it is gone: the
+/// replacement's processor takes the same instance name from HOSTNAME, so its first
+/// transaction fences its predecessor's and aborts what that left open, and the two never run
+/// at once (a Deployment's replacement would have a new name, and its predecessor's open
+/// transaction would hold read_committed readers until the transaction timeout).
+#[test]
+fn an_evicted_processor_pod_is_replaced_under_its_own_name_once_it_is_gone() {
+    const KUBELET: &str = "test.plumber.dev/kubelet";
+    let fake = FakeApi::new()
+        .with_workload_controller(PodStart::Ready)
+        .with_pod_finalizer(KUBELET);
+    let runtime = runtime(&fake);
+    let spec = spec("validate", "ab");
+    runtime.start(&spec).unwrap();
+    // KEDA scales it to two.
+    let name = workload_name(&spec.group);
+    let mut workload: StatefulSet = fake.get(NS, &name).unwrap();
+    workload.spec.replicas = Some(2);
+    fake.put(&workload);
+    let pods = || {
+        let mut pods: Vec<(String, String, bool)> = fake
+            .list::<Pod>(NS)
+            .into_iter()
+            .map(|p| {
+                (
+                    p.metadata.name.unwrap(),
+                    p.metadata.uid.unwrap(),
+                    p.metadata.deletion_timestamp.is_some(),
+                )
+            })
+            .collect();
+        pods.sort();
+        pods
+    };
+    let before = pods();
+    let names: Vec<&str> = before.iter().map(|(n, _, _)| n.as_str()).collect();
+    assert_eq!(names, [format!("{name}-0"), format!("{name}-1")]);
+    // The pod running the processor's instance `-1` is evicted: it terminates, and no second
+    // pod of that name, nor any other, starts meanwhile.
+    let evicted = &before[1];
+    let pods_api: kube::Api<Pod> = kube::Api::namespaced(client(&fake), NS);
+    handle()
+        .block_on(pods_api.delete(&evicted.0, &Default::default()))
+        .unwrap();
+    let terminating = pods();
+    assert_eq!(terminating.len(), 2, "{terminating:?}");
+    assert_eq!(terminating[1], (evicted.0.clone(), evicted.1.clone(), true));
+    // Its process exited: the replacement has its name (its transactional id), not its uid.
+    assert!(fake.finish_termination(NS, &evicted.0, KUBELET));
+    let after = pods();
+    assert_eq!(after.len(), 2, "{after:?}");
+    assert_eq!(after[0], before[0], "the other instance is untouched");
+    assert_eq!(after[1].0, evicted.0);
+    assert_ne!(after[1].1, evicted.1, "a new pod");
+    assert!(!after[1].2);
+    // Nothing in the pod names the instance otherwise: the processor reads HOSTNAME.
+    let template = workload.spec.template.spec.unwrap();
+    for container in &template.containers {
+        let args = container.args.clone().unwrap_or_default();
+        assert!(
+            !args.iter().any(|a| a.starts_with("--instance")),
+            "{args:?}"
+        );
+        assert!(
+            container
+                .env
+                .iter()
+                .flatten()
+                .all(|e| e.name != "PLUMBER_INSTANCE" && e.name != "HOSTNAME"),
+            "{:?}",
+            container.env
+        );
+    }
+}
+
 #[test]
 fn repair_puts_back_what_was_deleted_or_edited_by_hand_and_deletes_what_nothing_runs() {
     let fake = fake();
     let runtime = runtime(&fake);
     let spec = spec("validate", "ab");
     runtime.start(&spec).unwrap();
-    // By hand: the Deployment deleted, the ScaledObject's bound changed.
-    assert!(fake.delete::<Deployment>(NS, &spec.group));
+    // By hand: the StatefulSet deleted, the ScaledObject's bound changed.
+    assert!(fake.delete::<StatefulSet>(NS, &workload_name(&spec.group)));
     fake.patch_dynamic(
         &scaled_objects(),
         NS,
@@ -300,19 +375,20 @@ fn repair_puts_back_what_was_deleted_or_edited_by_hand_and_deletes_what_nothing_
     wait_for(|| {
         runtime.repair().unwrap();
         let so = fake.get_dynamic(&scaled_objects(), NS, &spec.group);
-        fake.get::<Deployment>(NS, &spec.group).is_some()
+        fake.get::<StatefulSet>(NS, &workload_name(&spec.group))
+            .is_some()
             && so.is_some_and(|so| so["spec"]["maxReplicaCount"] == 4)
             && fake
                 .get_dynamic(&scaled_objects(), NS, "plumber.shop.gone.cdcdcdcdcdcd")
                 .is_none()
     });
     // Objects that are not plumber's are never touched.
-    let mut theirs = Deployment::default();
+    let mut theirs = StatefulSet::default();
     theirs.metadata.name = Some("theirs".into());
     theirs.metadata.namespace = Some(NS.into());
     fake.put(&theirs);
     runtime.repair().unwrap();
-    assert!(fake.get::<Deployment>(NS, "theirs").is_some());
+    assert!(fake.get::<StatefulSet>(NS, "theirs").is_some());
 }
 
 #[test]
@@ -328,9 +404,9 @@ fn an_idle_repair_asks_the_api_nothing_and_what_others_add_is_no_drift() {
         &spec.group,
         serde_json::json!({"metadata": {"labels": {"scaledobject.keda.sh/name": "x"}}, "status": {"health": {}}}),
     );
-    let mut deployment: Deployment = fake.get(NS, &spec.group).unwrap();
-    deployment.spec.replicas = Some(3);
-    fake.put(&deployment);
+    let mut workload: StatefulSet = fake.get(NS, &workload_name(&spec.group)).unwrap();
+    workload.spec.replicas = Some(3);
+    fake.put(&workload);
     let version = |fake: &FakeApi| {
         fake.get_dynamic(&scaled_objects(), NS, &spec.group)
             .unwrap()["metadata"]["resourceVersion"]
@@ -360,11 +436,12 @@ fn an_idle_repair_asks_the_api_nothing_and_what_others_add_is_no_drift() {
             .collect::<Vec<_>>()
     );
     assert_eq!(version(&fake), edited, "nothing re-applied");
-    // A Deployment deleted by hand comes back.
-    assert!(fake.delete::<Deployment>(NS, &spec.group));
+    // A StatefulSet deleted by hand comes back.
+    assert!(fake.delete::<StatefulSet>(NS, &workload_name(&spec.group)));
     wait_for(|| {
         runtime.repair().unwrap();
-        fake.get::<Deployment>(NS, &spec.group).is_some()
+        fake.get::<StatefulSet>(NS, &workload_name(&spec.group))
+            .is_some()
     });
 }
 
@@ -398,8 +475,8 @@ fn an_update_changes_scale_and_resources_in_place() {
     assert_eq!(so["spec"]["minReplicaCount"], 0);
     assert_eq!(so["spec"]["maxReplicaCount"], 9);
     assert_eq!(so["spec"]["triggers"][0]["metadata"]["lagThreshold"], "50");
-    let deployment: Deployment = fake.get(NS, &spec.group).unwrap();
-    let container = &deployment.spec.template.spec.unwrap().containers[0];
+    let workload: StatefulSet = fake.get(NS, &workload_name(&spec.group)).unwrap();
+    let container = &workload.spec.template.spec.unwrap().containers[0];
     assert_eq!(
         container
             .resources
@@ -414,7 +491,7 @@ fn an_update_changes_scale_and_resources_in_place() {
 }
 
 #[test]
-fn a_new_daemon_knows_what_runs_from_the_deployments() {
+fn a_new_daemon_knows_what_runs_from_the_statefulsets() {
     let fake = fake();
     let first = runtime(&fake);
     let a = spec("validate", "ab");
@@ -427,7 +504,7 @@ fn a_new_daemon_knows_what_runs_from_the_deployments() {
     let listed = fake
         .requests()
         .iter()
-        .filter(|r| r.summary() == "list deployments")
+        .filter(|r| r.summary() == "list statefulsets")
         .count();
     assert_eq!(listed, 1, "the watch's list is what it knows runs from");
     let mut groups: Vec<String> = second
@@ -444,13 +521,17 @@ fn a_new_daemon_knows_what_runs_from_the_deployments() {
     expected.sort();
     assert_eq!(groups, expected);
     // It repairs and stops them as its own.
-    assert!(fake.delete::<Deployment>(NS, &b.group));
+    assert!(fake.delete::<StatefulSet>(NS, &workload_name(&b.group)));
     wait_for(|| {
         second.repair().unwrap();
-        fake.get::<Deployment>(NS, &b.group).is_some()
+        fake.get::<StatefulSet>(NS, &workload_name(&b.group))
+            .is_some()
     });
     second.stop(&a.group).unwrap();
-    assert!(fake.get::<Deployment>(NS, &a.group).is_none());
+    assert!(
+        fake.get::<StatefulSet>(NS, &workload_name(&a.group))
+            .is_none()
+    );
 }
 
 /// A standby replica connects while the holder of the lease runs `a`; the holder then starts
@@ -470,11 +551,13 @@ fn a_standby_that_resyncs_repairs_what_the_other_replica_left_running() {
     standby.resync().unwrap();
     standby.repair().unwrap();
     assert!(
-        fake.get::<Deployment>(NS, &b.group).is_some(),
+        fake.get::<StatefulSet>(NS, &workload_name(&b.group))
+            .is_some(),
         "what the other replica started keeps running"
     );
     assert!(
-        fake.get::<Deployment>(NS, &a.group).is_none(),
+        fake.get::<StatefulSet>(NS, &workload_name(&a.group))
+            .is_none(),
         "what the other replica stopped stays stopped"
     );
     let groups: Vec<String> = standby
@@ -875,16 +958,16 @@ fn processors_are_owned_by_their_topology_once_it_exists() {
     let runtime = runtime(&fake);
     let lone = spec("validate", "ab");
     runtime.start(&lone).unwrap();
-    let deployment: Deployment = fake.get(NS, &lone.group).unwrap();
-    assert!(deployment.metadata.owner_references.is_none());
+    let workload: StatefulSet = fake.get(NS, &workload_name(&lone.group)).unwrap();
+    assert!(workload.metadata.owner_references.is_none());
     // The engine saves the topology's record (creating its Topology) before its first start.
     store(&fake, &leader).save("shop", &moved("aaa")).unwrap();
     let topology: crd::Topology = fake.get(NS, "shop").unwrap();
     let owned = spec("enrich", "cd");
     runtime.start(&owned).unwrap();
     let name = &owned.group;
-    let deployment: Deployment = fake.get(NS, name).unwrap();
-    let owners = deployment.metadata.owner_references.unwrap();
+    let workload: StatefulSet = fake.get(NS, &workload_name(name)).unwrap();
+    let owners = workload.metadata.owner_references.unwrap();
     assert_eq!(owners.len(), 1);
     assert_eq!(owners[0].kind, "Topology");
     assert_eq!(owners[0].name, "shop");
@@ -895,8 +978,8 @@ fn processors_are_owned_by_their_topology_once_it_exists() {
     // Repair gives the first one its owner too, once the watch brought the Topology.
     wait_for(|| {
         runtime.repair().unwrap();
-        let deployment: Deployment = fake.get(NS, &lone.group).unwrap();
-        deployment
+        let workload: StatefulSet = fake.get(NS, &workload_name(&lone.group)).unwrap();
+        workload
             .metadata
             .owner_references
             .is_some_and(|owners| owners[0].name == "shop")
@@ -931,21 +1014,27 @@ fn processors_in_a_namespace_of_their_own_are_applied_there_without_an_owner() {
             request.summary()
         );
     }
-    let deployment: Deployment = fake.get(PROCESSORS, &spec.group).unwrap();
-    assert!(deployment.metadata.owner_references.is_none());
-    assert!(fake.get::<Deployment>(NS, &spec.group).is_none());
+    let workload: StatefulSet = fake.get(PROCESSORS, &workload_name(&spec.group)).unwrap();
+    assert!(workload.metadata.owner_references.is_none());
+    assert!(
+        fake.get::<StatefulSet>(NS, &workload_name(&spec.group))
+            .is_none()
+    );
     let so = fake
         .get_dynamic(&scaled_objects(), PROCESSORS, &spec.group)
         .unwrap();
     assert!(so["metadata"]["ownerReferences"].is_null(), "{so:#}");
     // Repair neither gives them an owner nor leaves behind what nothing runs.
     runtime.repair().unwrap();
-    let deployment: Deployment = fake.get(PROCESSORS, &spec.group).unwrap();
-    assert!(deployment.metadata.owner_references.is_none());
+    let workload: StatefulSet = fake.get(PROCESSORS, &workload_name(&spec.group)).unwrap();
+    assert!(workload.metadata.owner_references.is_none());
     // A new daemon knows them from their namespace, and stops them there.
     let other = KubeRuntime::connect(client(&fake), handle(), apart()).unwrap();
     other.stop(&spec.group).unwrap();
-    assert!(fake.get::<Deployment>(PROCESSORS, &spec.group).is_none());
+    assert!(
+        fake.get::<StatefulSet>(PROCESSORS, &workload_name(&spec.group))
+            .is_none()
+    );
 }
 
 #[test]
@@ -1060,13 +1149,13 @@ fn with_the_runtimes_cache_the_store_reads_every_record_without_asking_the_api()
 }
 
 #[test]
-fn a_deployment_deleted_by_hand_while_no_daemon_ran_is_put_back_from_its_scaled_object() {
+fn a_statefulset_deleted_by_hand_while_no_daemon_ran_is_put_back_from_its_scaled_object() {
     let fake = fake();
     let first = runtime(&fake);
     let spec = spec("validate", "ab");
     first.start(&spec).unwrap();
     drop(first);
-    assert!(fake.delete::<Deployment>(NS, &spec.group));
+    assert!(fake.delete::<StatefulSet>(NS, &workload_name(&spec.group)));
     let second = runtime(&fake);
     assert!(
         second
@@ -1077,8 +1166,8 @@ fn a_deployment_deleted_by_hand_while_no_daemon_ran_is_put_back_from_its_scaled_
         "known by its ScaledObject"
     );
     second.repair().unwrap();
-    let deployment: Deployment = fake.get(NS, &spec.group).expect("put back");
-    let annotation = &deployment.metadata.annotations.unwrap()[SPEC_ANNOTATION];
+    let workload: StatefulSet = fake.get(NS, &workload_name(&spec.group)).expect("put back");
+    let annotation = &workload.metadata.annotations.unwrap()[SPEC_ANNOTATION];
     let back: ProcessorSpec = serde_json::from_str(annotation).unwrap();
     assert_eq!(back.identity, spec.identity);
 }
@@ -1092,7 +1181,7 @@ fn a_replica_that_has_not_read_what_runs_yet_knows_a_processor_another_replica_s
     holder.start(&spec).unwrap();
     // The standby listed what ran when it connected (nothing) and has not resynced since, as
     // when it has just taken the lease and the engine asks before the observer has read
-    // what runs: its watch of the Deployments answers, so the engine does not start the
+    // what runs: its watch of the StatefulSets answers, so the engine does not start the
     // processor again.
     plumber_testkit::wait_until(
         "the standby sees the processor run",
@@ -1111,7 +1200,7 @@ fn a_processor_whose_objects_were_all_deleted_while_no_daemon_ran_is_unknown_unt
     // Injected: both objects deleted by hand while no daemon runs. Only the Topology's
     // record (the engine's) still says the processor runs; the engine starts it again
     // (tests/cutover.rs: a running processor gone from the runtime).
-    assert!(fake.delete::<Deployment>(NS, &spec.group));
+    assert!(fake.delete::<StatefulSet>(NS, &workload_name(&spec.group)));
     assert!(
         fake.delete_dynamic(&scaled_objects(), NS, &spec.group)
             .is_some()
@@ -1120,9 +1209,11 @@ fn a_processor_whose_objects_were_all_deleted_while_no_daemon_ran_is_unknown_unt
     assert!(!second.runs(&spec.group).unwrap());
     second.start(&spec).unwrap();
     assert!(second.runs(&spec.group).unwrap());
-    let deployment: Deployment = fake.get(NS, &spec.group).expect("applied again");
+    let workload: StatefulSet = fake
+        .get(NS, &workload_name(&spec.group))
+        .expect("applied again");
     assert_eq!(
-        deployment.metadata.labels.unwrap()["plumber.dev/step"],
+        workload.metadata.labels.unwrap()["plumber.dev/step"],
         "validate"
     );
     assert!(

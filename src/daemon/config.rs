@@ -187,9 +187,9 @@ pub struct Kubernetes {
     /// `deploy/` grants this name only).
     #[serde(default = "default_lease")]
     pub lease: String,
-    /// Where processors run (Deployments, ScaledObjects, TriggerAuthentications, pods), when
+    /// Where processors run (StatefulSets, ScaledObjects, TriggerAuthentications, pods), when
     /// not in `namespace`: a namespace without the daemon's own Secrets, since whoever may
-    /// create a Deployment that mounts a Secret can read it (SPEC §11). Absent: `namespace`.
+    /// create a StatefulSet that mounts a Secret can read it (SPEC §11). Absent: `namespace`.
     #[serde(default)]
     pub processor_namespace: Option<String>,
 }

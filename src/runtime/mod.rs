@@ -2,7 +2,7 @@
 //! processor identities; [`local`] runs them as local processes (`plumber up`).
 //!
 //! A runtime keeps its own durable record of what should run (the local runtime in the state
-//! directory, Kubernetes in its Deployments), so a restarted daemon finds running processors
+//! directory, Kubernetes in its StatefulSets), so a restarted daemon finds running processors
 //! as they were and never starts a second copy of one.
 
 pub mod args;

@@ -11,7 +11,7 @@
 //! use kube::api::{Api, Patch, PatchParams};
 //! use plumber_testkit::kube_api::{FakeApi, PodStart, Verb};
 //!
-//! let fake = FakeApi::new().with_deployment_controller(PodStart::Ready);
+//! let fake = FakeApi::new().with_workload_controller(PodStart::Ready);
 //! let deployments: Api<Deployment> = Api::namespaced(fake.client("plumber"), "plumber");
 //! let web = serde_json::json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"}});
 //! deployments.patch("web", &PatchParams::apply("plumber"), &Patch::Apply(&web)).await?;
@@ -64,7 +64,7 @@
 //! and stays open, so `kube::runtime::watcher`, `reflector` and `await_condition` work. It
 //! sees every change of the store, whoever made it: requests, the handle's writes
 //! ([`FakeApi::put`], [`FakeApi::patch`], [`FakeApi::delete`], [`FakeApi::set_pod_ready`],
-//! [`FakeApi::finish_termination`], …) and the deployment controller. Each change is given to
+//! [`FakeApi::finish_termination`], …) and the workload controller. Each change is given to
 //! the open watches under the server's lock, as it is made, through an unbounded channel
 //! (nothing waits on a slow reader; a watch never holds the lock while it waits).
 //!
@@ -112,7 +112,7 @@
 //! periodically; a metadata-only watch (`watch_metadata`) gets whole objects. No discovery, no
 //! authentication (but a bearer token over HTTPS, [`FakeApi::serve_https`]), no RBAC unless
 //! [`FakeApi::with_rbac`], no admission (webhooks, defaulting, Pod Security), no validation of
-//! built-in kinds, no garbage collection beyond the deployment controller's Pods (owner
+//! built-in kinds, no garbage collection beyond the workload controller's Pods (owner
 //! references of other kinds are not followed, `Foreground` deletion is not modelled), no
 //! graceful Pod termination unless a test's kubelet models it with a finalizer
 //! ([`FakeApi::with_pod_finalizer`]), no `scale` or other subresources, no YAML request bodies, no
@@ -127,12 +127,12 @@
 //! server does for custom resources. Unknown fields are violations too (the real server would
 //! drop them and warn). See `schema.rs` for what is checked.
 //!
-//! # The deployment controller
+//! # The workload controller
 //!
-//! [`FakeApi::with_deployment_controller`] maintains `spec.replicas` (default 1) Pods
-//! `<deployment>-<k>` per Deployment, with the selector's and template's labels, deletes
-//! them when the Deployment goes or its template changes (and replaces them), and writes the
-//! Deployment's status. It runs synchronously after every request or handle call that
+//! [`FakeApi::with_workload_controller`] maintains `spec.replicas` (default 1) Pods
+//! `<name>-<k>` per Deployment and StatefulSet, with the selector's and template's labels,
+//! deletes them when the workload goes or its template changes (and replaces them, a Pod
+//! under the same name only once the old one is gone), and writes the workload's status. It runs synchronously after every request or handle call that
 //! changed something, before the response is sent, so a test sees its effects at once; with
 //! [`FakeApi::with_manual_settle`] it runs only on [`FakeApi::settle`]. Pods added, marked
 //! for deletion and deleted (by anyone) are events: [`FakeApi::on_pods_changed`] calls back,
@@ -200,7 +200,7 @@ use store::{Key, Resource, Store, now};
 /// later apply of other values conflicts unless it forces, as on a cluster.
 pub const HAND_MANAGER: &str = "kubectl-edit";
 
-/// What the Pods of the deployment controller start as.
+/// What the Pods of the workload controller start as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PodStart {
     /// `Running` and `Ready`, at once.
@@ -598,16 +598,16 @@ impl FakeApi {
             .expect("the fake API server's state lock was poisoned by an earlier panic under it")
     }
 
-    /// Runs the deployment controller (see the module documentation); its Pods start as
-    /// `start` says.
-    pub fn with_deployment_controller(self, start: PodStart) -> FakeApi {
+    /// Runs the workload controller (see the module documentation): Pods for Deployments and
+    /// StatefulSets, which start as `start` says.
+    pub fn with_workload_controller(self, start: PodStart) -> FakeApi {
         self.lock().controller = Some(start);
         self.settle();
         self
     }
 
-    /// Graceful Pod termination, for a test's kubelet: the deployment controller's Pods carry
-    /// `finalizer`, so deleting one (the controller does when its Deployment goes or its
+    /// Graceful Pod termination, for a test's kubelet: the workload controller's Pods carry
+    /// `finalizer`, so deleting one (the controller does when its workload goes or its
     /// template changes; a request may) only marks it for deletion (`deletionTimestamp`, a
     /// [`PodChange::Terminating`] event) and it stays, `Terminating`, until the finalizer is
     /// removed ([`FakeApi::finish_termination`], once its processes exited), as a Pod stays

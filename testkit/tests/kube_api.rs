@@ -595,7 +595,7 @@ async fn finalizers_hold_a_deleted_object_until_they_are_removed() {
 
 #[tokio::test]
 async fn the_deployment_controller_maintains_pods() {
-    let fake = FakeApi::new().with_deployment_controller(PodStart::Ready);
+    let fake = FakeApi::new().with_workload_controller(PodStart::Ready);
     let events = Arc::new(Mutex::new(Vec::new()));
     let seen = events.clone();
     fake.on_pods_changed(move |e| seen.lock().unwrap().push((e.change, e.name.clone())));
@@ -708,7 +708,7 @@ async fn the_deployment_controller_maintains_pods() {
 async fn pods_with_the_kubelet_finalizer_terminate_gracefully() {
     const KUBELET: &str = "test.plumber.dev/kubelet";
     let fake = FakeApi::new()
-        .with_deployment_controller(PodStart::Ready)
+        .with_workload_controller(PodStart::Ready)
         .with_pod_finalizer(KUBELET);
     let events = Arc::new(Mutex::new(Vec::new()));
     let seen = events.clone();
@@ -776,7 +776,7 @@ async fn pods_with_the_kubelet_finalizer_terminate_gracefully() {
 #[tokio::test]
 async fn pending_pods_become_ready_when_the_test_kubelet_says_so() {
     let fake = FakeApi::new()
-        .with_deployment_controller(PodStart::Pending)
+        .with_workload_controller(PodStart::Pending)
         .with_manual_settle();
     let deployments: Api<Deployment> = Api::namespaced(fake.client(NS), NS);
     deployments
@@ -1061,7 +1061,7 @@ async fn scaled_objects_are_validated_against_kedas_crd() {
 /// `block_on` for each call (like `src/kafka.rs` with rdkafka's admin).
 #[test]
 fn block_on_from_a_plain_thread() {
-    let fake = FakeApi::new().with_deployment_controller(PodStart::Ready);
+    let fake = FakeApi::new().with_workload_controller(PodStart::Ready);
     let worker = {
         let fake = fake.clone();
         std::thread::spawn(move || {
@@ -1646,7 +1646,7 @@ async fn a_dynamic_watch_of_keda_scaled_objects() {
 
 #[tokio::test]
 async fn pod_watches_see_the_controllers_pods_come_and_go() {
-    let fake = FakeApi::new().with_deployment_controller(PodStart::Pending);
+    let fake = FakeApi::new().with_workload_controller(PodStart::Pending);
     let deployments: Api<Deployment> = Api::namespaced(fake.client(NS), NS);
     let pods: Api<Pod> = Api::namespaced(fake.client(NS), NS);
     let (reader, _) = reflect(pods, watcher::Config::default().labels("app=web"));
@@ -1769,7 +1769,7 @@ async fn a_dropped_watch_unregisters() {
 
 #[tokio::test]
 async fn await_condition_sees_a_rollout_complete() {
-    let fake = FakeApi::new().with_deployment_controller(PodStart::Pending);
+    let fake = FakeApi::new().with_workload_controller(PodStart::Pending);
     let api: Api<Deployment> = Api::namespaced(fake.client(NS), NS);
     api.patch(
         "web",

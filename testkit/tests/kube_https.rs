@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use futures::StreamExt;
-use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use k8s_openapi::api::events::v1::Event;
@@ -238,10 +238,10 @@ fn forbidden_message<T: std::fmt::Debug>(result: kube::Result<T>) -> String {
     }
 }
 
-fn deployment(name: &str) -> Value {
+fn workload(name: &str) -> Value {
     json!({
         "apiVersion": "apps/v1",
-        "kind": "Deployment",
+        "kind": "StatefulSet",
         "metadata": {"name": name},
         "spec": {
             "selector": {"matchLabels": {"app": name}},
@@ -268,60 +268,63 @@ async fn rbac_allows_what_deploy_role_allows_and_forbids_the_rest() {
     let apply = PatchParams::apply("plumber").force();
     let user = "system:serviceaccount:plumber:plumber";
 
-    // Deployments: apply (which creates, so needs `create` too), get, list, watch, delete.
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), NS);
-    let web = Patch::Apply(deployment("web"));
-    assert_eq!(status_of(deployments.patch("web", &apply, &web).await), 200);
-    assert_eq!(status_of(deployments.get("web").await), 200);
+    // StatefulSets: apply (which creates, so needs `create` too), get, list, watch, delete.
+    let statefulsets: Api<StatefulSet> = Api::namespaced(client.clone(), NS);
+    let web = Patch::Apply(workload("web"));
     assert_eq!(
-        status_of(deployments.list(&ListParams::default()).await),
+        status_of(statefulsets.patch("web", &apply, &web).await),
         200
     );
-    let watch = deployments.watch(&WatchParams::default(), "0").await;
+    assert_eq!(status_of(statefulsets.get("web").await), 200);
+    assert_eq!(
+        status_of(statefulsets.list(&ListParams::default()).await),
+        200
+    );
+    let watch = statefulsets.watch(&WatchParams::default(), "0").await;
     assert_eq!(status_of(watch.map(|_| ())), 200);
     // No `update`: the daemon writes with server-side apply.
-    let stored = deployments.get("web").await.unwrap();
+    let stored = statefulsets.get("web").await.unwrap();
     assert_eq!(
         forbidden_message(
-            deployments
+            statefulsets
                 .replace("web", &PostParams::default(), &stored)
                 .await
         ),
         format!(
-            "deployments.apps \"web\" is forbidden: User \"{user}\" cannot update resource \
-             \"deployments\" in API group \"apps\" in the namespace \"plumber\""
+            "statefulsets.apps \"web\" is forbidden: User \"{user}\" cannot update resource \
+             \"statefulsets\" in API group \"apps\" in the namespace \"plumber\""
         )
     );
     let scale = Patch::Merge(json!({"spec": {"replicas": 3}}));
     assert_eq!(
         forbidden_message(
-            deployments
+            statefulsets
                 .patch_scale("web", &PatchParams::default(), &scale)
                 .await
         ),
         format!(
-            "deployments.apps \"web\" is forbidden: User \"{user}\" cannot patch resource \
-             \"deployments/scale\" in API group \"apps\" in the namespace \"plumber\""
+            "statefulsets.apps \"web\" is forbidden: User \"{user}\" cannot patch resource \
+             \"statefulsets/scale\" in API group \"apps\" in the namespace \"plumber\""
         )
     );
     assert_eq!(
-        status_of(deployments.delete("web", &DeleteParams::default()).await),
+        status_of(statefulsets.delete("web", &DeleteParams::default()).await),
         200
     );
     // Only in its namespace.
-    let elsewhere: Api<Deployment> = Api::namespaced(client.clone(), "default");
+    let elsewhere: Api<StatefulSet> = Api::namespaced(client.clone(), "default");
     assert_eq!(
         forbidden_message(elsewhere.list(&ListParams::default()).await),
         format!(
-            "deployments.apps is forbidden: User \"{user}\" cannot list resource \"deployments\" \
+            "statefulsets.apps is forbidden: User \"{user}\" cannot list resource \"statefulsets\" \
              in API group \"apps\" in the namespace \"default\""
         )
     );
-    let everywhere: Api<Deployment> = Api::all(client.clone());
+    let everywhere: Api<StatefulSet> = Api::all(client.clone());
     assert_eq!(
         forbidden_message(everywhere.list(&ListParams::default()).await),
         format!(
-            "deployments.apps is forbidden: User \"{user}\" cannot list resource \"deployments\" \
+            "statefulsets.apps is forbidden: User \"{user}\" cannot list resource \"statefulsets\" \
              in API group \"apps\" at the cluster scope"
         )
     );
@@ -442,10 +445,10 @@ async fn rbac_allows_what_deploy_role_allows_and_forbids_the_rest() {
     assert_eq!(
         denied,
         [
-            "replace deployments/web",
-            "patch deployments/web/scale",
-            "list deployments",
-            "list deployments",
+            "replace statefulsets/web",
+            "patch statefulsets/web/scale",
+            "list statefulsets",
+            "list statefulsets",
             "get leases/other",
             "list leases",
             "delete pods/daemon-0",
@@ -462,9 +465,9 @@ async fn rbac_over_https_answers_what_kube_apiserver_answers() {
     let fake = FakeApi::new().with_rbac(daemon_rbac());
     let served = fake.serve_https();
     let (client, _) = client_from_kubeconfig(&served, NS).await;
-    let deployments: Api<Deployment> = Api::default_namespaced(client.clone());
+    let statefulsets: Api<StatefulSet> = Api::default_namespaced(client.clone());
     assert_eq!(
-        status_of(deployments.list(&ListParams::default()).await),
+        status_of(statefulsets.list(&ListParams::default()).await),
         200
     );
     // The answer as sent, not as kube reads it.
@@ -506,11 +509,11 @@ async fn rbac_of_processors_apart() {
         |method: &str, path: &str| rbac.allows(&Attributes::of(method, path, &Default::default()));
     assert!(allowed(
         "GET",
-        "/apis/apps/v1/namespaces/plumber-processors/deployments"
+        "/apis/apps/v1/namespaces/plumber-processors/statefulsets"
     ));
     assert!(!allowed(
         "GET",
-        "/apis/apps/v1/namespaces/plumber/deployments"
+        "/apis/apps/v1/namespaces/plumber/statefulsets"
     ));
     assert!(allowed("PATCH", "/api/v1/namespaces/plumber/pods/daemon-0"));
     assert!(!allowed("GET", "/api/v1/namespaces/plumber/pods"));

@@ -13,7 +13,7 @@ use super::*;
 fn processor_write(r: &RecordedRequest) -> bool {
     r.method != "GET"
         && [
-            "/deployments/",
+            "/statefulsets/",
             "/scaledobjects/",
             "/triggerauthentications/",
         ]
@@ -37,7 +37,7 @@ fn a_holder_deposed_between_two_writes_of_an_action_makes_no_more() {
     let load = world.start_load(100);
     load.wait_for(200);
 
-    // Injected: the API server holds the first object written for R2 (a Deployment of a new
+    // Injected: the API server holds the first object written for R2 (a StatefulSet of a new
     // life; its ScaledObject comes next, in the same action).
     let taken = AtomicBool::new(false);
     let hold = fake.hold(move |r| processor_write(r) && !taken.swap(true, Ordering::SeqCst));
@@ -72,12 +72,22 @@ fn a_holder_deposed_between_two_writes_of_an_action_makes_no_more() {
         .unwrap();
     drop(hold);
     // The held write was sent while plumber-0 held the lease: it lands. The next one of the
-    // same action is refused before it is sent (the runtime says so in the log).
+    // same action (its ScaledObject, named after the life's group) is refused before it is
+    // sent (the runtime says so in the log).
+    wait_until("the held StatefulSet lands", PATIENCE, || {
+        workloads(&fake)
+            .keys()
+            .any(|group| workload_name(group) == held)
+    });
+    let group = workloads(&fake)
+        .into_keys()
+        .find(|group| workload_name(group) == held)
+        .unwrap();
     wait_until("the action's next write is refused", PATIENCE, || {
         std::fs::read_to_string(daemon_log()).is_ok_and(|log| {
             log.lines().any(|l| {
                 l.contains("not written: this replica no longer holds the lease")
-                    && l.contains(&held)
+                    && l.contains(&group)
             })
         })
     });

@@ -1,4 +1,4 @@
-//! A test kubelet: for every Pod the in-memory API server's deployment controller makes, the
+//! A test kubelet: for every Pod the in-memory API server's workload controller makes, the
 //! real `plumber-processor` runs as a process, from the Pod's container exactly as rendered
 //! (its `args`, its `env` with `secretKeyRef`s resolved from the Secrets in the API,
 //! `HOSTNAME` = the Pod's name, as a container runtime sets it), so that what the Kubernetes

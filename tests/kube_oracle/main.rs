@@ -26,10 +26,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use k8s_openapi::ByteString;
-use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use plumber::daemon::status::StepState;
 use plumber::runtime::kube::crd::{self, Topology};
+use plumber::runtime::kube::render::{SPEC_ANNOTATION, workload_name};
 use plumber::store::{HistoryEntry, TopologyRecord};
 use plumber_testkit::kube_api::{
     FakeApi, KEDA_SCALED_OBJECT_CRD, KEDA_TRIGGER_AUTHENTICATION_CRD, PodStart, RecordedRequest,
@@ -58,7 +59,7 @@ fn first() -> Model {
 /// the kubelet (not ready until their probe answers; terminating until their process exited).
 fn cluster() -> FakeApi {
     FakeApi::new()
-        .with_deployment_controller(PodStart::Pending)
+        .with_workload_controller(PodStart::Pending)
         .with_pod_finalizer(FINALIZER)
         .with_crd_yaml(KEDA_SCALED_OBJECT_CRD)
         .with_crd_yaml(KEDA_TRIGGER_AUTHENTICATION_CRD)
@@ -130,22 +131,32 @@ fn wait_applied(fake: &FakeApi, commit: git2::Oid) {
     });
 }
 
-/// Plumber's Deployments, by name.
-fn deployments(fake: &FakeApi) -> BTreeMap<String, Deployment> {
-    fake.list::<Deployment>(NS)
+/// Plumber's StatefulSets, by the group of the life each runs.
+fn workloads(fake: &FakeApi) -> BTreeMap<String, StatefulSet> {
+    fake.list::<StatefulSet>(NS)
         .into_iter()
-        .filter(|d| {
-            d.metadata.labels.as_ref().is_some_and(|l| {
+        .filter(|w| {
+            w.metadata.labels.as_ref().is_some_and(|l| {
                 l.get("app.kubernetes.io/managed-by").map(String::as_str) == Some("plumber")
             })
         })
-        .map(|d| (d.metadata.name.clone().unwrap(), d))
+        .map(|w| {
+            let spec: serde_json::Value =
+                serde_json::from_str(&w.metadata.annotations.as_ref().unwrap()[SPEC_ANNOTATION])
+                    .unwrap();
+            let group = spec["group"].as_str().unwrap().to_owned();
+            assert_eq!(
+                w.metadata.name.as_deref(),
+                Some(workload_name(&group).as_str())
+            );
+            (group, w)
+        })
         .collect()
 }
 
-/// What runs is what `model` (the final commit) says: a Deployment per processor life the
+/// What runs is what `model` (the final commit) says: a StatefulSet per processor life the
 /// record keeps, of the model's identities and nothing else, each with one ready Pod whose
-/// process the kubelet runs with the Deployment's group.
+/// process the kubelet runs with the StatefulSet's group.
 fn assert_runs(fake: &FakeApi, kubelet: &Kubelet, world: &World, model: &Model) {
     let identities = world.identities(model);
     let record = record(fake).expect("a record");
@@ -168,11 +179,11 @@ fn assert_runs(fake: &FakeApi, kubelet: &Kubelet, world: &World, model: &Model) 
     );
     assert_eq!(steps.len(), lives.len(), "one life per step");
     let groups: BTreeSet<String> = lives.keys().cloned().collect();
-    wait_until("only the final lives' Deployments exist", PATIENCE, || {
-        deployments(fake).keys().cloned().collect::<BTreeSet<_>>() == groups
+    wait_until("only the final lives' StatefulSets exist", PATIENCE, || {
+        workloads(fake).keys().cloned().collect::<BTreeSet<_>>() == groups
     });
-    for (name, deployment) in deployments(fake) {
-        let labels = deployment.metadata.labels.clone().unwrap_or_default();
+    for (name, workload) in workloads(fake) {
+        let labels = workload.metadata.labels.clone().unwrap_or_default();
         let (step, identity) = &lives[&name];
         assert_eq!(labels.get("plumber.dev/step"), Some(step));
         assert_eq!(
@@ -238,7 +249,7 @@ fn replace_branch_invalid_commit_and_revert_deliver_exactly_once() {
     load.wait_for(load.sent() + 200);
 
     // An invalid commit changes nothing; status says why.
-    let before: BTreeSet<String> = deployments(&fake).keys().cloned().collect();
+    let before: BTreeSet<String> = workloads(&fake).keys().cloned().collect();
     let broken = world.commit_raw(
         "broken jq",
         "topologies/t/steps/b.yaml",
@@ -257,7 +268,7 @@ fn replace_branch_invalid_commit_and_revert_deliver_exactly_once() {
         "the invalid commit must not be applied"
     );
     assert_eq!(
-        deployments(&fake).keys().cloned().collect::<BTreeSet<_>>(),
+        workloads(&fake).keys().cloned().collect::<BTreeSet<_>>(),
         before,
         "nothing changes for an invalid commit"
     );
@@ -548,7 +559,7 @@ fn a_replica_killed_before_it_recorded_a_stop_hands_over_to_the_other() {
         "a's first life is still recorded: its stop is not"
     );
     assert!(
-        !deployments(&t.fake).contains_key(&first_a),
+        !workloads(&t.fake).contains_key(&first_a),
         "a's first life was stopped before the crash"
     );
     let crashed = t.crash_and_take_over();
@@ -581,9 +592,9 @@ fn a_replica_killed_before_it_recorded_a_stop_hands_over_to_the_other() {
     t.finish();
 }
 
-/// The lease holder deletes the replaced step's Deployment and dies while its pod still
+/// The lease holder deletes the replaced step's StatefulSet and dies while its pod still
 /// terminates (a 15 s `preStop` sleep: the process goes on processing and committing). The
-/// replica that takes over knows the life by its record only (no Deployment, no spec): its
+/// replica that takes over knows the life by its record only (no StatefulSet, no spec): its
 /// stop must still wait for the pod, and read the cutover offsets only after the process
 /// committed its last records.
 #[test]
@@ -591,7 +602,7 @@ fn a_replica_killed_while_the_replaced_step_terminates_hands_over_to_the_other()
     let mut t = Takeover::new("kube-terminating");
     let first_a = t.first_a();
     // Injected: the first look of plumber-0's stop at a's pods (right after it deleted the
-    // Deployment) is held; plumber-0 crashes there. The kubelet keeps the pod's process
+    // StatefulSet) is held; plumber-0 crashes there. The kubelet keeps the pod's process
     // running for 15 s after it was told to terminate.
     t.kubelet.delay_terminations(Duration::from_secs(15));
     let taken = AtomicBool::new(false);
@@ -602,12 +613,12 @@ fn a_replica_killed_while_the_replaced_step_terminates_hands_over_to_the_other()
     };
     t.replace_a();
     wait_until("plumber-0 looks at a's pods", PATIENCE, || hold.held() == 1);
-    assert!(!deployments(&t.fake).contains_key(&first_a));
+    assert!(!workloads(&t.fake).contains_key(&first_a));
     let terminating = t.fake.list::<Pod>(NS).into_iter().any(|p| {
         p.metadata
             .name
             .as_deref()
-            .is_some_and(|n| n.starts_with(&first_a))
+            .is_some_and(|n| n.starts_with(&workload_name(&first_a)))
             && p.metadata.deletion_timestamp.is_some()
     });
     assert!(terminating, "a's first pod terminates when plumber-0 dies");
@@ -623,7 +634,7 @@ fn a_replica_killed_while_the_replaced_step_terminates_hands_over_to_the_other()
             p.metadata
                 .name
                 .as_deref()
-                .is_none_or(|n| !n.starts_with(&first_a))
+                .is_none_or(|n| !n.starts_with(&workload_name(&first_a)))
         })
     });
     // The other old pods stop as usual.
@@ -749,7 +760,7 @@ fn topic_exists(world: &World, topic: &str) -> bool {
 
 /// A replica that does not hold the lease leaves a labelled pull request's preview to the
 /// holder: it creates no shadow topic and applies nothing. Once it holds the lease (the
-/// other holder gave it up), it runs the preview: shadow topic, Deployment, records.
+/// other holder gave it up), it runs the preview: shadow topic, StatefulSet, records.
 #[test]
 fn a_standby_leaves_previews_to_the_lease_holder_until_it_holds_the_lease() {
     use fake_forge::{Server, TOKEN};
@@ -789,7 +800,7 @@ fn a_standby_leaves_previews_to_the_lease_holder_until_it_holds_the_lease() {
     let shadow = format!("{sink}.preview.pr-7");
     // The decision creates the shadow topics before it shows `previewOf`, in one call, so
     // their absence now is final for it. A standby's worker leaves no trace in the API to
-    // wait for, so its Deployments are checked at the end, against the order of requests.
+    // wait for, so its StatefulSets are checked at the end, against the order of requests.
     assert!(
         !topic_exists(&world, &shadow),
         "a standby created the shadow topic"
@@ -827,7 +838,7 @@ fn a_standby_leaves_previews_to_the_lease_holder_until_it_holds_the_lease() {
         .wait_for_records(&shadow, "the preview's output", |r| {
             sorted(values_by(r, "pr")) == expected
         });
-    // Whenever the standby would have written a Deployment, the request log holds it: the
+    // Whenever the standby would have written a StatefulSet, the request log holds it: the
     // first write of one comes after plumber-0 took the lease.
     let requests = fake.requests();
     let took_lease = requests
@@ -840,20 +851,20 @@ fn a_standby_leaves_previews_to_the_lease_holder_until_it_holds_the_lease() {
                     .is_some_and(|b| b["spec"]["holderIdentity"].as_str() == Some("plumber-0"))
         })
         .expect("plumber-0's lease write is in the log");
-    let first_deployment_write = requests
+    let first_workload_write = requests
         .iter()
-        .position(|r| r.method != "GET" && r.path.contains("/deployments"))
-        .expect("the holder applied the preview's Deployment");
+        .position(|r| r.method != "GET" && r.path.contains("/statefulsets"))
+        .expect("the holder applied the preview's StatefulSet");
     assert!(
-        first_deployment_write > took_lease,
-        "a standby wrote a Deployment (request {first_deployment_write}) before it took the lease (request {took_lease})"
+        first_workload_write > took_lease,
+        "a standby wrote a StatefulSet (request {first_workload_write}) before it took the lease (request {took_lease})"
     );
     standby.stop();
 }
 
 /// Without `--keep-topics`, a torn-down preview's record is forgotten: its Topology object
 /// is deleted once its processors stopped and its group was deleted, and labelled again it
-/// starts over in a new Topology that owns its new Deployment. The topology's own Topology
+/// starts over in a new Topology that owns its new StatefulSet. The topology's own Topology
 /// and record stay. (Deleting the shadow topic breaks tansu's other topics, the sink the
 /// preview needs to start again among them: on tansu the test ends with the teardown.)
 #[test]
@@ -891,7 +902,7 @@ fn a_torn_down_preview_s_topology_is_deleted_and_made_again_when_labelled_again(
     let group = running("the preview runs");
     let first = fake.get::<Topology>(NS, "s.pr-7").unwrap();
     let owner = |group: &str| {
-        deployments(&fake)
+        workloads(&fake)
             .remove(group)
             .and_then(|d| d.metadata.owner_references)
             .and_then(|o| o.into_iter().next())
@@ -904,7 +915,7 @@ fn a_torn_down_preview_s_topology_is_deleted_and_made_again_when_labelled_again(
     wait_until("the preview's Topology is deleted", PATIENCE, || {
         fake.get::<Topology>(NS, "s.pr-7").is_none()
     });
-    assert!(!deployments(&fake).contains_key(&group));
+    assert!(!workloads(&fake).contains_key(&group));
     assert_eq!(
         record_of(&fake, "s").and_then(|r| r.commit),
         Some(main.to_string()),
@@ -924,9 +935,11 @@ fn a_torn_down_preview_s_topology_is_deleted_and_made_again_when_labelled_again(
     );
     let second = fake.get::<Topology>(NS, "s.pr-7").expect("a new Topology");
     assert_ne!(second.metadata.uid, first.metadata.uid);
-    wait_until("the new Topology owns the new Deployment", PATIENCE, || {
-        owner(&again) == second.metadata.uid
-    });
+    wait_until(
+        "the new Topology owns the new StatefulSet",
+        PATIENCE,
+        || owner(&again) == second.metadata.uid,
+    );
     daemon.stop();
 }
 
@@ -941,13 +954,13 @@ fn github_signature(body: &str) -> String {
 }
 
 /// A pull request labelled for a preview, on the Kubernetes runtime: its changed step runs as
-/// a Deployment and a ScaledObject of its own (`plumber.s.pr-7.clean.<id>`) owned by the
+/// a StatefulSet and a ScaledObject of its own (`plumber.s.pr-7.clean.<id>`) owned by the
 /// preview's Topology, whose pod the kubelet runs; what the source gets once it runs reaches
 /// the shadow topic through the pull request's step and the users' sink only through main's
 /// (once). The label removed (a signed webhook says so): the preview's objects and pod go, it
-/// leaves status, and the real topology's Deployment is left as it was.
+/// leaves status, and the real topology's StatefulSet is left as it was.
 #[test]
-fn a_labelled_pull_request_s_preview_runs_as_deployments_and_goes_when_unlabelled() {
+fn a_labelled_pull_request_s_preview_runs_as_statefulsets_and_goes_when_unlabelled() {
     use fake_forge::{Server, TOKEN};
     use plumber::forge::{Kind, PullRequestState};
 
@@ -985,9 +998,9 @@ fn a_labelled_pull_request_s_preview_runs_as_deployments_and_goes_when_unlabelle
         record_of(&fake, "s")
             .is_some_and(|r| r.commit == Some(main.to_string()) && r.moving.is_none())
     });
-    let real: Vec<(String, Deployment)> = deployments(&fake).into_iter().collect();
-    assert_eq!(real.len(), 1, "one Deployment for s's one step");
-    let (real_name, real_deployment) = real.into_iter().next().unwrap();
+    let real: Vec<(String, StatefulSet)> = workloads(&fake).into_iter().collect();
+    assert_eq!(real.len(), 1, "one StatefulSet for s's one step");
+    let (real_name, real_workload) = real.into_iter().next().unwrap();
     assert!(real_name.starts_with("plumber.s.clean."), "{real_name}");
 
     // The pull request changes `clean`.
@@ -1017,10 +1030,10 @@ fn a_labelled_pull_request_s_preview_runs_as_deployments_and_goes_when_unlabelle
     let topology = fake
         .get::<Topology>(NS, "s.pr-7")
         .expect("the preview's Topology");
-    let deployment = deployments(&fake)
+    let workload = workloads(&fake)
         .remove(&group)
-        .expect("the preview's Deployment");
-    let labels = deployment.metadata.labels.clone().unwrap_or_default();
+        .expect("the preview's StatefulSet");
+    let labels = workload.metadata.labels.clone().unwrap_or_default();
     assert_eq!(
         labels.get("plumber.dev/topology").map(String::as_str),
         Some("s.pr-7")
@@ -1029,7 +1042,7 @@ fn a_labelled_pull_request_s_preview_runs_as_deployments_and_goes_when_unlabelle
         labels.get("plumber.dev/step").map(String::as_str),
         Some("clean")
     );
-    let owners = deployment
+    let owners = workload
         .metadata
         .owner_references
         .clone()
@@ -1073,7 +1086,7 @@ fn a_labelled_pull_request_s_preview_runs_as_deployments_and_goes_when_unlabelle
 
     // A rolling restart of the daemon: plumber-0 stops, plumber-1 takes the lease over and
     // leaves the preview running as it is.
-    let preview_deployment = deployment;
+    let preview_workload = workload;
     holder.stop();
     wait_until("plumber-1 takes the lease over", PATIENCE, || {
         standby.holds_lease()
@@ -1097,13 +1110,13 @@ fn a_labelled_pull_request_s_preview_runs_as_deployments_and_goes_when_unlabelle
                 .any(|s| s.group.as_ref() == Some(&group) && s.state == StepState::Running)
         })
     });
-    let kept = deployments(&fake)
+    let kept = workloads(&fake)
         .remove(&group)
-        .expect("the preview's Deployment stays");
-    assert_eq!(kept.metadata.uid, preview_deployment.metadata.uid);
+        .expect("the preview's StatefulSet stays");
+    assert_eq!(kept.metadata.uid, preview_workload.metadata.uid);
     assert_eq!(
         kept.metadata.generation,
-        preview_deployment.metadata.generation
+        preview_workload.metadata.generation
     );
     let daemon = standby;
 
@@ -1120,29 +1133,26 @@ fn a_labelled_pull_request_s_preview_runs_as_deployments_and_goes_when_unlabelle
         shown(&daemon, "s.pr-7").is_none()
     });
     wait_until(
-        "the preview's Deployment and ScaledObject are deleted",
+        "the preview's StatefulSet and ScaledObject are deleted",
         PATIENCE,
-        || !deployments(&fake).contains_key(&group) && !scaled_objects(&fake).contains_key(&group),
+        || !workloads(&fake).contains_key(&group) && !scaled_objects(&fake).contains_key(&group),
     );
     wait_until("the preview's pod is gone", PATIENCE, || {
         fake.list::<Pod>(NS).iter().all(|p| {
             p.metadata
                 .name
                 .as_deref()
-                .is_none_or(|n| !n.starts_with(&group))
+                .is_none_or(|n| !n.starts_with(&workload_name(&group)))
         }) && kubelet.processes().iter().all(|p| p.group != group)
     });
-    let after = deployments(&fake)
+    let after = workloads(&fake)
         .remove(&real_name)
-        .expect("s's Deployment stays");
-    assert_eq!(after.metadata.uid, real_deployment.metadata.uid);
+        .expect("s's StatefulSet stays");
+    assert_eq!(after.metadata.uid, real_workload.metadata.uid);
+    assert_eq!(after.metadata.generation, real_workload.metadata.generation);
     assert_eq!(
-        after.metadata.generation,
-        real_deployment.metadata.generation
-    );
-    assert_eq!(
-        after.spec, real_deployment.spec,
-        "s's Deployment is untouched"
+        after.spec, real_workload.spec,
+        "s's StatefulSet is untouched"
     );
     assert_eq!(
         record_of(&fake, "s").and_then(|r| r.commit),
@@ -1197,7 +1207,7 @@ fn wait_until_some<T>(what: &str, timeout: Duration, mut look: impl FnMut() -> O
 }
 
 /// SPEC §11, on the Kubernetes runtime: a label approves the head it was set on. Commits
-/// pushed after it stop the preview (no Deployment of theirs is ever applied) until a
+/// pushed after it stop the preview (no StatefulSet of theirs is ever applied) until a
 /// maintainer labels the pull request again: a signed `labeled` webhook names the head it
 /// approves, and that head's step runs, as a pod of the test kubelet.
 #[test]
@@ -1247,17 +1257,17 @@ fn a_preview_runs_only_the_heads_its_label_approved() {
     );
     forge.set_head(7, &pushed.to_string());
     wait_until("the preview stops for the new commits", PATIENCE, || {
-        shown(&daemon, "s.pr-7").is_none() && !deployments(&fake).contains_key(&approved_group)
+        shown(&daemon, "s.pr-7").is_none() && !workloads(&fake).contains_key(&approved_group)
     });
     wait_until("the label comes off", PATIENCE, || {
         !forge.labels(7).iter().any(|l| l == PREVIEW_LABEL)
     });
     assert!(
-        deployments(&fake)
+        workloads(&fake)
             .keys()
             .all(|name| !name.starts_with("plumber.s.pr-7.")),
-        "a Deployment of the unapproved head: {:?}",
-        deployments(&fake).keys().collect::<Vec<_>>()
+        "a StatefulSet of the unapproved head: {:?}",
+        workloads(&fake).keys().collect::<Vec<_>>()
     );
 
     // Labelled again: the signed webhook names the head the label approves.

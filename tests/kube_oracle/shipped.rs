@@ -75,8 +75,8 @@ fn the_shipped_daemon_moves_a_topology_over_https_within_deploy_s_role() {
     run_shipped("shipped", rbac, None, false);
 }
 
-/// The same while the API server fails Deployment writes of the cutover: each apply and each
-/// delete of a Deployment is answered 500, then 503, then with a reset connection, then 409,
+/// The same while the API server fails StatefulSet writes of the cutover: each apply and each
+/// delete of a StatefulSet is answered 500, then 503, then with a reset connection, then 409,
 /// before one goes through. The cutover finishes all the same, exactly once.
 #[test]
 fn the_shipped_daemon_moves_a_topology_through_api_server_faults() {
@@ -96,7 +96,7 @@ fn the_shipped_daemon_runs_processors_apart_within_deploy_processors_roles() {
 
 /// `plumber daemon` with `deploy/daemon.yaml` under `rbac`, processors in
 /// `processor_namespace` (absent: the daemon's): a first commit, then a cutover under load
-/// (with `faults`, through failing Deployment writes), exactly once; the history reads, no
+/// (with `faults`, through failing StatefulSet writes), exactly once; the history reads, no
 /// request was forbidden, SIGTERM stops it.
 fn run_shipped(name: &str, rbac: Rbac, processor_namespace: Option<&str>, faults: bool) {
     let scratch = Scratch::new();
@@ -136,7 +136,7 @@ fn run_shipped(name: &str, rbac: Rbac, processor_namespace: Option<&str>, faults
     load.wait_for(100);
 
     let writes = |method: &'static str| {
-        move |r: &RecordedRequest| r.method == method && r.path.contains("/deployments/")
+        move |r: &RecordedRequest| r.method == method && r.path.contains("/statefulsets/")
     };
     if faults {
         for method in ["PATCH", "DELETE"] {
@@ -168,7 +168,7 @@ fn run_shipped(name: &str, rbac: Rbac, processor_namespace: Option<&str>, faults
             assert_eq!(
                 failed,
                 [Some(500), Some(503), None, Some(409)],
-                "the {method}s of Deployments that failed"
+                "the {method}s of StatefulSets that failed"
             );
         }
     }
@@ -176,7 +176,7 @@ fn run_shipped(name: &str, rbac: Rbac, processor_namespace: Option<&str>, faults
         assert_runs(&fake, &kubelet, &world, &revisions[1]);
     } else {
         assert!(
-            fake.list::<Deployment>(NS).is_empty(),
+            fake.list::<StatefulSet>(NS).is_empty(),
             "no processor in the daemon's namespace"
         );
         assert_eq!(kubelet.refused(), Vec::<String>::new(), "every Pod ran");

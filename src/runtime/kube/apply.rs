@@ -2,11 +2,11 @@
 //! applied with server-side apply (field manager `plumber`).
 //!
 //! # Guarantees
-//! - **Start** applies the TriggerAuthentication, the Deployment, then the ScaledObject:
-//!   KEDA never scales a Deployment that does not exist, nor one it cannot authenticate for.
-//! - **Stop** deletes the ScaledObject first (else KEDA scales the Deployment back up), then
-//!   the Deployment (foreground), and returns only once no pod of it is left (pods found by
-//!   the group's name when the Deployment is gone already), so its processes have exited. The
+//! - **Start** applies the TriggerAuthentication, the StatefulSet, then the ScaledObject:
+//!   KEDA never scales a StatefulSet that does not exist, nor one it cannot authenticate for.
+//! - **Stop** deletes the ScaledObject first (else KEDA scales the StatefulSet back up), then
+//!   the StatefulSet (foreground), and returns only once no pod of it is left (pods found by
+//!   the group's name when the StatefulSet is gone already), so its processes have exited. The
 //!   engine then waits until the group has no members where the broker can say (SPEC §4.2;
 //!   tansu 0.6 cannot, and there this wait is all that protects the cutover offsets).
 //! - **Drift**: [`Runtime::repair`] puts back every object of a processor this runtime runs
@@ -15,8 +15,8 @@
 //!   drift), and deletes Plumber's objects of identities it does not run. It reads watch-fed
 //!   [`Cache`]s, not lists: an idle look sends no request, and an object is compared again
 //!   only once its `resourceVersion` moved from the one it was last found right at.
-//! - **Restarts of the daemon**: what runs is read back from the Deployments' annotation
-//!   ([`SPEC_ANNOTATION`], also on each ScaledObject, for a Deployment deleted meanwhile),
+//! - **Restarts of the daemon**: what runs is read back from the StatefulSets' annotation
+//!   ([`SPEC_ANNOTATION`], also on each ScaledObject, for a StatefulSet deleted meanwhile),
 //!   so a new daemon replica knows every processor without a record of its own; and read
 //!   again ([`Runtime::resync`]) whenever a replica starts acting, so a
 //!   standby that takes the lease over repairs what the previous holder left running, not
@@ -26,7 +26,7 @@
 //!   of Plumber's Pods that keeps only their labels, uid, phase and IP.
 //!
 //! # Caveats
-//! A processor whose Deployment *and* ScaledObject were deleted by hand while no daemon ran
+//! A processor whose StatefulSet *and* ScaledObject were deleted by hand while no daemon ran
 //! is not recreated by the next one (both carry its annotation; one is enough); the engine's
 //! record still lists the life, and status shows it without instances. The caches hold
 //! every object of Plumber's (without managed fields): about 0.6 MB of heap per topology of
@@ -39,7 +39,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Client, Resource};
@@ -107,7 +107,8 @@ pub struct KubeRuntime {
     /// The owner reference of each Topology read by name, for those the watch did not
     /// bring yet (the store creates a Topology just before its first processor starts).
     owners: Mutex<BTreeMap<String, OwnerReference>>,
-    deployments: Cache<Deployment>,
+    /// The processors' StatefulSets, by [`render::workload_name`].
+    workloads: Cache<StatefulSet>,
     scaled_objects: Cache<ScaledObject>,
     authentications: Cache<TriggerAuthentication>,
     topologies: Arc<Cache<Topology>>,
@@ -126,7 +127,7 @@ fn managed() -> String {
 impl KubeRuntime {
     /// A runtime on `client`, whose tasks run on the tokio runtime of `handle` (a
     /// multi-threaded one: calls block this thread while its workers drive the connection),
-    /// knowing what runs from the Deployments it finds, once its watches listed what is
+    /// knowing what runs from the StatefulSets it finds, once its watches listed what is
     /// there.
     pub fn connect(
         client: Client,
@@ -136,7 +137,7 @@ impl KubeRuntime {
         let namespace = config.render.namespace.clone();
         let labels = managed();
         let runtime = KubeRuntime {
-            deployments: Cache::start(
+            workloads: Cache::start(
                 Api::namespaced(client.clone(), &namespace),
                 &labels,
                 &handle,
@@ -174,7 +175,7 @@ impl KubeRuntime {
             owners: Mutex::new(BTreeMap::new()),
             fence: None,
         };
-        runtime.wait_listed(&runtime.deployments)?;
+        runtime.wait_listed(&runtime.workloads)?;
         runtime.wait_listed(&runtime.scaled_objects)?;
         runtime.wait_listed(&runtime.authentications)?;
         runtime.wait_listed(&runtime.topologies)?;
@@ -182,10 +183,10 @@ impl KubeRuntime {
         // What the watches just listed is as fresh as a list: no second one.
         {
             let _changing = runtime.changing();
-            let deployments = runtime.deployments.all();
+            let workloads = runtime.workloads.all();
             let scaled_objects = runtime.scaled_objects.all();
             runtime.adopt(
-                deployments.values().map(|d| &d.metadata),
+                workloads.values().map(|w| &w.metadata),
                 scaled_objects.values().map(|s| &s.metadata),
             );
         }
@@ -199,18 +200,19 @@ impl KubeRuntime {
         self
     }
 
-    /// `Err` when the fence says this replica may no longer write.
-    fn fenced(&self, operation: &'static str, group: &str) -> Result<()> {
+    /// `Err` when the fence says this replica may no longer write `object` (a group's name
+    /// or that of one of its objects).
+    fn fenced(&self, operation: &'static str, object: &str) -> Result<()> {
         match &self.fence {
             Some(may_write) if !may_write() => {
                 tracing::warn!(
                     operation,
-                    group,
+                    object,
                     "not written: this replica no longer holds the lease"
                 );
                 Err(Error::Backend {
                     operation,
-                    group: group.to_owned(),
+                    group: object.to_owned(),
                     message: "this replica no longer holds the lease: it writes nothing".into(),
                     retryable: true,
                 })
@@ -219,21 +221,21 @@ impl KubeRuntime {
         }
     }
 
-    /// Takes what runs from the annotations of Plumber's Deployments and, for a processor
-    /// whose Deployment was deleted by hand while no daemon ran, of its ScaledObject (repair
-    /// then puts the Deployment back). Everything is compared again at the next repair.
+    /// Takes what runs from the annotations of Plumber's StatefulSets and, for a processor
+    /// whose StatefulSet was deleted by hand while no daemon ran, of its ScaledObject (repair
+    /// then puts the StatefulSet back). Everything is compared again at the next repair.
     fn adopt<'a>(
         &self,
-        deployments: impl Iterator<Item = &'a ObjectMeta>,
+        workloads: impl Iterator<Item = &'a ObjectMeta>,
         scaled_objects: impl Iterator<Item = &'a ObjectMeta>,
     ) {
-        let mut found: BTreeMap<String, ProcessorSpec> = deployments
+        let mut found: BTreeMap<String, ProcessorSpec> = workloads
             .filter_map(spec_of)
             .map(|spec| (spec.group.clone(), spec))
             .collect();
         for spec in scaled_objects.filter_map(spec_of) {
             if !found.contains_key(&spec.group) {
-                tracing::info!(group = %spec.group, "a processor without its Deployment: known by its ScaledObject");
+                tracing::info!(group = %spec.group, "a processor without its StatefulSet: known by its ScaledObject");
                 found.insert(spec.group.clone(), spec);
             }
         }
@@ -370,7 +372,7 @@ impl KubeRuntime {
     }
 
     /// Applies the objects of `spec` in the order that keeps KEDA from acting on a
-    /// Deployment it cannot see or reach.
+    /// StatefulSet it cannot see or reach.
     fn apply(&self, spec: &ProcessorSpec) -> Result<()> {
         self.apply_objects(spec, &self.objects(spec)?)
     }
@@ -387,7 +389,11 @@ impl KubeRuntime {
                 }
             }
         }
-        self.apply_one(&self.deployments, &spec.group, &objects.deployment)?;
+        self.apply_one(
+            &self.workloads,
+            &render::workload_name(&spec.group),
+            &objects.workload,
+        )?;
         self.apply_one(&self.scaled_objects, &spec.group, &objects.scaled_object)
     }
 
@@ -455,8 +461,12 @@ impl KubeRuntime {
         verified: &BTreeMap<String, String>,
     ) -> bool {
         let group = &spec.group;
-        at_verified(&self.deployments, group, owner, verified)
-            && at_verified(&self.scaled_objects, group, owner, verified)
+        at_verified(
+            &self.workloads,
+            &render::workload_name(group),
+            owner,
+            verified,
+        ) && at_verified(&self.scaled_objects, group, owner, verified)
             && authentication
                 .is_none_or(|name| at_verified(&self.authentications, name, None, verified))
     }
@@ -466,9 +476,9 @@ impl KubeRuntime {
     fn drift(&self, spec: &ProcessorSpec, objects: &Objects) -> Vec<String> {
         let mut drift = Vec::new();
         self.compare(
-            &self.deployments,
-            &spec.group,
-            &objects.deployment,
+            &self.workloads,
+            &render::workload_name(&spec.group),
+            &objects.workload,
             &mut drift,
         );
         self.compare(
@@ -518,7 +528,7 @@ impl KubeRuntime {
         }
     }
 
-    /// The pods of one life (by its Deployment's selector labels).
+    /// The pods of one life (by its StatefulSet's selector labels).
     fn pods(&self, group: &str, selector: &BTreeMap<String, String>) -> Result<usize> {
         let selector = selector
             .iter()
@@ -533,22 +543,19 @@ impl KubeRuntime {
         Ok(pods.items.len())
     }
 
-    /// The spec of a group this runtime runs, else the one its Deployment records.
+    /// The spec of a group this runtime runs, else the one its StatefulSet records.
     fn spec(&self, group: &str) -> Result<Option<ProcessorSpec>> {
         if let Some(spec) = self.running().get(group) {
             return Ok(Some(spec.clone()));
         }
-        if let Some(spec) = self
-            .deployments
-            .get(group)
-            .and_then(|d| spec_of(&d.metadata))
-        {
+        let name = render::workload_name(group);
+        if let Some(spec) = self.workloads.get(&name).and_then(|w| spec_of(&w.metadata)) {
             return Ok(Some(spec));
         }
-        let api: Api<Deployment> = self.api();
+        let api: Api<StatefulSet> = self.api();
         let found = self
             .handle
-            .block_on(api.get_opt(group))
+            .block_on(api.get_opt(&name))
             .map_err(|e| api_error("read", group, e))?;
         Ok(found.as_ref().and_then(|d| spec_of(&d.metadata)))
     }
@@ -655,7 +662,7 @@ fn owner_of(topology: &Topology) -> Option<OwnerReference> {
     Some(owner)
 }
 
-/// What an object of Plumber's (a Deployment or a ScaledObject) runs, from its annotation.
+/// What an object of Plumber's (a StatefulSet or a ScaledObject) runs, from its annotation.
 fn spec_of(metadata: &ObjectMeta) -> Option<ProcessorSpec> {
     let annotation = metadata.annotations.as_ref()?.get(SPEC_ANNOTATION)?;
     match serde_json::from_str(annotation) {
@@ -714,9 +721,13 @@ impl Runtime for KubeRuntime {
             self.running().remove(group);
             // Its TriggerAuthentication is shared: a look deletes it once no processor uses it.
             self.delete(&self.scaled_objects, group, &DeleteParams::default())?;
-            self.delete(&self.deployments, group, &DeleteParams::foreground())?;
+            self.delete(
+                &self.workloads,
+                &render::workload_name(group),
+                &DeleteParams::foreground(),
+            )?;
         }
-        // Without a spec (its Deployment was deleted already, by a replica that crashed
+        // Without a spec (its StatefulSet was deleted already, by a replica that crashed
         // before its pods were gone) the pods are found by the group's name: terminating
         // pods may still be processing, and the engine reads the group's offsets next.
         let Some(selector) = spec
@@ -737,7 +748,7 @@ impl Runtime for KubeRuntime {
                 return Err(Error::Stop {
                     group: group.to_owned(),
                     message: format!(
-                        "{left} pods still exist {} s after their Deployment was deleted",
+                        "{left} pods still exist {} s after their StatefulSet was deleted",
                         self.config.stop_timeout.as_secs()
                     ),
                 });
@@ -757,11 +768,12 @@ impl Runtime for KubeRuntime {
             }}}}
         });
         self.fenced("restart", group)?;
-        let api: Api<Deployment> = self.api();
-        match self
-            .handle
-            .block_on(api.patch(group, &PatchParams::default(), &Patch::Merge(&patch)))
-        {
+        let api: Api<StatefulSet> = self.api();
+        match self.handle.block_on(api.patch(
+            &render::workload_name(group),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )) {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
             Err(error) => Err(api_error("restart", group, error)),
@@ -781,9 +793,10 @@ impl Runtime for KubeRuntime {
     }
 
     fn runs(&self, group: &str) -> Result<bool> {
-        // The Deployment too: a replica that has just taken the lease may be asked before its
+        // The StatefulSet too: a replica that has just taken the lease may be asked before its
         // first resync has read what the previous holder started.
-        Ok(self.running().contains_key(group) || self.deployments.contains(group))
+        Ok(self.running().contains_key(group)
+            || self.workloads.contains(&render::workload_name(group)))
     }
 
     fn processors(&self) -> Result<Vec<ProcessorStatus>> {
@@ -791,15 +804,15 @@ impl Runtime for KubeRuntime {
             .running()
             .values()
             .map(|spec| {
-                let deployment = self.deployments.get(&spec.group);
-                let status = deployment.as_ref().and_then(|d| d.status.as_ref());
+                let workload = self.workloads.get(&render::workload_name(&spec.group));
+                let status = workload.as_ref().and_then(|w| w.status.as_ref());
                 let count = |n: Option<i32>| n.and_then(|n| u32::try_from(n).ok()).unwrap_or(0);
                 ProcessorStatus {
                     topology: spec.topology.clone(),
                     step: spec.step.clone(),
                     identity: spec.identity.to_string(),
                     group: spec.group.clone(),
-                    replicas: count(status.and_then(|s| s.replicas)),
+                    replicas: count(status.map(|s| s.replicas)),
                     running: count(status.and_then(|s| s.ready_replicas)),
                     restarts: 0,
                     commit: Some(spec.commit.clone()),
@@ -809,7 +822,7 @@ impl Runtime for KubeRuntime {
     }
 
     fn metrics_endpoints(&self) -> Result<BTreeMap<String, Vec<MetricsEndpoint>>> {
-        // A Pod is the life's whose selector labels it carries, as its Deployment selects it.
+        // A Pod is the life's whose selector labels it carries, as its StatefulSet selects it.
         let lives: BTreeMap<BTreeMap<String, String>, String> = self
             .running()
             .values()
@@ -833,7 +846,7 @@ impl Runtime for KubeRuntime {
 
     fn unsynced(&self) -> Option<String> {
         let unlisted: Vec<&str> = [
-            (self.deployments.kind(), self.deployments.is_ready()),
+            (self.workloads.kind(), self.workloads.is_ready()),
             (self.scaled_objects.kind(), self.scaled_objects.is_ready()),
             (self.authentications.kind(), self.authentications.is_ready()),
             (self.topologies.kind(), self.topologies.is_ready()),
@@ -856,10 +869,10 @@ impl Runtime for KubeRuntime {
         let _changing = self.changing();
         // Listed, not read from the cache: the replica that held the lease before may have
         // applied a moment ago, and what runs decides what repair deletes.
-        let deployments = self.list::<Deployment>()?;
+        let workloads = self.list::<StatefulSet>()?;
         let scaled_objects = self.list::<ScaledObject>()?;
         self.adopt(
-            deployments.iter().map(|d| &d.metadata),
+            workloads.iter().map(|w| &w.metadata),
             scaled_objects.iter().map(|s| &s.metadata),
         );
         Ok(())
@@ -895,7 +908,8 @@ impl Runtime for KubeRuntime {
                 .collect();
             (running.keys().cloned().collect::<BTreeSet<String>>(), moved)
         };
-        self.collect(&self.deployments, &keep)?;
+        let keep_workloads = keep.iter().map(|g| render::workload_name(g)).collect();
+        self.collect(&self.workloads, &keep_workloads)?;
         self.collect(&self.scaled_objects, &keep)?;
         self.collect(&self.authentications, &shared)?;
         for spec in &moved {

@@ -1,6 +1,6 @@
 //! What the cluster holds of one kind of Plumber's objects, kept current by a watch (kube's
 //! [`watcher()`]): the runtime's looks (repair, status) read memory, and the API server sends
-//! only changes, instead of every Deployment, ScaledObject and TriggerAuthentication every
+//! only changes, instead of every StatefulSet, ScaledObject and TriggerAuthentication every
 //! few seconds (`bench/results/kube.md`: 197 MB per look at 1,000 topologies).
 //!
 //! kube's own `reflector::Store` is written by its watch alone; this one is also written

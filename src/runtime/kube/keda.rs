@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use kube::CustomResource;
 use serde::{Deserialize, Serialize};
 
-/// Scales a Deployment on the lag of its consumer group.
+/// Scales a processor's StatefulSet on the lag of its consumer group.
 #[derive(CustomResource, Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[kube(
     group = "keda.sh",
@@ -33,6 +33,12 @@ pub struct ScaledObjectSpec {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ScaleTargetRef {
+    /// `apps/v1` (KEDA's default); set with `kind` for anything but a Deployment.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub api_version: Option<String>,
+    /// `Deployment` when absent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
     pub name: String,
 }
 

@@ -1,4 +1,4 @@
-//! What a processor identity is in a cluster (SPEC §7): a Deployment, a KEDA ScaledObject that
+//! What a processor identity is in a cluster (SPEC §7): a StatefulSet, a KEDA ScaledObject that
 //! scales it on its group's lag, and, when the cluster has credentials, the
 //! TriggerAuthentication its scaler uses: one per cluster credentials (Secret and what the
 //! cluster's properties take from it), shared by every processor that has them, not one
@@ -10,13 +10,19 @@
 //! - `exec` steps run the user's image; an init container copies `plumber-processor` from the
 //!   processor image into a shared volume, and the processor runs the step's command.
 //!
+//! A StatefulSet, not the Deployment SPEC §7 names: its pods keep their names across
+//! replacement (`<workload>-0`, `-1`, …) and a replacement starts only once its predecessor
+//! is gone, so the processor's transactional id (from the pod's name) passes to the
+//! replacement, whose first transaction fences the predecessor and aborts what it left open:
+//! read_committed readers downstream do not wait out the transaction timeout.
+//!
 //! Every container runs as non-root with a read-only root filesystem (a `/tmp` volume is
 //! writable), no privilege escalation and no capabilities. The processor serves `/healthz`
 //! and `/metrics` on [`METRICS_PORT`].
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
+use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec};
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource,
     HTTPGetAction, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ResourceRequirements,
@@ -25,6 +31,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use sha2::{Digest, Sha256};
 
 use super::crd;
 use super::keda::{
@@ -55,7 +62,7 @@ pub const STEP: &str = "plumber.dev/step";
 pub const IDENTITY: &str = "plumber.dev/identity";
 pub const LIFE: &str = "plumber.dev/life";
 pub const COMMIT: &str = "plumber.dev/commit";
-/// The annotation holding the [`ProcessorSpec`] a Deployment and its ScaledObject were
+/// The annotation holding the [`ProcessorSpec`] a StatefulSet and its ScaledObject were
 /// rendered from (secret values are never in it, only their references): what a restarted
 /// daemon reads back.
 pub const SPEC_ANNOTATION: &str = "plumber.dev/processor";
@@ -71,10 +78,11 @@ pub struct RenderConfig {
     pub owner: Option<OwnerReference>,
 }
 
-/// The objects of one processor identity, all named after its consumer group.
+/// The objects of one processor identity: the ScaledObject named after its consumer group,
+/// the StatefulSet by [`workload_name`].
 #[derive(Debug, Clone)]
 pub struct Objects {
-    pub deployment: Deployment,
+    pub workload: StatefulSet,
     pub scaled_object: ScaledObject,
     pub trigger_authentication: Option<TriggerAuthentication>,
 }
@@ -148,7 +156,7 @@ pub fn revision(
             };
             let spec = ProcessorSpec::starting(&topology.name, &start, &cluster, &target);
             let objects = processor(&spec, config)?;
-            out.push(json(&objects.deployment));
+            out.push(json(&objects.workload));
             out.push(json(&objects.scaled_object));
             if let Some(authentication) = &objects.trigger_authentication
                 && shared.insert(authentication.metadata.name.clone())
@@ -187,7 +195,7 @@ pub fn selector(spec: &ProcessorSpec) -> BTreeMap<String, String> {
 /// [`selector`] of the life whose consumer group is `group`, from the name alone
 /// (`plumber.<topology>.<step>.<id12>[.<life>]`; step names have no dots, topology names
 /// neither, but a preview environment's `<topology>.<slug>` has one): the pods of a life
-/// whose Deployment, and with it its spec, is gone. `None` for a name Plumber does not give.
+/// whose StatefulSet, and with it its spec, is gone. `None` for a name Plumber does not give.
 pub fn selector_of_group(group: &str) -> Option<BTreeMap<String, String>> {
     let mut parts: Vec<&str> = group.strip_prefix("plumber.")?.split('.').collect();
     // Read from the end: a life's number is shorter than an identity.
@@ -227,6 +235,19 @@ fn life(group: &str) -> String {
     }
 }
 
+/// The name of the StatefulSet of the life whose consumer group is `group`:
+/// `<step>-<10 hex digits of the group's SHA-256>`, at most 51 characters. A StatefulSet's
+/// name must stay within 52 (its pods carry `controller-revision-hash: <name>-<hash>`, a
+/// label value of at most 63), and a group name is up to 105.
+pub fn workload_name(group: &str) -> String {
+    let step = selector_of_group(group)
+        .and_then(|mut labels| labels.remove(STEP))
+        .unwrap_or_else(|| "processor".into());
+    let digest = Sha256::digest(group.as_bytes());
+    let hex: String = digest.iter().take(5).map(|b| format!("{b:02x}")).collect();
+    format!("{step}-{hex}")
+}
+
 fn short(hex: &str) -> String {
     hex.chars().take(SHORT_LEN).collect()
 }
@@ -252,10 +273,17 @@ pub fn processor(spec: &ProcessorSpec, config: &RenderConfig) -> Result<Objects,
             ..ObjectMeta::default()
         })
     };
-    let deployment = Deployment {
-        metadata: meta(true)?,
-        spec: DeploymentSpec {
+    let workload_meta = ObjectMeta {
+        name: Some(workload_name(&spec.group)),
+        ..meta(true)?
+    };
+    let workload = StatefulSet {
+        metadata: workload_meta,
+        spec: StatefulSetSpec {
             // No `replicas`: KEDA's autoscaler owns the count.
+            // Pods start and stop together, as a Deployment's do: a pod's identity matters
+            // to fencing, not its order.
+            pod_management_policy: Some("Parallel".into()),
             selector: LabelSelector {
                 match_labels: Some(selector(spec)),
                 ..LabelSelector::default()
@@ -267,17 +295,21 @@ pub fn processor(spec: &ProcessorSpec, config: &RenderConfig) -> Result<Objects,
                 }),
                 spec: Some(pod(spec, config)?),
             },
-            ..DeploymentSpec::default()
+            ..StatefulSetSpec::default()
         },
         status: None,
     };
     let authentication = trigger_authentication(spec, config);
     let scaled_object = ScaledObject {
-        // Annotated too: a restarted daemon still knows a processor whose Deployment was
-        // deleted by hand while no daemon ran, and puts the Deployment back.
+        // Annotated too: a restarted daemon still knows a processor whose StatefulSet was
+        // deleted by hand while no daemon ran, and puts the StatefulSet back.
         metadata: meta(true)?,
         spec: ScaledObjectSpec {
-            scale_target_ref: ScaleTargetRef { name: name.clone() },
+            scale_target_ref: ScaleTargetRef {
+                api_version: Some("apps/v1".into()),
+                kind: Some("StatefulSet".into()),
+                name: workload_name(&spec.group),
+            },
             min_replica_count: clamp(spec.scale.min),
             max_replica_count: clamp(spec.scale.max.max(1)),
             polling_interval: Some(15),
@@ -297,7 +329,7 @@ pub fn processor(spec: &ProcessorSpec, config: &RenderConfig) -> Result<Objects,
         },
     };
     Ok(Objects {
-        deployment,
+        workload,
         scaled_object,
         trigger_authentication: authentication,
     })
@@ -430,7 +462,8 @@ fn pod(spec: &ProcessorSpec, config: &RenderConfig) -> Result<PodSpec, Error> {
     let credentials = spec.cluster.credentials.is_some();
     let metrics = format!("0.0.0.0:{METRICS_PORT}");
     let placement = Placement {
-        // The processor takes its instance name from HOSTNAME: the pod's name.
+        // The processor takes its instance name, and with it its transactional id, from
+        // HOSTNAME: the pod's name, which a StatefulSet's replacement pod keeps.
         instance: None,
         http_port: None,
         credentials: credentials.then_some(std::path::Path::new(CREDENTIALS_DIR)),

@@ -1,11 +1,17 @@
-//! A stand-in for the deployment controller, the ReplicaSet controller and the scheduler at
-//! once: each Deployment gets `spec.replicas` (default 1) Pods named `<deployment>-<k>`,
-//! owned by the Deployment itself (no ReplicaSet objects), labelled with
-//! `spec.selector.matchLabels`, the template's labels and `pod-template-hash`. A Pod of an
-//! older template, past the replica count, or of a Deployment that is gone or being deleted
-//! is deleted; a Pod deleted by hand comes back. The Deployment's status counts the Pods
-//! (`replicas`, `updatedReplicas`, `readyReplicas`, `availableReplicas`) and carries the
-//! `Available` and `Progressing` conditions `kube::runtime::conditions` reads.
+//! A stand-in for the deployment, ReplicaSet and StatefulSet controllers and the scheduler at
+//! once: each Deployment and StatefulSet gets `spec.replicas` (default 1) Pods named
+//! `<name>-<k>`, owned by the workload itself (no ReplicaSet objects), labelled with
+//! `spec.selector.matchLabels`, the template's labels and the template's revision
+//! (`pod-template-hash`; a StatefulSet's Pods `controller-revision-hash: <name>-<hash>` and
+//! `statefulset.kubernetes.io/pod-name`). A Pod of an older template, past the replica
+//! count, or of a workload that is gone or being deleted is deleted; a Pod deleted by hand
+//! comes back, under the same name once the old one is gone (a StatefulSet's guarantee: at
+//! most one Pod per ordinal; a real Deployment's replacement has a new random name, which
+//! this stand-in does not model). A Deployment's status counts the Pods (`replicas`,
+//! `updatedReplicas`, `readyReplicas`, `availableReplicas`) and carries the `Available` and
+//! `Progressing` conditions `kube::runtime::conditions` reads; a StatefulSet's counts them
+//! too, with `currentRevision` and `updateRevision`. Pods of a StatefulSet's new revision
+//! replace the old all at once, not one ordinal after another.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -36,11 +42,44 @@ fn is_ready(pod: &Value) -> bool {
         })
 }
 
+/// The kinds of workload this controller runs Pods for.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Workload {
+    Deployment,
+    StatefulSet,
+}
+
+impl Workload {
+    const ALL: [Workload; 2] = [Workload::Deployment, Workload::StatefulSet];
+
+    fn kind(self) -> &'static str {
+        match self {
+            Workload::Deployment => "Deployment",
+            Workload::StatefulSet => "StatefulSet",
+        }
+    }
+
+    fn resource(self) -> Resource {
+        match self {
+            Workload::Deployment => Resource::new("apps", "deployments"),
+            Workload::StatefulSet => Resource::new("apps", "statefulsets"),
+        }
+    }
+
+    /// The label a Pod carries its template's revision in, and its value.
+    fn revision(self, name: &str, hash: &str) -> (&'static str, String) {
+        match self {
+            Workload::Deployment => ("pod-template-hash", hash.to_owned()),
+            Workload::StatefulSet => ("controller-revision-hash", format!("{name}-{hash}")),
+        }
+    }
+}
+
 fn owner_uid(pod: &Value) -> Option<String> {
     pod.pointer("/metadata/ownerReferences")
         .and_then(Value::as_array)?
         .iter()
-        .find(|r| r["kind"] == "Deployment" && r["controller"] == true)
+        .find(|r| Workload::ALL.iter().any(|w| r["kind"] == w.kind()) && r["controller"] == true)
         .and_then(|r| r["uid"].as_str())
         .map(str::to_string)
 }
@@ -73,36 +112,59 @@ fn string_map(value: Option<&Value>) -> Map<String, Value> {
         .unwrap_or_default()
 }
 
-/// Brings Pods and Deployment statuses in line with the Deployments once; the result is
-/// stable (a second call changes nothing).
+/// Brings Pods and workload statuses in line with the Deployments and StatefulSets once; the
+/// result is stable (a second call changes nothing).
 pub(crate) fn settle(store: &mut Store, start: PodStart, finalizer: Option<&str>) {
-    let deployments = Resource::new("apps", "deployments");
     let pods = Resource::new("", "pods");
     let mut live_uids = BTreeSet::new();
-    for key in store.keys(&deployments, None) {
-        let Some(deployment) = store.stored(&key).map(|s| s.object.clone()) else {
+    for workload in Workload::ALL {
+        settle_kind(store, workload, start, finalizer, &mut live_uids);
+    }
+
+    // The garbage collector: Pods whose owning workload is gone.
+    for pod_key in store.keys(&pods, None) {
+        let orphan = store
+            .stored(&pod_key)
+            .and_then(|s| owner_uid(&s.object))
+            .is_some_and(|uid| !live_uids.contains(&uid));
+        if orphan {
+            delete_pod(store, &pod_key);
+        }
+    }
+}
+
+fn settle_kind(
+    store: &mut Store,
+    workload: Workload,
+    start: PodStart,
+    finalizer: Option<&str>,
+    live_uids: &mut BTreeSet<String>,
+) {
+    let pods = Resource::new("", "pods");
+    for key in store.keys(&workload.resource(), None) {
+        let Some(object) = store.stored(&key).map(|s| s.object.clone()) else {
             continue;
         };
-        let uid = deployment
+        let uid = object
             .pointer("/metadata/uid")
             .and_then(Value::as_str)
             .unwrap_or_default()
             .to_string();
         live_uids.insert(uid.clone());
-        let deleting = deployment.pointer("/metadata/deletionTimestamp").is_some();
+        let deleting = object.pointer("/metadata/deletionTimestamp").is_some();
         let replicas = if deleting {
             0
         } else {
-            deployment
+            object
                 .pointer("/spec/replicas")
                 .and_then(Value::as_u64)
                 .unwrap_or(1)
         };
-        let template = deployment
+        let template = object
             .pointer("/spec/template")
             .cloned()
             .unwrap_or(json!({}));
-        let hash = template_hash(&template);
+        let (revision_label, revision) = workload.revision(&key.name, &template_hash(&template));
         let desired: BTreeSet<String> =
             (0..replicas).map(|k| format!("{}-{k}", key.name)).collect();
 
@@ -113,8 +175,10 @@ pub(crate) fn settle(store: &mut Store, start: PodStart, finalizer: Option<&str>
             .filter(|(_, pod)| owner_uid(pod).as_deref() == Some(uid.as_str()))
             .collect();
         for (pod_key, pod) in &owned {
-            let current = pod.pointer("/metadata/labels/pod-template-hash")
-                == Some(&Value::from(hash.clone()));
+            let current = pod
+                .pointer("/metadata/labels")
+                .and_then(|labels| labels.get(revision_label))
+                == Some(&Value::from(revision.clone()));
             if !current || !desired.contains(&pod_key.name) {
                 delete_pod(store, pod_key);
             }
@@ -129,15 +193,21 @@ pub(crate) fn settle(store: &mut Store, start: PodStart, finalizer: Option<&str>
                 continue; // ours and current, or someone else's of the same name
             }
             let mut labels = string_map(template.pointer("/metadata/labels"));
-            labels.extend(string_map(deployment.pointer("/spec/selector/matchLabels")));
-            labels.insert("pod-template-hash".into(), Value::from(hash.clone()));
+            labels.extend(string_map(object.pointer("/spec/selector/matchLabels")));
+            labels.insert(revision_label.into(), Value::from(revision.clone()));
+            if workload == Workload::StatefulSet {
+                labels.insert(
+                    "statefulset.kubernetes.io/pod-name".into(),
+                    Value::from(name.clone()),
+                );
+            }
             let mut metadata = json!({
                 "name": name,
                 "namespace": key.namespace,
                 "labels": labels,
                 "ownerReferences": [{
                     "apiVersion": "apps/v1",
-                    "kind": "Deployment",
+                    "kind": workload.kind(),
                     "name": key.name,
                     "uid": uid,
                     "controller": true,
@@ -166,18 +236,14 @@ pub(crate) fn settle(store: &mut Store, start: PodStart, finalizer: Option<&str>
             store.commit(&pod_key, pod, ownership);
         }
 
-        update_status(store, &key, &uid, &hash, replicas);
-    }
-
-    // The garbage collector: Pods whose owning Deployment is gone.
-    for pod_key in store.keys(&pods, None) {
-        let orphan = store
-            .stored(&pod_key)
-            .and_then(|s| owner_uid(&s.object))
-            .is_some_and(|uid| !live_uids.contains(&uid));
-        if orphan {
-            delete_pod(store, &pod_key);
-        }
+        update_status(
+            store,
+            workload,
+            &key,
+            &uid,
+            (revision_label, &revision),
+            replicas,
+        );
     }
 }
 
@@ -216,7 +282,14 @@ fn condition(old: Option<&Value>, type_: &str, status: bool, reason: &str, messa
     })
 }
 
-fn update_status(store: &mut Store, key: &Key, uid: &str, hash: &str, desired: u64) {
+fn update_status(
+    store: &mut Store,
+    workload: Workload,
+    key: &Key,
+    uid: &str,
+    (revision_label, revision): (&str, &str),
+    desired: u64,
+) {
     let pods = Resource::new("", "pods");
     let owned: Vec<Value> = store
         .keys(&pods, Some(&key.namespace))
@@ -227,7 +300,11 @@ fn update_status(store: &mut Store, key: &Key, uid: &str, hash: &str, desired: u
     let replicas = owned.len() as u64;
     let updated = owned
         .iter()
-        .filter(|p| p.pointer("/metadata/labels/pod-template-hash") == Some(&Value::from(hash)))
+        .filter(|p| {
+            p.pointer("/metadata/labels")
+                .and_then(|labels| labels.get(revision_label))
+                == Some(&Value::from(revision))
+        })
         .count() as u64;
     // A terminating Pod serves no more, whatever its last readiness said.
     let ready = owned
@@ -239,10 +316,56 @@ fn update_status(store: &mut Store, key: &Key, uid: &str, hash: &str, desired: u
     };
     let old_status = stored.object.get("status").cloned().unwrap_or(json!({}));
     let old_conditions = old_status.get("conditions");
+    let generation = stored
+        .object
+        .pointer("/metadata/generation")
+        .cloned()
+        .unwrap_or(json!(1));
+    let status = match workload {
+        Workload::Deployment => deployment_status(
+            old_conditions,
+            generation,
+            (replicas, updated, ready),
+            desired,
+        ),
+        Workload::StatefulSet => json!({
+            "observedGeneration": generation,
+            "replicas": replicas,
+            "currentReplicas": updated,
+            "updatedReplicas": updated,
+            "readyReplicas": ready,
+            "availableReplicas": ready,
+            "currentRevision": revision,
+            "updateRevision": revision,
+        }),
+    };
+    if status == old_status {
+        return;
+    }
+    let mut object = stored.object.clone();
+    let mut ownership = stored.ownership.clone();
+    object["status"] = status;
+    let time = now();
+    ownership.update(
+        MANAGER,
+        Scope::Status,
+        &stored.object,
+        &object,
+        ("apps/v1", &time),
+    );
+    store.commit(key, object, ownership);
+}
+
+fn deployment_status(
+    old_conditions: Option<&Value>,
+    generation: Value,
+    (replicas, updated, ready): (u64, u64, u64),
+    desired: u64,
+) -> Value {
     let available = ready >= desired;
     let complete = updated == desired && ready == desired && replicas == desired;
     let mut status = json!({
-        "observedGeneration": stored.object.pointer("/metadata/generation").cloned().unwrap_or(json!(1)),
+        "observedGeneration": generation,
         "replicas": replicas,
         "updatedReplicas": updated,
         "readyReplicas": ready,
@@ -267,19 +390,5 @@ fn update_status(store: &mut Store, key: &Key, uid: &str, hash: &str, desired: u
     if replicas > ready {
         status["unavailableReplicas"] = Value::from(replicas - ready);
     }
-    if status == old_status {
-        return;
-    }
-    let mut object = stored.object.clone();
-    let mut ownership = stored.ownership.clone();
-    object["status"] = status;
-    let time = now();
-    ownership.update(
-        MANAGER,
-        Scope::Status,
-        &stored.object,
-        &object,
-        ("apps/v1", &time),
-    );
-    store.commit(key, object, ownership);
+    status
 }

@@ -73,6 +73,7 @@ const KNOWN_KINDS: &[(&str, &str, &str, &str)] = &[
     ("", "namespaces", "v1", "Namespace"),
     ("apps", "deployments", "apps/v1", "Deployment"),
     ("apps", "replicasets", "apps/v1", "ReplicaSet"),
+    ("apps", "statefulsets", "apps/v1", "StatefulSet"),
     (
         "coordination.k8s.io",
         "leases",
