@@ -614,6 +614,8 @@ struct Run {
     rss_idle: f64,
     rss_peak: f64,
     heap_daemon: f64,
+    /// Of `heap_daemon`: what the store keeps beside the caches (its last-seen Topologies).
+    heap_store: f64,
     heap_graphs: f64,
     heap_fake: f64,
 }
@@ -899,7 +901,16 @@ fn run(n: usize, looks: usize, look_budget: Duration, controller: bool) -> Run {
     let (_, peak) = rss_mb();
     out.rss_peak = peak;
     let with_daemon = HEAP.current_usage();
-    drop(daemon);
+    let Daemon {
+        runtime,
+        store,
+        _tokio,
+    } = daemon;
+    // The store first: the Topology cache it shares is the runtime's.
+    drop(store);
+    out.heap_store = mb(with_daemon.saturating_sub(HEAP.current_usage()));
+    drop(runtime);
+    drop(_tokio);
     let without_daemon = HEAP.current_usage();
     out.heap_daemon = mb(with_daemon.saturating_sub(without_daemon));
     drop(revision3);
@@ -1225,6 +1236,11 @@ fn report(runs: &[Run], sizes: &[usize], reps: usize, looks: usize, controller: 
     t.one("RSS after the idle looks, MB", 0, |r| r.rss_idle);
     t.one("peak RSS of the process so far, MB", 0, |r| r.rss_peak);
     t.one("heap: the daemon's state, MB", 1, |r| r.heap_daemon);
+    t.one(
+        "… of which the store's own (last-seen Topologies), MB",
+        1,
+        |r| r.heap_store,
+    );
     t.one("heap: the graphs, MB", 1, |r| r.heap_graphs);
     t.one("heap: the fake server, MB", 1, |r| r.heap_fake);
     md.push_str(&t.finish());

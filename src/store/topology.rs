@@ -25,7 +25,7 @@ use kube::api::{Api, DeleteParams, ListParams, PostParams, Preconditions};
 use serde::{Deserialize, Serialize};
 
 use super::{CutoverStore, Error, FORMAT, HistoryEntry, Result, TopologyRecord};
-use crate::runtime::kube::cache::Cache;
+use crate::runtime::kube::cache::{Cache, Kept};
 use crate::runtime::kube::crd::{Topology, TopologySpec, TopologyStatus};
 use crate::runtime::kube::render::{MANAGED_BY, Source, TOPOLOGY};
 use crate::runtime::{Guard, Term};
@@ -50,7 +50,9 @@ struct StatusRecord {
 
 /// A Topology object as this store last read or wrote it (`None`: there was none), and the
 /// lease term it did so in.
-type Known = (Option<Topology>, Option<u64>);
+/// A Topology as last read or written (`None`: there was none), shared with the watch cache
+/// when there is one, and the lease term it was read or written in.
+type Known = (Option<Arc<Kept<Topology>>>, Option<u64>);
 
 pub struct TopologyStore {
     client: Client,
@@ -133,14 +135,12 @@ impl TopologyStore {
             .map_err(|e| kube_error("read", topology, e))
     }
 
-    fn remember(&self, topology: &str, mut object: Option<Topology>) {
-        if let Some(object) = &mut object {
-            // The server keeps them when a write leaves them out; here they only take room.
-            object.metadata.managed_fields = None;
-            if let Some(cache) = &self.cache {
-                cache.written(object.clone());
-            }
-        }
+    fn remember(&self, topology: &str, object: Option<Topology>) {
+        // One copy, the cache's when there is one.
+        let object = object.and_then(|object| match &self.cache {
+            Some(cache) => cache.written(object),
+            None => Kept::of_object(object),
+        });
         let term = self.term.as_ref().and_then(|term| term());
         self.known
             .lock()
@@ -180,6 +180,7 @@ impl TopologyStore {
             .unwrap_or_else(PoisonError::into_inner)
             .get(topology)
             .cloned()?;
+        let known = known.and_then(|kept| kept.object());
         let record = record_of(known.as_ref());
         Some((known, record))
     }
@@ -201,7 +202,9 @@ impl TopologyStore {
         let now = self.term.as_ref().and_then(|term| term())?;
         let known = self.known.lock().unwrap_or_else(PoisonError::into_inner);
         match known.get(topology)? {
-            (object, Some(term)) if *term == now => Some(record_of(object.as_ref())),
+            (object, Some(term)) if *term == now => {
+                Some(object.as_ref().and_then(|kept| kept_record(kept)))
+            }
             _ => None,
         }
     }
@@ -377,6 +380,16 @@ impl TopologyStore {
 }
 
 /// The record in an object's status.
+/// The record of a cached Topology's status, decoded alone.
+#[derive(serde::Deserialize)]
+struct RecordOnly {
+    record: Option<serde_json::Value>,
+}
+
+fn kept_record(object: &Kept<Topology>) -> Option<serde_json::Value> {
+    object.status::<RecordOnly>().and_then(|s| s.record)
+}
+
 fn record_of(object: Option<&Topology>) -> Option<serde_json::Value> {
     object
         .and_then(|o| o.status.as_ref())
@@ -440,13 +453,14 @@ impl CutoverStore for TopologyStore {
             return Ok(all
                 .into_iter()
                 .map(|(name, object)| {
-                    let version = object.metadata.resource_version.clone();
+                    let version = object.meta().resource_version.clone();
                     if let (Some(version), Some((seen, record))) = (&version, parsed.get(&name))
                         && version == seen
                     {
                         return (name, Ok(record.clone()));
                     }
-                    let record = parse(&name, record_of(Some(&object))).map(|s| s.record);
+                    let raw = kept_record(&object);
+                    let record = parse(&name, raw).map(|s| s.record);
                     if let (Ok(record), Some(version)) = (&record, version) {
                         parsed.insert(name.clone(), (version, record.clone()));
                     }

@@ -39,14 +39,14 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetStatus};
 use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Client, Resource};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::cache::Cache;
+use super::cache::{Cache, Kept};
 use super::crd::Topology;
 use super::drift;
 use super::keda::{ScaledObject, TriggerAuthentication};
@@ -186,8 +186,8 @@ impl KubeRuntime {
             let workloads = runtime.workloads.all();
             let scaled_objects = runtime.scaled_objects.all();
             runtime.adopt(
-                workloads.values().map(|w| &w.metadata),
-                scaled_objects.values().map(|s| &s.metadata),
+                workloads.values().map(|w| w.meta()),
+                scaled_objects.values().map(|s| s.meta()),
             );
         }
         Ok(runtime)
@@ -320,7 +320,7 @@ impl KubeRuntime {
             .handle
             .block_on(api.get_opt(topology))
             .map_err(|e| api_error("read the Topology of", topology, e))?;
-        let owner = found.as_ref().and_then(owner_of);
+        let owner = found.as_ref().and_then(|t| owner_of(&t.metadata));
         if let Some(owner) = &owner {
             self.owners().insert(topology.to_owned(), owner.clone());
         }
@@ -342,8 +342,7 @@ impl KubeRuntime {
         }
         self.topologies
             .get(topology)
-            .as_deref()
-            .and_then(owner_of)
+            .and_then(|t| owner_of(t.meta()))
             .or_else(|| self.owners().get(topology).cloned())
     }
 
@@ -514,8 +513,8 @@ impl KubeRuntime {
             drift.push(format!("{} missing", cache.kind()));
             return;
         };
-        let holds = match (serde_json::to_value(&*live), serde_json::to_value(applied)) {
-            (Ok(live), Ok(applied)) => drift::holds(&live, &applied),
+        let holds = match (live.json(), serde_json::to_value(applied)) {
+            (Some(live), Ok(applied)) => drift::holds(&live, &applied),
             _ => false,
         };
         match (holds, &live.meta().resource_version) {
@@ -549,7 +548,7 @@ impl KubeRuntime {
             return Ok(Some(spec.clone()));
         }
         let name = render::workload_name(group);
-        if let Some(spec) = self.workloads.get(&name).and_then(|w| spec_of(&w.metadata)) {
+        if let Some(spec) = self.workloads.get(&name).and_then(|w| spec_of(w.meta())) {
             return Ok(Some(spec));
         }
         let api: Api<StatefulSet> = self.api();
@@ -563,29 +562,29 @@ impl KubeRuntime {
 
 /// What [`Runtime::metrics_endpoints`] reads of a Pod: its labels (whose life it is), uid,
 /// phase and IP. The spec and the rest of the status are most of a Pod's bytes.
-fn trim_pod(pod: Pod) -> Pod {
-    let status = pod.status.map(|status| PodStatus {
+fn trim_pod(mut pod: Kept<Pod>) -> Kept<Pod> {
+    let status = pod.status::<PodStatus>().map(|status| PodStatus {
         phase: status.phase,
         pod_ip: status.pod_ip,
         ..PodStatus::default()
     });
-    Pod {
-        metadata: ObjectMeta {
-            name: pod.metadata.name,
-            uid: pod.metadata.uid,
-            labels: pod.metadata.labels,
-            resource_version: pod.metadata.resource_version,
-            deletion_timestamp: pod.metadata.deletion_timestamp,
-            ..ObjectMeta::default()
-        },
-        spec: None,
-        status,
-    }
+    pod.set_status(status.as_ref());
+    pod.drop_spec();
+    let meta = pod.meta_mut();
+    *meta = ObjectMeta {
+        name: meta.name.take(),
+        uid: meta.uid.take(),
+        labels: meta.labels.take(),
+        resource_version: meta.resource_version.take(),
+        deletion_timestamp: meta.deletion_timestamp.take(),
+        ..ObjectMeta::default()
+    };
+    pod
 }
 
 /// Where a Pod serves `/metrics`, once it runs and has an IP.
-fn metrics_of(pod: &Pod) -> Option<MetricsEndpoint> {
-    let status = pod.status.as_ref()?;
+fn metrics_of(pod: &Kept<Pod>) -> Option<MetricsEndpoint> {
+    let status = pod.status::<PodStatus>()?;
     if status.phase.as_deref() != Some("Running") {
         return None;
     }
@@ -593,11 +592,7 @@ fn metrics_of(pod: &Pod) -> Option<MetricsEndpoint> {
     Some(MetricsEndpoint {
         // A Pod's containers restarted in place count from zero: the scraper sees the
         // counter go down.
-        instance: pod
-            .metadata
-            .uid
-            .clone()
-            .or_else(|| pod.metadata.name.clone())?,
+        instance: pod.meta().uid.clone().or_else(|| pod.meta().name.clone())?,
         addr: std::net::SocketAddr::new(ip, render::METRICS_PORT),
     })
 }
@@ -655,11 +650,17 @@ where
     format!("{}/{name}", cache.kind())
 }
 
-fn owner_of(topology: &Topology) -> Option<OwnerReference> {
-    let mut owner = topology.controller_owner_ref(&())?;
-    // Deleting a processor's objects never waits on its Topology.
-    owner.block_owner_deletion = Some(false);
-    Some(owner)
+/// The owner reference to the Topology with metadata `topology`.
+fn owner_of(topology: &ObjectMeta) -> Option<OwnerReference> {
+    Some(OwnerReference {
+        api_version: Topology::api_version(&()).into_owned(),
+        kind: Topology::kind(&()).into_owned(),
+        name: topology.name.clone()?,
+        uid: topology.uid.clone()?,
+        controller: Some(true),
+        // Deleting a processor's objects never waits on its Topology.
+        block_owner_deletion: Some(false),
+    })
 }
 
 /// What an object of Plumber's (a StatefulSet or a ScaledObject) runs, from its annotation.
@@ -805,7 +806,8 @@ impl Runtime for KubeRuntime {
             .values()
             .map(|spec| {
                 let workload = self.workloads.get(&render::workload_name(&spec.group));
-                let status = workload.as_ref().and_then(|w| w.status.as_ref());
+                let status = workload.and_then(|w| w.status::<StatefulSetStatus>());
+                let status = status.as_ref();
                 let count = |n: Option<i32>| n.and_then(|n| u32::try_from(n).ok()).unwrap_or(0);
                 ProcessorStatus {
                     topology: spec.topology.clone(),
@@ -830,7 +832,7 @@ impl Runtime for KubeRuntime {
             .collect();
         let mut endpoints: BTreeMap<String, Vec<MetricsEndpoint>> = BTreeMap::new();
         for pod in self.pods.all().values() {
-            let Some(labels) = &pod.metadata.labels else {
+            let Some(labels) = &pod.meta().labels else {
                 continue;
             };
             let selected: BTreeMap<String, String> = [TOPOLOGY, STEP, IDENTITY, LIFE]
