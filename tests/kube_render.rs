@@ -291,6 +291,22 @@ fn labels_say_what_runs_and_stay_valid_at_the_longest_names() {
         render::selector_of_group(&first_life.group),
         Some(render::selector(&first_life))
     );
+    // A StatefulSet is named after the step its group's name holds, and the group's hash.
+    for group in [
+        spec.group.as_str(),
+        first_life.group.as_str(),
+        "plumber.shop.pr-12.score.cdcdcdcdcdcd.3",
+    ] {
+        let step = &render::selector_of_group(group).unwrap()["plumber.dev/step"];
+        let name = render::workload_name(group);
+        assert!(name.starts_with(&format!("{step}-")), "{group}: {name}");
+        assert_eq!(name.len(), step.len() + 11, "{name}");
+    }
+    assert_ne!(
+        render::workload_name(&spec.group),
+        render::workload_name(&first_life.group),
+        "lives of one step have StatefulSets of their own"
+    );
     for other in [
         "orders",
         "plumber.t.s",

@@ -239,13 +239,33 @@ fn life(group: &str) -> String {
 /// `<step>-<10 hex digits of the group's SHA-256>`, at most 51 characters. A StatefulSet's
 /// name must stay within 52 (its pods carry `controller-revision-hash: <name>-<hash>`, a
 /// label value of at most 63), and a group name is up to 105.
+///
+/// Every look of the observer asks it for each processor, so it allocates only its result.
 pub fn workload_name(group: &str) -> String {
-    let step = selector_of_group(group)
-        .and_then(|mut labels| labels.remove(STEP))
-        .unwrap_or_else(|| "processor".into());
+    use std::fmt::Write as _;
+    let step = step_of_group(group).unwrap_or("processor");
     let digest = Sha256::digest(group.as_bytes());
-    let hex: String = digest.iter().take(5).map(|b| format!("{b:02x}")).collect();
-    format!("{step}-{hex}")
+    let mut name = String::with_capacity(step.len() + 11);
+    name.push_str(step);
+    name.push('-');
+    for byte in &digest[..5] {
+        let _ = write!(name, "{byte:02x}");
+    }
+    name
+}
+
+/// The step of `plumber.<topology>[.<slug>].<step>.<id12>[.<life>]`, read from the end as
+/// [`selector_of_group`] reads it.
+fn step_of_group(group: &str) -> Option<&str> {
+    let mut parts = group.strip_prefix("plumber.")?.rsplit('.');
+    let mut last = parts.next()?;
+    if last.len() < SHORT_LEN && last.chars().all(|c| c.is_ascii_digit()) {
+        last = parts.next()?;
+    }
+    let identity = last;
+    let step = parts.next()?;
+    let topology = parts.next()?;
+    (identity.len() == SHORT_LEN && !step.is_empty() && !topology.is_empty()).then_some(step)
 }
 
 fn short(hex: &str) -> String {
