@@ -249,15 +249,22 @@ fn a_stop_whose_pods_do_not_go_is_an_error_naming_them() {
     assert!(error.is_retryable());
 }
 
+/// The finalizer of a test kubelet: a deleted Pod terminates until it is removed.
+const KUBELET: &str = "test.plumber.dev/kubelet";
+
+/// A fake API server whose Pods terminate until [`KUBELET`]'s finalizer is removed.
+fn with_terminating_pods() -> FakeApi {
+    FakeApi::new()
+        .with_workload_controller(PodStart::Ready)
+        .with_pod_finalizer(KUBELET)
+}
+
 /// A replica deleted the StatefulSet and crashed while its pod was still terminating (its
 /// process finishing); the replica that takes over stops the same life again, knowing nothing
 /// of it but its group: the stop still waits for the pod, found by the group's name.
 #[test]
 fn a_stop_after_the_statefulset_went_still_waits_for_its_terminating_pods() {
-    const KUBELET: &str = "test.plumber.dev/kubelet";
-    let fake = FakeApi::new()
-        .with_workload_controller(PodStart::Ready)
-        .with_pod_finalizer(KUBELET);
+    let fake = with_terminating_pods();
     let crashed = runtime(&fake);
     let spec = spec("validate", "ab");
     crashed.start(&spec).unwrap();
@@ -279,10 +286,7 @@ fn a_stop_after_the_statefulset_went_still_waits_for_its_terminating_pods() {
 /// transaction would hold read_committed readers until the transaction timeout).
 #[test]
 fn an_evicted_processor_pod_is_replaced_under_its_own_name_once_it_is_gone() {
-    const KUBELET: &str = "test.plumber.dev/kubelet";
-    let fake = FakeApi::new()
-        .with_workload_controller(PodStart::Ready)
-        .with_pod_finalizer(KUBELET);
+    let fake = with_terminating_pods();
     let runtime = runtime(&fake);
     let spec = spec("validate", "ab");
     runtime.start(&spec).unwrap();

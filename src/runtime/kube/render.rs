@@ -197,33 +197,49 @@ pub fn selector(spec: &ProcessorSpec) -> BTreeMap<String, String> {
 /// neither, but a preview environment's `<topology>.<slug>` has one): the pods of a life
 /// whose StatefulSet, and with it its spec, is gone. `None` for a name Plumber does not give.
 pub fn selector_of_group(group: &str) -> Option<BTreeMap<String, String>> {
-    let mut parts: Vec<&str> = group.strip_prefix("plumber.")?.split('.').collect();
-    // Read from the end: a life's number is shorter than an identity.
-    let life = match parts.last() {
-        Some(last) if last.len() < SHORT_LEN && last.chars().all(|c| c.is_ascii_digit()) => {
-            parts.pop()
-        }
-        _ => None,
-    }
-    .unwrap_or("1");
-    let identity = parts.pop()?;
-    let step = parts.pop()?;
-    let topology = parts.join(".");
-    let hex = identity.len() == SHORT_LEN && identity.chars().all(|c| c.is_ascii_hexdigit());
-    if !(1..=2).contains(&parts.len())
-        || parts.iter().any(|p| p.is_empty())
-        || step.is_empty()
-        || !hex
-        || life.is_empty()
-    {
-        return None;
-    }
+    let parts = GroupParts::of(group)?;
     Some(BTreeMap::from([
-        (TOPOLOGY.into(), topology),
-        (STEP.into(), step.into()),
-        (IDENTITY.into(), identity.into()),
-        (LIFE.into(), life.into()),
+        (TOPOLOGY.into(), parts.topology.into()),
+        (STEP.into(), parts.step.into()),
+        (IDENTITY.into(), parts.identity.into()),
+        (LIFE.into(), parts.life.into()),
     ]))
+}
+
+/// The parts of a group name Plumber gives, borrowed from it.
+struct GroupParts<'a> {
+    topology: &'a str,
+    step: &'a str,
+    identity: &'a str,
+    life: &'a str,
+}
+
+impl<'a> GroupParts<'a> {
+    fn of(group: &'a str) -> Option<GroupParts<'a>> {
+        let rest = group.strip_prefix("plumber.")?;
+        let (head, last) = rest.rsplit_once('.')?;
+        // Read from the end: a life's number is shorter than an identity.
+        let (head, life) = if last.len() < SHORT_LEN && last.chars().all(|c| c.is_ascii_digit()) {
+            (head, last)
+        } else {
+            (rest, "1")
+        };
+        let (head, identity) = head.rsplit_once('.')?;
+        let (topology, step) = head.rsplit_once('.')?;
+        let hex = identity.len() == SHORT_LEN && identity.chars().all(|c| c.is_ascii_hexdigit());
+        let segments = topology.split('.').count();
+        let valid = (1..=2).contains(&segments)
+            && !topology.split('.').any(str::is_empty)
+            && !step.is_empty()
+            && hex
+            && !life.is_empty();
+        valid.then_some(GroupParts {
+            topology,
+            step,
+            identity,
+            life,
+        })
+    }
 }
 
 /// A life's number, from its group name (`….<id12>` is the first life, `….<id12>.<n>` the
@@ -243,7 +259,7 @@ fn life(group: &str) -> String {
 /// Every look of the observer asks it for each processor, so it allocates only its result.
 pub fn workload_name(group: &str) -> String {
     use std::fmt::Write as _;
-    let step = step_of_group(group).unwrap_or("processor");
+    let step = GroupParts::of(group).map_or("processor", |parts| parts.step);
     let digest = Sha256::digest(group.as_bytes());
     let mut name = String::with_capacity(step.len() + 11);
     name.push_str(step);
@@ -252,20 +268,6 @@ pub fn workload_name(group: &str) -> String {
         let _ = write!(name, "{byte:02x}");
     }
     name
-}
-
-/// The step of `plumber.<topology>[.<slug>].<step>.<id12>[.<life>]`, read from the end as
-/// [`selector_of_group`] reads it.
-fn step_of_group(group: &str) -> Option<&str> {
-    let mut parts = group.strip_prefix("plumber.")?.rsplit('.');
-    let mut last = parts.next()?;
-    if last.len() < SHORT_LEN && last.chars().all(|c| c.is_ascii_digit()) {
-        last = parts.next()?;
-    }
-    let identity = last;
-    let step = parts.next()?;
-    let topology = parts.next()?;
-    (identity.len() == SHORT_LEN && !step.is_empty() && !topology.is_empty()).then_some(step)
 }
 
 fn short(hex: &str) -> String {
