@@ -1,21 +1,23 @@
-//! The cutover engine: moves one topology's deployment towards a target graph, one action at
-//! a time, against a [`Runtime`] and Kafka ([`Admin`]), saving what each action did through a
-//! [`CutoverStore`] before the next one. It is the only writer of cutover state.
+//! The cutover engine: moves one topology's deployment towards a target graph, action by
+//! action, against a [`Runtime`] and Kafka ([`Admin`]), saving what the actions did through a
+//! [`CutoverStore`]. It is the only writer of cutover state.
 //!
 //! # Expected flow
 //!
 //! The daemon calls [`Engine::advance`] with the target (the newest valid commit's graph of
 //! the topology) until it answers [`Advance::Settled`]. Each call reads the topology's record,
 //! asks the planner ([`moves::remaining`]) what is left between the deployment and the target,
-//! runs the first action that can run and does not wait, and saves its effect. A newer commit
-//! simply becomes the next call's target: the planner moves on from whatever the deployment
+//! runs every action that can run and does not wait, and saves their effects in one write
+//! (two when it starts new lives: their offsets are saved before any of them runs). A newer
+//! commit simply becomes the next call's target: the planner moves on from whatever the deployment
 //! is, half-way through a move or not.
 //!
 //! # Guarantees
 //!
 //! - Every action is idempotent and its effect is saved only once it took effect, so redoing
-//!   the one a crash interrupted is safe: topics are created or deleted if needed, stopping a
-//!   stopped processor does nothing, starting a running one does nothing.
+//!   those a crash interrupted (run since the last save) is safe: topics are created or
+//!   deleted if needed, stopping a stopped processor does nothing, starting a running one
+//!   does nothing.
 //! - A group's offsets are set only before its life first starts (the life is saved as
 //!   prepared, not running, in between), so a resumed move never rewinds or skips a running
 //!   processor.
@@ -92,6 +94,9 @@ pub struct CutoverConfig {
     pub group_empty_timeout: Duration,
     /// Retry delays of a failing action: the first, and the longest.
     pub retry: (Duration, Duration),
+    /// At most this many actions per call of [`Engine::advance`]: a newer commit is taken
+    /// between calls.
+    pub batch: usize,
 }
 
 impl Default for CutoverConfig {
@@ -104,6 +109,8 @@ impl Default for CutoverConfig {
             // leaving is gone by then.
             group_empty_timeout: Duration::from_secs(15),
             retry: (Duration::from_millis(500), Duration::from_secs(30)),
+            // A first deploy of 20 steps is 45 actions.
+            batch: 64,
         }
     }
 }
@@ -122,6 +129,13 @@ pub enum Event<'a> {
         done: usize,
         remaining: usize,
         action: &'a Action,
+    },
+    /// These actions took effect and were saved (one call's batch); `done` and `left` count
+    /// the move's actions after them.
+    Progressed {
+        actions: &'a [String],
+        done: usize,
+        left: usize,
     },
     /// What remains of the move, each action with what holds it up (at the start of every
     /// call that has something left, and at its end).
@@ -155,7 +169,7 @@ pub enum Advance {
     /// The topology is gone: nothing of it runs or exists any more (its record remains, so a
     /// topology of the same name that comes back never reuses the names of this one).
     Removed,
-    /// One action took effect.
+    /// At least one action took effect.
     Progressed,
     /// Every action left waits; look again at `until`.
     Waiting { until: Instant, waits: Vec<Wait> },
@@ -209,6 +223,19 @@ enum NotYet {
     Failed(String),
 }
 
+/// What one call to [`Engine::advance`] did so far: the actions it announced, finished, and
+/// tried without effect (not tried again in the same call), and the move's count of done and
+/// left actions as they stand.
+struct Batch {
+    done: usize,
+    left: usize,
+    announced: Vec<String>,
+    finished: Vec<String>,
+    failed: Vec<String>,
+    /// Effects not saved yet.
+    unsaved: bool,
+}
+
 /// Everything a move of one topology needs.
 pub struct Engine<'a> {
     pub topology: &'a str,
@@ -233,7 +260,8 @@ impl Engine<'_> {
             .map_err(|e| self.store_error(e))
     }
 
-    /// Runs at most one action towards `target`, or settles when none is left.
+    /// Runs every action towards `target` that can run now (the planner's unblocked ones, which
+    /// do not depend on each other), or settles when none is left.
     pub fn advance(&self, target: &Target<'_>, waits: &mut Waits) -> Result<Advance, Error> {
         let mut record = self
             .store
@@ -257,7 +285,7 @@ impl Engine<'_> {
                 wanted: wanted.to_owned(),
             });
         }
-        let remaining = moves::remaining(self.topology, &record.deployment, target.topology);
+        let mut remaining = moves::remaining(self.topology, &record.deployment, target.topology);
         if remaining.is_empty() {
             return self.settle(record, target);
         }
@@ -267,80 +295,86 @@ impl Engine<'_> {
         waits
             .entries
             .retain(|key, _| remaining.iter().any(|p| describe(&p.action) == *key));
-        self.show_remaining(&record, &remaining, waits, None);
-        let done = record.moving.as_ref().map_or(0, |m| m.done);
-        for pending in remaining.iter().filter(|p| p.blocked_by.is_none()) {
-            let key = describe(&pending.action);
-            if waits.blocks(&key, now) {
-                continue;
+        self.show_remaining(&record, &remaining, waits);
+        let before = record.clone();
+        let mut batch = Batch {
+            done: record.moving.as_ref().map_or(0, |m| m.done),
+            left: remaining.len(),
+            announced: Vec::new(),
+            finished: Vec::new(),
+            failed: Vec::new(),
+            unsaved: false,
+        };
+        // The actions run in the planner's order, as one per call would run them, and their
+        // effects are saved together at the end: each is idempotent, so a crash before the
+        // save redoes them. The one write that must come before an action is a new life's
+        // offsets, durable before its processor runs: those of every new life that can start
+        // now are set and saved together before the first of them starts.
+        while let Some((action, key)) = remaining
+            .iter()
+            .filter(|p| p.blocked_by.is_none())
+            .map(|p| (&p.action, describe(&p.action)))
+            .find(|(_, key)| !waits.blocks(key, now) && !batch.failed.contains(key))
+        {
+            // (Planned again after it took effect: the next call looks again.)
+            if batch.finished.contains(&key) || batch.finished.len() >= self.config.batch {
+                break;
             }
-            // Once per action, not per look at a drain or a missing topic.
-            let first_look = !waits.entries.contains_key(&key);
-            if first_look {
-                (self.on_event)(Event::Action {
-                    done,
-                    remaining: remaining.len(),
-                    action: &pending.action,
-                });
-                tracing::info!(topology = self.topology, action = %key, "cutover action");
-            }
-            // Only the lease holder acts: a replica that lost it stops before the next action.
-            if !self.store.may_act() {
-                return Err(self.store_error(store::Error::NotLeader {
-                    topology: self.topology.to_owned(),
-                }));
-            }
-            let before = record.clone();
-            let outcome = self.execute(&pending.action, &mut record, target);
-            if outcome.is_err() && record != before {
-                // Half of it took effect (a start's offsets are set, its process is not
-                // running): plan again from the saved state before anything else.
+            // Redoing an action after a deletion that followed it may find what it needs
+            // gone (a drain, the topic it looks at): a deletion runs with every effect before
+            // it saved, so a crash redoes deletions and what follows them only.
+            if batch.unsaved
+                && matches!(
+                    action,
+                    Action::DeleteTopic { .. } | Action::DeleteGroups { .. }
+                )
+            {
                 self.save(&record)?;
+                batch.unsaved = false;
             }
-            match outcome {
+            if let Action::StartProcessor(start) = action
+                && record.deployment.life(&start.group).is_none()
+            {
+                self.prepare_starts(&remaining, &mut record, waits, &mut batch, now)?;
+                if batch.failed.contains(&key) {
+                    continue;
+                }
+            }
+            self.announce(action, &key, waits, &mut batch)?;
+            match self.execute(action, &mut record, target) {
                 Ok(()) => {
                     waits.entries.remove(&key);
                     if let Some(m) = &mut record.moving {
                         m.done += 1;
                     }
-                    self.save(&record)?;
-                    self.show_remaining(&record, &remaining, waits, Some(&key));
-                    return Ok(Advance::Progressed);
+                    batch.done += 1;
+                    batch.finished.push(key);
+                    batch.unsaved = true;
+                    remaining =
+                        moves::remaining(self.topology, &record.deployment, target.topology);
+                    batch.left = remaining.len();
                 }
-                Err(NotYet::Waiting(reason, retry_in)) => {
-                    tracing::debug!(topology = self.topology, action = %key, %reason, "waiting");
-                    waits.entries.insert(
-                        key,
-                        WaitEntry {
-                            until: now + retry_in,
-                            reason,
-                            failures: 0,
-                        },
-                    );
+                Err(not_yet) => {
+                    self.wait(&key, not_yet, waits, now);
+                    batch.failed.push(key);
                 }
-                Err(NotYet::Failed(reason)) => {
-                    let failures = waits.entries.get(&key).map_or(0, |w| w.failures) + 1;
-                    let (first, longest) = self.config.retry;
-                    let delay = first
-                        .saturating_mul(1 << (failures - 1).min(16))
-                        .min(longest);
-                    tracing::warn!(topology = self.topology, action = %key, error = %reason, failures, retry_in = ?delay, "cutover action failed; the others go on");
-                    waits.entries.insert(
-                        key,
-                        WaitEntry {
-                            until: now + delay,
-                            reason,
-                            failures,
-                        },
-                    );
-                }
-            }
-            if record != before {
-                self.show_remaining(&record, &remaining, waits, None);
-                return Ok(Advance::Progressed);
             }
         }
-        self.show_remaining(&record, &remaining, waits, None);
+        if batch.unsaved {
+            self.save(&record)?;
+        }
+        if record != before {
+            if !batch.finished.is_empty() {
+                (self.on_event)(Event::Progressed {
+                    actions: &batch.finished,
+                    done: batch.done,
+                    left: batch.left,
+                });
+            }
+            self.show_remaining(&record, &remaining, waits);
+            return Ok(Advance::Progressed);
+        }
+        self.show_remaining(&record, &remaining, waits);
         let mut reported: Vec<Wait> = waits
             .entries
             .iter()
@@ -371,14 +405,8 @@ impl Engine<'_> {
         })
     }
 
-    /// Tells what remains of the move (`done`: an action that took effect in this call).
-    fn show_remaining(
-        &self,
-        record: &TopologyRecord,
-        remaining: &[moves::Pending],
-        waits: &Waits,
-        done: Option<&str>,
-    ) {
+    /// Tells what remains of the move.
+    fn show_remaining(&self, record: &TopologyRecord, remaining: &[moves::Pending], waits: &Waits) {
         let Some(moving) = &record.moving else {
             return;
         };
@@ -394,7 +422,6 @@ impl Engine<'_> {
                     action,
                 }
             })
-            .filter(|outlook| Some(outlook.action.as_str()) != done)
             .collect();
         (self.on_event)(Event::Remaining {
             moving,
@@ -605,16 +632,7 @@ impl Engine<'_> {
                     return Err(NotYet::Failed("no cluster to start it on".into()));
                 };
                 if record.deployment.life(&start.group).is_none() {
-                    let offsets = self.start_offsets(start, &record.deployment)?;
-                    self.admin
-                        .commit(&start.group, &offsets)
-                        .map_err(|e| failed(&e))?;
-                    let taken = handovers(start, &record.deployment, &offsets);
-                    if let Some(m) = &mut record.moving {
-                        m.handovers.extend(taken);
-                    }
-                    record.deployment.apply(action, Effect::Prepared);
-                    // Durable before the processor runs: its offsets are never set again.
+                    self.prepare(action, start, record)?;
                     self.save(record).map_err(|e| failed(&e))?;
                 }
                 let spec = ProcessorSpec::starting(self.topology, start, cluster, target);
@@ -624,6 +642,118 @@ impl Engine<'_> {
         };
         record.deployment.apply(action, effect);
         Ok(())
+    }
+
+    /// Prepares every new life that can start now (not waiting), and saves them in one write
+    /// before any of them runs.
+    fn prepare_starts(
+        &self,
+        remaining: &[moves::Pending],
+        record: &mut TopologyRecord,
+        waits: &mut Waits,
+        batch: &mut Batch,
+        now: Instant,
+    ) -> Result<(), Error> {
+        let unprepared = remaining.iter().filter_map(|p| match &p.action {
+            Action::StartProcessor(start) if p.blocked_by.is_none() => Some((&p.action, start)),
+            _ => None,
+        });
+        let before = record.deployment.lives.len();
+        for (action, start) in unprepared {
+            let key = describe(action);
+            if waits.blocks(&key, now)
+                || batch.failed.contains(&key)
+                || record.deployment.life(&start.group).is_some()
+            {
+                continue;
+            }
+            self.announce(action, &key, waits, batch)?;
+            if let Err(not_yet) = self.prepare(action, start, record) {
+                self.wait(&key, not_yet, waits, now);
+                batch.failed.push(key);
+            }
+        }
+        if record.deployment.lives.len() != before {
+            self.save(record)?;
+            batch.unsaved = false;
+        }
+        Ok(())
+    }
+
+    /// Sets a new life's offsets, once and for all, and records it as prepared (not running):
+    /// the record must be saved before its processor starts.
+    fn prepare(
+        &self,
+        action: &Action,
+        start: &StartProcessor,
+        record: &mut TopologyRecord,
+    ) -> Result<(), NotYet> {
+        let offsets = self.start_offsets(start, &record.deployment)?;
+        self.admin
+            .commit(&start.group, &offsets)
+            .map_err(|e| NotYet::Failed(e.to_string()))?;
+        let taken = handovers(start, &record.deployment, &offsets);
+        if let Some(m) = &mut record.moving {
+            m.handovers.extend(taken);
+        }
+        record.deployment.apply(action, Effect::Prepared);
+        Ok(())
+    }
+
+    /// Tells once that an action is about to run, and checks, before each of its writes,
+    /// that this replica still holds the lease: one that lost it stops before the next one.
+    fn announce(
+        &self,
+        action: &Action,
+        key: &str,
+        waits: &Waits,
+        batch: &mut Batch,
+    ) -> Result<(), Error> {
+        // Once per action, not per look at a drain or a missing topic.
+        if !waits.entries.contains_key(key) && !batch.announced.iter().any(|k| k == key) {
+            (self.on_event)(Event::Action {
+                done: batch.done,
+                remaining: batch.left,
+                action,
+            });
+            tracing::info!(topology = self.topology, action = %key, "cutover action");
+            batch.announced.push(key.to_owned());
+        }
+        if !self.store.may_act() {
+            return Err(self.store_error(store::Error::NotLeader {
+                topology: self.topology.to_owned(),
+            }));
+        }
+        Ok(())
+    }
+
+    /// Remembers why an action did not take effect, and when to try it again: a failed call
+    /// backs off exponentially.
+    fn wait(&self, key: &str, not_yet: NotYet, waits: &mut Waits, now: Instant) {
+        let entry = match not_yet {
+            NotYet::Waiting(reason, retry_in) => {
+                tracing::debug!(topology = self.topology, action = %key, %reason, "waiting");
+                WaitEntry {
+                    until: now + retry_in,
+                    reason,
+                    failures: 0,
+                }
+            }
+            NotYet::Failed(reason) => {
+                let failures = waits.entries.get(key).map_or(0, |w| w.failures) + 1;
+                let (first, longest) = self.config.retry;
+                let delay = first
+                    .saturating_mul(1 << (failures - 1).min(16))
+                    .min(longest);
+                tracing::warn!(topology = self.topology, action = %key, error = %reason, failures, retry_in = ?delay, "cutover action failed; the others go on");
+                WaitEntry {
+                    until: now + delay,
+                    reason,
+                    failures,
+                }
+            }
+        };
+        waits.entries.insert(key.to_owned(), entry);
     }
 
     /// Stops the life gracefully, waits until its group is empty, and reads where it stood.

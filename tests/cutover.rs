@@ -501,6 +501,11 @@ fn target<'a>(commit: &'a str, topology: Option<&'a Topology>) -> Target<'a> {
     }
 }
 
+thread_local! {
+    /// The engine's actions per call in this test (its thread).
+    static BATCH: std::cell::Cell<usize> = std::cell::Cell::new(CutoverConfig::default().batch);
+}
+
 /// Runs `body` with the engine of a fresh daemon on `dir`, looking again at once at what
 /// waits (a test never waits for time to pass).
 fn with_engine<T>(world: &World, dir: &StateDir, body: impl FnOnce(&Engine<'_>) -> T) -> T {
@@ -534,6 +539,7 @@ fn with_engine_named<T>(
         topic_poll: std::time::Duration::ZERO,
         retry: (std::time::Duration::ZERO, std::time::Duration::ZERO),
         keep_topics: world.keep_topics.load(Ordering::SeqCst),
+        batch: BATCH.get(),
         ..CutoverConfig::default()
     };
     body(&Engine {
@@ -763,6 +769,28 @@ fn a_first_deploy_starts_every_processor_at_explicit_offsets() {
         .unwrap();
     assert_eq!(inner.committed[a].len(), 3, "a's offsets on `in` are set");
     assert_eq!(state.history().unwrap().len(), 1);
+}
+
+/// The record is written once per call of the engine, not once per action.
+#[test]
+fn a_first_deploy_saves_its_record_once_per_batch_not_once_per_action() {
+    let world = World::with_user_topics();
+    let dir = tempfile::tempdir().unwrap();
+    let state = StateDir::open(dir.path()).unwrap();
+    let first = revision(1, 1, false);
+    let plan = plumber::plan::plan(None, ("r1", std::slice::from_ref(&first)));
+    let actions = plan.topologies[0].actions.len();
+    let step = Step {
+        commit: "r1",
+        topology: &first,
+        actions: None,
+    };
+    assert!(daemon(&world, &state, &[step], &mut 0));
+    assert_eq!(world.snapshot().running.len(), 3);
+    assert_eq!(actions, 7, "four topics and three starts");
+    // Its start, the new lives' offsets, everything else, and the settled deployment with
+    // its history entry still to append, then without.
+    assert_eq!(world.faults.count(Site::Save), 5);
 }
 
 /// `plumber plan --keep-topics` shows what a daemon with `--keep-topics` does: the topics the
@@ -1024,6 +1052,9 @@ fn a_newer_commit_takes_over_a_move_half_way_and_survives_a_crash_anywhere() {
         revision(2, 1, false),
         revision(2, 2, false),
     );
+    // One action per call: the newer commit comes after exactly `taken` actions, whether a
+    // crash came before or not (calls of many actions end where they fail or crash).
+    BATCH.set(1);
     let full = moves::plan(&one.name, &plumber::plan::Deployment::of(&one), Some(&two)).len();
     // Early, half-way and late: each point crashes everywhere, so not every point.
     let mut points = vec![1, full / 2, full - 1];

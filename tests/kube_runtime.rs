@@ -922,8 +922,8 @@ fn each_cutover_step_is_an_event_of_its_topology() {
     for (reason, note) in [
         ("CutoverStarted", "moving from aaa to bbb"),
         (
-            "CutoverAction",
-            "stop-processor plumber.shop.validate.abababababab (3 done, 4 left)",
+            "CutoverProgress",
+            "stop processor plumber.shop.validate.abababababab (3 done, 4 left)",
         ),
         ("CutoverFinished", "runs bbb"),
     ] {
@@ -945,7 +945,7 @@ fn each_cutover_step_is_an_event_of_its_topology() {
         .map(|e| e["reason"].as_str().unwrap())
         .collect();
     assert_eq!(reasons.len(), 3, "{recorded:#?}");
-    for reason in ["CutoverStarted", "CutoverAction", "CutoverFinished"] {
+    for reason in ["CutoverStarted", "CutoverProgress", "CutoverFinished"] {
         assert!(reasons.contains(&reason), "{reasons:?}");
     }
     for event in &recorded {

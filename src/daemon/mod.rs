@@ -269,7 +269,7 @@ pub trait StatusSink: Send + Sync {
 /// What [`StatusSink::event`] reports.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CutoverEvent {
-    /// `CutoverStarted`, `CutoverAction`, `CutoverFinished`.
+    /// `CutoverStarted`, `CutoverProgress` (actions that took effect), `CutoverFinished`.
     pub reason: &'static str,
     pub note: String,
 }

@@ -129,6 +129,7 @@ fn show(name: &str, context: &Context, event: Event<'_>) {
                 action: cutover::describe(action),
             });
         }
+        Event::Progressed { .. } => {}
         Event::Remaining { moving, actions } => context.store.apply(Fact::Remaining {
             topology: name.to_owned(),
             from: moving.from.clone(),
@@ -182,6 +183,24 @@ fn show_history(name: &str, to: &str, context: &Context) {
     }
 }
 
+/// Actions as an Event's note lists them: as many as fit its 1,000 characters, then how many
+/// more.
+fn listed(actions: &[String]) -> String {
+    const ROOM: usize = 900;
+    let mut out = String::new();
+    for (shown, action) in actions.iter().enumerate() {
+        if !out.is_empty() && out.len() + action.len() > ROOM {
+            out.push_str(&format!("; and {} more", actions.len() - shown));
+            break;
+        }
+        if !out.is_empty() {
+            out.push_str("; ");
+        }
+        out.push_str(action);
+    }
+    out
+}
+
 /// A cutover's event as the cluster's Events show it (`None`: it is no cutover phase).
 fn describe_event(event: &Event<'_>) -> Option<CutoverEvent> {
     let short = |commit: &str| commit.chars().take(12).collect::<String>();
@@ -202,21 +221,20 @@ fn describe_event(event: &Event<'_>) -> Option<CutoverEvent> {
                 (None, None) => format!("deploying {}", short(to)),
             },
         },
-        Event::Action {
+        // One Event per batch of actions that took effect, not per action: a first deploy
+        // of 20 steps is two Events, not 45 (each is a request to the API server).
+        Event::Progressed {
+            actions,
             done,
-            remaining,
-            action,
+            left,
         } => CutoverEvent {
-            reason: "CutoverAction",
-            note: format!(
-                "{} ({} done, {} left)",
-                cutover::describe(action),
-                done,
-                remaining
-            ),
+            reason: "CutoverProgress",
+            note: format!("{} ({done} done, {left} left)", listed(actions)),
         },
         // A settle that moved nothing is no cutover phase (1,000 of them per commit).
-        Event::Finished { moved: false, .. } | Event::Remaining { .. } => return None,
+        Event::Finished { moved: false, .. } | Event::Action { .. } | Event::Remaining { .. } => {
+            return None;
+        }
         Event::Finished { to, .. } => CutoverEvent {
             reason: "CutoverFinished",
             note: format!("runs {}", short(to)),

@@ -410,16 +410,17 @@ fn a_step_reads_its_secret_from_the_pod_it_runs_in() {
 }
 
 /// The cutover's write that records a stopped life (and so its cutover offsets) on `t`'s
-/// Topology status: a status replace whose record holds a position of step `step`.
-fn records_stop_of(request: &RecordedRequest, step: &str) -> bool {
+/// Topology status: a status replace whose record no longer holds life `group`.
+fn records_stop_of(request: &RecordedRequest, group: &str) -> bool {
     request.verb() == Verb::Replace
         && request.resource() == Some("topologies")
         && request.subresource() == Some("status")
         && request
             .body
             .as_ref()
-            .and_then(|b| b.pointer(&format!("/status/record/deployment/positions/{step}")))
-            .is_some()
+            .and_then(|b| b.pointer("/status/record/deployment/lives"))
+            .and_then(|lives| lives.as_array())
+            .is_some_and(|lives| lives.iter().all(|l| l["start"]["group"] != group))
 }
 
 /// A stop's look at whether the pods of life `group` are gone: a list of pods selected by
@@ -541,14 +542,18 @@ fn a_replica_killed_before_it_recorded_a_stop_hands_over_to_the_other() {
     // life (the first status write with a position of step a) until the end of the test;
     // plumber-0 crashes while it waits for the answer.
     let taken = AtomicBool::new(false);
-    let hold = t
-        .fake
-        .hold(move |r| records_stop_of(r, "a") && !taken.swap(true, Ordering::SeqCst));
+    let first_a = t.first_a();
+    // The first deploy's writes, before a's first life, do not hold it either.
+    let before = t.fake.requests().len();
+    let hold = {
+        let group = first_a.clone();
+        t.fake
+            .hold(move |r| records_stop_of(r, &group) && !taken.swap(true, Ordering::SeqCst))
+    };
     t.replace_a();
     wait_until("plumber-0 records the stop of a", PATIENCE, || {
         hold.held() == 1
     });
-    let first_a = t.first_a();
     assert!(
         record(&t.fake)
             .unwrap()
@@ -573,7 +578,8 @@ fn a_replica_killed_before_it_recorded_a_stop_hands_over_to_the_other() {
             t.fake
                 .requests()
                 .iter()
-                .find(|r| records_stop_of(r, "a"))
+                .skip(before)
+                .find(|r| records_stop_of(r, &first_a))
                 .is_some_and(|r| r.status.is_some())
         },
     );
@@ -581,7 +587,8 @@ fn a_replica_killed_before_it_recorded_a_stop_hands_over_to_the_other() {
         .fake
         .requests()
         .into_iter()
-        .find(|r| records_stop_of(r, "a"))
+        .skip(before)
+        .find(|r| records_stop_of(r, &first_a))
         .unwrap();
     assert_eq!(late.status, Some(409), "a stale record write must conflict");
     crashed.reap();
