@@ -386,6 +386,19 @@ fn repair_puts_back_what_was_deleted_or_edited_by_hand_and_deletes_what_nothing_
                 .get_dynamic(&scaled_objects(), NS, "plumber.shop.gone.cdcdcdcdcdcd")
                 .is_none()
     });
+    // By hand: the processor's annotation edited (the caches keep only its digest).
+    fake.patch_dynamic(
+        &scaled_objects(),
+        NS,
+        &spec.group,
+        serde_json::json!({"metadata": {"annotations": {SPEC_ANNOTATION: "{}"}}}),
+    );
+    let annotation = serde_json::to_string(&spec).unwrap();
+    wait_for(|| {
+        runtime.repair().unwrap();
+        fake.get_dynamic(&scaled_objects(), NS, &spec.group)
+            .is_some_and(|so| so["metadata"]["annotations"][SPEC_ANNOTATION] == annotation)
+    });
     // Objects that are not plumber's are never touched.
     let mut theirs = StatefulSet::default();
     theirs.metadata.name = Some("theirs".into());

@@ -46,7 +46,7 @@ use kube::{Client, Resource};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::cache::{Cache, Kept};
+use super::cache::{Cache, Kept, annotation_digest};
 use super::crd::Topology;
 use super::drift;
 use super::keda::{ScaledObject, TriggerAuthentication};
@@ -137,15 +137,17 @@ impl KubeRuntime {
         let namespace = config.render.namespace.clone();
         let labels = managed();
         let runtime = KubeRuntime {
-            workloads: Cache::start(
+            workloads: Cache::start_digesting(
                 Api::namespaced(client.clone(), &namespace),
                 &labels,
                 &handle,
+                SPEC_ANNOTATION,
             ),
-            scaled_objects: Cache::start(
+            scaled_objects: Cache::start_digesting(
                 Api::namespaced(client.clone(), &namespace),
                 &labels,
                 &handle,
+                SPEC_ANNOTATION,
             ),
             authentications: Cache::start(
                 Api::namespaced(client.clone(), &namespace),
@@ -180,14 +182,15 @@ impl KubeRuntime {
         runtime.wait_listed(&runtime.authentications)?;
         runtime.wait_listed(&runtime.topologies)?;
         runtime.wait_listed(&runtime.pods)?;
-        // What the watches just listed is as fresh as a list: no second one.
+        // What the watches just listed is as fresh as a list: no second one. The caches keep
+        // the annotations' digests; the first list's values are handed over once.
         {
             let _changing = runtime.changing();
-            let workloads = runtime.workloads.all();
-            let scaled_objects = runtime.scaled_objects.all();
+            let workloads = runtime.workloads.take_listed();
+            let scaled_objects = runtime.scaled_objects.take_listed();
             runtime.adopt(
-                workloads.values().map(|w| w.meta()),
-                scaled_objects.values().map(|s| s.meta()),
+                workloads.iter().map(|(n, a)| (n.as_str(), a.as_str())),
+                scaled_objects.iter().map(|(n, a)| (n.as_str(), a.as_str())),
             );
         }
         Ok(runtime)
@@ -224,10 +227,12 @@ impl KubeRuntime {
     /// Takes what runs from the annotations of Plumber's StatefulSets and, for a processor
     /// whose StatefulSet was deleted by hand while no daemon ran, of its ScaledObject (repair
     /// then puts the StatefulSet back). Everything is compared again at the next repair.
+    ///
+    /// Each object comes as its name and its annotation.
     fn adopt<'a>(
         &self,
-        workloads: impl Iterator<Item = &'a ObjectMeta>,
-        scaled_objects: impl Iterator<Item = &'a ObjectMeta>,
+        workloads: impl Iterator<Item = (&'a str, &'a str)>,
+        scaled_objects: impl Iterator<Item = (&'a str, &'a str)>,
     ) {
         let mut found: BTreeMap<String, ProcessorSpec> = workloads
             .filter_map(spec_of)
@@ -514,7 +519,18 @@ impl KubeRuntime {
             return;
         };
         let holds = match (live.json(), serde_json::to_value(applied)) {
-            (Some(live), Ok(applied)) => drift::holds(&live, &applied),
+            (Some(live), Ok(mut applied)) => {
+                // The cache keeps the processor's annotation as its digest.
+                if let Some(value) = applied
+                    .get_mut("metadata")
+                    .and_then(|m| m.get_mut("annotations"))
+                    .and_then(|a| a.get_mut(SPEC_ANNOTATION))
+                    && let Some(text) = value.as_str()
+                {
+                    *value = annotation_digest(text).into();
+                }
+                drift::holds(&live, &applied)
+            }
             _ => false,
         };
         match (holds, &live.meta().resource_version) {
@@ -547,16 +563,17 @@ impl KubeRuntime {
         if let Some(spec) = self.running().get(group) {
             return Ok(Some(spec.clone()));
         }
+        // The cache keeps the annotation's digest only: the StatefulSet is read.
         let name = render::workload_name(group);
-        if let Some(spec) = self.workloads.get(&name).and_then(|w| spec_of(w.meta())) {
-            return Ok(Some(spec));
-        }
         let api: Api<StatefulSet> = self.api();
         let found = self
             .handle
             .block_on(api.get_opt(&name))
             .map_err(|e| api_error("read", group, e))?;
-        Ok(found.as_ref().and_then(|d| spec_of(&d.metadata)))
+        Ok(found
+            .as_ref()
+            .and_then(|d| annotation_of(&d.metadata))
+            .and_then(spec_of))
     }
 }
 
@@ -663,14 +680,20 @@ fn owner_of(topology: &ObjectMeta) -> Option<OwnerReference> {
     })
 }
 
-/// What an object of Plumber's (a StatefulSet or a ScaledObject) runs, from its annotation.
-fn spec_of(metadata: &ObjectMeta) -> Option<ProcessorSpec> {
+/// An object's name and its processor annotation.
+fn annotation_of(metadata: &ObjectMeta) -> Option<(&str, &str)> {
     let annotation = metadata.annotations.as_ref()?.get(SPEC_ANNOTATION)?;
+    Some((metadata.name.as_deref().unwrap_or("-"), annotation))
+}
+
+/// What an object of Plumber's (a StatefulSet or a ScaledObject, by name) runs, from its
+/// annotation.
+fn spec_of((object, annotation): (&str, &str)) -> Option<ProcessorSpec> {
     match serde_json::from_str(annotation) {
         Ok(spec) => Some(spec),
         Err(error) => {
             tracing::warn!(
-                object = metadata.name.as_deref().unwrap_or("-"),
+                object,
                 %error,
                 "an object of plumber's with an unreadable processor annotation: it runs no identity this daemon knows, and repair deletes it"
             );
@@ -874,8 +897,10 @@ impl Runtime for KubeRuntime {
         let workloads = self.list::<StatefulSet>()?;
         let scaled_objects = self.list::<ScaledObject>()?;
         self.adopt(
-            workloads.iter().map(|w| &w.metadata),
-            scaled_objects.iter().map(|s| &s.metadata),
+            workloads.iter().filter_map(|w| annotation_of(&w.metadata)),
+            scaled_objects
+                .iter()
+                .filter_map(|s| annotation_of(&s.metadata)),
         );
         Ok(())
     }

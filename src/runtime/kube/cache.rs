@@ -16,12 +16,17 @@
 //! status as JSON text, decoded only when asked. A typed StatefulSet of a processor holds
 //! about 16 KB of heap, its JSON 3 KB: at 20,000 processors the typed objects were most of
 //! the daemon's heap (`bench/results/kube.md`).
+//!
+//! An annotation the runtime writes for itself and reads back only when it connects (the
+//! processor each StatefulSet and ScaledObject runs, 1.3 KB each) can be kept as its
+//! SHA-256 alone ([`Cache::start_digesting`]): comparing what was applied needs no more, and
+//! the first list's full values are handed over once ([`Cache::take_listed`]).
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::marker::PhantomData;
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
 use futures::StreamExt as _;
@@ -33,6 +38,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use serde_json::value::RawValue;
+use sha2::{Digest as _, Sha256};
 use tokio::sync::watch;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -165,8 +171,29 @@ pub struct Cache<K> {
     ready: watch::Receiver<bool>,
     task: tokio::task::JoinHandle<()>,
     kind: String,
-    /// What is dropped of each object before it is kept.
+    keeping: Keeping<K>,
+    /// The digested annotation's values in the first list, by object name, until taken.
+    listed: Arc<Mutex<Option<BTreeMap<String, String>>>>,
+}
+
+/// What a cache drops or condenses of each object before it keeps it.
+struct Keeping<K> {
     trim: fn(Kept<K>) -> Kept<K>,
+    /// The annotation kept as its digest ([`annotation_digest`]).
+    digested: Option<&'static str>,
+}
+
+impl<K> Clone for Keeping<K> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<K> Copy for Keeping<K> {}
+
+/// What a digesting cache keeps of an annotation's value.
+pub fn annotation_digest(value: &str) -> String {
+    format!("sha256:{:x}", Sha256::digest(value.as_bytes()))
 }
 
 impl<K> Cache<K>
@@ -188,34 +215,81 @@ where
         handle: &tokio::runtime::Handle,
         trim: fn(Kept<K>) -> Kept<K>,
     ) -> Self {
+        let keeping = Keeping {
+            trim,
+            digested: None,
+        };
+        Self::start_keeping(api, labels, handle, keeping)
+    }
+
+    /// As [`Cache::start`], keeping annotation `annotation` of each object as its digest
+    /// ([`annotation_digest`]); the first list's values are kept for [`Cache::take_listed`].
+    pub fn start_digesting(
+        api: Api<Kept<K>>,
+        labels: &str,
+        handle: &tokio::runtime::Handle,
+        annotation: &'static str,
+    ) -> Self {
+        let keeping = Keeping {
+            trim: |object| object,
+            digested: Some(annotation),
+        };
+        Self::start_keeping(api, labels, handle, keeping)
+    }
+
+    fn start_keeping(
+        api: Api<Kept<K>>,
+        labels: &str,
+        handle: &tokio::runtime::Handle,
+        keeping: Keeping<K>,
+    ) -> Self {
         let objects: Arc<RwLock<Objects<K>>> = Arc::default();
+        let listed: Arc<Mutex<Option<BTreeMap<String, String>>>> = Arc::default();
         let (ready_tx, ready) = watch::channel(false);
         let kind = K::kind(&Default::default()).into_owned();
         let config = watcher::Config::default().labels(labels);
         let task = handle.spawn({
             let objects = objects.clone();
             let kind = kind.clone();
+            let listed = listed.clone();
             async move {
                 let mut events = watcher(api, config).default_backoff().boxed();
                 let mut listing: Option<Objects<K>> = None;
+                // The digested annotation's values until the first list is done.
+                let mut first: Option<BTreeMap<String, String>> =
+                    keeping.digested.map(|_| BTreeMap::new());
                 while let Some(event) = events.next().await {
                     match event {
                         Ok(Event::Init) => listing = Some(BTreeMap::new()),
                         Ok(Event::InitApply(object)) => {
+                            if let (Some(first), Some(annotation), Some(name)) =
+                                (&mut first, keeping.digested, &object.metadata.name)
+                                && let Some(value) = object
+                                    .metadata
+                                    .annotations
+                                    .as_ref()
+                                    .and_then(|a| a.get(annotation))
+                            {
+                                first.insert(name.clone(), value.clone());
+                            }
                             if let (Some(listing), Some((name, kept))) =
-                                (&mut listing, keep(object, trim))
+                                (&mut listing, keep(object, keeping))
                             {
                                 listing.insert(name, kept);
                             }
                         }
                         Ok(Event::InitDone) => {
-                            let listed = listing.take().unwrap_or_default();
-                            tracing::debug!(kind, objects = listed.len(), "watch listed");
-                            *write(&objects) = listed;
+                            let done = listing.take().unwrap_or_default();
+                            tracing::debug!(kind, objects = done.len(), "watch listed");
+                            if let Some(first) = first.take() {
+                                *listed.lock().unwrap_or_else(PoisonError::into_inner) =
+                                    Some(first);
+                            }
+                            *write(&objects) = done;
                             ready_tx.send_replace(true);
                         }
                         Ok(Event::Apply(object)) => {
-                            if let Some((name, kept)) = keep(object, trim) {
+                            if let Some((name, kept)) = keep(object, keeping) {
                                 write(&objects).insert(name, kept);
                             }
                         }
@@ -236,7 +310,8 @@ where
             ready,
             task,
             kind,
-            trim,
+            keeping,
+            listed,
         }
     }
 }
@@ -288,6 +363,16 @@ impl<K> Cache<K> {
     pub fn deleted(&self, name: &str) {
         write(&self.objects).remove(name);
     }
+
+    /// The digested annotation's full values in the watch's first list, by object name,
+    /// once (empty after, and for a cache that digests nothing).
+    pub fn take_listed(&self) -> BTreeMap<String, String> {
+        self.listed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+            .unwrap_or_default()
+    }
 }
 
 impl<K> Cache<K>
@@ -296,7 +381,7 @@ where
 {
     /// An object as a write of this process answered it; what the cache keeps of it.
     pub fn written(&self, object: K) -> Option<Arc<Kept<K>>> {
-        let (name, kept) = Kept::of(&object).and_then(|kept| keep(kept, self.trim))?;
+        let (name, kept) = Kept::of(&object).and_then(|kept| keep(kept, self.keeping))?;
         write(&self.objects).insert(name, kept.clone());
         Some(kept)
     }
@@ -316,9 +401,19 @@ fn slim<K>(mut object: Kept<K>) -> Kept<K> {
 }
 
 /// What the cache keeps of `object`, under its name.
-fn keep<K>(object: Kept<K>, trim: fn(Kept<K>) -> Kept<K>) -> Option<(String, Arc<Kept<K>>)> {
+fn keep<K>(object: Kept<K>, keeping: Keeping<K>) -> Option<(String, Arc<Kept<K>>)> {
     let name = object.metadata.name.clone()?;
-    Some((name, Arc::new(trim(slim(object)))))
+    let mut object = (keeping.trim)(slim(object));
+    if let Some(annotation) = keeping.digested
+        && let Some(value) = object
+            .metadata
+            .annotations
+            .as_mut()
+            .and_then(|a| a.get_mut(annotation))
+    {
+        *value = annotation_digest(value);
+    }
+    Some((name, Arc::new(object)))
 }
 
 /// A cache's objects, by name.
