@@ -13,8 +13,9 @@
 //!   that was deleted, or edited by hand so that it no longer holds what was applied
 //!   ([`drift::holds`]: fields of other managers, KEDA's `replicas` among them, are no
 //!   drift), and deletes Plumber's objects of identities it does not run. It reads watch-fed
-//!   [`Cache`]s, not lists: an idle look sends no request, and an object is compared again
-//!   only once its `resourceVersion` moved from the one it was last found right at.
+//!   [`Cache`]s, not lists: an idle look sends no request, and an object is read from the
+//!   API server and compared again only once its `resourceVersion` moved from the one it
+//!   was last found right at (the caches keep no spec of StatefulSets and ScaledObjects).
 //! - **Restarts of the daemon**: what runs is read back from the StatefulSets' annotation
 //!   ([`SPEC_ANNOTATION`], also on each ScaledObject, for a StatefulSet deleted meanwhile),
 //!   so a new daemon replica knows every processor without a record of its own; and read
@@ -29,8 +30,9 @@
 //! A processor whose StatefulSet *and* ScaledObject were deleted by hand while no daemon ran
 //! is not recreated by the next one (both carry its annotation; one is enough); the engine's
 //! record still lists the life, and status shows it without instances. The caches hold
-//! every object of Plumber's, compact ([`Kept`]: metadata typed, spec and status as JSON
-//! text): about 0.2 MB of heap per topology of 20 steps (`bench/results/kube.md`).
+//! every object of Plumber's, compact ([`Kept`]: metadata typed, status as JSON text, no
+//! spec of the per-processor objects): about 0.15 MB of heap per topology of 20 steps
+//! (`bench/results/kube.md`).
 //!
 //! Calls block the calling thread (the engine's, the observer's) on the tokio runtime the
 //! client lives on.
@@ -46,7 +48,7 @@ use kube::{Client, Resource};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::cache::{Cache, Kept, annotation_digest};
+use super::cache::{Cache, Kept};
 use super::crd::Topology;
 use super::drift;
 use super::keda::{ScaledObject, TriggerAuthentication};
@@ -137,13 +139,13 @@ impl KubeRuntime {
         let namespace = config.render.namespace.clone();
         let labels = managed();
         let runtime = KubeRuntime {
-            workloads: Cache::start_digesting(
+            workloads: Cache::start_without_spec(
                 Api::namespaced(client.clone(), &namespace),
                 &labels,
                 &handle,
                 SPEC_ANNOTATION,
             ),
-            scaled_objects: Cache::start_digesting(
+            scaled_objects: Cache::start_without_spec(
                 Api::namespaced(client.clone(), &namespace),
                 &labels,
                 &handle,
@@ -387,7 +389,7 @@ impl KubeRuntime {
             let name = shared_name(authentication);
             if !at_verified(&self.authentications, name, None, &self.verified()) {
                 let mut drift = Vec::new();
-                self.compare(&self.authentications, name, authentication, &mut drift);
+                self.compare(&self.authentications, name, authentication, &mut drift)?;
                 if !drift.is_empty() {
                     self.apply_one(&self.authentications, name, authentication)?;
                 }
@@ -477,33 +479,81 @@ impl KubeRuntime {
 
     /// What differs between the objects of `spec` and the cluster's: nothing when they hold
     /// what they should (and they are marked so), else what is missing or changed.
-    fn drift(&self, spec: &ProcessorSpec, objects: &Objects) -> Vec<String> {
+    fn drift(&self, spec: &ProcessorSpec, objects: &Objects) -> Result<Vec<String>> {
         let mut drift = Vec::new();
         self.compare(
             &self.workloads,
             &render::workload_name(&spec.group),
             &objects.workload,
             &mut drift,
-        );
+        )?;
         self.compare(
             &self.scaled_objects,
             &spec.group,
             &objects.scaled_object,
             &mut drift,
-        );
+        )?;
         if let Some(authentication) = &objects.trigger_authentication {
             self.compare(
                 &self.authentications,
                 shared_name(authentication),
                 authentication,
                 &mut drift,
-            );
+            )?;
         }
-        drift
+        Ok(drift)
     }
 
-    fn compare<K>(&self, cache: &Cache<K>, group: &str, applied: &K, drift: &mut Vec<String>)
+    /// Compares object `name` with what was `applied`, as the API server holds it now (the
+    /// caches keep no spec of StatefulSets and ScaledObjects): one read, only for an object
+    /// whose `resourceVersion` moved since it was last found right.
+    fn compare<K>(
+        &self,
+        cache: &Cache<K>,
+        name: &str,
+        applied: &K,
+        drift: &mut Vec<String>,
+    ) -> Result<()>
     where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope>
+            + Serialize
+            + Clone
+            + DeserializeOwned
+            + std::fmt::Debug
+            + Send
+            + Sync
+            + 'static,
+        K::DynamicType: Default,
+    {
+        if !cache.contains(name) {
+            drift.push(format!("{} missing", cache.kind()));
+            return Ok(());
+        }
+        if at_verified(cache, name, owner_uid(applied), &self.verified()) {
+            return Ok(());
+        }
+        let api: Api<Kept<K>> = self.api();
+        let live = self
+            .handle
+            .block_on(api.get_opt(name))
+            .map_err(|e| api_error("read", name, e))?;
+        match live {
+            Some(live) => self.check(cache, name, &live, applied, drift),
+            None => drift.push(format!("{} missing", cache.kind())),
+        }
+        Ok(())
+    }
+
+    /// Whether `live` holds what was `applied`: marked found right at its version if so,
+    /// else a drift.
+    fn check<K>(
+        &self,
+        cache: &Cache<K>,
+        name: &str,
+        live: &Kept<K>,
+        applied: &K,
+        drift: &mut Vec<String>,
+    ) where
         K: Resource
             + Serialize
             + Clone
@@ -514,29 +564,14 @@ impl KubeRuntime {
             + 'static,
         K::DynamicType: Default,
     {
-        let Some(live) = cache.get(group) else {
-            drift.push(format!("{} missing", cache.kind()));
-            return;
-        };
         let holds = match (live.json(), serde_json::to_value(applied)) {
-            (Some(live), Ok(mut applied)) => {
-                // The cache keeps the processor's annotation as its digest.
-                if let Some(value) = applied
-                    .get_mut("metadata")
-                    .and_then(|m| m.get_mut("annotations"))
-                    .and_then(|a| a.get_mut(SPEC_ANNOTATION))
-                    && let Some(text) = value.as_str()
-                {
-                    *value = annotation_digest(text).into();
-                }
-                drift::holds(&live, &applied)
-            }
+            (Some(live), Ok(applied)) => drift::holds(&live, &applied),
             _ => false,
         };
         match (holds, &live.meta().resource_version) {
             (true, Some(version)) => {
                 self.verified()
-                    .insert(object_key(cache, group), stamp(version, owner_uid(applied)));
+                    .insert(object_key(cache, name), stamp(version, owner_uid(applied)));
             }
             (true, None) => {}
             (false, _) => drift.push(format!("{} changed", cache.kind())),
@@ -678,6 +713,14 @@ fn owner_of(topology: &ObjectMeta) -> Option<OwnerReference> {
         // Deleting a processor's objects never waits on its Topology.
         block_owner_deletion: Some(false),
     })
+}
+
+/// Listed objects by name.
+fn named<K>(objects: Vec<Kept<K>>) -> BTreeMap<String, Kept<K>> {
+    objects
+        .into_iter()
+        .filter_map(|o| Some((o.meta().name.clone()?, o)))
+        .collect()
 }
 
 /// An object's name and its processor annotation.
@@ -894,14 +937,31 @@ impl Runtime for KubeRuntime {
         let _changing = self.changing();
         // Listed, not read from the cache: the replica that held the lease before may have
         // applied a moment ago, and what runs decides what repair deletes.
-        let workloads = self.list::<StatefulSet>()?;
-        let scaled_objects = self.list::<ScaledObject>()?;
+        let workloads = self.list::<Kept<StatefulSet>>()?;
+        let scaled_objects = self.list::<Kept<ScaledObject>>()?;
         self.adopt(
-            workloads.iter().filter_map(|w| annotation_of(&w.metadata)),
+            workloads.iter().filter_map(|w| annotation_of(w.meta())),
             scaled_objects
                 .iter()
-                .filter_map(|s| annotation_of(&s.metadata)),
+                .filter_map(|s| annotation_of(s.meta())),
         );
+        // Compared now, from the lists: the next repair reads only what moved since.
+        let (workloads, scaled_objects) = (named(workloads), named(scaled_objects));
+        let specs: Vec<ProcessorSpec> = self.running().values().cloned().collect();
+        let mut drift = Vec::new();
+        for spec in &specs {
+            let Ok(objects) = self.objects_owned_by(spec, self.known_owner(&spec.topology)) else {
+                continue;
+            };
+            let name = render::workload_name(&spec.group);
+            if let Some(live) = workloads.get(&name) {
+                self.check(&self.workloads, &name, live, &objects.workload, &mut drift);
+            }
+            if let Some(live) = scaled_objects.get(&spec.group) {
+                let applied = &objects.scaled_object;
+                self.check(&self.scaled_objects, &spec.group, live, applied, &mut drift);
+            }
+        }
         Ok(())
     }
 
@@ -942,7 +1002,7 @@ impl Runtime for KubeRuntime {
         for spec in &moved {
             // The owner as the watch knows it: a repair asks the API nothing it need not.
             let objects = self.objects_owned_by(spec, self.known_owner(&spec.topology))?;
-            let drift = self.drift(spec, &objects);
+            let drift = self.drift(spec, &objects)?;
             if !drift.is_empty() {
                 tracing::warn!(group = %spec.group, drift = %drift.join(", "), "objects of a running processor were deleted or changed; putting them back");
                 self.apply_objects(spec, &objects)?;

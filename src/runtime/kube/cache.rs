@@ -17,10 +17,12 @@
 //! about 16 KB of heap, its JSON 3 KB: at 20,000 processors the typed objects were most of
 //! the daemon's heap (`bench/results/kube.md`).
 //!
-//! An annotation the runtime writes for itself and reads back only when it connects (the
-//! processor each StatefulSet and ScaledObject runs, 1.3 KB each) can be kept as its
-//! SHA-256 alone ([`Cache::start_digesting`]): comparing what was applied needs no more, and
-//! the first list's full values are handed over once ([`Cache::take_listed`]).
+//! The caches of the objects there are one or two of per processor (StatefulSets,
+//! ScaledObjects) keep no spec, and the annotation the runtime writes for itself and reads
+//! back only when it connects (the processor each runs, 1.3 KB) as its SHA-256 alone
+//! ([`Cache::start_without_spec`]): what the looks read is metadata and status; an object
+//! whose `resourceVersion` moved is read from the API server to be compared, and the first
+//! list's annotations are handed over once ([`Cache::take_listed`]).
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -192,7 +194,7 @@ impl<K> Clone for Keeping<K> {
 impl<K> Copy for Keeping<K> {}
 
 /// What a digesting cache keeps of an annotation's value.
-pub fn annotation_digest(value: &str) -> String {
+fn annotation_digest(value: &str) -> String {
     format!("sha256:{:x}", Sha256::digest(value.as_bytes()))
 }
 
@@ -222,16 +224,20 @@ where
         Self::start_keeping(api, labels, handle, keeping)
     }
 
-    /// As [`Cache::start`], keeping annotation `annotation` of each object as its digest
-    /// ([`annotation_digest`]); the first list's values are kept for [`Cache::take_listed`].
-    pub fn start_digesting(
+    /// As [`Cache::start`], keeping no spec, and annotation `annotation` of each object as
+    /// its digest ([`annotation_digest`]); the first list's values are kept for
+    /// [`Cache::take_listed`].
+    pub fn start_without_spec(
         api: Api<Kept<K>>,
         labels: &str,
         handle: &tokio::runtime::Handle,
         annotation: &'static str,
     ) -> Self {
         let keeping = Keeping {
-            trim: |object| object,
+            trim: |mut object| {
+                object.drop_spec();
+                object
+            },
             digested: Some(annotation),
         };
         Self::start_keeping(api, labels, handle, keeping)
