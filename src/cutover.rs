@@ -94,9 +94,11 @@ pub struct CutoverConfig {
     pub group_empty_timeout: Duration,
     /// Retry delays of a failing action: the first, and the longest.
     pub retry: (Duration, Duration),
-    /// At most this many actions per call of [`Engine::advance`]: a newer commit is taken
-    /// between calls.
+    /// At most this many actions per call of [`Engine::advance`], and none begins once the
+    /// call has run `batch_for`: a newer commit is taken between calls, and a call stays
+    /// well within the daemon's `--wedged-after` (a stop alone may wait tens of seconds).
     pub batch: usize,
+    pub batch_for: Duration,
 }
 
 impl Default for CutoverConfig {
@@ -111,6 +113,7 @@ impl Default for CutoverConfig {
             retry: (Duration::from_millis(500), Duration::from_secs(30)),
             // A first deploy of 20 steps is 45 actions.
             batch: 64,
+            batch_for: Duration::from_secs(10),
         }
     }
 }
@@ -317,7 +320,10 @@ impl Engine<'_> {
             .find(|(_, key)| !waits.blocks(key, now) && !batch.failed.contains(key))
         {
             // (Planned again after it took effect: the next call looks again.)
-            if batch.finished.contains(&key) || batch.finished.len() >= self.config.batch {
+            if batch.finished.contains(&key)
+                || batch.finished.len() >= self.config.batch
+                || (!batch.finished.is_empty() && now.elapsed() >= self.config.batch_for)
+            {
                 break;
             }
             // Redoing an action after a deletion that followed it may find what it needs

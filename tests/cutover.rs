@@ -502,8 +502,11 @@ fn target<'a>(commit: &'a str, topology: Option<&'a Topology>) -> Target<'a> {
 }
 
 thread_local! {
-    /// The engine's actions per call in this test (its thread).
+    /// The engine's actions per call in this test (its thread), and how long a call may
+    /// begin new ones.
     static BATCH: std::cell::Cell<usize> = std::cell::Cell::new(CutoverConfig::default().batch);
+    static BATCH_FOR: std::cell::Cell<std::time::Duration> =
+        std::cell::Cell::new(CutoverConfig::default().batch_for);
 }
 
 /// Runs `body` with the engine of a fresh daemon on `dir`, looking again at once at what
@@ -540,6 +543,7 @@ fn with_engine_named<T>(
         retry: (std::time::Duration::ZERO, std::time::Duration::ZERO),
         keep_topics: world.keep_topics.load(Ordering::SeqCst),
         batch: BATCH.get(),
+        batch_for: BATCH_FOR.get(),
         ..CutoverConfig::default()
     };
     body(&Engine {
@@ -791,6 +795,28 @@ fn a_first_deploy_saves_its_record_once_per_batch_not_once_per_action() {
     // Its start, the new lives' offsets, everything else, and the settled deployment with
     // its history entry still to append, then without.
     assert_eq!(world.faults.count(Site::Save), 5);
+}
+
+/// A call begins no action once it has run `batch_for` (none at all: one action a call), so
+/// that a call of slow actions (stops wait for processes to exit) stays short.
+#[test]
+fn a_call_begins_no_action_after_its_time_is_up() {
+    BATCH_FOR.set(std::time::Duration::ZERO);
+    let world = World::with_user_topics();
+    let dir = tempfile::tempdir().unwrap();
+    let state = StateDir::open(dir.path()).unwrap();
+    let first = revision(1, 1, false);
+    let moved = with_engine(&world, &state, |engine| {
+        let target = target("r1", Some(&first));
+        let mut waits = Waits::default();
+        let mut progressed = 0;
+        while engine.advance(&target, &mut waits).unwrap() == Advance::Progressed {
+            progressed += 1;
+        }
+        progressed
+    });
+    assert_eq!(moved, 7, "one call per action");
+    assert_eq!(world.snapshot().running.len(), 3);
 }
 
 /// `plumber plan --keep-topics` shows what a daemon with `--keep-topics` does: the topics the
