@@ -1125,7 +1125,7 @@ impl FakeApi {
         let (code, body, mutated) =
             match server::handle(&mut state_ref.store, &state_ref.schemas, &recorded) {
                 Ok(reply) => (reply.code, reply.body, reply.mutated),
-                Err(error) => (error.code, error.status(), false),
+                Err(error) => (error.code, server::Body::Object(error.status()), false),
             };
         if let Some(r) = state
             .requests
@@ -1170,7 +1170,7 @@ fn hand_write(
     store.commit(key, object, ownership)
 }
 
-fn respond(code: u16, body: &Value) -> Result<Response<FakeBody>, BoxError> {
+fn respond(code: u16, body: &impl serde::Serialize) -> Result<Response<FakeBody>, BoxError> {
     let bytes = serde_json::to_vec(body)?;
     Ok(Response::builder()
         .status(code)

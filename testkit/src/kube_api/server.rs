@@ -1,6 +1,9 @@
 //! What the fake API server answers to one request: routing by kube's URL scheme, the verbs,
 //! preconditions and `Status` errors.
 
+use std::sync::Arc;
+
+use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::RecordedRequest;
@@ -237,15 +240,45 @@ impl ApiError {
 /// What a request was answered with; `mutated` when the store may have changed.
 pub(crate) struct Reply {
     pub(crate) code: u16,
-    pub(crate) body: Value,
+    pub(crate) body: Body,
     pub(crate) mutated: bool,
+}
+
+/// What a reply carries: an object, or a list whose items are the store's own rendered
+/// objects (serialized from there, never copied).
+pub(crate) enum Body {
+    Object(Value),
+    List(ListBody),
+}
+
+#[derive(Serialize)]
+pub(crate) struct ListBody {
+    #[serde(rename = "apiVersion")]
+    api_version: String,
+    kind: String,
+    metadata: Value,
+    #[serde(serialize_with = "shared_items")]
+    items: Vec<Arc<Value>>,
+}
+
+impl Serialize for Body {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Body::Object(object) => object.serialize(s),
+            Body::List(list) => list.serialize(s),
+        }
+    }
+}
+
+fn shared_items<S: serde::Serializer>(items: &[Arc<Value>], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_seq(items.iter().map(|item| &**item))
 }
 
 impl Reply {
     fn read(body: Value) -> Reply {
         Reply {
             code: 200,
-            body,
+            body: Body::Object(body),
             mutated: false,
         }
     }
@@ -253,8 +286,16 @@ impl Reply {
     fn wrote(code: u16, body: Value) -> Reply {
         Reply {
             code,
-            body,
+            body: Body::Object(body),
             mutated: true,
+        }
+    }
+
+    fn listed(body: ListBody, mutated: bool) -> Reply {
+        Reply {
+            code: 200,
+            body: Body::List(body),
+            mutated,
         }
     }
 }
@@ -411,7 +452,7 @@ impl Context<'_> {
         if self.dry_run() {
             return Ok(Reply {
                 code,
-                body: object,
+                body: Body::Object(object),
                 mutated: false,
             });
         }
@@ -426,34 +467,34 @@ impl Context<'_> {
             .ok_or_else(|| ApiError::not_found(&self.resource(), name))
     }
 
-    fn selected(&self) -> Result<Vec<Value>, ApiError> {
+    fn selected(&self) -> Result<Vec<Arc<Value>>, ApiError> {
         let labels = LabelSelector::parse(self.query("labelSelector").unwrap_or_default())
             .map_err(ApiError::bad_request)?;
         let fields = FieldSelector::parse(self.query("fieldSelector").unwrap_or_default())
             .map_err(ApiError::bad_request)?;
         Ok(self
             .store
-            .list(&self.resource(), self.target.namespace.as_deref())
+            .list_shared(&self.resource(), self.target.namespace.as_deref())
             .into_iter()
             .filter(|o| labels.matches(o) && fields.matches(o))
             .collect())
     }
 
-    fn list_of(&self, items: Vec<Value>) -> Value {
+    fn list_of(&self, items: Vec<Arc<Value>>) -> ListBody {
         let kind = self
             .store
             .kind(&self.resource())
             .map_or_else(|| "List".to_string(), |(_, kind)| format!("{kind}List"));
-        json!({
-            "apiVersion": self.target.api_version(),
-            "kind": kind,
-            "metadata": {"resourceVersion": self.store.revision()},
-            "items": items,
-        })
+        ListBody {
+            api_version: self.target.api_version(),
+            kind,
+            metadata: json!({"resourceVersion": self.store.revision()}),
+            items,
+        }
     }
 
     fn list(&self) -> Answer {
-        Ok(Reply::read(self.list_of(self.selected()?)))
+        Ok(Reply::listed(self.list_of(self.selected()?), false))
     }
 
     fn create(&mut self) -> Answer {
@@ -787,7 +828,7 @@ impl Context<'_> {
     fn delete_collection(&mut self) -> Answer {
         let selected = self.selected()?;
         if self.dry_run() {
-            return Ok(Reply::read(self.list_of(selected)));
+            return Ok(Reply::listed(self.list_of(selected), false));
         }
         let mut deleted = Vec::new();
         for object in selected {
@@ -802,7 +843,7 @@ impl Context<'_> {
             self.delete_now(&key);
             deleted.push(object);
         }
-        Ok(Reply::wrote(200, self.list_of(deleted)))
+        Ok(Reply::listed(self.list_of(deleted), true))
     }
 }
 
