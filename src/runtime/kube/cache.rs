@@ -225,8 +225,7 @@ where
     }
 
     /// As [`Cache::start`], keeping no spec, and annotation `annotation` of each object as
-    /// its digest ([`annotation_digest`]); the first list's values are kept for
-    /// [`Cache::take_listed`].
+    /// its SHA-256; the first list's values are kept for [`Cache::take_listed`].
     pub fn start_without_spec(
         api: Api<Kept<K>>,
         labels: &str,
