@@ -554,14 +554,7 @@ impl KubeRuntime {
         applied: &K,
         drift: &mut Vec<String>,
     ) where
-        K: Resource
-            + Serialize
-            + Clone
-            + DeserializeOwned
-            + std::fmt::Debug
-            + Send
-            + Sync
-            + 'static,
+        K: Resource + Serialize,
         K::DynamicType: Default,
     {
         let holds = match (live.json(), serde_json::to_value(applied)) {
@@ -656,11 +649,7 @@ fn at_verified<K>(
     name: &str,
     owner: Option<&str>,
     verified: &BTreeMap<String, String>,
-) -> bool
-where
-    K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
-    K::DynamicType: Default,
-{
+) -> bool {
     let Some(object) = cache.get(name) else {
         return false;
     };
@@ -694,11 +683,7 @@ fn owner_uid<K: Resource>(object: &K) -> Option<&str> {
 }
 
 /// The key of an object in [`KubeRuntime::verified`].
-fn object_key<K>(cache: &Cache<K>, name: &str) -> String
-where
-    K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
-    K::DynamicType: Default,
-{
+fn object_key<K>(cache: &Cache<K>, name: &str) -> String {
     format!("{}/{name}", cache.kind())
 }
 

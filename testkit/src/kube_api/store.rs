@@ -209,9 +209,9 @@ impl Store {
 
     /// The objects of a resource, in one namespace or (`None`) all, by namespace and name.
     pub(crate) fn list(&self, resource: &Resource, namespace: Option<&str>) -> Vec<Value> {
-        self.keys(resource, namespace)
-            .iter()
-            .filter_map(|key| self.get(key))
+        self.list_shared(resource, namespace)
+            .into_iter()
+            .map(|object| (*object).clone())
             .collect()
     }
 

@@ -313,7 +313,7 @@ pub(crate) fn open(store: &mut Store, request: &RecordedRequest) -> Result<Opene
             }
         }
         None => {
-            for object in store.list(&filter.resource, filter.namespace.as_deref()) {
+            for object in store.list_shared(&filter.resource, filter.namespace.as_deref()) {
                 if filter.matches(&object) {
                     let _ = sender.send((revision, line("ADDED", &object)));
                 }
