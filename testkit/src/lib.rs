@@ -161,6 +161,31 @@ impl Broker {
         );
     }
 
+    /// The names of the topics the broker lists with partitions and no error. Listing all
+    /// topics (asking for one by name may create it); a failed metadata request is retried
+    /// until `PATIENCE`, since tansu drops connections while it deletes topics.
+    pub fn topic_names(&self) -> BTreeSet<String> {
+        let consumer: BaseConsumer = self.client().create().expect("metadata client");
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            match consumer.fetch_metadata(None, Duration::from_secs(10)) {
+                Ok(metadata) => {
+                    return metadata
+                        .topics()
+                        .iter()
+                        .filter(|t| t.error().is_none() && !t.partitions().is_empty())
+                        .map(|t| t.name().to_owned())
+                        .collect();
+                }
+                Err(e) if Instant::now() < deadline => {
+                    eprintln!("listing topics failed, retrying: {e}");
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                Err(e) => panic!("listing topics failed for {PATIENCE:?}: {e}"),
+            }
+        }
+    }
+
     /// Produces `records` and waits until all are acknowledged.
     pub fn produce(&self, topic: &str, records: &[TestRecord]) {
         let producer: BaseProducer = self
