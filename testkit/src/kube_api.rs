@@ -279,6 +279,8 @@ pub struct RecordedRequest {
     /// The HTTP status answered; `None` while the request is held, or when it failed with an
     /// injected transport error.
     pub status: Option<u16>,
+    /// Who sent it: the name given to [`FakeApi::client_as`]; `None` for other clients.
+    pub client: Option<String>,
     target: Option<Target>,
     seq: u64,
 }
@@ -343,6 +345,7 @@ impl RecordedRequest {
                 .map(str::to_string),
             body,
             status: None,
+            client: None,
             seq,
         }
     }
@@ -681,6 +684,20 @@ impl FakeApi {
     /// A `kube::Client` whose default namespace is `namespace`, talking to this server. Call
     /// it inside the tokio runtime that will drive the client (see the module documentation).
     pub fn client(&self, namespace: &str) -> kube::Client {
+        Self::client_of(self.service(), namespace)
+    }
+
+    /// [`FakeApi::client`], whose requests are recorded with `client` as their
+    /// [`RecordedRequest::client`]: a test tells two replicas' requests apart, or holds one's.
+    pub fn client_as(&self, namespace: &str, client: &str) -> kube::Client {
+        let service = FakeService {
+            api: self.clone(),
+            client: Some(client.into()),
+        };
+        Self::client_of(service, namespace)
+    }
+
+    fn client_of(service: FakeService, namespace: &str) -> kube::Client {
         if tokio::runtime::Handle::try_current().is_err() {
             panic!(
                 "FakeApi::client needs a tokio runtime: kube::Client spawns its request buffer \
@@ -688,12 +705,15 @@ impl FakeApi {
                  runtime.block_on(async {{ fake.client(ns) }}) or under runtime.enter()"
             );
         }
-        kube::Client::new(self.service(), namespace)
+        kube::Client::new(service, namespace)
     }
 
     /// The server as a tower `Service`, for `kube::Client::new(service, namespace)`.
     pub fn service(&self) -> FakeService {
-        FakeService { api: self.clone() }
+        FakeService {
+            api: self.clone(),
+            client: None,
+        }
     }
 
     // ---- the request log ----
@@ -1048,13 +1068,18 @@ impl FakeApi {
         }
     }
 
-    async fn serve(self, request: Request<Body>) -> Result<Response<FakeBody>, BoxError> {
+    async fn serve(
+        self,
+        request: Request<Body>,
+        client: Option<Arc<str>>,
+    ) -> Result<Response<FakeBody>, BoxError> {
         let (parts, body) = request.into_parts();
         let bytes = body.collect_bytes().await?;
         let (recorded, hold, fault) = {
             let mut state = self.lock();
             state.seq += 1;
             let mut recorded = RecordedRequest::new(&parts, &bytes, state.seq);
+            recorded.client = client.map(|c| c.to_string());
             // Authorization comes first, as in the API server: a denied request is neither
             // held nor failed by a fault.
             if let Some(denied) = rbac::denied(state.rbac.as_ref(), &state.store, &recorded) {
@@ -1318,6 +1343,7 @@ impl fmt::Debug for Hold {
 #[derive(Clone, Debug)]
 pub struct FakeService {
     api: FakeApi,
+    client: Option<Arc<str>>,
 }
 
 impl tower::Service<Request<Body>> for FakeService {
@@ -1330,7 +1356,7 @@ impl tower::Service<Request<Body>> for FakeService {
     }
 
     fn call(&mut self, request: Request<Body>) -> Self::Future {
-        Box::pin(self.api.clone().serve(request))
+        Box::pin(self.api.clone().serve(request, self.client.clone()))
     }
 }
 
