@@ -88,7 +88,7 @@ pub fn run(path: &Path) -> Result<()> {
         },
     )
     .context("reading the processors that run")?
-    .fenced_by(lease.guard());
+    .fenced_by(lease.term());
     let records = TopologyStore::new(
         client,
         handle,

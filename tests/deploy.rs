@@ -516,7 +516,7 @@ fn the_role_grants_exactly_what_the_daemon_needs() {
             "coordination.k8s.io",
             "leases",
             &[config.kubernetes.lease.as_str()],
-            &["get", "patch"],
+            &["get", "update"],
         ),
     ]);
     assert_eq!(granted, expected);

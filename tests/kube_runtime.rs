@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
@@ -560,20 +560,29 @@ fn a_new_daemon_knows_what_runs_from_the_statefulsets() {
 }
 
 /// A standby replica connects while the holder of the lease runs `a`; the holder then starts
-/// `b` and stops `a`. Once the standby resyncs (as its observer does when it takes the lease
-/// over), its repair keeps `b` and does not bring `a` back.
+/// `b` and stops `a`. Once the standby holds the lease, its first change (a repair) reads
+/// what runs first: it keeps `b` and does not bring `a` back. Taking the lease back later
+/// (another term: the other replica may have acted between) reads it again.
 #[test]
-fn a_standby_that_resyncs_repairs_what_the_other_replica_left_running() {
+fn a_replica_taking_the_lease_repairs_what_the_other_replica_left_running() {
     let fake = fake();
     let holder = runtime(&fake);
     let a = spec("validate", "ab");
     let b = spec("enrich", "cd");
     holder.start(&a).unwrap();
-    let standby = runtime(&fake);
+    let term = Arc::new(AtomicU64::new(0));
+    let standby = {
+        let term = term.clone();
+        runtime(&fake).fenced_by(Arc::new(move || {
+            Some(term.load(Ordering::SeqCst)).filter(|t| *t > 0)
+        }))
+    };
     holder.start(&b).unwrap();
     holder.stop(&a.group).unwrap();
-    drop(holder);
-    standby.resync().unwrap();
+    let writes = fake.writes().len();
+    assert!(standby.repair().is_err(), "a standby changes nothing");
+    assert_eq!(fake.writes().len(), writes);
+    term.store(1, Ordering::SeqCst);
     standby.repair().unwrap();
     assert!(
         fake.get::<StatefulSet>(NS, &workload_name(&b.group))
@@ -592,6 +601,22 @@ fn a_standby_that_resyncs_repairs_what_the_other_replica_left_running() {
         .map(|p| p.group)
         .collect();
     assert_eq!(groups, std::slice::from_ref(&b.group));
+
+    // The lease goes to the other replica, which stops b and starts a again, and comes
+    // back: the next repair reads that, not what this replica knew.
+    term.store(0, Ordering::SeqCst);
+    holder.stop(&b.group).unwrap();
+    holder.start(&a).unwrap();
+    term.store(2, Ordering::SeqCst);
+    standby.repair().unwrap();
+    assert!(
+        fake.get::<StatefulSet>(NS, &workload_name(&a.group))
+            .is_some()
+    );
+    assert!(
+        fake.get::<StatefulSet>(NS, &workload_name(&b.group))
+            .is_none()
+    );
 }
 
 fn store(fake: &FakeApi, leader: &Arc<AtomicBool>) -> TopologyStore {

@@ -27,12 +27,11 @@ pub(super) struct Watchdog {
 /// Refreshes per-step state and lag for status and metrics.
 pub(super) fn observe_loop(context: &Arc<Context>) {
     let watchdog = Watchdog::new(context.config.stall_threshold());
-    let mut acting = false;
     let mut resume = None;
     while !context.is_stopping() {
         {
             let _busy = context.threads.busy("a look at what runs");
-            observe(context, &watchdog, &mut acting, &mut resume);
+            observe(context, &watchdog, &mut resume);
         }
         // Sleep in short slices so a shutdown is not held up.
         let deadline = Instant::now() + context.config.observe_interval;
@@ -42,23 +41,14 @@ pub(super) fn observe_loop(context: &Arc<Context>) {
     }
 }
 
-/// `acting`: whether this daemon acted at the last look (held the lease); `resume`: the
-/// topology whose groups the last look had no time left to read.
-fn observe(context: &Context, watchdog: &Watchdog, acting: &mut bool, resume: &mut Option<String>) {
-    // Only the replica that may act repairs (the others would fight it), and only from what
-    // runs now: when it starts acting, what it knew may be another replica's past.
-    let may_act = context.records.may_act();
-    if may_act && !*acting {
-        match context.runtime.resync() {
-            Ok(()) => *acting = true,
-            Err(error) => {
-                tracing::warn!(%error, "cannot read what runs; not repairing until it can")
-            }
-        }
-    } else if !may_act {
-        *acting = false;
-    }
-    if *acting && let Err(error) = context.runtime.repair() {
+/// `resume`: the topology whose groups the last look had no time left to read.
+fn observe(context: &Context, watchdog: &Watchdog, resume: &mut Option<String>) {
+    // Only the replica that may act repairs (the others would fight it); the runtime reads
+    // what runs anew in each lease term before it changes anything (what it knew may be
+    // another replica's past).
+    if context.records.may_act()
+        && let Err(error) = context.runtime.repair()
+    {
         tracing::warn!(%error, "cannot repair the runtime's processors");
     }
     let running: BTreeMap<String, ProcessorStatus> = match context.runtime.processors() {
@@ -760,7 +750,7 @@ mod tests {
         let watchdog = Watchdog::new(Duration::from_secs(3600));
         let step_shown = |record: &TopologyRecord| {
             context.records.save("t", record).unwrap();
-            observe(&context, &watchdog, &mut false, &mut None);
+            observe(&context, &watchdog, &mut None);
             let status = context.store.read();
             let steps = &status.topologies[0].steps;
             let step = steps.iter().find(|s| s.name == "step").unwrap();
@@ -836,11 +826,11 @@ mod tests {
             t.and_then(|t| t.steps.iter().find(|s| s.name == "step")?.lag)
         };
         let watchdog = Watchdog::new(Duration::from_secs(3600));
-        let (mut acting, mut resume) = (false, None);
+        let mut resume = None;
         let mut looks = Vec::new();
         for _ in 0..4 {
             lags.read.lock().unwrap().clear();
-            observe(&context, &watchdog, &mut acting, &mut resume);
+            observe(&context, &watchdog, &mut resume);
             looks.push(lags.read.lock().unwrap().clone());
             if looks.len() == 1 {
                 assert_eq!(lag_of("a"), Some(5));

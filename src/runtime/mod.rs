@@ -241,14 +241,6 @@ pub trait Runtime: Send + Sync {
     fn repair(&self) -> Result<()> {
         Ok(())
     }
-    /// Forgets what the runtime believes runs and reads it again from where processors run.
-    /// The observer calls it whenever this daemon starts acting (its first look, and each
-    /// time it takes the lease over): another daemon replica may have started and stopped
-    /// processors since this one last looked, and [`Runtime::repair`] must neither remove
-    /// what that replica started nor put back what it stopped.
-    fn resync(&self) -> Result<()> {
-        Ok(())
-    }
     /// What the runtime has not read yet of where processors run (a watch not listed yet),
     /// `None` once it has: the daemon is not ready (`/readyz`) before.
     fn unsynced(&self) -> Option<String> {

@@ -322,7 +322,12 @@ impl TopologyStore {
     /// Records a Kubernetes Event on the topology's resource (`kubectl describe topology`
     /// lists them); dropped before the resource exists (the engine creates it with its
     /// first save).
+    /// Only the lease holder records (a deposed one's report of its last actions would
+    /// interleave with its successor's).
     pub fn record_event(&self, topology: &str, reason: &str, note: &str) -> Result<()> {
+        if !(self.guard)() {
+            return Ok(());
+        }
         let Some(object) = self.get(topology)? else {
             return Ok(());
         };
@@ -343,8 +348,12 @@ impl TopologyStore {
     }
 
     /// Writes the observed fields of a topology's status, keeping its record; nothing when
-    /// they did not change since the last write.
+    /// they did not change since the last write, or when this replica does not hold the
+    /// lease (the holder's status is the one shown).
     pub fn publish_status(&self, topology: &str, observed: TopologyStatus) -> Result<()> {
+        if !(self.guard)() {
+            return Ok(());
+        }
         let mut published = self
             .published
             .lock()

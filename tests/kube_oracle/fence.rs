@@ -1,8 +1,10 @@
 //! A deposed lease holder writes nothing more: the lease is taken from the holder while one
 //! of its actions is between two writes (the API server holds the first), and no further
 //! object of that action reaches the API server. Once the lease comes back the cutover ends
-//! as if nothing happened.
+//! as if nothing happened. And with two replicas: the holder's calls stall until its lease
+//! lapses and the other takes over; the deposed one writes nothing after.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use k8s_openapi::api::coordination::v1::Lease;
@@ -119,7 +121,7 @@ fn a_holder_deposed_between_two_writes_of_an_action_makes_no_more() {
 }
 
 /// `kubectl delete lease plumber`: the holder seeks the lease anew, creates the Lease again
-/// and acts on (kube-lease-manager alone only reports it missing, forever).
+/// and acts on.
 #[test]
 fn a_deleted_lease_is_created_again_and_held() {
     let scratch = Scratch::new();
@@ -143,4 +145,88 @@ fn a_deleted_lease_is_created_again_and_held() {
     );
     holder.stop();
     drop(scratch);
+}
+
+/// Whether `r` was sent by replica `name`.
+fn sent_by(r: &RecordedRequest, name: &str) -> bool {
+    r.client.as_deref() == Some(name)
+}
+
+/// A write that only a lease holder may make: anything but a read, the Lease itself (how a
+/// replica learns it lost it) and a label on a daemon pod (the Service's holder label,
+/// which a deposed replica sets to "false").
+fn holder_write(r: &RecordedRequest) -> bool {
+    !matches!(r.verb(), Verb::Get | Verb::List | Verb::Watch)
+        && r.resource() != Some("leases")
+        && r.resource() != Some("pods")
+}
+
+/// The lease holder's API calls stall in the middle of a cutover (from its first write of
+/// R2 on, the API server holds every request it sends, renewals included), so its lease
+/// lapses and the standby takes over and finishes the cutover. When the stalled calls are
+/// let go, the deposed replica makes no write: every request it sends after the takeover is
+/// recorded and checked. Nothing lost, nothing duplicated.
+#[test]
+fn a_holder_whose_calls_stall_past_its_lease_writes_nothing_after_the_takeover() {
+    let mut t = Takeover::new("kube-stall");
+    let stalled = Arc::new(AtomicBool::new(false));
+    let hold = {
+        let stalled = stalled.clone();
+        t.fake.hold(move |r| {
+            sent_by(r, "plumber-0")
+                && (stalled.load(Ordering::SeqCst)
+                    || (processor_write(r) && !stalled.swap(true, Ordering::SeqCst)))
+        })
+    };
+    t.replace_a();
+    wait_until(
+        "plumber-0's calls stall at its first write of R2",
+        PATIENCE,
+        || stalled.load(Ordering::SeqCst),
+    );
+    wait_until("plumber-1 takes the lease over", PATIENCE, || {
+        t.standby.holds_lease()
+    });
+    let takeover = t.fake.requests().len();
+    assert!(
+        hold.held() > 0,
+        "plumber-0 was inside a held call when plumber-1 took over"
+    );
+    wait_applied(&t.fake, t.commits[1]);
+
+    // The stalled calls are answered now (the held write was sent while plumber-0 held the
+    // lease and lands); plumber-0 learns it lost the lease and writes nothing more.
+    drop(hold);
+    let holder = t.holder.take().unwrap();
+    wait_until("plumber-0 knows it lost the lease", PATIENCE, || {
+        !holder.holds_lease()
+    });
+    wait_until("plumber-0's stalled calls are answered", PATIENCE, || {
+        t.fake
+            .requests()
+            .iter()
+            .all(|r| !sent_by(r, "plumber-0") || r.status.is_some() || r.verb() == Verb::Watch)
+    });
+    // Under load, long enough for plumber-0 to act on what its calls answered.
+    let load = t.load.as_ref().unwrap();
+    load.wait_for(load.sent() + 300);
+    let after: Vec<String> = t
+        .fake
+        .requests()
+        .iter()
+        .skip(takeover)
+        .filter(|r| sent_by(r, "plumber-0") && holder_write(r))
+        .map(|r| format!("{} ({:?})", r.summary(), r.status))
+        .collect();
+    assert_eq!(after, Vec::<String>::new(), "the deposed holder wrote");
+    let asked = t
+        .fake
+        .requests()
+        .iter()
+        .skip(takeover)
+        .filter(|r| sent_by(r, "plumber-0"))
+        .count();
+    assert!(asked > 0, "plumber-0 went on running after the takeover");
+    holder.stop();
+    t.finish();
 }

@@ -74,7 +74,7 @@ fn daemon_log() -> &'static PathBuf {
         let file = std::fs::File::create(&path).unwrap();
         tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::new(
-                "info,plumber::cutover=debug,librdkafka=warn,kube_lease_manager=warn",
+                "info,plumber::cutover=debug,librdkafka=warn",
             ))
             .with_writer(std::sync::Mutex::new(file))
             .with_ansi(false)

@@ -62,7 +62,8 @@ impl Replica {
             .expect("the replica's tokio runtime");
         let client = {
             let _inside = tokio.enter();
-            fake.client(NS)
+            // Its requests are recorded under its name: a test holds or checks one replica's.
+            fake.client_as(NS, name)
         };
         let handle = tokio.handle().clone();
         let lease = Lease::seek(client.clone(), &handle, lease(name));
@@ -81,7 +82,7 @@ impl Replica {
         )
         .expect("the Kubernetes runtime")
         // As `plumber daemon` wires it (src/cluster.rs): no write without the lease.
-        .fenced_by(lease.guard());
+        .fenced_by(lease.term());
         let records = Arc::new(
             TopologyStore::new(
                 client,

@@ -253,11 +253,11 @@ fn a_rolling_restart_hands_a_cutover_from_one_shipped_replica_to_the_next() {
     wait_until("the new replica holds the Lease", PATIENCE, || {
         lease_holder(&fake).as_deref() == Some("plumber-new")
     });
-    // Given up, the Lease is sought at the standby's next look at it (every second), not
-    // when the lock it last saw would have lapsed (up to 30 s later).
+    // Given up, the Lease is taken at the standby's next look at it (every second), not
+    // when it would have lapsed (up to 30 s later).
     assert!(
         world.daemon_log().lines().any(|line| line
-            .contains("the Lease was given up; seeking it now")
+            .contains("took the Lease, which named no holder")
             && line.contains("plumber-new")),
         "the new replica saw the Lease given up"
     );

@@ -18,10 +18,13 @@
 //!   was last found right at (the caches keep no spec of StatefulSets and ScaledObjects).
 //! - **Restarts of the daemon**: what runs is read back from the StatefulSets' annotation
 //!   ([`SPEC_ANNOTATION`], also on each ScaledObject, for a StatefulSet deleted meanwhile),
-//!   so a new daemon replica knows every processor without a record of its own; and read
-//!   again ([`Runtime::resync`]) whenever a replica starts acting, so a
-//!   standby that takes the lease over repairs what the previous holder left running, not
-//!   what ran when the standby started.
+//!   so a new daemon replica knows every processor without a record of its own; and listed
+//!   again at the first change in each lease term ([`KubeRuntime::fenced_by`]), so a
+//!   replica that takes the lease (over, or back) repairs what the previous holder left
+//!   running, not what ran when it last looked.
+//! - **Fencing**: a change (start, stop, restart, update, repair) begins in a lease term, and
+//!   each of its writes is refused once that term has ended, even if the replica holds the
+//!   lease again by then.
 //! - **Metrics**: every running Pod of a processor serves `/metrics` at its Pod IP on
 //!   [`METRICS_PORT`](render::METRICS_PORT) ([`Runtime::metrics_endpoints`]), from a watch
 //!   of Plumber's Pods that keeps only their labels, uid, phase and IP.
@@ -56,7 +59,7 @@ use super::render::{
     self, IDENTITY, LIFE, MANAGED_BY, Objects, RenderConfig, SPEC_ANNOTATION, STEP, TOPOLOGY,
 };
 use crate::runtime::{
-    Error, Guard, MetricsEndpoint, ProcessorSpec, ProcessorStatus, Result, Runtime,
+    Error, MetricsEndpoint, ProcessorSpec, ProcessorStatus, Result, Runtime, Term,
 };
 use crate::spec::{Resources, Scale};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -104,8 +107,9 @@ pub struct KubeRuntime {
     /// repair compares an object again only once either moved.
     verified: Mutex<BTreeMap<String, String>>,
     /// Held while objects are applied or deleted, so a repair never puts back what a stop
-    /// is deleting.
-    changing: Mutex<()>,
+    /// is deleting ([`KubeRuntime::changing`]); inside, the lease term in which this
+    /// runtime last read what runs.
+    changing: Mutex<Option<u64>>,
     /// The owner reference of each Topology read by name, for those the watch did not
     /// bring yet (the store creates a Topology just before its first processor starts).
     owners: Mutex<BTreeMap<String, OwnerReference>>,
@@ -116,10 +120,21 @@ pub struct KubeRuntime {
     topologies: Arc<Cache<Topology>>,
     /// Only where the processors' `/metrics` are ([`trim_pod`]).
     pods: Cache<Pod>,
-    /// Asked immediately before every write ([`KubeRuntime::fenced_by`]): a replica that
-    /// lost the lease in the middle of an action writes no further object of it.
-    fence: Option<Arc<Guard>>,
+    /// Asked when a change begins and immediately before each of its writes
+    /// ([`KubeRuntime::fenced_by`]).
+    fence: Option<Arc<Term>>,
 }
+
+/// One change of the runtime's objects (a start, stop, restart, update or repair): holds
+/// [`KubeRuntime::changing`], and the lease term it began in; each write of it checks that
+/// this term still holds.
+struct Changing<'a> {
+    _lock: MutexGuard<'a, Option<u64>>,
+    term: Option<u64>,
+}
+
+/// The term of a runtime no lease fences: one that never ends.
+const UNFENCED: Option<u64> = Some(0);
 
 /// The label selector of every object Plumber manages.
 fn managed() -> String {
@@ -175,7 +190,7 @@ impl KubeRuntime {
             handle,
             running: Mutex::new(BTreeMap::new()),
             verified: Mutex::new(BTreeMap::new()),
-            changing: Mutex::new(()),
+            changing: Mutex::new(UNFENCED),
             owners: Mutex::new(BTreeMap::new()),
             fence: None,
         };
@@ -187,7 +202,7 @@ impl KubeRuntime {
         // What the watches just listed is as fresh as a list: no second one. The caches keep
         // the annotations' digests; the first list's values are handed over once.
         {
-            let _changing = runtime.changing();
+            let _changing = runtime.changing()?;
             let workloads = runtime.workloads.take_listed();
             let scaled_objects = runtime.scaled_objects.take_listed();
             runtime.adopt(
@@ -198,32 +213,77 @@ impl KubeRuntime {
         Ok(runtime)
     }
 
-    /// Writes only while `may_write` holds (the lease's guard), asked immediately before
-    /// each one: the engine asks once per action, and an action writes several objects.
-    pub fn fenced_by(mut self, may_write: Arc<Guard>) -> Self {
-        self.fence = Some(may_write);
+    /// Writes only within one term of the lease (`term`, the lease's [`Term`]), asked
+    /// immediately before each write: a change begun in a term writes nothing once that
+    /// term has ended, even if this replica holds the lease again by then (another replica
+    /// may have acted in between). The first change of a new term reads what runs first
+    /// (see `changing`).
+    pub fn fenced_by(mut self, term: Arc<Term>) -> Self {
+        self.fence = Some(term);
+        *self
+            .changing
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner) = None;
         self
     }
 
-    /// `Err` when the fence says this replica may no longer write `object` (a group's name
-    /// or that of one of its objects).
-    fn fenced(&self, operation: &'static str, object: &str) -> Result<()> {
-        match &self.fence {
-            Some(may_write) if !may_write() => {
-                tracing::warn!(
-                    operation,
-                    object,
-                    "not written: this replica no longer holds the lease"
-                );
-                Err(Error::Backend {
-                    operation,
-                    group: object.to_owned(),
-                    message: "this replica no longer holds the lease: it writes nothing".into(),
-                    retryable: true,
-                })
-            }
-            _ => Ok(()),
+    fn term(&self) -> Option<u64> {
+        self.fence.as_ref().map_or(UNFENCED, |term| term())
+    }
+
+    /// `Err` when `change`'s term has ended: this replica may no longer write `object` (a
+    /// group's name or that of one of its objects) for it.
+    fn fenced(&self, change: &Changing<'_>, operation: &'static str, object: &str) -> Result<()> {
+        if change.term.is_some() && self.term() == change.term {
+            return Ok(());
         }
+        tracing::warn!(
+            operation,
+            object,
+            "not written: this replica no longer holds the lease term this change began in"
+        );
+        Err(Error::Backend {
+            operation,
+            group: object.to_owned(),
+            message: "this replica no longer holds the lease term this change began in: it \
+                      writes nothing"
+                .into(),
+            retryable: true,
+        })
+    }
+
+    /// Forgets what this runtime believes runs and lists it again (under `changing`, which
+    /// the caller holds: a start or stop is wholly before or after it), comparing what it
+    /// lists so that the next repair reads only what moved since.
+    fn read_what_runs(&self) -> Result<()> {
+        // Listed, not read from the cache: the replica that held the lease before may have
+        // applied a moment ago, and what runs decides what repair deletes.
+        let workloads = self.list::<Kept<StatefulSet>>()?;
+        let scaled_objects = self.list::<Kept<ScaledObject>>()?;
+        self.adopt(
+            workloads.iter().filter_map(|w| annotation_of(w.meta())),
+            scaled_objects
+                .iter()
+                .filter_map(|s| annotation_of(s.meta())),
+        );
+        // Compared now, from the lists: the next repair reads only what moved since.
+        let (workloads, scaled_objects) = (named(workloads), named(scaled_objects));
+        let specs: Vec<ProcessorSpec> = self.running().values().cloned().collect();
+        let mut drift = Vec::new();
+        for spec in &specs {
+            let Ok(objects) = self.objects_owned_by(spec, self.known_owner(&spec.topology)) else {
+                continue;
+            };
+            let name = render::workload_name(&spec.group);
+            if let Some(live) = workloads.get(&name) {
+                self.check(&self.workloads, &name, live, &objects.workload, &mut drift);
+            }
+            if let Some(live) = scaled_objects.get(&spec.group) {
+                let applied = &objects.scaled_object;
+                self.check(&self.scaled_objects, &spec.group, live, applied, &mut drift);
+            }
+        }
+        Ok(())
     }
 
     /// Takes what runs from the annotations of Plumber's StatefulSets and, for a processor
@@ -283,8 +343,17 @@ impl KubeRuntime {
         self.running.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn changing(&self) -> MutexGuard<'_, ()> {
-        self.changing.lock().unwrap_or_else(PoisonError::into_inner)
+    /// Begins a change. In a lease term this runtime has not read what runs in yet, it
+    /// reads it first: another replica may have started and stopped processors since, and
+    /// no write (a repair least of all) may act on what this one knew before.
+    fn changing(&self) -> Result<Changing<'_>> {
+        let mut lock = self.changing.lock().unwrap_or_else(PoisonError::into_inner);
+        let term = self.term();
+        if term.is_some() && *lock != term {
+            self.read_what_runs()?;
+            *lock = term;
+        }
+        Ok(Changing { _lock: lock, term })
     }
 
     fn api<K>(&self) -> Api<K>
@@ -379,11 +448,16 @@ impl KubeRuntime {
 
     /// Applies the objects of `spec` in the order that keeps KEDA from acting on a
     /// StatefulSet it cannot see or reach.
-    fn apply(&self, spec: &ProcessorSpec) -> Result<()> {
-        self.apply_objects(spec, &self.objects(spec)?)
+    fn apply(&self, change: &Changing<'_>, spec: &ProcessorSpec) -> Result<()> {
+        self.apply_objects(change, spec, &self.objects(spec)?)
     }
 
-    fn apply_objects(&self, spec: &ProcessorSpec, objects: &Objects) -> Result<()> {
+    fn apply_objects(
+        &self,
+        change: &Changing<'_>,
+        spec: &ProcessorSpec,
+        objects: &Objects,
+    ) -> Result<()> {
         if let Some(authentication) = &objects.trigger_authentication {
             // Shared: applied once, and again only when it is not as it should be.
             let name = shared_name(authentication);
@@ -391,19 +465,31 @@ impl KubeRuntime {
                 let mut drift = Vec::new();
                 self.compare(&self.authentications, name, authentication, &mut drift)?;
                 if !drift.is_empty() {
-                    self.apply_one(&self.authentications, name, authentication)?;
+                    self.apply_one(change, &self.authentications, name, authentication)?;
                 }
             }
         }
         self.apply_one(
+            change,
             &self.workloads,
             &render::workload_name(&spec.group),
             &objects.workload,
         )?;
-        self.apply_one(&self.scaled_objects, &spec.group, &objects.scaled_object)
+        self.apply_one(
+            change,
+            &self.scaled_objects,
+            &spec.group,
+            &objects.scaled_object,
+        )
     }
 
-    fn apply_one<K>(&self, cache: &Cache<K>, group: &str, object: &K) -> Result<()>
+    fn apply_one<K>(
+        &self,
+        change: &Changing<'_>,
+        cache: &Cache<K>,
+        group: &str,
+        object: &K,
+    ) -> Result<()>
     where
         K: Resource<Scope = k8s_openapi::NamespaceResourceScope>
             + Serialize
@@ -415,7 +501,7 @@ impl KubeRuntime {
             + 'static,
         <K as Resource>::DynamicType: Default,
     {
-        self.fenced("apply", group)?;
+        self.fenced(change, "apply", group)?;
         let api: Api<K> = self.api();
         let params = PatchParams::apply(FIELD_MANAGER).force();
         let applied = self
@@ -431,7 +517,13 @@ impl KubeRuntime {
     }
 
     /// Deletes one object; one already gone is not an error.
-    fn delete<K>(&self, cache: &Cache<K>, group: &str, params: &DeleteParams) -> Result<()>
+    fn delete<K>(
+        &self,
+        change: &Changing<'_>,
+        cache: &Cache<K>,
+        group: &str,
+        params: &DeleteParams,
+    ) -> Result<()>
     where
         K: Resource<Scope = k8s_openapi::NamespaceResourceScope>
             + DeserializeOwned
@@ -442,7 +534,7 @@ impl KubeRuntime {
             + 'static,
         <K as Resource>::DynamicType: Default,
     {
-        self.fenced("delete", group)?;
+        self.fenced(change, "delete", group)?;
         let api: Api<K> = self.api();
         match self.handle.block_on(api.delete(group, params)) {
             Ok(_) => {}
@@ -759,8 +851,8 @@ impl Runtime for KubeRuntime {
                 retryable: false,
             });
         }
-        let _changing = self.changing();
-        self.apply(spec)?;
+        let change = self.changing()?;
+        self.apply(&change, spec)?;
         self.running().insert(spec.group.clone(), spec.clone());
         tracing::info!(group = %spec.group, namespace = %self.config.render.namespace, "processor applied");
         Ok(())
@@ -769,11 +861,17 @@ impl Runtime for KubeRuntime {
     fn stop(&self, group: &str) -> Result<()> {
         let spec = self.spec(group)?;
         {
-            let _changing = self.changing();
+            let change = self.changing()?;
             self.running().remove(group);
             // Its TriggerAuthentication is shared: a look deletes it once no processor uses it.
-            self.delete(&self.scaled_objects, group, &DeleteParams::default())?;
             self.delete(
+                &change,
+                &self.scaled_objects,
+                group,
+                &DeleteParams::default(),
+            )?;
+            self.delete(
+                &change,
                 &self.workloads,
                 &render::workload_name(group),
                 &DeleteParams::foreground(),
@@ -819,7 +917,8 @@ impl Runtime for KubeRuntime {
                 "plumber.dev/restarted-at": now.to_string()
             }}}}
         });
-        self.fenced("restart", group)?;
+        let change = self.changing()?;
+        self.fenced(&change, "restart", group)?;
         let api: Api<StatefulSet> = self.api();
         match self.handle.block_on(api.patch(
             &render::workload_name(group),
@@ -838,8 +937,8 @@ impl Runtime for KubeRuntime {
         };
         spec.scale = *scale;
         spec.resources = resources.cloned();
-        let _changing = self.changing();
-        self.apply(&spec)?;
+        let change = self.changing()?;
+        self.apply(&change, &spec)?;
         self.running().insert(group.to_owned(), spec);
         Ok(())
     }
@@ -917,41 +1016,8 @@ impl Runtime for KubeRuntime {
         })
     }
 
-    fn resync(&self) -> Result<()> {
-        // Under `changing`: a start or stop of this runtime is wholly before or after it.
-        let _changing = self.changing();
-        // Listed, not read from the cache: the replica that held the lease before may have
-        // applied a moment ago, and what runs decides what repair deletes.
-        let workloads = self.list::<Kept<StatefulSet>>()?;
-        let scaled_objects = self.list::<Kept<ScaledObject>>()?;
-        self.adopt(
-            workloads.iter().filter_map(|w| annotation_of(w.meta())),
-            scaled_objects
-                .iter()
-                .filter_map(|s| annotation_of(s.meta())),
-        );
-        // Compared now, from the lists: the next repair reads only what moved since.
-        let (workloads, scaled_objects) = (named(workloads), named(scaled_objects));
-        let specs: Vec<ProcessorSpec> = self.running().values().cloned().collect();
-        let mut drift = Vec::new();
-        for spec in &specs {
-            let Ok(objects) = self.objects_owned_by(spec, self.known_owner(&spec.topology)) else {
-                continue;
-            };
-            let name = render::workload_name(&spec.group);
-            if let Some(live) = workloads.get(&name) {
-                self.check(&self.workloads, &name, live, &objects.workload, &mut drift);
-            }
-            if let Some(live) = scaled_objects.get(&spec.group) {
-                let applied = &objects.scaled_object;
-                self.check(&self.scaled_objects, &spec.group, live, applied, &mut drift);
-            }
-        }
-        Ok(())
-    }
-
     fn repair(&self) -> Result<()> {
-        let _changing = self.changing();
+        let change = self.changing()?;
         // Only the specs whose objects moved are cloned: at 18,000 processors, cloning them
         // all was most of an idle look.
         // The TriggerAuthentications running processors share: kept, the others collected.
@@ -981,16 +1047,16 @@ impl Runtime for KubeRuntime {
             (running.keys().cloned().collect::<BTreeSet<String>>(), moved)
         };
         let keep_workloads = keep.iter().map(|g| render::workload_name(g)).collect();
-        self.collect(&self.workloads, &keep_workloads)?;
-        self.collect(&self.scaled_objects, &keep)?;
-        self.collect(&self.authentications, &shared)?;
+        self.collect(&change, &self.workloads, &keep_workloads)?;
+        self.collect(&change, &self.scaled_objects, &keep)?;
+        self.collect(&change, &self.authentications, &shared)?;
         for spec in &moved {
             // The owner as the watch knows it: a repair asks the API nothing it need not.
             let objects = self.objects_owned_by(spec, self.known_owner(&spec.topology))?;
             let drift = self.drift(spec, &objects)?;
             if !drift.is_empty() {
                 tracing::warn!(group = %spec.group, drift = %drift.join(", "), "objects of a running processor were deleted or changed; putting them back");
-                self.apply_objects(spec, &objects)?;
+                self.apply_objects(&change, spec, &objects)?;
             }
         }
         Ok(())
@@ -999,7 +1065,12 @@ impl Runtime for KubeRuntime {
 
 impl KubeRuntime {
     /// Deletes Plumber's objects in `cache` whose group is not in `keep`.
-    fn collect<K>(&self, cache: &Cache<K>, keep: &BTreeSet<String>) -> Result<()>
+    fn collect<K>(
+        &self,
+        change: &Changing<'_>,
+        cache: &Cache<K>,
+        keep: &BTreeSet<String>,
+    ) -> Result<()>
     where
         K: Resource<Scope = k8s_openapi::NamespaceResourceScope>
             + DeserializeOwned
@@ -1016,7 +1087,7 @@ impl KubeRuntime {
                 name,
                 "deleting an object of an identity nothing runs"
             );
-            self.delete(cache, &name, &DeleteParams::foreground())?;
+            self.delete(change, cache, &name, &DeleteParams::foreground())?;
         }
         Ok(())
     }
