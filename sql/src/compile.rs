@@ -14,6 +14,7 @@ use sqlparser::keywords::Keyword;
 use sqlparser::parser::{Parser, ParserError};
 use sqlparser::tokenizer::{Location, Span, Token, TokenWithSpan, Tokenizer};
 
+use crate::aggregate::{AggFunc, AggSpec, Aggregation, Window, WindowKind};
 use crate::expr::{CmpOp, Expr, Row, Snippet};
 use crate::func::{self, Func, Side, SqlType};
 use crate::value::{Arith, Value};
@@ -77,23 +78,46 @@ const RESERVED: [&str; 27] = [
 /// the stack it needs. Only touched pages take memory.
 const COMPILE_STACK_BYTES: usize = 64 * 1024 * 1024;
 
+/// What a query compiles to: stateless (one record in, its outputs out) or stateful (a
+/// `GROUP BY`: see [`Aggregation`]).
+pub enum Compiled {
+    Stateless(Query),
+    Stateful(Box<Aggregation>),
+}
+
 pub fn compile(sql: &str, inputs: Option<&[&str]>) -> Result<Query, Vec<Problem>> {
+    match compile_any(sql, inputs, false)? {
+        Compiled::Stateless(query) => Ok(query),
+        // A stateless compile refuses GROUP BY before it gets here.
+        Compiled::Stateful(_) => Err(vec![Problem::at(START, "GROUP BY needs a stateful step")]),
+    }
+}
+
+pub fn compile_any(
+    sql: &str,
+    inputs: Option<&[&str]>,
+    stateful: bool,
+) -> Result<Compiled, Vec<Problem>> {
     std::thread::scope(|scope| {
         let compiling = std::thread::Builder::new()
             .name("sql-compile".into())
             .stack_size(COMPILE_STACK_BYTES)
-            .spawn_scoped(scope, || compile_here(sql, inputs));
+            .spawn_scoped(scope, || compile_here(sql, inputs, stateful));
         match compiling {
             Ok(thread) => thread
                 .join()
                 .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
             // Out of threads or memory: this thread's stack is the best there is.
-            Err(_) => compile_here(sql, inputs),
+            Err(_) => compile_here(sql, inputs, stateful),
         }
     })
 }
 
-fn compile_here(sql: &str, inputs: Option<&[&str]>) -> Result<Query, Vec<Problem>> {
+fn compile_here(
+    sql: &str,
+    inputs: Option<&[&str]>,
+    stateful: bool,
+) -> Result<Compiled, Vec<Problem>> {
     let dialect = GenericDialect {};
     let tokens = Tokenizer::new(&dialect, sql)
         .tokenize_with_location()
@@ -134,6 +158,9 @@ fn compile_here(sql: &str, inputs: Option<&[&str]>) -> Result<Query, Vec<Problem
         arm_names: Vec::new(),
         too_deep: false,
         select_aliases: Vec::new(),
+        stateful,
+        output: None,
+        aggregation: None,
     };
     match statements.as_slice() {
         [] => compiler.problem(
@@ -153,6 +180,7 @@ fn compile_here(sql: &str, inputs: Option<&[&str]>) -> Result<Query, Vec<Problem
         mut problems,
         arms,
         paths,
+        aggregation,
         ..
     } = compiler;
     // A syntax error sqlparser let through makes the other findings noise.
@@ -163,7 +191,13 @@ fn compile_here(sql: &str, inputs: Option<&[&str]>) -> Result<Query, Vec<Problem
         problems.retain(|p| p.message.starts_with("syntax error"));
     }
     if problems.is_empty() {
-        Ok(Query { arms, paths })
+        Ok(match aggregation {
+            Some(mut aggregation) => {
+                aggregation.paths = paths;
+                Compiled::Stateful(Box::new(aggregation))
+            }
+            None => Compiled::Stateless(Query { arms, paths }),
+        })
     } else {
         problems.sort_by_key(|p| (p.line, p.column));
         problems.dedup();
@@ -254,6 +288,27 @@ struct Compiler<'q> {
     /// While compiling a WHERE: the names SELECT gives to something other than the field of
     /// that name, which a bare name in WHERE does not mean.
     select_aliases: Vec<String>,
+    /// Whether GROUP BY is allowed (a stateful query).
+    stateful: bool,
+    /// While compiling the columns or HAVING of a GROUP BY: what they may read.
+    output: Option<OutputScope>,
+    /// The GROUP BY query compiled, if it is one.
+    aggregation: Option<Aggregation>,
+}
+
+/// What the columns of a GROUP BY may read: the grouping expressions (matched by their
+/// text), the window's bounds, and aggregates (collected as they are met).
+struct OutputScope {
+    groups: Vec<String>,
+    windowed: bool,
+    aggs: Vec<AggSpec>,
+}
+
+impl OutputScope {
+    /// The slot of `window_start`; `window_end` is the next, then the aggregates.
+    fn window_slot(&self) -> usize {
+        self.groups.len()
+    }
 }
 
 impl Compiler<'_> {
@@ -430,22 +485,32 @@ impl Compiler<'_> {
                 "a step's outputs go to the steps that read it",
             );
         }
+        let mut grouped = None;
         match &select.group_by {
             GroupByExpr::Expressions(exprs, modifiers)
                 if exprs.is_empty() && modifiers.is_empty() => {}
+            GroupByExpr::Expressions(exprs, modifiers) if self.stateful && modifiers.is_empty() => {
+                grouped = Some(exprs);
+            }
+            _ if self.stateful => refuse(
+                self,
+                self.keyword_at(Keyword::GROUP, start),
+                "this form of GROUP BY",
+                "list expressions, `_key` among them, and at most one window",
+            ),
             _ => refuse(
                 self,
                 self.keyword_at(Keyword::GROUP, start),
                 "GROUP BY",
-                "grouping needs many records; a SQL step sees one at a time",
+                "a stateful SQL step (docs/stateful-sql.md) is not run by steps yet",
             ),
         }
-        if select.having.is_some() {
+        if select.having.is_some() && grouped.is_none() {
             refuse(
                 self,
                 self.keyword_at(Keyword::HAVING, start),
                 "HAVING",
-                "it filters groups; a SQL step sees one record at a time",
+                "it filters groups: it goes with GROUP BY",
             );
         }
         let others = [
@@ -494,6 +559,9 @@ impl Compiler<'_> {
             refuse(self, start, "FROM before SELECT", "write SELECT … FROM …");
         }
 
+        if let Some(groups) = grouped {
+            return self.aggregate_select(select, start, groups);
+        }
         let from = self.from(select, start);
         self.qualifier = from.as_ref().map(|(_, qualifier)| qualifier.clone());
 
@@ -592,6 +660,235 @@ impl Compiler<'_> {
             filter,
             named: names,
         });
+    }
+
+    /// A SELECT with GROUP BY (a stateful query): WHERE and GROUP BY over records, the
+    /// columns and HAVING over groups.
+    fn aggregate_select(&mut self, select: &ast::Select, start: Location, group_by: &[ast::Expr]) {
+        if !self.arms.is_empty() || self.aggregation.is_some() {
+            self.problem(start, "a query with GROUP BY is one SELECT: no UNION ALL");
+        }
+        let from = self.from(select, start);
+        self.qualifier = from.as_ref().map(|(_, qualifier)| qualifier.clone());
+        let filter = select.selection.as_ref().map(|e| self.expr(e, 0));
+        let mut groups = Vec::new();
+        let mut texts = Vec::new();
+        let mut window: Option<Window> = None;
+        for ast in group_by {
+            if let Some(found) = self.window(ast) {
+                if window.is_some() {
+                    self.problem(ast.span().start, "GROUP BY has one window at most");
+                }
+                window = Some(found);
+                continue;
+            }
+            groups.push(self.expr(ast, 0));
+            texts.push(ast.to_string());
+        }
+        let key_group = groups.iter().position(|g| matches!(g, Expr::Key));
+        if key_group.is_none() {
+            self.problem(
+                self.keyword_at(Keyword::GROUP, start),
+                "GROUP BY must include `_key`: one instance sees all records of a key (they \
+                 are in one partition), not all records of another field; to group by a \
+                 field, key the records by it in the step before",
+            );
+        }
+        self.output = Some(OutputScope {
+            groups: texts,
+            windowed: window.is_some(),
+            aggs: Vec::new(),
+        });
+        let mut columns: Vec<(Vec<u8>, Expr)> = Vec::new();
+        let mut names: Vec<String> = Vec::new();
+        for item in &select.projection {
+            let (expr, name, at) = match item {
+                SelectItem::UnnamedExpr(e) => {
+                    (self.expr(e, 0), Self::natural_name(e), item.span().start)
+                }
+                SelectItem::ExprWithAlias { expr, alias } => {
+                    (self.expr(expr, 0), alias.value.clone(), alias.span.start)
+                }
+                _ => {
+                    self.problem(
+                        item.span().start,
+                        "a query with GROUP BY names its columns: grouping expressions, \
+                         `window_start`, `window_end` and aggregates (no `*`)",
+                    );
+                    continue;
+                }
+            };
+            if names.contains(&name) {
+                self.problem(
+                    at,
+                    format!("two columns are named `{name}`; rename one with AS"),
+                );
+            }
+            let mut key = Vec::with_capacity(name.len() + 3);
+            crate::json::write_string(&mut key, &name);
+            key.push(b':');
+            names.push(name);
+            columns.push((key, expr));
+        }
+        let having = select.having.as_ref().map(|e| self.expr(e, 0));
+        let aggs = self
+            .output
+            .take()
+            .map(|scope| scope.aggs)
+            .unwrap_or_default();
+        self.qualifier = None;
+        self.aggregation = Some(Aggregation::new(
+            from.map(|(name, _)| name).unwrap_or_default(),
+            filter,
+            groups,
+            key_group.unwrap_or(0),
+            window,
+            aggs,
+            columns,
+            having,
+        ));
+    }
+
+    /// `TUMBLE(time, size)` or `HOP(time, size, advance)` in GROUP BY; `None` for anything
+    /// else (a grouping expression).
+    fn window(&mut self, ast: &ast::Expr) -> Option<Window> {
+        let ast::Expr::Function(function) = ast else {
+            return None;
+        };
+        let name = function.name.to_string().to_ascii_uppercase();
+        let at = function.name.span().start;
+        if !matches!(name.as_str(), "TUMBLE" | "HOP" | "SESSION") {
+            return None;
+        }
+        let args: Vec<&ast::Expr> = match &function.args {
+            FunctionArguments::List(list) => list
+                .args
+                .iter()
+                .filter_map(|a| match a {
+                    FunctionArg::Unnamed(FunctionArgExpr::Expr(e)) => Some(e),
+                    _ => None,
+                })
+                .collect(),
+            _ => Vec::new(),
+        };
+        let snippet = self.snippet(ast.span(), ast);
+        let wanted = match name.as_str() {
+            "TUMBLE" => "TUMBLE(time, INTERVAL 'n' unit)",
+            "HOP" => "HOP(time, INTERVAL 'size' unit, INTERVAL 'advance' unit)",
+            _ => {
+                self.problem(
+                    at,
+                    "SESSION windows are specified (docs/stateful-sql.md) but not built yet; \
+                     use TUMBLE or HOP",
+                );
+                return Some(Window::invalid(snippet));
+            }
+        };
+        let count = if name == "TUMBLE" { 2 } else { 3 };
+        if args.len() != count {
+            self.problem(at, format!("write {wanted}"));
+            return Some(Window::invalid(snippet));
+        }
+        let time = self.expr(args[0], 0);
+        let mut sizes = Vec::new();
+        for arg in &args[1..] {
+            match interval_ms(arg) {
+                Ok(ms) => sizes.push(ms),
+                Err(why) => {
+                    self.problem(arg.span().start, format!("{why}; write {wanted}"));
+                    return Some(Window::invalid(snippet));
+                }
+            }
+        }
+        let kind = match sizes.as_slice() {
+            [size] => WindowKind::Tumble { size: *size },
+            [size, advance] if size % advance == 0 => WindowKind::Hop {
+                size: *size,
+                advance: *advance,
+            },
+            [size, advance] => {
+                self.problem(
+                    args[2].span().start,
+                    format!(
+                        "a HOP window's size ({size} ms) must be a multiple of its advance \
+                         ({advance} ms)"
+                    ),
+                );
+                return Some(Window::invalid(snippet));
+            }
+            _ => return Some(Window::invalid(snippet)),
+        };
+        Some(Window {
+            time,
+            kind,
+            snippet,
+        })
+    }
+
+    /// An aggregate in the columns or HAVING of a GROUP BY: its argument is compiled over
+    /// records, and the call reads the group's value of it.
+    fn aggregate_call(&mut self, function: &ast::Function, ast: &ast::Expr, depth: usize) -> Expr {
+        let upper = function.name.to_string().to_ascii_uppercase();
+        let at = function.name.span().start;
+        let FunctionArguments::List(list) = &function.args else {
+            self.problem(at, format!("{upper} needs its argument in parentheses"));
+            return Expr::Literal(Value::Null);
+        };
+        let distinct = matches!(
+            list.duplicate_treatment,
+            Some(ast::DuplicateTreatment::Distinct)
+        );
+        if function.filter.is_some() || function.over.is_some() || !list.clauses.is_empty() {
+            return self.unsupported(ast, &format!("this form of {upper}"));
+        }
+        let arg = match list.args.as_slice() {
+            [FunctionArg::Unnamed(FunctionArgExpr::Wildcard)] if upper == "COUNT" && !distinct => {
+                None
+            }
+            [FunctionArg::Unnamed(FunctionArgExpr::Expr(e))] => {
+                // The argument reads the record, not the group.
+                let scope = self.output.take();
+                let arg = self.expr(e, depth);
+                self.output = scope;
+                Some(arg)
+            }
+            _ => {
+                self.problem(at, format!("{upper} takes one argument (COUNT also `*`)"));
+                return Expr::Literal(Value::Null);
+            }
+        };
+        let func = match (upper.as_str(), distinct, &arg) {
+            ("COUNT", false, None) => AggFunc::CountStar,
+            ("COUNT", false, Some(_)) => AggFunc::Count,
+            ("COUNT", true, Some(_)) => AggFunc::CountDistinct,
+            ("SUM", false, Some(_)) => AggFunc::Sum,
+            ("AVG", false, Some(_)) => AggFunc::Avg,
+            ("MIN", false, Some(_)) => AggFunc::Min,
+            ("MAX", false, Some(_)) => AggFunc::Max,
+            (_, true, _) => {
+                self.problem(
+                    at,
+                    format!("{upper}(DISTINCT …) is not supported; COUNT(DISTINCT …) is"),
+                );
+                return Expr::Literal(Value::Null);
+            }
+            _ => {
+                self.problem(
+                    at,
+                    format!(
+                        "the aggregate {upper} is not supported; COUNT, SUM, AVG, MIN and MAX are"
+                    ),
+                );
+                return Expr::Literal(Value::Null);
+            }
+        };
+        let snippet = self.snippet(ast.span(), ast);
+        let Some(scope) = self.output.as_mut() else {
+            return Expr::Literal(Value::Null);
+        };
+        let slot = scope.window_slot() + 2 + scope.aggs.len();
+        scope.aggs.push(AggSpec { func, arg, snippet });
+        Expr::Slot(slot)
     }
 
     fn wildcard_options(&mut self, options: &ast::WildcardAdditionalOptions, at: Location) {
@@ -813,6 +1110,35 @@ impl Compiler<'_> {
     fn name_ref(&mut self, idents: &[Ident]) -> Expr {
         let names: Vec<&str> = idents.iter().map(|i| i.value.as_str()).collect();
         let at = idents.first().map_or(START, |i| i.span.start);
+        if let Some(scope) = &self.output {
+            let slot = scope.window_slot();
+            let windowed = scope.windowed;
+            return match names.as_slice() {
+                ["window_start"] if windowed => Expr::Slot(slot),
+                ["window_end"] if windowed => Expr::Slot(slot + 1),
+                _ => {
+                    let name = names.join(".");
+                    self.problem(
+                        at,
+                        format!(
+                            "`{name}` is neither in GROUP BY nor inside an aggregate: add it \
+                             to GROUP BY, or write an aggregate of it such as MAX({name})"
+                        ),
+                    );
+                    Expr::Literal(Value::Null)
+                }
+            };
+        }
+        if names == ["_timestamp"] {
+            if self.stateful {
+                return Expr::Timestamp;
+            }
+            self.problem(
+                at,
+                "`_timestamp` (the record's time) is for the windows of a stateful query",
+            );
+            return Expr::Literal(Value::Null);
+        }
         if let [ident] = idents
             && ident.quote_style.is_none()
             && RESERVED.contains(&ident.value.to_ascii_uppercase().as_str())
@@ -872,9 +1198,13 @@ impl Compiler<'_> {
     /// reported here instead of dead-lettering every record.
     fn fold(&mut self, expr: Expr, ast: &ast::Expr) -> Expr {
         let constant = match &expr {
-            Expr::Literal(_) | Expr::Field(_) | Expr::Key | Expr::Header(_) | Expr::Headers => {
-                false
-            }
+            Expr::Literal(_)
+            | Expr::Field(_)
+            | Expr::Key
+            | Expr::Header(_)
+            | Expr::Headers
+            | Expr::Timestamp
+            | Expr::Slot(_) => false,
             other => children(other).iter().all(|c| c.is_literal()),
         };
         if !constant {
@@ -905,6 +1235,12 @@ impl Compiler<'_> {
                 );
             }
             return Expr::Literal(Value::Null);
+        }
+        if let Some(scope) = &self.output {
+            let text = ast.to_string();
+            if let Some(i) = scope.groups.iter().position(|g| *g == text) {
+                return Expr::Slot(i);
+            }
         }
         let expr = self.expr_unfolded(ast, depth + 1);
         self.fold(expr, ast)
@@ -1302,12 +1638,26 @@ impl Compiler<'_> {
             );
             return Expr::Literal(Value::Null);
         }
+        if func::is_aggregate(&name) && self.output.is_some() {
+            return self.aggregate_call(function, ast, depth);
+        }
+        if func::is_aggregate(&name) && self.stateful {
+            self.problem(
+                at,
+                format!(
+                    "{} is an aggregate: it belongs in the columns or HAVING of a query with \
+                     GROUP BY _key, not in WHERE or GROUP BY",
+                    name.to_uppercase()
+                ),
+            );
+            return Expr::Literal(Value::Null);
+        }
         if func::is_aggregate(&name) {
             self.problem(
                 at,
                 format!(
-                    "the aggregate function {} is not supported: aggregates need many records \
-                     (GROUP BY), and a SQL step sees one at a time",
+                    "the aggregate function {} needs a stateful step (GROUP BY _key, \
+                     docs/stateful-sql.md), which steps do not run yet",
                     name.to_uppercase()
                 ),
             );
@@ -1385,6 +1735,47 @@ impl Compiler<'_> {
     }
 }
 
+/// `INTERVAL '5' MINUTE` or `INTERVAL '5 minutes'` in milliseconds.
+fn interval_ms(ast: &ast::Expr) -> Result<i64, String> {
+    let ast::Expr::Interval(interval) = ast else {
+        return Err(format!("`{ast}` is not an INTERVAL"));
+    };
+    let text = match interval.value.as_ref() {
+        ast::Expr::Value(v) => match &v.value {
+            ast::Value::SingleQuotedString(t) | ast::Value::Number(t, _) => t.clone(),
+            other => return Err(format!("`{other}` is not a number of units")),
+        },
+        other => return Err(format!("`{other}` is not a number of units")),
+    };
+    let (number, unit) = match &interval.leading_field {
+        Some(field) => (text.trim().to_owned(), field.to_string()),
+        None => {
+            let mut parts = text.split_whitespace();
+            let number = parts.next().unwrap_or_default().to_owned();
+            (number, parts.next().unwrap_or_default().to_owned())
+        }
+    };
+    let unit_ms: i64 = match unit.to_ascii_uppercase().trim_end_matches('S') {
+        "MILLISECOND" => 1,
+        "SECOND" => 1_000,
+        "MINUTE" => 60_000,
+        "HOUR" => 3_600_000,
+        "DAY" => 86_400_000,
+        other => {
+            return Err(format!(
+                "the unit `{other}` is not one of MILLISECOND, SECOND, MINUTE, HOUR, DAY"
+            ));
+        }
+    };
+    let count: i64 = number
+        .parse()
+        .map_err(|_| format!("`{number}` is not a whole number of units"))?;
+    count
+        .checked_mul(unit_ms)
+        .filter(|ms| *ms >= 1)
+        .ok_or_else(|| format!("`{ast}` must be at least 1 ms and fit 64 bits of ms"))
+}
+
 fn single_name(name: &ObjectName) -> Option<&Ident> {
     match name.0.as_slice() {
         [ObjectNamePart::Identifier(ident)] => Some(ident),
@@ -1417,9 +1808,13 @@ fn list_names(names: &[String]) -> String {
 /// The direct subexpressions of `expr`.
 fn children(expr: &Expr) -> Vec<&Expr> {
     match expr {
-        Expr::Literal(_) | Expr::Field(_) | Expr::Key | Expr::Header(_) | Expr::Headers => {
-            vec![]
-        }
+        Expr::Literal(_)
+        | Expr::Field(_)
+        | Expr::Key
+        | Expr::Header(_)
+        | Expr::Headers
+        | Expr::Timestamp
+        | Expr::Slot(_) => vec![],
         Expr::Neg(e, _) | Expr::Not(e, _) | Expr::IsNull(e, _) => vec![e],
         Expr::Is { expr, .. } | Expr::Cast { expr, .. } => vec![expr],
         Expr::Arith(_, a, b, _)

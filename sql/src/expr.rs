@@ -49,6 +49,11 @@ pub enum Expr {
     Header(String),
     /// All headers as a JSON object.
     Headers,
+    /// The record's Kafka timestamp, ms since the epoch (`_timestamp`; stateful queries).
+    Timestamp,
+    /// A value a stateful query computed for a group: a grouping value, a window bound or
+    /// an aggregate ([`Row::slots`]).
+    Slot(usize),
     Neg(Box<Expr>, Snippet),
     Arith(Arith, Box<Expr>, Box<Expr>, Snippet),
     /// `a || b`: NULL if either is NULL.
@@ -125,17 +130,29 @@ pub struct Row<'a> {
     pub values: Vec<Value<'a>>,
     pub key: Option<&'a [u8]>,
     pub headers: &'a [(&'a str, Option<&'a [u8]>)],
+    pub timestamp: Option<i64>,
+    /// A group's values, for the columns of a stateful query's output.
+    pub slots: &'a [Value<'static>],
 }
 
 impl Row<'static> {
     /// No fields, key or headers: what constant expressions are evaluated against.
     pub fn empty() -> Self {
+        Row::of_slots(&[])
+    }
+}
+
+impl<'a> Row<'a> {
+    /// A group's output row: no record, only the group's `slots`.
+    pub fn of_slots(slots: &'a [Value<'static>]) -> Self {
         Row {
             object: Object::default(),
             raw: Vec::new(),
             values: Vec::new(),
             key: None,
             headers: &[],
+            timestamp: None,
+            slots,
         }
     }
 }
@@ -164,6 +181,8 @@ impl Expr {
                 _ => Value::Null,
             },
             Expr::Headers => headers_json(row.headers)?,
+            Expr::Timestamp => row.timestamp.map_or(Value::Null, Value::Int),
+            Expr::Slot(i) => row.slots.get(*i).map_or(Value::Null, Value::reborrow),
             Expr::Neg(e, snippet) => match e.eval(row)? {
                 Value::Null => Value::Null,
                 Value::Int(i) => Value::Int(

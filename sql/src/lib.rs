@@ -10,12 +10,14 @@
 //! function of one record. The dialect, the mapping of JSON onto SQL types and every
 //! difference from SQLite are documented in `processor/README.md`.
 
+mod aggregate;
 mod compile;
 mod expr;
 mod func;
 mod json;
 mod value;
 
+pub use aggregate::{Aggregation, Emit, Output, PartitionState};
 pub use compile::{MAX_DEPTH, MAX_TOKENS, Problem};
 
 use expr::{Expr, Row};
@@ -106,47 +108,8 @@ impl Query {
     /// The output values (JSON objects) for one record. With `from`, only the SELECTs that
     /// read that input step run; without, all of them.
     pub fn eval(&self, record: &Record<'_>, from: Option<&str>) -> Result<Vec<Vec<u8>>, EvalError> {
-        let Some(bytes) = record.value else {
-            return Err(EvalError::sql(
-                "the record has no value (a tombstone); a SQL step reads JSON objects",
-            ));
-        };
-        let text = std::str::from_utf8(bytes).map_err(|e| {
-            EvalError::new("invalid-json", format!("the record value is not JSON: {e}"))
-        })?;
-        let object = match Object::parse(text) {
-            Ok(Some(object)) => object,
-            Ok(None) => {
-                return Err(EvalError::sql(
-                    "the record value is not a JSON object; a SQL step reads JSON objects",
-                ));
-            }
-            Err(e) => {
-                return Err(EvalError::new(
-                    "invalid-json",
-                    format!("the record value is not JSON: {e}"),
-                ));
-            }
-        };
-        let mut raw = Vec::with_capacity(self.paths.len());
-        let mut values = Vec::with_capacity(self.paths.len());
-        for path in &self.paths {
-            let found = path
-                .split_first()
-                .and_then(|(first, rest)| json::lookup(object.get(first)?, rest));
-            values.push(match found {
-                Some(r) => Value::from_raw(r)?,
-                None => Value::Null,
-            });
-            raw.push(found);
-        }
-        let row = Row {
-            object,
-            raw,
-            values,
-            key: record.key,
-            headers: record.headers,
-        };
+        let row = parse_row(record, &self.paths)?;
+        let size = record.value.map_or(0, <[u8]>::len);
         let mut outputs = Vec::new();
         for arm in &self.arms {
             if from.is_some_and(|from| from != arm.from) {
@@ -159,10 +122,58 @@ impl Query {
                     continue;
                 }
             }
-            outputs.push(arm.output(&row, bytes.len())?);
+            outputs.push(arm.output(&row, size)?);
         }
         Ok(outputs)
     }
+}
+
+/// The record as a query's expressions read it: its value parsed, the fields at `paths`
+/// looked up once.
+fn parse_row<'a>(record: &Record<'a>, paths: &[Vec<String>]) -> Result<Row<'a>, EvalError> {
+    let Some(bytes) = record.value else {
+        return Err(EvalError::sql(
+            "the record has no value (a tombstone); a SQL step reads JSON objects",
+        ));
+    };
+    let text = std::str::from_utf8(bytes).map_err(|e| {
+        EvalError::new("invalid-json", format!("the record value is not JSON: {e}"))
+    })?;
+    let object = match Object::parse(text) {
+        Ok(Some(object)) => object,
+        Ok(None) => {
+            return Err(EvalError::sql(
+                "the record value is not a JSON object; a SQL step reads JSON objects",
+            ));
+        }
+        Err(e) => {
+            return Err(EvalError::new(
+                "invalid-json",
+                format!("the record value is not JSON: {e}"),
+            ));
+        }
+    };
+    let mut raw = Vec::with_capacity(paths.len());
+    let mut values = Vec::with_capacity(paths.len());
+    for path in paths {
+        let found = path
+            .split_first()
+            .and_then(|(first, rest)| json::lookup(object.get(first)?, rest));
+        values.push(match found {
+            Some(r) => Value::from_raw(r)?,
+            None => Value::Null,
+        });
+        raw.push(found);
+    }
+    Ok(Row {
+        object,
+        raw,
+        values,
+        key: record.key,
+        headers: record.headers,
+        timestamp: None,
+        slots: &[],
+    })
 }
 
 impl Arm {
@@ -210,7 +221,7 @@ impl Arm {
     }
 }
 
-fn write_value(out: &mut Vec<u8>, value: &Value<'_>) -> Result<(), EvalError> {
+pub(crate) fn write_value(out: &mut Vec<u8>, value: &Value<'_>) -> Result<(), EvalError> {
     match value {
         Value::Null => out.extend_from_slice(b"null"),
         Value::Bool(true) => out.extend_from_slice(b"true"),

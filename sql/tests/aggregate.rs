@@ -1,0 +1,141 @@
+//! What a stateful query may say, and the errors (at line and column) for what it may not.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use plumber_sql::{Aggregation, PartitionState, Query, Record};
+
+fn problems(sql: &str) -> Vec<String> {
+    match Aggregation::compile(sql, Some(&["s"])) {
+        Ok(_) => Vec::new(),
+        Err(problems) => problems.iter().map(ToString::to_string).collect(),
+    }
+}
+
+#[test]
+fn a_group_by_must_keep_a_group_in_one_partition() {
+    let found = problems("SELECT driver, COUNT(*) AS n FROM s\nGROUP BY driver");
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(
+        found[0].starts_with("2:1: GROUP BY must include `_key`"),
+        "{found:?}"
+    );
+}
+
+#[test]
+fn a_column_is_grouped_or_aggregated() {
+    let found = problems("SELECT _key, speed, MAX(speed) AS top FROM s GROUP BY _key");
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(
+        found[0].starts_with("1:14: `speed` is neither in GROUP BY nor inside an aggregate"),
+        "{found:?}"
+    );
+    assert!(problems("SELECT _key AS k, MAX(speed) + 1 AS top FROM s GROUP BY _key").is_empty());
+}
+
+#[test]
+fn windows_are_checked_where_they_are_written() {
+    let hop = problems(
+        "SELECT _key, COUNT(*) AS n FROM s GROUP BY _key, \
+         HOP(_timestamp, INTERVAL '10' SECOND, INTERVAL '3' SECOND)",
+    );
+    assert!(
+        hop.iter()
+            .any(|p| p.contains("must be a multiple of its advance")),
+        "{hop:?}"
+    );
+    let session = problems(
+        "SELECT _key, COUNT(*) AS n FROM s GROUP BY _key, SESSION(t, INTERVAL '5' MINUTE)",
+    );
+    assert!(
+        session[0].starts_with("1:50: SESSION windows"),
+        "{session:?}"
+    );
+    let unit =
+        problems("SELECT _key, COUNT(*) AS n FROM s GROUP BY _key, TUMBLE(t, INTERVAL '5' YEAR)");
+    assert!(unit[0].contains("is not one of MILLISECOND"), "{unit:?}");
+    assert!(
+        problems("SELECT _key, COUNT(*) AS n, window_end FROM s GROUP BY _key, TUMBLE(t, INTERVAL '1 minute')")
+            .is_empty()
+    );
+    let unwindowed = problems("SELECT _key, window_start FROM s GROUP BY _key");
+    assert!(
+        unwindowed[0].contains("`window_start` is neither"),
+        "{unwindowed:?}"
+    );
+}
+
+#[test]
+fn an_aggregate_belongs_in_the_columns() {
+    let found = problems("SELECT _key, COUNT(*) AS n FROM s WHERE SUM(x) > 1 GROUP BY _key");
+    assert!(
+        found[0].starts_with("1:41: SUM is an aggregate"),
+        "{found:?}"
+    );
+}
+
+#[test]
+fn a_stateless_step_refuses_group_by_and_says_why() {
+    let Err(problems) = Query::compile("SELECT _key, COUNT(*) FROM s GROUP BY _key", None) else {
+        panic!("GROUP BY compiled as a stateless query");
+    };
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.message.contains("docs/stateful-sql.md")),
+        "{problems:?}"
+    );
+}
+
+/// An RFC 3339 event time, a HAVING that hides a group, and a record whose MAX cannot be
+/// compared with the group's: dead-lettered, and the group as it was.
+#[test]
+fn a_record_that_cannot_join_its_group_changes_nothing() {
+    let aggregation = Aggregation::compile(
+        "SELECT _key AS k, COUNT(*) AS n, MAX(v) AS top, window_start FROM s \
+         GROUP BY _key, TUMBLE(at, INTERVAL '1' MINUTE) HAVING COUNT(*) > 1",
+        Some(&["s"]),
+    )
+    .unwrap();
+    let mut state = PartitionState::default();
+    let mut feed = |value: &str| {
+        aggregation.feed(
+            &mut state,
+            &Record {
+                value: Some(value.as_bytes()),
+                key: Some(b"car"),
+                headers: &[],
+            },
+            0,
+        )
+    };
+    assert_eq!(
+        feed(r#"{"at":"2026-12-03T10:00:05Z","v":3}"#).unwrap(),
+        vec![]
+    );
+    let refused = feed(r#"{"at":"2026-12-03T10:00:06Z","v":"fast"}"#).unwrap_err();
+    assert_eq!(refused.kind, "sql-error");
+    assert!(refused.message.contains("cannot compare"), "{refused:?}");
+    assert_eq!(
+        feed(r#"{"at":"2026-12-03T10:00:07+01:00","v":1}"#)
+            .unwrap_err()
+            .kind,
+        "late-record"
+    );
+    assert_eq!(
+        feed(r#"{"at":"2026-12-03T10:00:30Z","v":4}"#).unwrap(),
+        vec![]
+    );
+    let closed = feed(r#"{"at":"2026-12-03T10:01:00Z","v":1}"#).unwrap();
+    assert_eq!(closed.len(), 1);
+    // 2026-12-03T10:00:00Z
+    let start: i64 = 1796292000000;
+    assert_eq!(
+        String::from_utf8(closed[0].value.clone().unwrap()).unwrap(),
+        format!(r#"{{"k":"car","n":2,"top":4,"window_start":{start}}}"#)
+    );
+    assert_eq!(closed[0].key.as_deref(), Some(&b"car"[..]));
+    // Alone in its window: HAVING hides it when it closes.
+    assert_eq!(
+        feed(r#"{"at":"2026-12-03T10:02:00Z","v":1}"#).unwrap(),
+        vec![]
+    );
+}

@@ -1,0 +1,412 @@
+//! SQLite as the oracle of stateful queries (`docs/stateful-sql.md`): generated records of one
+//! partition (keys, some without; fields missing or NULL; event times in order, out of order
+//! and late) go through [`Aggregation::feed`] one by one, and what it emits is compared with
+//! SQLite's `GROUP BY` over the same records.
+//!
+//! Which records count is decided here from the spec, not taken from the engine: a record
+//! passes `WHERE` when SQLite says so, and is late when its earliest window ended (plus the
+//! grace) at or before the stream time of the records that counted before it. SQLite then
+//! aggregates the records that count, window by window:
+//! - emitting on close: every window that the final stream time closed, once, with SQLite's
+//!   aggregates over its records, and nothing else;
+//! - emitting on update (and without a window): after each record that counts, one output per
+//!   window of the record, with SQLite's aggregates over that group's records so far.
+//!
+//! Every late record must come back as a `late-record` error, every other as outputs.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use plumber_sql::{Aggregation, Emit, PartitionState, Record};
+use proptest::prelude::*;
+use rusqlite::Connection;
+use rusqlite::types::Value as Lite;
+use serde_json::Value as Json;
+
+#[derive(Debug, Clone, Copy)]
+enum Win {
+    Tumble(i64),
+    Hop(i64, i64),
+    None,
+}
+
+impl Win {
+    fn of(self, t: i64) -> Vec<(i64, i64)> {
+        match self {
+            Win::Tumble(size) => {
+                let start = t.div_euclid(size) * size;
+                vec![(start, start + size)]
+            }
+            Win::Hop(size, advance) => {
+                let last = t.div_euclid(advance) * advance;
+                (0..size / advance)
+                    .rev()
+                    .map(|k| (last - k * advance, last - k * advance + size))
+                    .collect()
+            }
+            Win::None => vec![],
+        }
+    }
+
+    fn sql(self, time: &str) -> String {
+        match self {
+            Win::Tumble(size) => format!(", TUMBLE({time}, INTERVAL '{size} milliseconds')"),
+            Win::Hop(size, advance) => format!(
+                ", HOP({time}, INTERVAL '{size} milliseconds', INTERVAL '{advance} milliseconds')"
+            ),
+            Win::None => String::new(),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Rec {
+    key: Option<String>,
+    x: Option<i64>,
+    y: Option<f64>,
+    cat: Option<String>,
+    /// The event time, as the Kafka timestamp or the field `t`.
+    time: i64,
+}
+
+impl Rec {
+    fn json(&self, time_field: bool) -> String {
+        let mut object = serde_json::Map::new();
+        if let Some(x) = self.x {
+            object.insert("x".into(), x.into());
+        }
+        if let Some(y) = self.y {
+            object.insert("y".into(), y.into());
+        }
+        if let Some(cat) = &self.cat {
+            object.insert("cat".into(), cat.clone().into());
+        }
+        if time_field {
+            object.insert("t".into(), self.time.into());
+        }
+        Json::Object(object).to_string()
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Case {
+    window: Win,
+    grace: i64,
+    filter: &'static str,
+    update: bool,
+    time_field: bool,
+    records: Vec<Rec>,
+}
+
+const FILTERS: [&str; 4] = ["", "x > 2", "cat <> 'b'", "x IS NOT NULL OR y > 0"];
+
+fn case() -> impl Strategy<Value = Case> {
+    let window = prop_oneof![
+        (1i64..=4).prop_map(|s| Win::Tumble(s * 10)),
+        ((1i64..=2), (2i64..=3)).prop_map(|(a, k)| Win::Hop(a * 5 * k, a * 5)),
+        Just(Win::None),
+    ];
+    let record = (
+        prop::option::weighted(0.9, prop::sample::select(vec!["k1", "k2", "k3"])),
+        prop::option::weighted(0.8, -5i64..10),
+        prop::option::weighted(0.8, (-20i64..20).prop_map(|v| v as f64 / 4.0 + 0.125)),
+        prop::option::weighted(0.8, prop::sample::select(vec!["a", "b", "c"])),
+        -30i64..12,
+    );
+    (
+        window,
+        prop::sample::select(vec![0i64, 5, 20]),
+        prop::sample::select(FILTERS.to_vec()),
+        any::<bool>(),
+        any::<bool>(),
+        prop::collection::vec(record, 0..60),
+    )
+        .prop_map(|(window, grace, filter, update, time_field, raw)| {
+            // Times drift upwards with jitter: some out of order, some late.
+            let mut clock = 1_000i64;
+            let records = raw
+                .into_iter()
+                .map(|(key, x, y, cat, jitter)| {
+                    clock += 4;
+                    Rec {
+                        key: key.map(str::to_owned),
+                        x,
+                        y,
+                        cat: cat.map(str::to_owned),
+                        time: clock + jitter,
+                    }
+                })
+                .collect();
+            Case {
+                window,
+                grace,
+                filter,
+                update,
+                time_field,
+                records,
+            }
+        })
+}
+
+const COLUMNS: &str = "COUNT(*) AS n, COUNT(x) AS nx, COUNT(DISTINCT cat) AS dc, SUM(x) AS sx, \
+                       AVG(y) AS ay, MIN(x) AS mn, MAX(y) AS mx, MIN(cat) AS mc";
+
+fn query(case: &Case) -> String {
+    let time = if case.time_field { "t" } else { "_timestamp" };
+    let bounds = match case.window {
+        Win::None => "",
+        _ => "window_start AS ws, window_end AS we, ",
+    };
+    let filter = if case.filter.is_empty() {
+        String::new()
+    } else {
+        format!(" WHERE {}", case.filter)
+    };
+    format!(
+        "SELECT _key AS k, {bounds}{COLUMNS} FROM s{filter} GROUP BY _key{}",
+        case.window.sql(time)
+    )
+}
+
+/// What SQLite says of one group's records: the columns of [`COLUMNS`].
+fn sqlite_group(db: &Connection, key: &Option<String>, seqs: &[usize]) -> Vec<Lite> {
+    let list = seqs
+        .iter()
+        .map(usize::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
+    let sql = format!(
+        "SELECT COUNT(*), COUNT(x), COUNT(DISTINCT cat), SUM(x), AVG(y), MIN(x), MAX(y), \
+         MIN(cat) FROM r WHERE seq IN ({list}) AND key IS ?1"
+    );
+    db.query_row(&sql, [key], |row| {
+        (0..8).map(|i| row.get::<_, Lite>(i)).collect()
+    })
+    .unwrap()
+}
+
+fn same(ours: &Json, theirs: &Lite) -> bool {
+    match (ours, theirs) {
+        (Json::Null, Lite::Null) => true,
+        (Json::Number(n), Lite::Integer(i)) => n.as_i64() == Some(*i),
+        (Json::Number(n), Lite::Real(r)) => n
+            .as_f64()
+            .is_some_and(|f| (f - r).abs() <= 1e-9 * r.abs().max(1.0)),
+        (Json::String(s), Lite::Text(t)) => s == t,
+        _ => false,
+    }
+}
+
+fn run(case: &Case) -> Result<(), TestCaseError> {
+    let sql = query(case);
+    let aggregation = Aggregation::compile(&sql, Some(&["s"]))
+        .map_err(|p| TestCaseError::fail(format!("{sql}: {p:?}")))?
+        .with_grace(case.grace)
+        .with_emit(if case.update {
+            Emit::Update
+        } else {
+            Emit::Close
+        });
+    let db = Connection::open_in_memory().unwrap();
+    db.execute_batch("CREATE TABLE r (seq INTEGER, key TEXT, x INTEGER, y REAL, cat TEXT)")
+        .unwrap();
+    let filter = if case.filter.is_empty() {
+        "1"
+    } else {
+        case.filter
+    };
+
+    // Which records count, from the spec.
+    let mut stream_time: Option<i64> = None;
+    let mut counted: Vec<usize> = Vec::new();
+    let mut state = PartitionState::default();
+    for (seq, rec) in case.records.iter().enumerate() {
+        let passes: Option<i64> = db
+            .query_row(
+                &format!("SELECT ({filter}) FROM (SELECT ?1 AS x, ?2 AS y, ?3 AS cat)"),
+                rusqlite::params![rec.x, rec.y, rec.cat],
+                |row| row.get(0),
+            )
+            .unwrap();
+        let windows = case.window.of(rec.time);
+        let late = passes == Some(1)
+            && stream_time.is_some_and(|st| {
+                windows
+                    .first()
+                    .is_some_and(|(_, end)| end + case.grace <= st)
+            });
+        let value = rec.json(case.time_field);
+        let timestamp = if case.time_field { 7 } else { rec.time };
+        let fed = aggregation.feed(
+            &mut state,
+            &Record {
+                value: Some(value.as_bytes()),
+                key: rec.key.as_deref().map(str::as_bytes),
+                headers: &[],
+            },
+            timestamp,
+        );
+        let outputs = match (fed, late) {
+            (Err(e), true) if e.kind == "late-record" => continue,
+            (Err(e), _) => {
+                return Err(TestCaseError::fail(format!(
+                    "{sql}\nrecord {seq} {value}: {e:?} (late by the spec: {late})"
+                )));
+            }
+            (Ok(_), true) => {
+                return Err(TestCaseError::fail(format!(
+                    "{sql}\nrecord {seq} {value} is late (stream time {stream_time:?}) but counted"
+                )));
+            }
+            (Ok(outputs), false) => outputs,
+        };
+        if passes != Some(1) {
+            prop_assert!(
+                outputs.is_empty(),
+                "{sql}\nrecord {seq} fails WHERE but emits"
+            );
+            continue;
+        }
+        db.execute(
+            "INSERT INTO r VALUES (?1, ?2, ?3, ?4, ?5)",
+            rusqlite::params![seq as i64, rec.key, rec.x, rec.y, rec.cat],
+        )
+        .unwrap();
+        counted.push(seq);
+        stream_time = Some(stream_time.map_or(rec.time, |st| st.max(rec.time)));
+        if case.update || matches!(case.window, Win::None) {
+            // One output per window of the record: the group's records so far.
+            let expected: Vec<(i64, i64)> = match case.window {
+                Win::None => vec![(0, 0)],
+                w => w.of(rec.time),
+            };
+            prop_assert_eq!(outputs.len(), expected.len(), "{}\nrecord {}", sql, seq);
+            for (output, (start, end)) in outputs.iter().zip(expected) {
+                let members: Vec<usize> = counted
+                    .iter()
+                    .copied()
+                    .filter(|&i| {
+                        let other = &case.records[i];
+                        other.key == rec.key
+                            && (matches!(case.window, Win::None)
+                                || case.window.of(other.time).contains(&(start, end)))
+                    })
+                    .collect();
+                check(&sql, &db, output, &rec.key, &members, seq)?;
+            }
+        } else {
+            check_closed(case, &sql, &db, &outputs, &counted, seq)?;
+        }
+    }
+    Ok(())
+}
+
+/// On close: the windows this record closed, each with all of its records.
+fn check_closed(
+    case: &Case,
+    sql: &str,
+    db: &Connection,
+    outputs: &[plumber_sql::Output],
+    counted: &[usize],
+    seq: usize,
+) -> Result<(), TestCaseError> {
+    let now = counted
+        .iter()
+        .map(|&i| case.records[i].time)
+        .max()
+        .unwrap_or(i64::MIN);
+    let before = counted[..counted.len() - 1]
+        .iter()
+        .map(|&i| case.records[i].time)
+        .max();
+    // Every (key, window) of a counted record that closes now (and was open before).
+    let mut closing: Vec<(Option<String>, (i64, i64))> = Vec::new();
+    for &i in counted {
+        for window in case.window.of(case.records[i].time) {
+            let closes =
+                window.1 + case.grace <= now && before.is_none_or(|b| window.1 + case.grace > b);
+            let group = (case.records[i].key.clone(), window);
+            if closes && !closing.contains(&group) {
+                closing.push(group);
+            }
+        }
+    }
+    let mut got: Vec<(Option<String>, (i64, i64))> = outputs
+        .iter()
+        .map(|o| {
+            (
+                o.key
+                    .as_ref()
+                    .map(|k| String::from_utf8(k.clone()).unwrap()),
+                o.window.unwrap(),
+            )
+        })
+        .collect();
+    let mut want = closing.clone();
+    got.sort();
+    want.sort();
+    prop_assert_eq!(got, want, "{}\nwindows closed by record {}", sql, seq);
+    for output in outputs {
+        let key = output
+            .key
+            .as_ref()
+            .map(|k| String::from_utf8(k.clone()).unwrap());
+        let window = output.window.unwrap();
+        let members: Vec<usize> = counted
+            .iter()
+            .copied()
+            .filter(|&i| {
+                case.records[i].key == key && case.window.of(case.records[i].time).contains(&window)
+            })
+            .collect();
+        check(sql, db, output, &key, &members, seq)?;
+    }
+    Ok(())
+}
+
+fn check(
+    sql: &str,
+    db: &Connection,
+    output: &plumber_sql::Output,
+    key: &Option<String>,
+    members: &[usize],
+    seq: usize,
+) -> Result<(), TestCaseError> {
+    let value = output
+        .value
+        .as_ref()
+        .map_err(|e| TestCaseError::fail(format!("{sql}\noutput failed: {e:?}")))?;
+    let ours: Json = serde_json::from_slice(value).unwrap();
+    let theirs = sqlite_group(db, key, members);
+    let names = ["n", "nx", "dc", "sx", "ay", "mn", "mx", "mc"];
+    for (name, lite) in names.iter().zip(&theirs) {
+        prop_assert!(
+            same(&ours[name], lite),
+            "{}\nafter record {}: {} is {} here, {:?} in SQLite (group {:?} of records {:?})",
+            sql,
+            seq,
+            name,
+            ours[name],
+            lite,
+            key,
+            members
+        );
+    }
+    prop_assert!(same(
+        &ours["k"],
+        &key.clone().map_or(Lite::Null, Lite::Text)
+    ));
+    if let Some((start, end)) = output.window {
+        prop_assert_eq!(&ours["ws"], &Json::from(start));
+        prop_assert_eq!(&ours["we"], &Json::from(end));
+        prop_assert_eq!(output.timestamp, end - 1);
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    #[test]
+    fn windowed_and_running_aggregates_agree_with_sqlite(case in case()) {
+        run(&case)?;
+    }
+}
