@@ -122,7 +122,18 @@ pub struct PartitionState {
     stream_time: Option<i64>,
     groups: HashMap<Vec<u8>, Group>,
     next_seq: u64,
+    /// The groups changed (or gone) since [`PartitionState::take_changes`] last ran.
+    changed: HashSet<Vec<u8>>,
 }
+
+/// One entry of a partition's changelog: a key, and its latest value (`None`: deleted, a
+/// tombstone). Folding a partition's entries in order, the last value of each key winning
+/// (what a compacted topic keeps), gives the state back ([`PartitionState::restore`]).
+pub type Change = (Vec<u8>, Option<Vec<u8>>);
+
+/// The changelog key of the partition's own entry (stream time, group order); a group's key
+/// is never empty (it holds at least `_key`'s value and a separator).
+const META: &[u8] = b"";
 
 impl PartitionState {
     /// The largest event time of a record that counted, if any did.
@@ -134,6 +145,160 @@ impl PartitionState {
     pub fn open_groups(&self) -> usize {
         self.groups.len()
     }
+
+    /// What changed since the last call, as changelog entries: each changed group's value
+    /// (or a tombstone for one closed), then the partition's own entry.
+    pub fn take_changes(&mut self) -> Vec<Change> {
+        if self.changed.is_empty() {
+            return Vec::new();
+        }
+        let mut keys: Vec<Vec<u8>> = self.changed.drain().collect();
+        keys.sort();
+        let mut changes: Vec<Change> = keys
+            .into_iter()
+            .map(|key| {
+                let value = self.groups.get(&key).map(encode_group);
+                (key, value)
+            })
+            .collect();
+        let meta = serde_json::json!({"streamTime": self.stream_time, "nextSeq": self.next_seq});
+        changes.push((META.to_vec(), Some(meta.to_string().into_bytes())));
+        changes
+    }
+
+    /// The state a partition's changelog entries (in order) describe. `Err` names an entry
+    /// this version cannot read.
+    pub fn restore(changes: impl IntoIterator<Item = Change>) -> Result<PartitionState, String> {
+        let mut state = PartitionState::default();
+        for (key, value) in changes {
+            match (key.as_slice(), value) {
+                (META, Some(value)) => {
+                    let meta: serde_json::Value = serde_json::from_slice(&value)
+                        .map_err(|e| format!("the partition's entry is not JSON: {e}"))?;
+                    state.stream_time = meta["streamTime"].as_i64();
+                    state.next_seq = meta["nextSeq"].as_u64().unwrap_or(0);
+                }
+                (META, None) => {
+                    state.stream_time = None;
+                    state.next_seq = 0;
+                }
+                (_, Some(value)) => {
+                    let group = decode_group(&value)?;
+                    state.groups.insert(key, group);
+                }
+                (_, None) => {
+                    state.groups.remove(&key);
+                }
+            }
+        }
+        Ok(state)
+    }
+}
+
+fn encode_value(value: &Value<'_>) -> serde_json::Value {
+    let mut out = Vec::new();
+    match write_value(&mut out, value) {
+        Ok(()) => serde_json::from_slice(&out).unwrap_or(serde_json::Value::Null),
+        Err(_) => serde_json::Value::Null,
+    }
+}
+
+fn decode_value(json: &serde_json::Value) -> Result<Value<'static>, String> {
+    let text = json.to_string();
+    let raw = serde_json::value::RawValue::from_string(text)
+        .map_err(|e| format!("a value of a group is not JSON: {e}"))?;
+    Value::from_raw(&raw)
+        .map(Value::into_static)
+        .map_err(|e| e.message)
+}
+
+fn encode_group(group: &Group) -> Vec<u8> {
+    let accs: Vec<serde_json::Value> = group
+        .accs
+        .iter()
+        .map(|acc| match acc {
+            Acc::Count(n) => serde_json::json!({"count": n}),
+            Acc::Distinct(seen) => {
+                let mut seen: Vec<String> = seen
+                    .iter()
+                    .map(|v| String::from_utf8_lossy(v).into_owned())
+                    .collect();
+                seen.sort();
+                serde_json::json!({"distinct": seen})
+            }
+            Acc::Sum(sum) => serde_json::json!({"sum": sum.as_ref().map(encode_value)}),
+            Acc::Avg { sum, count } => serde_json::json!({"avg": [sum, count]}),
+            Acc::Extreme(v) => serde_json::json!({"extreme": v.as_ref().map(encode_value)}),
+        })
+        .collect();
+    serde_json::json!({
+        "seq": group.seq,
+        "values": group.values.iter().map(encode_value).collect::<Vec<_>>(),
+        "window": group.window.map(|(start, end)| [start, end]),
+        "accs": accs,
+    })
+    .to_string()
+    .into_bytes()
+}
+
+fn decode_group(bytes: &[u8]) -> Result<Group, String> {
+    let json: serde_json::Value =
+        serde_json::from_slice(bytes).map_err(|e| format!("a group's entry is not JSON: {e}"))?;
+    let bad = || format!("a group's entry is not one this version wrote: {json}");
+    let values = json["values"]
+        .as_array()
+        .ok_or_else(bad)?
+        .iter()
+        .map(decode_value)
+        .collect::<Result<_, _>>()?;
+    let window = match &json["window"] {
+        serde_json::Value::Null => None,
+        w => Some((
+            w[0].as_i64().ok_or_else(bad)?,
+            w[1].as_i64().ok_or_else(bad)?,
+        )),
+    };
+    let optional = |v: &serde_json::Value| match v {
+        serde_json::Value::Null => Ok(None),
+        v => decode_value(v).map(Some),
+    };
+    let accs = json["accs"]
+        .as_array()
+        .ok_or_else(bad)?
+        .iter()
+        .map(|acc| {
+            if let Some(n) = acc.get("count") {
+                return n.as_i64().map(Acc::Count).ok_or_else(bad);
+            }
+            if let Some(seen) = acc.get("distinct") {
+                let seen = seen.as_array().ok_or_else(bad)?;
+                return Ok(Acc::Distinct(
+                    seen.iter()
+                        .filter_map(|s| s.as_str().map(|s| s.as_bytes().to_vec()))
+                        .collect(),
+                ));
+            }
+            if let Some(sum) = acc.get("sum") {
+                return optional(sum).map(Acc::Sum);
+            }
+            if let Some(avg) = acc.get("avg") {
+                return Ok(Acc::Avg {
+                    sum: avg[0].as_f64().ok_or_else(bad)?,
+                    count: avg[1].as_i64().ok_or_else(bad)?,
+                });
+            }
+            if let Some(v) = acc.get("extreme") {
+                return optional(v).map(Acc::Extreme);
+            }
+            Err(bad())
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(Group {
+        seq: json["seq"].as_u64().ok_or_else(bad)?,
+        values,
+        window,
+        accs,
+    })
 }
 
 #[derive(Debug, Clone)]
@@ -358,6 +523,7 @@ impl Aggregation {
                 .collect();
             closed.sort_by_key(|(_, (start, end), seq)| (*end, *start, *seq));
             for (key, _, _) in closed {
+                state.changed.insert(key.clone());
                 if let Some(group) = state.groups.remove(&key)
                     && self.emit == Emit::Close
                 {
@@ -368,6 +534,7 @@ impl Aggregation {
             state.stream_time = Some(state.stream_time.map_or(time, |st| st.max(time)));
         }
         for (key, window) in keys.into_iter().zip(windows) {
+            state.changed.insert(key.clone());
             let next_seq = &mut state.next_seq;
             let group = state.groups.entry(key).or_insert_with(|| {
                 *next_seq += 1;

@@ -13,6 +13,10 @@
 //!   window of the record, with SQLite's aggregates over that group's records so far.
 //!
 //! Every late record must come back as a `late-record` error, every other as outputs.
+//!
+//! And state restored from a changelog is the state: a partition whose changes were taken
+//! every few records, rebuilt from them at one of those points and fed the records after it,
+//! emits exactly what the partition that never stopped emitted for them.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use plumber_sql::{Aggregation, Emit, PartitionState, Record};
@@ -402,11 +406,76 @@ fn check(
     Ok(())
 }
 
+fn restored(case: &Case, every: usize, crash: usize) -> Result<(), TestCaseError> {
+    let sql = query(case);
+    let aggregation = Aggregation::compile(&sql, Some(&["s"]))
+        .unwrap()
+        .with_grace(case.grace)
+        .with_emit(if case.update {
+            Emit::Update
+        } else {
+            Emit::Close
+        });
+    let values: Vec<String> = case
+        .records
+        .iter()
+        .map(|r| r.json(case.time_field))
+        .collect();
+    let feed = |state: &mut PartitionState, i: usize| {
+        let rec = &case.records[i];
+        aggregation.feed(
+            state,
+            &Record {
+                value: Some(values[i].as_bytes()),
+                key: rec.key.as_deref().map(str::as_bytes),
+                headers: &[],
+            },
+            if case.time_field { 7 } else { rec.time },
+        )
+    };
+    let mut never_stopped = PartitionState::default();
+    let expected: Vec<_> = (0..case.records.len())
+        .map(|i| feed(&mut never_stopped, i))
+        .collect();
+    // The last commit at or before the crash: every record before it is in the changelog.
+    let committed = crash.min(case.records.len()) / every * every;
+    let mut before = PartitionState::default();
+    let mut changelog = Vec::new();
+    for i in 0..committed {
+        let _ = feed(&mut before, i);
+        if (i + 1) % every == 0 {
+            changelog.extend(before.take_changes());
+        }
+    }
+    let mut state = PartitionState::restore(changelog).map_err(TestCaseError::fail)?;
+    for (i, expected) in expected.iter().enumerate().skip(committed) {
+        prop_assert_eq!(
+            &feed(&mut state, i),
+            expected,
+            "{}\nrecord {} after a restore at {} (changes taken every {})",
+            sql,
+            i,
+            committed,
+            every
+        );
+    }
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(300))]
 
     #[test]
     fn windowed_and_running_aggregates_agree_with_sqlite(case in case()) {
         run(&case)?;
+    }
+
+    #[test]
+    fn state_restored_from_its_changelog_emits_what_the_state_would_have(
+        case in case(),
+        every in 1usize..6,
+        crash in 0usize..60,
+    ) {
+        restored(&case, every, crash)?;
     }
 }
