@@ -360,7 +360,17 @@ async fn rbac_allows_what_deploy_role_allows_and_forbids_the_rest() {
             200
         );
     }
-    assert_eq!(status_of(leases.get("plumber").await), 200);
+    let mut lease = leases.get("plumber").await.unwrap();
+    // A renewal replaces the Lease at the version read (the Role grants update, not patch).
+    lease.spec = serde_json::from_value(json!({"holderIdentity": "me"})).unwrap();
+    assert_eq!(
+        status_of(
+            leases
+                .replace("plumber", &PostParams::default(), &lease)
+                .await
+        ),
+        200
+    );
     let renew = Patch::Merge(json!({"spec": {"holderIdentity": "me"}}));
     assert_eq!(
         status_of(
@@ -368,7 +378,8 @@ async fn rbac_allows_what_deploy_role_allows_and_forbids_the_rest() {
                 .patch("plumber", &PatchParams::default(), &renew)
                 .await
         ),
-        200
+        403,
+        "a patch of the Lease is not granted"
     );
     assert_eq!(
         forbidden_message(leases.get("other").await),
@@ -449,6 +460,7 @@ async fn rbac_allows_what_deploy_role_allows_and_forbids_the_rest() {
             "patch statefulsets/web/scale",
             "list statefulsets",
             "list statefulsets",
+            "patch leases/plumber",
             "get leases/other",
             "list leases",
             "delete pods/daemon-0",
