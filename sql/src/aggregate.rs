@@ -122,8 +122,12 @@ pub struct PartitionState {
     stream_time: Option<i64>,
     groups: HashMap<Vec<u8>, Group>,
     next_seq: u64,
+    /// The input offset of the last record the state reflects ([`PartitionState::reflects`]).
+    offset: Option<i64>,
     /// The groups changed (or gone) since [`PartitionState::take_changes`] last ran.
     changed: HashSet<Vec<u8>>,
+    /// Whether the partition's own entry changed since then.
+    meta_changed: bool,
 }
 
 /// One entry of a partition's changelog: a key, and its latest value (`None`: deleted, a
@@ -146,12 +150,25 @@ impl PartitionState {
         self.groups.len()
     }
 
+    /// Notes that the state reflects the record at input `offset` (fed, counted or not): a
+    /// restore skips records at or below it.
+    pub fn reflects(&mut self, offset: i64) {
+        self.offset = Some(offset);
+        self.meta_changed = true;
+    }
+
+    /// The input offset of the last record the state reflects, if any.
+    pub fn offset(&self) -> Option<i64> {
+        self.offset
+    }
+
     /// What changed since the last call, as changelog entries: each changed group's value
     /// (or a tombstone for one closed), then the partition's own entry.
     pub fn take_changes(&mut self) -> Vec<Change> {
-        if self.changed.is_empty() {
+        if self.changed.is_empty() && !std::mem::take(&mut self.meta_changed) {
             return Vec::new();
         }
+        self.meta_changed = false;
         let mut keys: Vec<Vec<u8>> = self.changed.drain().collect();
         keys.sort();
         let mut changes: Vec<Change> = keys
@@ -161,7 +178,11 @@ impl PartitionState {
                 (key, value)
             })
             .collect();
-        let meta = serde_json::json!({"streamTime": self.stream_time, "nextSeq": self.next_seq});
+        let meta = serde_json::json!({
+            "streamTime": self.stream_time,
+            "nextSeq": self.next_seq,
+            "offset": self.offset,
+        });
         changes.push((META.to_vec(), Some(meta.to_string().into_bytes())));
         changes
     }
@@ -177,10 +198,12 @@ impl PartitionState {
                         .map_err(|e| format!("the partition's entry is not JSON: {e}"))?;
                     state.stream_time = meta["streamTime"].as_i64();
                     state.next_seq = meta["nextSeq"].as_u64().unwrap_or(0);
+                    state.offset = meta["offset"].as_i64();
                 }
                 (META, None) => {
                     state.stream_time = None;
                     state.next_seq = 0;
+                    state.offset = None;
                 }
                 (_, Some(value)) => {
                     let group = decode_group(&value)?;

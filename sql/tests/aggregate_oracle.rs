@@ -443,11 +443,17 @@ fn restored(case: &Case, every: usize, crash: usize) -> Result<(), TestCaseError
     let mut changelog = Vec::new();
     for i in 0..committed {
         let _ = feed(&mut before, i);
+        before.reflects(i as i64);
         if (i + 1) % every == 0 {
             changelog.extend(before.take_changes());
         }
     }
     let mut state = PartitionState::restore(changelog).map_err(TestCaseError::fail)?;
+    prop_assert_eq!(
+        state.offset(),
+        committed.checked_sub(1).map(|o| o as i64),
+        "the restored state knows the last record it reflects"
+    );
     for (i, expected) in expected.iter().enumerate().skip(committed) {
         prop_assert_eq!(
             &feed(&mut state, i),
