@@ -7,7 +7,7 @@
 //! That is what lets a restarted or replaced step rebuild the same state from the same
 //! records. [`PartitionState`] is the whole state: what a store and changelog will persist.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use crate::compile::{Compiled, Problem, compile_any};
 use crate::expr::{Expr, Row, Snippet};
@@ -44,8 +44,17 @@ pub(crate) struct AggSpec {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum WindowKind {
-    Tumble { size: i64 },
-    Hop { size: i64, advance: i64 },
+    Tumble {
+        size: i64,
+    },
+    Hop {
+        size: i64,
+        advance: i64,
+    },
+    /// Records closer than `gap` to each other, per group: `[first, last + gap)`.
+    Session {
+        gap: i64,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -73,6 +82,7 @@ impl Window {
                 let start = t.div_euclid(size).saturating_mul(size);
                 vec![(start, start.saturating_add(size))]
             }
+            WindowKind::Session { gap } => vec![(t, t.saturating_add(gap))],
             WindowKind::Hop { size, advance } => {
                 let last = t.div_euclid(advance).saturating_mul(advance);
                 let count = size / advance;
@@ -120,7 +130,11 @@ pub struct Output {
 #[derive(Debug, Clone, Default)]
 pub struct PartitionState {
     stream_time: Option<i64>,
-    groups: HashMap<Vec<u8>, Group>,
+    /// By the group's values (their identities) and, windowed, its window's start: a
+    /// group's sessions are one range.
+    groups: BTreeMap<Vec<u8>, Group>,
+    /// The windowed groups in the order they close: (end, start, seq, key).
+    closing: BTreeSet<(i64, i64, u64, Vec<u8>)>,
     next_seq: u64,
     /// The input offset of the last record the state reflects ([`PartitionState::reflects`]).
     offset: Option<i64>,
@@ -160,6 +174,22 @@ impl PartitionState {
     /// The input offset of the last record the state reflects, if any.
     pub fn offset(&self) -> Option<i64> {
         self.offset
+    }
+
+    fn insert(&mut self, key: Vec<u8>, group: Group) {
+        self.remove(&key);
+        if let Some((start, end)) = group.window {
+            self.closing.insert((end, start, group.seq, key.clone()));
+        }
+        self.groups.insert(key, group);
+    }
+
+    fn remove(&mut self, key: &[u8]) -> Option<Group> {
+        let group = self.groups.remove(key)?;
+        if let Some((start, end)) = group.window {
+            self.closing.remove(&(end, start, group.seq, key.to_vec()));
+        }
+        Some(group)
     }
 
     /// What changed since the last call, as changelog entries: each changed group's value
@@ -207,10 +237,10 @@ impl PartitionState {
                 }
                 (_, Some(value)) => {
                     let group = decode_group(&value)?;
-                    state.groups.insert(key, group);
+                    state.insert(key, group);
                 }
                 (_, None) => {
-                    state.groups.remove(&key);
+                    state.remove(&key);
                 }
             }
         }
@@ -486,14 +516,57 @@ impl Aggregation {
                     .transpose()
             })
             .collect::<Result<_, _>>()?;
-        let (time, windows) = match &self.window {
-            Some(window) => {
-                let time = event_time(&window.time.eval(&row)?, &window.snippet)?;
-                (time, window.of(time).into_iter().map(Some).collect())
-            }
-            None => (timestamp, vec![None]),
+        let time = match &self.window {
+            Some(window) => event_time(&window.time.eval(&row)?, &window.snippet)?,
+            None => timestamp,
         };
-        if let (Some(stream_time), Some(Some((start, end)))) = (state.stream_time, windows.first())
+        let mut identity_of_values = Vec::new();
+        for value in &values {
+            identity_of_values.extend_from_slice(&identity(value));
+            identity_of_values.push(0);
+        }
+        let keyed = |window: Option<(i64, i64)>| {
+            let mut key = identity_of_values.clone();
+            if let Some((start, _)) = window {
+                key.extend_from_slice(&start.to_be_bytes());
+            }
+            key
+        };
+        let targets: Vec<Target> = match &self.window {
+            None => vec![(keyed(None), None, Vec::new())],
+            Some(Window {
+                kind: WindowKind::Session { gap },
+                ..
+            }) => {
+                let merged: Vec<Vec<u8>> = state
+                    .groups
+                    .range(identity_of_values.clone()..)
+                    .take_while(|(key, _)| key.starts_with(&identity_of_values))
+                    .filter(|(_, group)| {
+                        group.window.is_some_and(|(first, end)| {
+                            time > first.saturating_sub(*gap) && time < end
+                        })
+                    })
+                    .map(|(key, _)| key.clone())
+                    .collect();
+                let (first, end) = merged
+                    .iter()
+                    .filter_map(|key| state.groups.get(key)?.window)
+                    .fold((time, time.saturating_add(*gap)), |(a, b), (c, d)| {
+                        (a.min(c), b.max(d))
+                    });
+                vec![(keyed(Some((first, end))), Some((first, end)), merged)]
+            }
+            Some(window) => window
+                .of(time)
+                .into_iter()
+                .map(|w| (keyed(Some(w)), Some(w), Vec::new()))
+                .collect(),
+        };
+        // Late: the record's earliest window closed already (for a session: the one it
+        // would open alone; one it joins is open).
+        if let (Some(stream_time), Some((_, Some((start, end)), _))) =
+            (state.stream_time, targets.first())
             && end.saturating_add(self.grace) <= stream_time
         {
             return Err(EvalError::new(
@@ -507,101 +580,91 @@ impl Aggregation {
                 ),
             ));
         }
-        let mut identity_of_values = Vec::new();
-        for value in &values {
-            identity_of_values.extend_from_slice(&identity(value));
-            identity_of_values.push(0);
-        }
-        let keys: Vec<Vec<u8>> = windows
-            .iter()
-            .map(|window| {
-                let mut key = identity_of_values.clone();
-                if let Some((start, _)) = window {
-                    key.extend_from_slice(&start.to_be_bytes());
-                }
-                key
-            })
-            .collect();
         // Everything that can fail, before anything changes.
-        for key in &keys {
-            if let Some(group) = state.groups.get(key) {
-                self.check(group, &args)?;
-            } else {
-                self.check_new(&args)?;
-            }
+        for (key, _, merged) in &targets {
+            let existing: Vec<&Group> = std::iter::once(key)
+                .chain(merged)
+                .filter_map(|k| state.groups.get(k))
+                .collect();
+            self.check(&existing, &args)?;
         }
 
         let mut outputs = Vec::new();
-        if self.window.is_some() {
-            let stream_time = state.stream_time.map_or(time, |st| st.max(time));
-            state.stream_time = Some(stream_time);
-            let mut closed: Vec<(Vec<u8>, (i64, i64), u64)> = state
-                .groups
-                .iter()
-                .filter_map(|(key, group)| {
-                    let window = group.window?;
-                    (window.1.saturating_add(self.grace) <= stream_time)
-                        .then(|| (key.clone(), window, group.seq))
-                })
-                .collect();
-            closed.sort_by_key(|(_, (start, end), seq)| (*end, *start, *seq));
-            for (key, _, _) in closed {
-                state.changed.insert(key.clone());
-                if let Some(group) = state.groups.remove(&key)
-                    && self.emit == Emit::Close
-                {
-                    outputs.extend(self.output(&group, timestamp));
-                }
-            }
-        } else {
-            state.stream_time = Some(state.stream_time.map_or(time, |st| st.max(time)));
-        }
-        for (key, window) in keys.into_iter().zip(windows) {
+        let stream_time = state.stream_time.map_or(time, |st| st.max(time));
+        state.stream_time = Some(stream_time);
+        while let Some(first) = state.closing.first()
+            && first.0.saturating_add(self.grace) <= stream_time
+        {
+            let key = first.3.clone();
             state.changed.insert(key.clone());
-            let next_seq = &mut state.next_seq;
-            let group = state.groups.entry(key).or_insert_with(|| {
-                *next_seq += 1;
-                Group {
-                    seq: *next_seq,
-                    values: values.clone(),
-                    window,
-                    accs: self.aggs.iter().map(|a| Acc::new(a.func)).collect(),
-                }
-            });
-            self.add(group, &args);
-            if self.emit == Emit::Update {
-                outputs.extend(self.output(group, timestamp));
+            if let Some(group) = state.remove(&key)
+                && self.emit == Emit::Close
+            {
+                outputs.extend(self.output(&group, timestamp));
             }
+        }
+        for (key, window, merged) in targets {
+            let mut group = match state.remove(&key) {
+                Some(group) => group,
+                None => {
+                    state.next_seq += 1;
+                    Group {
+                        seq: state.next_seq,
+                        values: values.clone(),
+                        window,
+                        accs: self.aggs.iter().map(|a| Acc::new(a.func)).collect(),
+                    }
+                }
+            };
+            for other in merged {
+                state.changed.insert(other.clone());
+                if let Some(other) = state.remove(&other) {
+                    group.seq = group.seq.min(other.seq);
+                    for ((spec, acc), from) in
+                        self.aggs.iter().zip(group.accs.iter_mut()).zip(other.accs)
+                    {
+                        merge(spec.func, acc, from);
+                    }
+                }
+            }
+            group.window = window;
+            self.add(&mut group, &args);
+            if self.emit == Emit::Update {
+                outputs.extend(self.output(&group, timestamp));
+            }
+            state.changed.insert(key.clone());
+            state.insert(key, group);
         }
         Ok(outputs)
     }
 
-    /// Whether `args` can join `group` (MIN and MAX compare only values of one kind; SUM and
-    /// AVG take numbers).
-    fn check(&self, group: &Group, args: &[Option<Value<'static>>]) -> Result<(), EvalError> {
-        for ((spec, acc), arg) in self.aggs.iter().zip(&group.accs).zip(args) {
-            let Some(arg) = arg.as_ref().filter(|a| !a.is_null()) else {
-                continue;
-            };
-            Self::check_arg(spec, arg)?;
-            if let Acc::Extreme(Some(current)) = acc
-                && !matches!(value::compare(current, arg), Ok(Some(_)))
-            {
-                return Err(EvalError::sql(format!(
-                    "`{}`: cannot compare {} with {} of earlier records of the group",
-                    spec.snippet,
-                    arg.kind(),
-                    current.kind()
-                )));
-            }
-        }
-        Ok(())
-    }
-
-    fn check_new(&self, args: &[Option<Value<'static>>]) -> Result<(), EvalError> {
-        for (spec, arg) in self.aggs.iter().zip(args) {
-            if let Some(arg) = arg.as_ref().filter(|a| !a.is_null()) {
+    /// Whether `args` can join `groups` (one group, or the sessions it merges): MIN and MAX
+    /// compare only values of one kind, SUM and AVG take numbers.
+    fn check(&self, groups: &[&Group], args: &[Option<Value<'static>>]) -> Result<(), EvalError> {
+        for (i, (spec, arg)) in self.aggs.iter().zip(args).enumerate() {
+            let arg = arg.as_ref().filter(|a| !a.is_null());
+            if let Some(arg) = arg {
                 Self::check_arg(spec, arg)?;
+            }
+            let extremes: Vec<&Value<'static>> = groups
+                .iter()
+                .filter_map(|g| match g.accs.get(i) {
+                    Some(Acc::Extreme(Some(v))) => Some(v),
+                    _ => None,
+                })
+                .chain(arg)
+                .collect();
+            if let Some((first, rest)) = extremes.split_first() {
+                for other in rest {
+                    if !matches!(value::compare(first, other), Ok(Some(_))) {
+                        return Err(EvalError::sql(format!(
+                            "`{}`: cannot compare {} with {} of earlier records of the group",
+                            spec.snippet,
+                            other.kind(),
+                            first.kind()
+                        )));
+                    }
+                }
             }
         }
         Ok(())
@@ -699,6 +762,36 @@ impl Aggregation {
             value,
             window: group.window,
         })
+    }
+}
+
+/// A group a record joins: its key, its window, and the keys of the open sessions it merges.
+type Target = (Vec<u8>, Option<(i64, i64)>, Vec<Vec<u8>>);
+
+/// Folds the accumulator of a session into the one it merges with.
+fn merge(func: AggFunc, into: &mut Acc, from: Acc) {
+    match (into, from) {
+        (Acc::Count(a), Acc::Count(b)) => *a += b,
+        (Acc::Distinct(a), Acc::Distinct(b)) => a.extend(b),
+        (Acc::Sum(a), Acc::Sum(Some(b))) => *a = Some(add_sum(a.take(), &b)),
+        (Acc::Avg { sum, count }, Acc::Avg { sum: s, count: c }) => {
+            *sum += s;
+            *count += c;
+        }
+        (Acc::Extreme(a), Acc::Extreme(Some(b))) => {
+            let replace = match a.as_ref() {
+                None => true,
+                Some(current) => match value::compare(&b, current) {
+                    Ok(Some(order)) if func == AggFunc::Min => order.is_lt(),
+                    Ok(Some(order)) => order.is_gt(),
+                    _ => false,
+                },
+            };
+            if replace {
+                *a = Some(b);
+            }
+        }
+        _ => {}
     }
 }
 

@@ -775,16 +775,9 @@ impl Compiler<'_> {
         let wanted = match name.as_str() {
             "TUMBLE" => "TUMBLE(time, INTERVAL 'n' unit)",
             "HOP" => "HOP(time, INTERVAL 'size' unit, INTERVAL 'advance' unit)",
-            _ => {
-                self.problem(
-                    at,
-                    "SESSION windows are specified (docs/stateful-sql.md) but not built yet; \
-                     use TUMBLE or HOP",
-                );
-                return Some(Window::invalid(snippet));
-            }
+            _ => "SESSION(time, INTERVAL 'gap' unit)",
         };
-        let count = if name == "TUMBLE" { 2 } else { 3 };
+        let count = if name == "HOP" { 3 } else { 2 };
         if args.len() != count {
             self.problem(at, format!("write {wanted}"));
             return Some(Window::invalid(snippet));
@@ -801,6 +794,7 @@ impl Compiler<'_> {
             }
         }
         let kind = match sizes.as_slice() {
+            [gap] if name == "SESSION" => WindowKind::Session { gap: *gap },
             [size] => WindowKind::Tumble { size: *size },
             [size, advance] if size % advance == 0 => WindowKind::Hop {
                 size: *size,

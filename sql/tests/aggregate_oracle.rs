@@ -3,14 +3,16 @@
 //! and late) go through [`Aggregation::feed`] one by one, and what it emits is compared with
 //! SQLite's `GROUP BY` over the same records.
 //!
-//! Which records count is decided here from the spec, not taken from the engine: a record
-//! passes `WHERE` when SQLite says so, and is late when its earliest window ended (plus the
-//! grace) at or before the stream time of the records that counted before it. SQLite then
-//! aggregates the records that count, window by window:
-//! - emitting on close: every window that the final stream time closed, once, with SQLite's
-//!   aggregates over its records, and nothing else;
+//! Which records count, and which records each window holds, is decided here from the spec
+//! ([`Model`]), not taken from the engine: a record passes `WHERE` when SQLite says so, and is
+//! late when its earliest window (for a session, the one it would open alone) ended, plus the
+//! grace, at or before the stream time of the records that counted before it; a session
+//! takes the records closer than its gap and merges the sessions a record bridges. SQLite then
+//! aggregates each window's records:
+//! - emitting on close: after each record, exactly the windows it closed, once, with SQLite's
+//!   aggregates over their records;
 //! - emitting on update (and without a window): after each record that counts, one output per
-//!   window of the record, with SQLite's aggregates over that group's records so far.
+//!   window of the record, with SQLite's aggregates over that window's records so far.
 //!
 //! Every late record must come back as a `late-record` error, every other as outputs.
 //!
@@ -29,6 +31,7 @@ use serde_json::Value as Json;
 enum Win {
     Tumble(i64),
     Hop(i64, i64),
+    Session(i64),
     None,
 }
 
@@ -46,7 +49,7 @@ impl Win {
                     .map(|k| (last - k * advance, last - k * advance + size))
                     .collect()
             }
-            Win::None => vec![],
+            Win::Session(_) | Win::None => vec![],
         }
     }
 
@@ -56,6 +59,7 @@ impl Win {
             Win::Hop(size, advance) => format!(
                 ", HOP({time}, INTERVAL '{size} milliseconds', INTERVAL '{advance} milliseconds')"
             ),
+            Win::Session(gap) => format!(", SESSION({time}, INTERVAL '{gap} milliseconds')"),
             Win::None => String::new(),
         }
     }
@@ -106,6 +110,7 @@ fn case() -> impl Strategy<Value = Case> {
     let window = prop_oneof![
         (1i64..=4).prop_map(|s| Win::Tumble(s * 10)),
         ((1i64..=2), (2i64..=3)).prop_map(|(a, k)| Win::Hop(a * 5 * k, a * 5)),
+        (1i64..=4).prop_map(|g| Win::Session(g * 4)),
         Just(Win::None),
     ];
     let record = (
@@ -199,6 +204,97 @@ fn same(ours: &Json, theirs: &Lite) -> bool {
     }
 }
 
+/// One group of the model: its key, its window (`(0, 0)` without one) and its records.
+type ModelGroup = (Option<String>, (i64, i64), Vec<usize>);
+
+/// The spec, record by record: which records are late, which groups a record closes and
+/// which it updates, for SQLite to aggregate.
+#[derive(Default)]
+struct Model {
+    stream_time: Option<i64>,
+    open: Vec<ModelGroup>,
+}
+
+enum Step {
+    Late,
+    Counted {
+        closed: Vec<ModelGroup>,
+        updated: Vec<ModelGroup>,
+    },
+}
+
+impl Model {
+    fn step(&mut self, case: &Case, seq: usize) -> Step {
+        let rec = &case.records[seq];
+        let t = rec.time;
+        // The windows the record joins, each with the open sessions it merges (indices).
+        let joins: Vec<((i64, i64), Vec<usize>)> = match case.window {
+            Win::None => vec![((0, 0), vec![])],
+            Win::Session(gap) => {
+                let merged: Vec<usize> = (0..self.open.len())
+                    .filter(|&i| {
+                        let (first, end) = self.open[i].1;
+                        self.open[i].0 == rec.key && t > first - gap && t < end
+                    })
+                    .collect();
+                let bounds = merged
+                    .iter()
+                    .map(|&i| self.open[i].1)
+                    .fold((t, t + gap), |(a, b), (c, d)| (a.min(c), b.max(d)));
+                vec![(bounds, merged)]
+            }
+            w => w.of(t).into_iter().map(|b| (b, vec![])).collect(),
+        };
+        let late = !matches!(case.window, Win::None)
+            && self
+                .stream_time
+                .is_some_and(|st| joins[0].0.1 + case.grace <= st);
+        if late {
+            return Step::Late;
+        }
+        let st = self.stream_time.map_or(t, |st| st.max(t));
+        self.stream_time = Some(st);
+        // Merged sessions leave the open list with their records (nothing closes them now:
+        // they end after t).
+        let mut joins: Vec<((i64, i64), Vec<usize>)> = joins
+            .into_iter()
+            .map(|(bounds, mut merged)| {
+                merged.sort_unstable_by(|a, b| b.cmp(a));
+                let members = merged
+                    .into_iter()
+                    .flat_map(|i| self.open.remove(i).2)
+                    .collect();
+                (bounds, members)
+            })
+            .collect();
+        let mut closed = Vec::new();
+        if !matches!(case.window, Win::None) {
+            let (shut, open): (Vec<_>, Vec<_>) = std::mem::take(&mut self.open)
+                .into_iter()
+                .partition(|g| g.1.1 + case.grace <= st);
+            self.open = open;
+            closed = shut;
+        }
+        let mut updated = Vec::new();
+        for (bounds, members) in joins.drain(..) {
+            let at = match self
+                .open
+                .iter()
+                .position(|g| g.0 == rec.key && g.1 == bounds)
+            {
+                Some(at) => at,
+                None => {
+                    self.open.push((rec.key.clone(), bounds, members));
+                    self.open.len() - 1
+                }
+            };
+            self.open[at].2.push(seq);
+            updated.push(self.open[at].clone());
+        }
+        Step::Counted { closed, updated }
+    }
+}
+
 fn run(case: &Case) -> Result<(), TestCaseError> {
     let sql = query(case);
     let aggregation = Aggregation::compile(&sql, Some(&["s"]))
@@ -217,10 +313,7 @@ fn run(case: &Case) -> Result<(), TestCaseError> {
     } else {
         case.filter
     };
-
-    // Which records count, from the spec.
-    let mut stream_time: Option<i64> = None;
-    let mut counted: Vec<usize> = Vec::new();
+    let mut model = Model::default();
     let mut state = PartitionState::default();
     for (seq, rec) in case.records.iter().enumerate() {
         let passes: Option<i64> = db
@@ -230,13 +323,6 @@ fn run(case: &Case) -> Result<(), TestCaseError> {
                 |row| row.get(0),
             )
             .unwrap();
-        let windows = case.window.of(rec.time);
-        let late = passes == Some(1)
-            && stream_time.is_some_and(|st| {
-                windows
-                    .first()
-                    .is_some_and(|(_, end)| end + case.grace <= st)
-            });
         let value = rec.json(case.time_field);
         let timestamp = if case.time_field { 7 } else { rec.time };
         let fed = aggregation.feed(
@@ -248,120 +334,64 @@ fn run(case: &Case) -> Result<(), TestCaseError> {
             },
             timestamp,
         );
-        let outputs = match (fed, late) {
-            (Err(e), true) if e.kind == "late-record" => continue,
-            (Err(e), _) => {
-                return Err(TestCaseError::fail(format!(
-                    "{sql}\nrecord {seq} {value}: {e:?} (late by the spec: {late})"
-                )));
-            }
-            (Ok(_), true) => {
-                return Err(TestCaseError::fail(format!(
-                    "{sql}\nrecord {seq} {value} is late (stream time {stream_time:?}) but counted"
-                )));
-            }
-            (Ok(outputs), false) => outputs,
-        };
         if passes != Some(1) {
             prop_assert!(
-                outputs.is_empty(),
-                "{sql}\nrecord {seq} fails WHERE but emits"
+                matches!(&fed, Ok(outputs) if outputs.is_empty()),
+                "{}\nrecord {} fails WHERE but: {:?}",
+                sql,
+                seq,
+                fed
             );
             continue;
         }
+        let (outputs, model_closed, model_updated) = match (fed, model.step(case, seq)) {
+            (Err(e), Step::Late) if e.kind == "late-record" => continue,
+            (fed, Step::Late) => {
+                return Err(TestCaseError::fail(format!(
+                    "{sql}\nrecord {seq} {value} is late by the spec, here: {fed:?}"
+                )));
+            }
+            (Err(e), Step::Counted { .. }) => {
+                return Err(TestCaseError::fail(format!(
+                    "{sql}\nrecord {seq} {value}: {e:?}, but it counts by the spec"
+                )));
+            }
+            (Ok(outputs), Step::Counted { closed, updated }) => (outputs, closed, updated),
+        };
         db.execute(
             "INSERT INTO r VALUES (?1, ?2, ?3, ?4, ?5)",
             rusqlite::params![seq as i64, rec.key, rec.x, rec.y, rec.cat],
         )
         .unwrap();
-        counted.push(seq);
-        stream_time = Some(stream_time.map_or(rec.time, |st| st.max(rec.time)));
-        if case.update || matches!(case.window, Win::None) {
-            // One output per window of the record: the group's records so far.
-            let expected: Vec<(i64, i64)> = match case.window {
-                Win::None => vec![(0, 0)],
-                w => w.of(rec.time),
-            };
-            prop_assert_eq!(outputs.len(), expected.len(), "{}\nrecord {}", sql, seq);
-            for (output, (start, end)) in outputs.iter().zip(expected) {
-                let members: Vec<usize> = counted
-                    .iter()
-                    .copied()
-                    .filter(|&i| {
-                        let other = &case.records[i];
-                        other.key == rec.key
-                            && (matches!(case.window, Win::None)
-                                || case.window.of(other.time).contains(&(start, end)))
-                    })
-                    .collect();
-                check(&sql, &db, output, &rec.key, &members, seq)?;
-            }
+        // What it emits: on update, each group it joined; on close, each group it closed.
+        let mut expected = if case.update || matches!(case.window, Win::None) {
+            model_updated
         } else {
-            check_closed(case, &sql, &db, &outputs, &counted, seq)?;
+            model_closed
+        };
+        let mut got: Vec<&plumber_sql::Output> = outputs.iter().collect();
+        let window_of = |o: &plumber_sql::Output| o.window.unwrap_or((0, 0));
+        let key_of = |o: &plumber_sql::Output| {
+            o.key
+                .as_ref()
+                .map(|k| String::from_utf8(k.clone()).unwrap())
+        };
+        got.sort_by_key(|o| (key_of(o), window_of(o)));
+        expected.sort_by_key(|g| (g.0.clone(), g.1));
+        let got_groups: Vec<(Option<String>, (i64, i64))> =
+            got.iter().map(|o| (key_of(o), window_of(o))).collect();
+        let want_groups: Vec<(Option<String>, (i64, i64))> =
+            expected.iter().map(|g| (g.0.clone(), g.1)).collect();
+        prop_assert_eq!(
+            got_groups,
+            want_groups,
+            "{}\ngroups emitted after record {}",
+            sql,
+            seq
+        );
+        for (output, (key, _, members)) in got.into_iter().zip(&expected) {
+            check(&sql, &db, output, key, members, seq)?;
         }
-    }
-    Ok(())
-}
-
-/// On close: the windows this record closed, each with all of its records.
-fn check_closed(
-    case: &Case,
-    sql: &str,
-    db: &Connection,
-    outputs: &[plumber_sql::Output],
-    counted: &[usize],
-    seq: usize,
-) -> Result<(), TestCaseError> {
-    let now = counted
-        .iter()
-        .map(|&i| case.records[i].time)
-        .max()
-        .unwrap_or(i64::MIN);
-    let before = counted[..counted.len() - 1]
-        .iter()
-        .map(|&i| case.records[i].time)
-        .max();
-    // Every (key, window) of a counted record that closes now (and was open before).
-    let mut closing: Vec<(Option<String>, (i64, i64))> = Vec::new();
-    for &i in counted {
-        for window in case.window.of(case.records[i].time) {
-            let closes =
-                window.1 + case.grace <= now && before.is_none_or(|b| window.1 + case.grace > b);
-            let group = (case.records[i].key.clone(), window);
-            if closes && !closing.contains(&group) {
-                closing.push(group);
-            }
-        }
-    }
-    let mut got: Vec<(Option<String>, (i64, i64))> = outputs
-        .iter()
-        .map(|o| {
-            (
-                o.key
-                    .as_ref()
-                    .map(|k| String::from_utf8(k.clone()).unwrap()),
-                o.window.unwrap(),
-            )
-        })
-        .collect();
-    let mut want = closing.clone();
-    got.sort();
-    want.sort();
-    prop_assert_eq!(got, want, "{}\nwindows closed by record {}", sql, seq);
-    for output in outputs {
-        let key = output
-            .key
-            .as_ref()
-            .map(|k| String::from_utf8(k.clone()).unwrap());
-        let window = output.window.unwrap();
-        let members: Vec<usize> = counted
-            .iter()
-            .copied()
-            .filter(|&i| {
-                case.records[i].key == key && case.window.of(case.records[i].time).contains(&window)
-            })
-            .collect();
-        check(sql, db, output, &key, &members, seq)?;
     }
     Ok(())
 }
