@@ -452,10 +452,10 @@ impl Aggregation {
     pub fn compile(sql: &str, inputs: Option<&[&str]>) -> Result<Aggregation, Vec<Problem>> {
         match compile_any(sql, inputs, true)? {
             Compiled::Stateful(aggregation) => Ok(*aggregation),
-            Compiled::Stateless(_) => Err(vec![Problem {
+            _ => Err(vec![Problem {
                 line: 1,
                 column: 1,
-                message: "the query has no GROUP BY: it is stateless".into(),
+                message: "the query has no GROUP BY".into(),
             }]),
         }
     }

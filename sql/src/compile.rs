@@ -17,6 +17,7 @@ use sqlparser::tokenizer::{Location, Span, Token, TokenWithSpan, Tokenizer};
 use crate::aggregate::{AggFunc, AggSpec, Aggregation, Window, WindowKind};
 use crate::expr::{CmpOp, Expr, Row, Snippet};
 use crate::func::{self, Func, Side, SqlType};
+use crate::join::Join;
 use crate::value::{Arith, Value};
 use crate::{Arm, Column, Query};
 
@@ -83,13 +84,17 @@ const COMPILE_STACK_BYTES: usize = 64 * 1024 * 1024;
 pub enum Compiled {
     Stateless(Query),
     Stateful(Box<Aggregation>),
+    Join(Box<Join>),
 }
 
 pub fn compile(sql: &str, inputs: Option<&[&str]>) -> Result<Query, Vec<Problem>> {
     match compile_any(sql, inputs, false)? {
         Compiled::Stateless(query) => Ok(query),
-        // A stateless compile refuses GROUP BY before it gets here.
-        Compiled::Stateful(_) => Err(vec![Problem::at(START, "GROUP BY needs a stateful step")]),
+        // A stateless compile refuses GROUP BY and JOIN before it gets here.
+        Compiled::Stateful(_) | Compiled::Join(_) => Err(vec![Problem::at(
+            START,
+            "GROUP BY and JOIN need a stateful step",
+        )]),
     }
 }
 
@@ -161,6 +166,11 @@ fn compile_here(
         stateful,
         output: None,
         aggregation: None,
+        join: None,
+        table_qualifier: None,
+        on_side: false,
+        path_sides: Vec::new(),
+        reads: Vec::new(),
     };
     match statements.as_slice() {
         [] => compiler.problem(
@@ -181,6 +191,8 @@ fn compile_here(
         arms,
         paths,
         aggregation,
+        join,
+        path_sides,
         ..
     } = compiler;
     // A syntax error sqlparser let through makes the other findings noise.
@@ -191,12 +203,17 @@ fn compile_here(
         problems.retain(|p| p.message.starts_with("syntax error"));
     }
     if problems.is_empty() {
-        Ok(match aggregation {
-            Some(mut aggregation) => {
+        Ok(match (aggregation, join) {
+            (Some(mut aggregation), _) => {
                 aggregation.paths = paths;
                 Compiled::Stateful(Box::new(aggregation))
             }
-            None => Compiled::Stateless(Query { arms, paths }),
+            (None, Some(mut join)) => {
+                join.paths = paths;
+                join.table_paths = path_sides;
+                Compiled::Join(Box::new(join))
+            }
+            (None, None) => Compiled::Stateless(Query { arms, paths }),
         })
     } else {
         problems.sort_by_key(|p| (p.line, p.column));
@@ -276,7 +293,7 @@ struct Compiler<'q> {
     tokens: &'q [TokenWithSpan],
     problems: Vec<Problem>,
     paths: Vec<Vec<String>>,
-    path_index: HashMap<Vec<String>, usize>,
+    path_index: HashMap<(bool, Vec<String>), usize>,
     /// The name fields may be qualified with in the arm being compiled (FROM name or alias).
     qualifier: Option<String>,
     arms: Vec<Arm>,
@@ -294,6 +311,16 @@ struct Compiler<'q> {
     output: Option<OutputScope>,
     /// The GROUP BY query compiled, if it is one.
     aggregation: Option<Aggregation>,
+    /// The stream–table join compiled, if it is one.
+    join: Option<Join>,
+    /// In a join: the name the table's fields are qualified with.
+    table_qualifier: Option<String>,
+    /// While compiling the stream's side of a join's ON: the table may not be read.
+    on_side: bool,
+    /// Whether each of `paths` is read from the table of a join (else from the record).
+    path_sides: Vec<bool>,
+    /// The input steps a GROUP BY or join reads, and where: checked like the FROMs of arms.
+    reads: Vec<(String, Location)>,
 }
 
 /// What the columns of a GROUP BY may read: the grouping expressions (matched by their
@@ -559,6 +586,16 @@ impl Compiler<'_> {
             refuse(self, start, "FROM before SELECT", "write SELECT … FROM …");
         }
 
+        let joined = matches!(select.from.as_slice(), [table] if !table.joins.is_empty());
+        if self.stateful && joined {
+            if grouped.is_some() {
+                self.problem(
+                    self.keyword_at(Keyword::GROUP, start),
+                    "a join and a GROUP BY in one query: join in one step, group in the next",
+                );
+            }
+            return self.join_select(select, start);
+        }
         if let Some(groups) = grouped {
             return self.aggregate_select(select, start, groups);
         }
@@ -669,6 +706,9 @@ impl Compiler<'_> {
             self.problem(start, "a query with GROUP BY is one SELECT: no UNION ALL");
         }
         let from = self.from(select, start);
+        if let Some((name, _)) = &from {
+            self.reads.push((name.clone(), start));
+        }
         self.qualifier = from.as_ref().map(|(_, qualifier)| qualifier.clone());
         let filter = select.selection.as_ref().map(|e| self.expr(e, 0));
         let mut groups = Vec::new();
@@ -885,6 +925,153 @@ impl Compiler<'_> {
         Expr::Slot(slot)
     }
 
+    /// `SELECT … FROM stream s [LEFT] JOIN table t ON <stream expression> = t._key [WHERE …]`.
+    fn join_select(&mut self, select: &ast::Select, start: Location) {
+        if !self.arms.is_empty() || self.join.is_some() {
+            self.problem(start, "a query with a JOIN is one SELECT: no UNION ALL");
+        }
+        let [from] = select.from.as_slice() else {
+            return;
+        };
+        let stream = self.relation(&from.relation);
+        let [joined, more @ ..] = from.joins.as_slice() else {
+            return;
+        };
+        if let Some(extra) = more.first() {
+            self.problem(
+                extra.relation.span().start,
+                "a query joins one table; join the next in another step",
+            );
+        }
+        let table = self.relation(&joined.relation);
+        let wanted = "write `ON <stream>.<field> = <table>._key`";
+        let (left, constraint) = match &joined.join_operator {
+            ast::JoinOperator::Join(c) | ast::JoinOperator::Inner(c) => (false, c),
+            ast::JoinOperator::Left(c) | ast::JoinOperator::LeftOuter(c) => (true, c),
+            _ => {
+                self.problem(
+                    self.keyword_at(Keyword::JOIN, from.relation.span().end),
+                    "a stream joins a table with JOIN or LEFT JOIN (a table has no order, and \
+                     a stream no end: RIGHT, FULL and CROSS have no meaning here)",
+                );
+                return;
+            }
+        };
+        for (name, at) in [
+            (&stream, from.relation.span().start),
+            (&table, joined.relation.span().start),
+        ] {
+            if let Some((name, _)) = name {
+                self.reads.push((name.clone(), at));
+            }
+        }
+        self.qualifier = stream.as_ref().map(|(_, q)| q.clone());
+        self.table_qualifier = table.as_ref().map(|(_, q)| q.clone());
+        if self.qualifier.is_some() && self.qualifier == self.table_qualifier {
+            self.problem(
+                joined.relation.span().start,
+                "the stream and the table need names of their own: `FROM orders o JOIN customers c`",
+            );
+        }
+        let on = match constraint {
+            ast::JoinConstraint::On(ast::Expr::BinaryOp {
+                left: a,
+                op: BinaryOperator::Eq,
+                right: b,
+            }) => {
+                let is_table_key = |e: &ast::Expr| match e {
+                    ast::Expr::CompoundIdentifier(ids) => {
+                        ids.len() == 2
+                            && Some(&ids[0].value) == self.table_qualifier.as_ref()
+                            && ids[1].value == "_key"
+                    }
+                    _ => false,
+                };
+                let stream_side = match (is_table_key(a), is_table_key(b)) {
+                    (false, true) => Some(a),
+                    (true, false) => Some(b),
+                    _ => None,
+                };
+                match stream_side {
+                    Some(side) => {
+                        self.on_side = true;
+                        let on = self.expr(side, 0);
+                        self.on_side = false;
+                        Some(on)
+                    }
+                    None => {
+                        self.problem(a.span().start, wanted);
+                        None
+                    }
+                }
+            }
+            ast::JoinConstraint::On(other) => {
+                self.problem(other.span().start, wanted);
+                None
+            }
+            _ => {
+                self.problem(joined.relation.span().end, wanted);
+                None
+            }
+        };
+        let mut columns = Vec::new();
+        let mut names: Vec<String> = Vec::new();
+        for item in &select.projection {
+            match item {
+                SelectItem::Wildcard(options) => {
+                    self.wildcard_options(options, item.span().start);
+                    columns.push(Column::Star);
+                }
+                SelectItem::QualifiedWildcard(
+                    ast::SelectItemQualifiedWildcardKind::ObjectName(name),
+                    options,
+                ) if single_name(name).map(|n| &n.value) == self.qualifier.as_ref() => {
+                    self.wildcard_options(options, item.span().start);
+                    columns.push(Column::Star);
+                }
+                SelectItem::UnnamedExpr(e) => {
+                    let expr = self.expr(e, 0);
+                    self.column(
+                        &mut columns,
+                        &mut names,
+                        Self::natural_name(e),
+                        item.span().start,
+                        expr,
+                    );
+                }
+                SelectItem::ExprWithAlias { expr: e, alias } => {
+                    let expr = self.expr(e, 0);
+                    self.column(
+                        &mut columns,
+                        &mut names,
+                        alias.value.clone(),
+                        alias.span.start,
+                        expr,
+                    );
+                }
+                _ => self.problem(
+                    item.span().start,
+                    "`*` is the stream's fields; name the table's columns (`c.name`)",
+                ),
+            }
+        }
+        let filter = select.selection.as_ref().map(|e| self.expr(e, 0));
+        self.qualifier = None;
+        self.table_qualifier = None;
+        self.join = Some(Join::new(
+            stream.map(|(name, _)| name).unwrap_or_default(),
+            table.map(|(name, _)| name).unwrap_or_default(),
+            left,
+            on.unwrap_or(Expr::Literal(Value::Null)),
+            Arm {
+                from: String::new(),
+                columns,
+                filter,
+                named: names,
+            },
+        ));
+    }
+
     fn wildcard_options(&mut self, options: &ast::WildcardAdditionalOptions, at: Location) {
         if options.opt_ilike.is_some()
             || options.opt_exclude.is_some()
@@ -948,10 +1135,16 @@ impl Compiler<'_> {
         if !table.joins.is_empty() {
             self.problem(
                 self.keyword_at(Keyword::JOIN, table.relation.span().end),
-                "JOIN is not supported: a SQL step sees one record at a time",
+                "JOIN is not supported: a SQL step sees one record at a time (a stateful step \
+                 joins a stream to a table: docs/stateful-sql.md)",
             );
         }
-        match &table.relation {
+        self.relation(&table.relation)
+    }
+
+    /// The input step a FROM or JOIN names, and the name its fields may be qualified with.
+    fn relation(&mut self, relation: &TableFactor) -> Option<(String, String)> {
+        match relation {
             TableFactor::Table {
                 name,
                 alias,
@@ -986,7 +1179,7 @@ impl Compiler<'_> {
             }
             TableFactor::Derived { .. } => {
                 self.problem(
-                    table.relation.span().start,
+                    relation.span().start,
                     "subqueries are not supported: FROM names the input step",
                 );
                 None
@@ -1009,6 +1202,7 @@ impl Compiler<'_> {
             .iter()
             .zip(&self.arm_names)
             .map(|(arm, (at, _))| (arm.from.clone(), *at))
+            .chain(self.reads.iter().cloned())
             .collect();
         let mut all_inputs = true;
         for (from, at) in &froms {
@@ -1091,13 +1285,15 @@ impl Compiler<'_> {
         }
     }
 
-    fn path(&mut self, path: Vec<String>) -> usize {
-        if let Some(i) = self.path_index.get(&path) {
+    /// The index of a field path of the record (or, `table`, of a join's table).
+    fn path(&mut self, path: Vec<String>, table: bool) -> usize {
+        if let Some(i) = self.path_index.get(&(table, path.clone())) {
             return *i;
         }
         let i = self.paths.len();
-        self.path_index.insert(path.clone(), i);
+        self.path_index.insert((table, path.clone()), i);
         self.paths.push(path);
+        self.path_sides.push(table);
         i
     }
 
@@ -1167,6 +1363,28 @@ impl Compiler<'_> {
                 ),
             );
         }
+        if names.len() > 1
+            && let Some(table) = &self.table_qualifier
+            && Some(table.as_str()) == names.first().copied()
+        {
+            if self.on_side {
+                self.problem(
+                    at,
+                    "this side of ON reads the stream's record; the other is the table's `_key`",
+                );
+                return Expr::Literal(Value::Null);
+            }
+            return match &names[1..] {
+                ["_key"] => Expr::TableKey,
+                ["_key", ..] | ["_headers", ..] => {
+                    self.problem(at, "the table has `_key` (a string) and fields, no headers");
+                    Expr::Literal(Value::Null)
+                }
+                rest => {
+                    Expr::Field(self.path(rest.iter().map(|s| (*s).to_owned()).collect(), true))
+                }
+            };
+        }
         let qualified = names.len() > 1 && self.qualifier.as_deref() == names.first().copied();
         let rest = if qualified { &names[1..] } else { &names[..] };
         if !qualified {
@@ -1185,7 +1403,7 @@ impl Compiler<'_> {
                 _ => {}
             }
         }
-        Expr::Field(self.path(rest.iter().map(|s| (*s).to_owned()).collect()))
+        Expr::Field(self.path(rest.iter().map(|s| (*s).to_owned()).collect(), false))
     }
 
     /// Evaluates expressions that read nothing of the record once, now: their errors are
@@ -1198,6 +1416,7 @@ impl Compiler<'_> {
             | Expr::Header(_)
             | Expr::Headers
             | Expr::Timestamp
+            | Expr::TableKey
             | Expr::Slot(_) => false,
             other => children(other).iter().all(|c| c.is_literal()),
         };
@@ -1808,6 +2027,7 @@ fn children(expr: &Expr) -> Vec<&Expr> {
         | Expr::Header(_)
         | Expr::Headers
         | Expr::Timestamp
+        | Expr::TableKey
         | Expr::Slot(_) => vec![],
         Expr::Neg(e, _) | Expr::Not(e, _) | Expr::IsNull(e, _) => vec![e],
         Expr::Is { expr, .. } | Expr::Cast { expr, .. } => vec![expr],

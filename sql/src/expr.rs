@@ -51,6 +51,8 @@ pub enum Expr {
     Headers,
     /// The record's Kafka timestamp, ms since the epoch (`_timestamp`; stateful queries).
     Timestamp,
+    /// The key of the table row a join matched, as text (NULL without a match).
+    TableKey,
     /// A value a stateful query computed for a group: a grouping value, a window bound or
     /// an aggregate ([`Row::slots`]).
     Slot(usize),
@@ -133,6 +135,8 @@ pub struct Row<'a> {
     pub timestamp: Option<i64>,
     /// A group's values, for the columns of a stateful query's output.
     pub slots: &'a [Value<'static>],
+    /// The key of the table row a join matched.
+    pub table_key: Option<&'a [u8]>,
 }
 
 impl Row<'static> {
@@ -153,6 +157,7 @@ impl<'a> Row<'a> {
             headers: &[],
             timestamp: None,
             slots,
+            table_key: None,
         }
     }
 }
@@ -182,6 +187,10 @@ impl Expr {
             },
             Expr::Headers => headers_json(row.headers)?,
             Expr::Timestamp => row.timestamp.map_or(Value::Null, Value::Int),
+            Expr::TableKey => match row.table_key {
+                Some(key) => text_of_bytes(key, "the table row's key")?,
+                None => Value::Null,
+            },
             Expr::Slot(i) => row.slots.get(*i).map_or(Value::Null, Value::reborrow),
             Expr::Neg(e, snippet) => match e.eval(row)? {
                 Value::Null => Value::Null,

@@ -9,16 +9,23 @@
 //! call it, so a query that validates is a query that runs. [`Query::eval`] is a pure
 //! function of one record. The dialect, the mapping of JSON onto SQL types and every
 //! difference from SQLite are documented in `processor/README.md`.
+//!
+//! Stateful queries (`docs/stateful-sql.md`) compile through their own entry points and run
+//! over state the caller keeps: [`Aggregation`] (`GROUP BY _key` with aggregates and
+//! windows, fed one partition's records in order, its state a [`PartitionState`] that
+//! changelog entries rebuild) and [`Join`] (a stream joined to a [`Table`] by key).
 
 mod aggregate;
 mod compile;
 mod expr;
 mod func;
+mod join;
 mod json;
 mod value;
 
 pub use aggregate::{Aggregation, Emit, Output, PartitionState};
 pub use compile::{MAX_DEPTH, MAX_TOKENS, Problem};
+pub use join::{Join, Table};
 
 use expr::{Expr, Row};
 use json::{Object, write_string};
@@ -131,6 +138,17 @@ impl Query {
 /// The record as a query's expressions read it: its value parsed, the fields at `paths`
 /// looked up once.
 fn parse_row<'a>(record: &Record<'a>, paths: &[Vec<String>]) -> Result<Row<'a>, EvalError> {
+    parse_joined(record, paths, &[], None)
+}
+
+/// [`parse_row`] of a join: the paths marked in `table_paths` are read from the matched
+/// table row (`table`: its key and value), NULL without one.
+fn parse_joined<'a>(
+    record: &Record<'a>,
+    paths: &[Vec<String>],
+    table_paths: &[bool],
+    table: Option<(&'a [u8], &Object<'a>)>,
+) -> Result<Row<'a>, EvalError> {
     let Some(bytes) = record.value else {
         return Err(EvalError::sql(
             "the record has no value (a tombstone); a SQL step reads JSON objects",
@@ -155,10 +173,17 @@ fn parse_row<'a>(record: &Record<'a>, paths: &[Vec<String>]) -> Result<Row<'a>, 
     };
     let mut raw = Vec::with_capacity(paths.len());
     let mut values = Vec::with_capacity(paths.len());
-    for path in paths {
-        let found = path
-            .split_first()
-            .and_then(|(first, rest)| json::lookup(object.get(first)?, rest));
+    for (i, path) in paths.iter().enumerate() {
+        let from_table = table_paths.get(i).copied().unwrap_or(false);
+        let found = match (from_table, table) {
+            (false, _) => path
+                .split_first()
+                .and_then(|(first, rest)| json::lookup(object.get(first)?, rest)),
+            (true, Some((_, row))) => path
+                .split_first()
+                .and_then(|(first, rest)| json::lookup(row.get(first)?, rest)),
+            (true, None) => None,
+        };
         values.push(match found {
             Some(r) => Value::from_raw(r)?,
             None => Value::Null,
@@ -173,6 +198,7 @@ fn parse_row<'a>(record: &Record<'a>, paths: &[Vec<String>]) -> Result<Row<'a>, 
         headers: record.headers,
         timestamp: None,
         slots: &[],
+        table_key: table.map(|(key, _)| key),
     })
 }
 
