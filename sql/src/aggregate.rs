@@ -9,7 +9,6 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 
-use crate::compile::{Compiled, Problem, compile_any};
 use crate::expr::{Expr, Row, Snippet};
 use crate::value::{self, Value};
 use crate::{EvalError, Record, write_value};
@@ -444,19 +443,6 @@ impl Aggregation {
             paths: Vec::new(),
             grace: 0,
             emit,
-        }
-    }
-
-    /// Compiles a query with `GROUP BY`; problems at their line and column, as
-    /// [`crate::Query::compile`] (a query without GROUP BY is one, too: it is stateless).
-    pub fn compile(sql: &str, inputs: Option<&[&str]>) -> Result<Aggregation, Vec<Problem>> {
-        match compile_any(sql, inputs, true)? {
-            Compiled::Stateful(aggregation) => Ok(*aggregation),
-            _ => Err(vec![Problem {
-                line: 1,
-                column: 1,
-                message: "the query has no GROUP BY".into(),
-            }]),
         }
     }
 

@@ -98,6 +98,35 @@ pub fn compile(sql: &str, inputs: Option<&[&str]>) -> Result<Query, Vec<Problem>
     }
 }
 
+impl Aggregation {
+    /// Compiles a query with `GROUP BY`; problems at their line and column, as
+    /// [`crate::Query::compile`] (a query without GROUP BY is one, too: it is stateless).
+    pub fn compile(sql: &str, inputs: Option<&[&str]>) -> Result<Aggregation, Vec<Problem>> {
+        match compile_any(sql, inputs, true)? {
+            Compiled::Stateful(aggregation) => Ok(*aggregation),
+            _ => Err(vec![Problem {
+                line: 1,
+                column: 1,
+                message: "the query has no GROUP BY".into(),
+            }]),
+        }
+    }
+}
+
+impl Join {
+    /// Compiles a query with a JOIN; problems at their line and column.
+    pub fn compile(sql: &str, inputs: Option<&[&str]>) -> Result<Join, Vec<Problem>> {
+        match compile_any(sql, inputs, true)? {
+            Compiled::Join(join) => Ok(*join),
+            _ => Err(vec![Problem {
+                line: 1,
+                column: 1,
+                message: "the query has no JOIN".into(),
+            }]),
+        }
+    }
+}
+
 pub fn compile_any(
     sql: &str,
     inputs: Option<&[&str]>,

@@ -6,7 +6,6 @@
 
 use std::collections::HashMap;
 
-use crate::compile::{Compiled, Problem, compile_any};
 use crate::expr::Expr;
 use crate::json::Object;
 use crate::value::{self, Value};
@@ -53,18 +52,6 @@ impl Join {
             arm,
             paths: Vec::new(),
             table_paths: Vec::new(),
-        }
-    }
-
-    /// Compiles a query with a JOIN; problems at their line and column.
-    pub fn compile(sql: &str, inputs: Option<&[&str]>) -> Result<Join, Vec<Problem>> {
-        match compile_any(sql, inputs, true)? {
-            Compiled::Join(join) => Ok(*join),
-            _ => Err(vec![Problem {
-                line: 1,
-                column: 1,
-                message: "the query has no JOIN".into(),
-            }]),
         }
     }
 
