@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Stateful SQL's engine in process (issue 26): per-record cost of windowed and running
+# aggregates against a per-record SELECT, and the heap, changelog and restore rate of a
+# state of 1 million keys. Writes bench/results/stateful-sql.md. Knobs: BENCH_RECORDS,
+# BENCH_KEYS, BENCH_REPS (see sql/benches/stateful.rs).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BENCH_OUT="$PWD/bench/results/stateful-sql.md" cargo bench -p plumber-sql --bench stateful
