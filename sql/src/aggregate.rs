@@ -41,6 +41,32 @@ pub(crate) struct AggSpec {
     pub(crate) snippet: Snippet,
 }
 
+/// What a query's state is made of, as written (normalized by the SQL parser): two queries
+/// with the same definition build the same state from the same records.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct StateDefinition {
+    pub(crate) from: String,
+    pub(crate) filter: Option<String>,
+    pub(crate) groups: Vec<String>,
+    /// The window function as written, e.g. `TUMBLE(_timestamp, INTERVAL '1' MINUTE)`.
+    pub(crate) window: Option<String>,
+    /// Each aggregate as written, in the order the state keeps them.
+    pub(crate) aggregates: Vec<String>,
+}
+
+/// What a replaced stateful step's new life can start from (`docs/stateful-sql.md`, "Cutover
+/// of a stateful step").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CarryOver {
+    /// The old life's state is the new one's: restore from its changelog.
+    Reuse,
+    /// Rebuild from the inputs: each partition read back to where its stream time was
+    /// `span_ms` before the cutover's, without emitting.
+    Rebuild { span_ms: i64 },
+    /// Neither: the reviewer decides (start empty, or rebuild from the earliest offset).
+    Cannot { why: String },
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum WindowKind {
     Tumble {
@@ -110,6 +136,7 @@ pub struct Aggregation {
     columns: Vec<(Vec<u8>, Expr)>,
     having: Option<Expr>,
     pub(crate) paths: Vec<Vec<String>>,
+    pub(crate) definition: StateDefinition,
     grace: i64,
     emit: Emit,
 }
@@ -441,8 +468,33 @@ impl Aggregation {
             columns,
             having,
             paths: Vec::new(),
+            definition: StateDefinition::default(),
             grace: 0,
             emit,
+        }
+    }
+
+    /// What the new life of a step that ran `old` and will run `self` can start from: the
+    /// old state when both build the same state from the same records (the columns,
+    /// HAVING and emission may differ); else a rebuild over the widest window and its grace,
+    /// where windows bound what the state depends on; else nothing.
+    pub fn carry_over(&self, old: &Aggregation) -> CarryOver {
+        if self.definition == old.definition && self.grace == old.grace {
+            return CarryOver::Reuse;
+        }
+        match self.window.as_ref().map(|w| w.kind) {
+            Some(WindowKind::Tumble { size }) | Some(WindowKind::Hop { size, .. }) => {
+                CarryOver::Rebuild {
+                    span_ms: size.saturating_add(self.grace),
+                }
+            }
+            Some(WindowKind::Session { .. }) => CarryOver::Cannot {
+                why: "a session has no bounded length: no bounded history rebuilds its state"
+                    .into(),
+            },
+            None => CarryOver::Cannot {
+                why: "an aggregate without a window covers every record ever read".into(),
+            },
         }
     }
 

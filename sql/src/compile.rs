@@ -14,7 +14,7 @@ use sqlparser::keywords::Keyword;
 use sqlparser::parser::{Parser, ParserError};
 use sqlparser::tokenizer::{Location, Span, Token, TokenWithSpan, Tokenizer};
 
-use crate::aggregate::{AggFunc, AggSpec, Aggregation, Window, WindowKind};
+use crate::aggregate::{AggFunc, AggSpec, Aggregation, StateDefinition, Window, WindowKind};
 use crate::expr::{CmpOp, Expr, Row, Snippet};
 use crate::func::{self, Func, Side, SqlType};
 use crate::join::Join;
@@ -358,6 +358,8 @@ struct OutputScope {
     groups: Vec<String>,
     windowed: bool,
     aggs: Vec<AggSpec>,
+    /// Each of `aggs` as written.
+    aggregate_texts: Vec<String>,
 }
 
 impl OutputScope {
@@ -743,12 +745,14 @@ impl Compiler<'_> {
         let mut groups = Vec::new();
         let mut texts = Vec::new();
         let mut window: Option<Window> = None;
+        let mut window_text = None;
         for ast in group_by {
             if let Some(found) = self.window(ast) {
                 if window.is_some() {
                     self.problem(ast.span().start, "GROUP BY has one window at most");
                 }
                 window = Some(found);
+                window_text = Some(canonical(ast));
                 continue;
             }
             groups.push(self.expr(ast, 0));
@@ -767,6 +771,7 @@ impl Compiler<'_> {
             groups: texts,
             windowed: window.is_some(),
             aggs: Vec::new(),
+            aggregate_texts: Vec::new(),
         });
         let mut columns: Vec<(Vec<u8>, Expr)> = Vec::new();
         let mut names: Vec<String> = Vec::new();
@@ -800,13 +805,27 @@ impl Compiler<'_> {
             columns.push((key, expr));
         }
         let having = select.having.as_ref().map(|e| self.expr(e, 0));
-        let aggs = self
+        let (aggs, aggregates) = self
             .output
             .take()
-            .map(|scope| scope.aggs)
+            .map(|scope| (scope.aggs, scope.aggregate_texts))
             .unwrap_or_default();
         self.qualifier = None;
-        self.aggregation = Some(Aggregation::new(
+        let definition = StateDefinition {
+            from: from
+                .as_ref()
+                .map(|(name, _)| name.clone())
+                .unwrap_or_default(),
+            filter: select.selection.as_ref().map(ToString::to_string),
+            groups: group_by
+                .iter()
+                .filter(|g| window_name(g).is_none())
+                .map(ToString::to_string)
+                .collect(),
+            window: window_text,
+            aggregates,
+        };
+        let mut aggregation = Aggregation::new(
             from.map(|(name, _)| name).unwrap_or_default(),
             filter,
             groups,
@@ -815,20 +834,18 @@ impl Compiler<'_> {
             aggs,
             columns,
             having,
-        ));
+        );
+        aggregation.definition = definition;
+        self.aggregation = Some(aggregation);
     }
 
     /// `TUMBLE(time, size)` or `HOP(time, size, advance)` in GROUP BY; `None` for anything
     /// else (a grouping expression).
     fn window(&mut self, ast: &ast::Expr) -> Option<Window> {
-        let ast::Expr::Function(function) = ast else {
+        let (ast::Expr::Function(function), Some(name)) = (ast, window_name(ast)) else {
             return None;
         };
-        let name = function.name.to_string().to_ascii_uppercase();
         let at = function.name.span().start;
-        if !matches!(name.as_str(), "TUMBLE" | "HOP" | "SESSION") {
-            return None;
-        }
         let args: Vec<&ast::Expr> = match &function.args {
             FunctionArguments::List(list) => list
                 .args
@@ -951,6 +968,7 @@ impl Compiler<'_> {
         };
         let slot = scope.window_slot() + 2 + scope.aggs.len();
         scope.aggs.push(AggSpec { func, arg, snippet });
+        scope.aggregate_texts.push(canonical(ast));
         Expr::Slot(slot)
     }
 
@@ -1974,6 +1992,31 @@ impl Compiler<'_> {
             args,
             snippet: self.snippet(ast.span(), ast),
         }
+    }
+}
+
+/// The window function `ast` calls, in capitals, if it is one.
+fn window_name(ast: &ast::Expr) -> Option<String> {
+    let ast::Expr::Function(function) = ast else {
+        return None;
+    };
+    let name = function.name.to_string().to_ascii_uppercase();
+    matches!(name.as_str(), "TUMBLE" | "HOP" | "SESSION").then_some(name)
+}
+
+/// An expression as written, but a function call's name in capitals (`count(*)` and
+/// `COUNT(*)` are one aggregate).
+fn canonical(ast: &ast::Expr) -> String {
+    let text = ast.to_string();
+    match ast {
+        ast::Expr::Function(function) => {
+            let name = function.name.to_string();
+            match text.strip_prefix(&name) {
+                Some(rest) => format!("{}{rest}", name.to_ascii_uppercase()),
+                None => text,
+            }
+        }
+        _ => text,
     }
 }
 

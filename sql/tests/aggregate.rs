@@ -1,7 +1,7 @@
 //! What a stateful query may say, and the errors (at line and column) for what it may not.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use plumber_sql::{Aggregation, PartitionState, Query, Record};
+use plumber_sql::{Aggregation, CarryOver, PartitionState, Query, Record};
 
 fn problems(sql: &str) -> Vec<String> {
     match Aggregation::compile(sql, Some(&["s"])) {
@@ -135,5 +135,57 @@ fn a_record_that_cannot_join_its_group_changes_nothing() {
     assert_eq!(
         feed(r#"{"at":"2026-12-03T10:02:00Z","v":1}"#).unwrap(),
         vec![]
+    );
+}
+
+/// What a replaced step's new life starts from: the old state when both build the same
+/// state; a rebuild over the widest window and its grace; or nothing, said with why.
+#[test]
+fn a_new_definition_reuses_rebuilds_or_cannot_and_says_why() {
+    let compile = |sql: &str| Aggregation::compile(sql, Some(&["s"])).unwrap();
+    let old = compile(
+        "SELECT _key, COUNT(*) AS n FROM s WHERE v > 1 \
+         GROUP BY _key, TUMBLE(_timestamp, INTERVAL '1' MINUTE)",
+    );
+    let renamed = compile(
+        "SELECT _key AS k, COUNT(*) AS count, window_end FROM s WHERE v > 1 \
+         GROUP BY _key, TUMBLE(_timestamp, INTERVAL '1' MINUTE) HAVING COUNT(*) > 2",
+    );
+    assert_eq!(
+        renamed.carry_over(&old),
+        CarryOver::Rebuild { span_ms: 60_000 },
+        "HAVING COUNT(*) is a second aggregate of the state"
+    );
+    let same_state = compile(
+        "select _key AS k, count(*) AS total, window_end FROM s where v > 1 \
+         group by _key, tumble(_timestamp, INTERVAL '1' MINUTE)",
+    );
+    assert_eq!(same_state.carry_over(&old), CarryOver::Reuse);
+    let filtered = compile(
+        "SELECT _key, COUNT(*) AS n FROM s WHERE v > 2 \
+         GROUP BY _key, TUMBLE(_timestamp, INTERVAL '1' MINUTE)",
+    )
+    .with_grace(5_000);
+    assert_eq!(
+        filtered.carry_over(&old),
+        CarryOver::Rebuild { span_ms: 65_000 }
+    );
+    let graced = compile(
+        "SELECT _key, COUNT(*) AS n FROM s WHERE v > 1 \
+         GROUP BY _key, TUMBLE(_timestamp, INTERVAL '1' MINUTE)",
+    )
+    .with_grace(1);
+    assert!(matches!(graced.carry_over(&old), CarryOver::Rebuild { .. }));
+    let session = compile(
+        "SELECT _key, COUNT(*) AS n FROM s GROUP BY _key, SESSION(_timestamp, INTERVAL '1' MINUTE)",
+    );
+    assert!(
+        matches!(session.carry_over(&old), CarryOver::Cannot { why } if why.contains("session"))
+    );
+    let running = compile("SELECT _key, COUNT(*) AS n FROM s GROUP BY _key");
+    let running_more = compile("SELECT _key, COUNT(*) AS n, MAX(v) AS top FROM s GROUP BY _key");
+    assert_eq!(running.carry_over(&running), CarryOver::Reuse);
+    assert!(
+        matches!(running_more.carry_over(&running), CarryOver::Cannot { why } if why.contains("every record"))
     );
 }
