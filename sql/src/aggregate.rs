@@ -642,6 +642,18 @@ impl Aggregation {
             }
         }
         for (key, window, merged) in targets {
+            // A group that stays where it is (no session merged into it) is changed in place.
+            if merged.is_empty()
+                && let Some(group) = state.groups.get_mut(&key)
+                && group.window == window
+            {
+                self.add(group, &args);
+                if self.emit == Emit::Update {
+                    outputs.extend(self.output(group, timestamp));
+                }
+                state.changed.insert(key);
+                continue;
+            }
             let mut group = match state.remove(&key) {
                 Some(group) => group,
                 None => {
