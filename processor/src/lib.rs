@@ -19,6 +19,7 @@ pub mod metrics;
 pub mod overseer;
 pub mod pipeline;
 pub mod record;
+pub mod state;
 pub mod stop;
 pub mod transform;
 

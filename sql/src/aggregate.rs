@@ -175,9 +175,10 @@ pub struct PartitionState {
 /// (what a compacted topic keeps), gives the state back ([`PartitionState::restore`]).
 pub type Change = (Vec<u8>, Option<Vec<u8>>);
 
-/// The changelog key of the partition's own entry (stream time, group order); a group's key
-/// is never empty (it holds at least `_key`'s value and a separator).
-const META: &[u8] = b"";
+/// The changelog key of the partition's own entry (stream time, group order, offset). A
+/// group's key begins with JSON text, never with a zero byte; and an empty key would not do,
+/// as some clients send it as no key at all.
+const META: &[u8] = b"\0";
 
 impl PartitionState {
     /// The largest event time of a record that counted, if any did.

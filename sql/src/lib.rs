@@ -23,7 +23,7 @@ mod join;
 mod json;
 mod value;
 
-pub use aggregate::{Aggregation, CarryOver, Emit, Output, PartitionState};
+pub use aggregate::{Aggregation, CarryOver, Change, Emit, Output, PartitionState};
 pub use compile::{MAX_DEPTH, MAX_TOKENS, Problem};
 pub use join::{Join, Table};
 
