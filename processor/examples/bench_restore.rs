@@ -15,7 +15,6 @@ use plumber_sql::{Aggregation, PartitionState, Record};
 use plumber_testkit::{Broker, unique};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
-use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::{Offset, TopicPartitionList};
 
 fn env_or(name: &str, default: usize) -> usize {
@@ -74,23 +73,7 @@ fn main() {
     }
     let changes = state.take_changes();
     drop(state);
-    let producer: BaseProducer = broker
-        .client()
-        .set("linger.ms", "20")
-        .set("queue.buffering.max.messages", "1000000")
-        .create()
-        .unwrap();
-    for (key, value) in &changes {
-        let mut record = BaseRecord::<[u8], [u8]>::to(&topic).partition(0).key(key);
-        if let Some(value) = value {
-            record = record.payload(value);
-        }
-        while let Err((_, back)) = producer.send(record) {
-            producer.poll(Duration::from_millis(10));
-            record = back;
-        }
-    }
-    producer.flush(Duration::from_secs(300)).unwrap();
+    broker.produce_keyed(&topic, 0, &changes);
     eprintln!(
         "{} changelog entries on {}",
         changes.len(),

@@ -9,41 +9,10 @@
 use std::time::Duration;
 
 use plumber_processor::state::restore;
-use plumber_sql::{Aggregation, Change, PartitionState, Record};
+use plumber_sql::{Aggregation, PartitionState, Record};
 use plumber_testkit::{Broker, unique};
-use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 
 const PATIENCE: Duration = Duration::from_secs(60);
-
-/// Produces `changes` to `topic`/`partition`, in order, and waits for every acknowledgement.
-fn produce(broker: &Broker, topic: &str, partition: i32, changes: &[Change]) {
-    let producer: BaseProducer = broker
-        .client()
-        .set("linger.ms", "20")
-        .set("queue.buffering.max.messages", "1000000")
-        .create()
-        .unwrap();
-    for (key, value) in changes {
-        let mut record = BaseRecord::<[u8], [u8]>::to(topic)
-            .partition(partition)
-            .key(key);
-        if let Some(value) = value {
-            record = record.payload(value);
-        }
-        while let Err((error, back)) = producer.send(record) {
-            assert!(
-                matches!(
-                    error.rdkafka_error_code(),
-                    Some(rdkafka::types::RDKafkaErrorCode::QueueFull)
-                ),
-                "{error}"
-            );
-            producer.poll(Duration::from_millis(10));
-            record = back;
-        }
-    }
-    producer.flush(PATIENCE).unwrap();
-}
 
 fn record<'a>(key: &'a [u8], value: &'a [u8]) -> Record<'a> {
     Record {
@@ -109,7 +78,7 @@ fn a_partition_restored_from_its_changelog_on_the_broker_emits_what_it_would_hav
         changes.iter().any(|(_, value)| value.is_none()),
         "some windows closed before the cut: their tombstones are in the changelog"
     );
-    produce(&broker, &changelog, 1, &changes);
+    broker.produce_keyed(&changelog, 1, &changes);
 
     let mut restored = restore(broker.client(), &changelog, 1, PATIENCE).unwrap();
     assert_eq!(restored.offset(), Some(cut as i64 - 1));
@@ -153,7 +122,7 @@ fn a_state_of_200_000_keys_comes_back_whole() {
         state.reflects(i);
     }
     let changes = state.take_changes();
-    produce(&broker, &changelog, 0, &changes);
+    broker.produce_keyed(&changelog, 0, &changes);
     let restored = restore(broker.client(), &changelog, 0, Duration::from_secs(300)).unwrap();
     assert_eq!(restored.open_groups() as i64, keys);
     assert_eq!(restored.offset(), Some(keys - 1));

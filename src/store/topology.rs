@@ -322,6 +322,7 @@ impl TopologyStore {
     /// Records a Kubernetes Event on the topology's resource (`kubectl describe topology`
     /// lists them); dropped before the resource exists (the engine creates it with its
     /// first save).
+    ///
     /// Only the lease holder records (a deposed one's report of its last actions would
     /// interleave with its successor's).
     pub fn record_event(&self, topology: &str, reason: &str, note: &str) -> Result<()> {

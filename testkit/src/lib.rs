@@ -26,6 +26,7 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Header, Headers, OwnedHeaders};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 
 /// How long harness waits may take before the test fails. Generous: CI machines are shared.
@@ -184,6 +185,45 @@ impl Broker {
                 Err(e) => panic!("listing topics failed for {PATIENCE:?}: {e}"),
             }
         }
+    }
+
+    /// Produces `entries` (a key, and a value or a tombstone) to `topic`/`partition` in order,
+    /// as many as the producer's queue takes at once, and waits until all are acknowledged:
+    /// for changelogs and compacted topics of hundreds of thousands of entries.
+    pub fn produce_keyed(
+        &self,
+        topic: &str,
+        partition: i32,
+        entries: &[(Vec<u8>, Option<Vec<u8>>)],
+    ) {
+        let producer: BaseProducer = self
+            .client()
+            .set("linger.ms", "20")
+            .set("queue.buffering.max.messages", "1000000")
+            .create()
+            .expect("keyed producer");
+        for (key, value) in entries {
+            let mut record = BaseRecord::<[u8], [u8]>::to(topic)
+                .partition(partition)
+                .key(key);
+            if let Some(value) = value {
+                record = record.payload(value);
+            }
+            while let Err((error, back)) = producer.send(record) {
+                assert!(
+                    matches!(
+                        error.rdkafka_error_code(),
+                        Some(RDKafkaErrorCode::QueueFull)
+                    ),
+                    "producing to {topic}/{partition}: {error}"
+                );
+                producer.poll(Duration::from_millis(10));
+                record = back;
+            }
+        }
+        producer
+            .flush(Duration::from_secs(300))
+            .unwrap_or_else(|e| panic!("flushing to {topic}/{partition}: {e}"));
     }
 
     /// Produces `records` and waits until all are acknowledged.
