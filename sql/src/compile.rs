@@ -30,6 +30,11 @@ pub const MAX_TOKENS: usize = 4096;
 /// parenthesis is a level).
 pub const MAX_DEPTH: usize = 128;
 
+/// The most windows of a HOP one record falls in (its size over its advance): each is a
+/// group the record updates and state it holds, so a step file cannot make one record cost
+/// millions.
+pub const MAX_HOPS: i64 = 1_000;
+
 /// Snippets of the query in runtime error messages are cut at this many characters.
 const SNIPPET_CHARS: usize = 60;
 
@@ -882,6 +887,18 @@ impl Compiler<'_> {
         let kind = match sizes.as_slice() {
             [gap] if name == "SESSION" => WindowKind::Session { gap: *gap },
             [size] => WindowKind::Tumble { size: *size },
+            [size, advance] if size % advance == 0 && size / advance > MAX_HOPS => {
+                self.problem(
+                    args[2].span().start,
+                    format!(
+                        "a HOP window of {size} ms advancing by {advance} ms puts each record \
+                         in {} windows; at most {MAX_HOPS}: advance by at least {} ms",
+                        size / advance,
+                        size / MAX_HOPS + i64::from(size % MAX_HOPS != 0),
+                    ),
+                );
+                return Some(Window::invalid(snippet));
+            }
             [size, advance] if size % advance == 0 => WindowKind::Hop {
                 size: *size,
                 advance: *advance,

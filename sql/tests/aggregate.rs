@@ -42,6 +42,15 @@ fn windows_are_checked_where_they_are_written() {
             .any(|p| p.contains("must be a multiple of its advance")),
         "{hop:?}"
     );
+    // A hostile step file: a record in 86,400,000 windows.
+    let many = problems(
+        "SELECT _key, COUNT(*) AS n FROM s GROUP BY _key, \
+         HOP(_timestamp, INTERVAL '1' DAY, INTERVAL '1' MILLISECOND)",
+    );
+    assert!(
+        many[0].contains("in 86400000 windows; at most 1000: advance by at least 86400 ms"),
+        "{many:?}"
+    );
     let session = problems("SELECT _key, COUNT(*) AS n FROM s GROUP BY _key, SESSION(t)");
     assert!(
         session[0].starts_with("1:50: write SESSION(time, INTERVAL 'gap' unit)"),
