@@ -254,12 +254,19 @@ fn a_rolling_restart_hands_a_cutover_from_one_shipped_replica_to_the_next() {
         lease_holder(&fake).as_deref() == Some("plumber-new")
     });
     // Given up, the Lease is taken at the standby's next look at it (every second), not
-    // when it would have lapsed (up to 30 s later).
+    // when it would have lapsed (up to 30 s later). The replica logs the take after the
+    // write the fake API server has already seen, so the line may come a moment later.
+    wait_until("the new replica saw the Lease given up", PATIENCE, || {
+        world.daemon_log().lines().any(|line| {
+            line.contains("took the Lease, which named no holder") && line.contains("plumber-new")
+        })
+    });
     assert!(
-        world.daemon_log().lines().any(|line| line
-            .contains("took the Lease, which named no holder")
-            && line.contains("plumber-new")),
-        "the new replica saw the Lease given up"
+        !world
+            .daemon_log()
+            .lines()
+            .any(|line| line.contains("took the Lease over: unchanged")),
+        "the new replica took the Lease as given up, not as lapsed"
     );
     wait_applied(&fake, r2);
     new.wait_applied("t", r2);
