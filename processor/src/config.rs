@@ -51,6 +51,36 @@ pub struct Args {
         value_parser = parse_property
     )]
     pub sql_inputs: Vec<(String, String)>,
+    /// The changelog topic of a stateful SQL step (`GROUP BY`): compacted, with the input's
+    /// partition count; the processor restores each partition's state from it and writes the
+    /// state's changes to it with every commit (`docs/stateful-sql.md`). The daemon creates it.
+    #[arg(
+        long = "state-topic",
+        env = "PLUMBER_STATE_TOPIC",
+        value_name = "TOPIC"
+    )]
+    pub state_topic: Option<String>,
+    /// How long after its end a window takes late records, in milliseconds (`grace:`).
+    #[arg(
+        long = "grace-ms",
+        env = "PLUMBER_GRACE_MS",
+        value_name = "MS",
+        default_value_t = 0
+    )]
+    pub grace_ms: u64,
+    /// When a windowed query emits: once per window when it closes, or on every update.
+    #[arg(long, env = "PLUMBER_EMIT", value_enum, default_value_t = EmitChoice::Close)]
+    pub emit: EmitChoice,
+    /// The most groups (a key's window, or a key's running aggregate) this instance keeps
+    /// open; a record that would open one more is dead-lettered (`state-full`) instead of
+    /// growing memory without bound. About 0.4 KB of memory each.
+    #[arg(
+        long = "state-max-groups",
+        env = "PLUMBER_STATE_MAX_GROUPS",
+        value_name = "N",
+        default_value_t = DEFAULT_STATE_MAX_GROUPS
+    )]
+    pub state_max_groups: usize,
     /// An environment variable the jq program sees in `$ENV` and `env` (repeat, or
     /// comma-separated in PLUMBER_JQ_ENV): the step's `env:`. It sees no others.
     #[arg(
@@ -140,6 +170,25 @@ pub struct Args {
     pub log_format: LogFormat,
 }
 
+/// `--state-max-groups` unless set: 200,000 groups is about 80 MB of memory.
+pub const DEFAULT_STATE_MAX_GROUPS: usize = 200_000;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum EmitChoice {
+    Close,
+    Update,
+}
+
+/// Where a stateful step keeps its state, and its bounds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StateConfig {
+    /// The changelog topic.
+    pub topic: String,
+    pub grace_ms: u64,
+    pub emit: EmitChoice,
+    pub max_groups: usize,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum DeliveryChoice {
     Auto,
@@ -209,6 +258,8 @@ pub struct Config {
     pub transform: TransformSpec,
     /// The environment variables a jq program sees (`--jq-env`).
     pub jq_env: Vec<String>,
+    /// A stateful SQL step's changelog and bounds (`--state-topic`).
+    pub state: Option<StateConfig>,
     pub dlq: Option<String>,
     pub metrics: Option<SocketAddr>,
     pub delivery: DeliveryChoice,
@@ -259,6 +310,25 @@ impl TryFrom<Args> for Config {
         if !args.sql_inputs.is_empty() && args.sql.is_none() {
             return Err("--sql-input goes with --sql".into());
         }
+        if args.state_topic.is_some() && args.sql.is_none() {
+            return Err("--state-topic goes with --sql (a query with GROUP BY)".into());
+        }
+        if args
+            .state_topic
+            .as_deref()
+            .is_some_and(|t| t.trim().is_empty())
+        {
+            return Err("--state-topic must name a topic".into());
+        }
+        if args.state_max_groups == 0 {
+            return Err("--state-max-groups must be at least 1".into());
+        }
+        let state = args.state_topic.map(|topic| StateConfig {
+            topic,
+            grace_ms: args.grace_ms,
+            emit: args.emit,
+            max_groups: args.state_max_groups,
+        });
         let transform = if let Some(program) = args.jq {
             TransformSpec::Jq(program)
         } else if let Some(query) = args.sql {
@@ -304,6 +374,7 @@ impl TryFrom<Args> for Config {
             outputs: args.outputs,
             transform,
             jq_env: args.jq_env,
+            state,
             dlq: args.dlq,
             metrics: args.metrics,
             delivery: args.delivery,

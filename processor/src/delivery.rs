@@ -27,9 +27,12 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::Producer;
 use rdkafka::{Offset, TopicPartitionList};
 
+use rdkafka::producer::BaseRecord;
+
 use crate::config::DeliveryMode;
-use crate::kafka::{ConsumerContext, OutputProducer, Refused};
+use crate::kafka::{ConsumerContext, OutputProducer, Refused, Sent, SentAs};
 use crate::metrics::Metrics;
+use crate::state::{PartitionChanges, Stores};
 
 /// How long a flush, a commit or a transaction call may take.
 pub const KAFKA_CALL_TIMEOUT: Duration = Duration::from_secs(5);
@@ -65,6 +68,9 @@ struct PartitionTrack {
     committed: Option<i64>,
     /// The first and last input handled since the partition was assigned.
     handled: Option<(i64, i64)>,
+    /// A stateful step's inputs up to here are in the changelog: their reservations
+    /// ([`Tracker::release`]) are gone.
+    released: Option<i64>,
 }
 
 impl Tracker {
@@ -86,8 +92,36 @@ impl Tracker {
             done_until: None,
             committed: None,
             handled: None,
+            released: None,
         });
         slot
+    }
+
+    /// The slot of `topic`/`partition` if it has one.
+    pub fn slot_of(&self, topic: &str, partition: i32) -> Option<usize> {
+        self.partitions
+            .iter()
+            .position(|t| t.partition == partition && t.topic == topic)
+    }
+
+    /// A stateful step's changelog holds the effect of the inputs up to `offset`: each of
+    /// them handled since the last release gives up the one send it reserved for that
+    /// ([`Committer::handled`]), so its offset can be committed.
+    pub fn release(&mut self, slot: usize, offset: i64) {
+        let Some(track) = self.partitions.get_mut(slot) else {
+            return;
+        };
+        let from = track.released;
+        for (at, left) in track.pending.iter_mut() {
+            if *at > offset {
+                break;
+            }
+            if from.is_none_or(|released| *at > released) {
+                *left = left.saturating_sub(1);
+            }
+        }
+        track.released = Some(from.map_or(offset, |released| released.max(offset)));
+        track.advance();
     }
 
     /// An input was handled and `sends` records were sent for it.
@@ -190,6 +224,7 @@ impl Tracker {
             track.done_until = None;
             track.committed = None;
             track.handled = None;
+            track.released = None;
         }
     }
 }
@@ -267,6 +302,12 @@ pub enum Error {
     NoGroupMetadata,
     #[error("{MAX_ABORTS_IN_A_ROW} transactions in a row had to be aborted; the last: {0}")]
     Aborts(String),
+    #[error("cannot send the state's changes to the changelog {topic}: {source}")]
+    Changelog {
+        topic: String,
+        #[source]
+        source: KafkaError,
+    },
 }
 
 impl Error {
@@ -302,6 +343,9 @@ pub struct Committer {
     /// it and rewinds ([`Committer::recover`]) before it sends anything else.
     needs_recovery: AtomicBool,
     aborts_in_a_row: AtomicU32,
+    /// A stateful step's state: every commit writes what changed of it to the changelog
+    /// first ([`Committer::write_state`]).
+    stores: Option<Arc<Stores>>,
 }
 
 #[derive(Debug, Default)]
@@ -333,7 +377,14 @@ impl Committer {
             background_wake: Condvar::new(),
             needs_recovery: AtomicBool::new(false),
             aborts_in_a_row: AtomicU32::new(0),
+            stores: None,
         }
+    }
+
+    /// Makes every commit write `stores`' changes to its changelog first.
+    pub fn with_state(mut self, stores: Arc<Stores>) -> Self {
+        self.stores = Some(stores);
+        self
     }
 
     pub fn mode(&self) -> DeliveryMode {
@@ -407,10 +458,15 @@ impl Committer {
         Ok(())
     }
 
-    /// After sending `sends` records for the input at `offset` of `slot`.
+    /// After sending `sends` records for the input at `offset` of `slot`. At least once, a
+    /// stateful step's input reserves one more send, given up when the changelog holds its
+    /// effect ([`Tracker::release`]): its offset is not committed before its state is.
     pub fn handled(&self, topic: &str, partition: i32, slot: usize, offset: i64, sends: u32) {
         match self.mode {
-            DeliveryMode::AtLeastOnce => self.books.tracker().handled(slot, offset, sends),
+            DeliveryMode::AtLeastOnce => {
+                let reserved = u32::from(self.stores.is_some());
+                self.books.tracker().handled(slot, offset, sends + reserved);
+            }
             DeliveryMode::ExactlyOnce => {
                 let mut transaction = self.transaction();
                 let partitions = &mut transaction.partitions;
@@ -427,6 +483,9 @@ impl Committer {
                     }),
                 }
             }
+        }
+        if let Some(stores) = &self.stores {
+            stores.settle();
         }
     }
 
@@ -499,6 +558,10 @@ impl Committer {
             }
         }
         *transaction = Transaction::default();
+        if let Some(stores) = &self.stores {
+            // The state reflects the aborted records: restored again from what committed.
+            stores.forget_all();
+        }
         self.needs_recovery.store(false, Ordering::SeqCst);
         self.books.metrics.transaction_aborts.inc();
         let mut tracker = self.books.tracker();
@@ -533,6 +596,7 @@ impl Committer {
         if due {
             match self.mode {
                 DeliveryMode::AtLeastOnce => {
+                    self.write_state()?;
                     self.background().requested = true;
                     self.background_wake.notify_all();
                 }
@@ -631,6 +695,18 @@ impl Committer {
             partitions = transaction.partitions.len(),
             "committing transaction"
         );
+        if let Some(stores) = &self.stores {
+            // The state's changes commit with the records and offsets that made them. A
+            // record in hand (a commit from the overseer) reflected in the state but not in
+            // the transaction puts the commit off: the transaction stays open.
+            let Some(all) = stores.take_changes() else {
+                tracing::debug!("a record is in hand; the transaction is committed after it");
+                return Ok(());
+            };
+            for changes in &all {
+                self.send_changes(stores.changelog(), changes)?;
+            }
+        }
         if !transaction.partitions.is_empty() {
             let mut offsets = TopicPartitionList::with_capacity(transaction.partitions.len());
             for booked in &transaction.partitions {
@@ -698,6 +774,7 @@ impl Committer {
     ) -> Result<(), Error> {
         if self.mode == DeliveryMode::AtLeastOnce {
             self.await_deliveries(until.saturating_duration_since(Instant::now()));
+            self.write_state()?;
             let in_flight = self.books.tracker().in_flight();
             if in_flight > 0 {
                 // Unacknowledged inputs stay uncommitted: processed again by the next owner.
@@ -805,13 +882,134 @@ impl Committer {
         let mut tracker = self.books.tracker();
         for element in partitions.elements() {
             tracker.forget(element.topic(), element.partition());
+            if let Some(stores) = &self.stores {
+                stores.forget(element.topic(), element.partition());
+            }
         }
     }
+
+    /// At least once: writes what changed of the state to the changelog, once every output
+    /// sent so far is acknowledged (a changelog entry says its records' outputs are on the
+    /// brokers: a restore skips those records), and releases the inputs it covers for
+    /// commit. Outputs still unacknowledged, or refused records whose dead letters are still
+    /// to be sent, put it off to the next commit. Entries not acknowledged within
+    /// [`STATE_WRITE_TIMEOUT`] fail the processor: the changes are taken, and the offsets
+    /// they cover must not be committed.
+    fn write_state(&self) -> Result<(), Error> {
+        let Some(stores) = &self.stores else {
+            return Ok(());
+        };
+        if self.mode != DeliveryMode::AtLeastOnce {
+            return Ok(());
+        }
+        self.await_deliveries(STATE_WRITE_TIMEOUT);
+        if self.producer.in_flight_count() > 0 || self.books.tracker().has_refused() {
+            tracing::debug!("outputs still in flight; the state is written at the next commit");
+            return Ok(());
+        }
+        let Some(all) = stores.take_changes() else {
+            tracing::debug!("a record is in hand; the state is written at the next commit");
+            return Ok(());
+        };
+        for changes in &all {
+            self.send_changes(stores.changelog(), changes)?;
+        }
+        self.await_deliveries(STATE_WRITE_TIMEOUT);
+        if let Some(why) = self.books.tracker().failure() {
+            return Err(Error::Failed(why.to_owned()));
+        }
+        if self.producer.in_flight_count() > 0 {
+            return Err(Error::Failed(format!(
+                "the changelog {} did not acknowledge the state's changes within {} s; \
+                 the inputs since the last commit are processed again by the next owner",
+                stores.changelog(),
+                STATE_WRITE_TIMEOUT.as_secs()
+            )));
+        }
+        let mut tracker = self.books.tracker();
+        for changes in &all {
+            if let (Some(slot), Some(reflects)) = (
+                tracker.slot_of(&changes.topic, changes.partition),
+                changes.reflects,
+            ) {
+                tracker.release(slot, reflects);
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends one partition's changelog entries to the changelog's partition of its number.
+    fn send_changes(&self, changelog: &str, changes: &PartitionChanges) -> Result<(), Error> {
+        for (key, value) in &changes.changes {
+            let sent = Box::new(Sent {
+                slot: usize::MAX,
+                offset: changes.reflects.unwrap_or(-1),
+                copy: SentAs::Changelog,
+            });
+            let mut record = BaseRecord::with_opaque_to(changelog, sent)
+                .partition(changes.partition)
+                .key(&key[..]);
+            if let Some(value) = value {
+                record = record.payload(&value[..]);
+            }
+            let deadline = Instant::now() + STATE_WRITE_TIMEOUT;
+            loop {
+                match self.producer.send(record) {
+                    Ok(()) => break,
+                    Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back))
+                        if Instant::now() < deadline =>
+                    {
+                        record = back;
+                        self.producer.poll(Duration::from_millis(10));
+                    }
+                    Err((source, _)) => {
+                        return Err(Error::Changelog {
+                            topic: changelog.to_owned(),
+                            source,
+                        });
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
 }
+
+/// How long the changelog may take to acknowledge the state's changes at a commit.
+const STATE_WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A stateful step's input reserves one send for the changelog: its offset is
+    /// committable only once a changelog write covering it released it, and a later
+    /// release does not take a second send from inputs released before.
+    #[test]
+    fn a_stateful_input_waits_for_the_changelog_write_that_covers_it() {
+        let mut tracker = Tracker::default();
+        let p0 = tracker.slot("in", 0);
+        tracker.handled(p0, 0, 1 + 1);
+        tracker.handled(p0, 1, 1);
+        tracker.acknowledged(p0, 0);
+        assert!(tracker.committable().is_empty(), "its state is not written");
+        tracker.release(p0, 0);
+        assert_eq!(tracker.committable(), [("in".to_owned(), 0, 1)]);
+        tracker.handled(p0, 2, 2 + 1);
+        tracker.release(p0, 1);
+        assert_eq!(tracker.committable(), [("in".to_owned(), 0, 2)]);
+        tracker.release(p0, 2);
+        assert_eq!(
+            tracker.committable(),
+            [("in".to_owned(), 0, 2)],
+            "offset 2's outputs are in flight"
+        );
+        tracker.acknowledged(p0, 2);
+        tracker.acknowledged(p0, 2);
+        assert_eq!(tracker.committable(), [("in".to_owned(), 0, 3)]);
+        assert_eq!(tracker.slot_of("in", 0), Some(p0));
+        assert_eq!(tracker.slot_of("in", 1), None);
+    }
 
     #[test]
     fn commit_waits_for_the_oldest_input_in_flight() {

@@ -36,6 +36,9 @@ pub enum SentAs {
         message: String,
         smallest: bool,
     },
+    /// A stateful step's changelog entry: its acknowledgement is awaited by the commit that
+    /// sent it, not booked to an input.
+    Changelog,
 }
 
 /// A record the brokers refused as it is (too large): its input gets a dead letter instead.
@@ -135,12 +138,16 @@ impl RdProducerContext for ProducerContext {
 
     fn delivery(&self, result: &DeliveryResult<'_>, sent: Box<Sent>) {
         match result {
-            Ok(_) => {
-                if sent.copy == SentAs::Output {
+            Ok(_) => match sent.copy {
+                SentAs::Changelog => {}
+                SentAs::Output => {
                     self.books.metrics.produced.inc();
+                    self.books.tracker().acknowledged(sent.slot, sent.offset);
                 }
-                self.books.tracker().acknowledged(sent.slot, sent.offset);
-            }
+                SentAs::DeadLetter { .. } => {
+                    self.books.tracker().acknowledged(sent.slot, sent.offset);
+                }
+            },
             Err((error, message)) => {
                 if purged_by_an_abort(error) {
                     // Neither a failure nor an acknowledgement: the aborted transaction's
@@ -152,7 +159,10 @@ impl RdProducerContext for ProducerContext {
                     );
                     return;
                 }
-                let smallest = matches!(sent.copy, SentAs::DeadLetter { smallest: true, .. });
+                let smallest = matches!(
+                    sent.copy,
+                    SentAs::DeadLetter { smallest: true, .. } | SentAs::Changelog
+                );
                 if refuses_the_record(error) && !smallest {
                     // Not acknowledged: the input stays in flight until its dead letter is.
                     tracing::warn!(%error, topic = message.topic(), offset = sent.offset, "the brokers refused a record; its input is dead-lettered instead");
@@ -165,8 +175,13 @@ impl RdProducerContext for ProducerContext {
                     });
                     return;
                 }
+                let what = match sent.copy {
+                    SentAs::Output => "an output record",
+                    SentAs::DeadLetter { .. } => "a dead-letter copy",
+                    SentAs::Changelog => "a changelog entry (the state is not written)",
+                };
                 let why = format!(
-                    "an output record could not be delivered to {}: {error}",
+                    "{what} could not be delivered to {}: {error}",
                     message.topic()
                 );
                 tracing::error!(%error, topic = message.topic(), "delivery failed");
@@ -393,6 +408,14 @@ pub fn consumer(
         client.set("statistics.interval.ms", "5000");
     }
     with_overrides(client, config).create_with_context(ConsumerContext { committer, books })
+}
+
+/// Connection settings (bootstrap, security, `-X` overrides) for a consumer outside the
+/// step's group, such as a state restore.
+pub fn reader_config(config: &Config) -> ClientConfig {
+    let mut client = common(config);
+    client.set("group.id", format!("{}.restore", config.group));
+    with_overrides(client, config)
 }
 
 /// Reads the record at `offset` of `topic`/`partition` again, outside any group: for the

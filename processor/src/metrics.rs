@@ -49,6 +49,14 @@ pub struct Metrics {
     /// Times the processor replaced itself (exec) to end a transform that overran its
     /// deadline; carried across those restarts.
     pub self_restarts: Counter,
+    /// A stateful step's open groups (windows of a key, or running aggregates).
+    pub state_groups: Gauge,
+    /// A stateful step's watermark: the least stream time of its partitions, ms.
+    pub state_stream_time: Gauge,
+    /// Changelog entries read by the restore under way (0 when none is).
+    pub state_restoring: Gauge,
+    /// Changelog entries read by restores since the start.
+    pub state_restored: Counter,
     heartbeat: Arc<AtomicU64>,
     registry: Arc<Registry>,
 }
@@ -83,6 +91,10 @@ impl Metrics {
             transaction_open_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 17)),
             transaction_aborts: Counter::default(),
             self_restarts: Counter::default(),
+            state_groups: Gauge::default(),
+            state_stream_time: Gauge::default(),
+            state_restoring: Gauge::default(),
+            state_restored: Counter::default(),
             heartbeat: Arc::new(AtomicU64::new(now_millis())),
             registry: Arc::new(Registry::default()),
         };
@@ -165,6 +177,26 @@ impl Metrics {
             "self_restarts",
             "Times the processor restarted itself to end a transform past its deadline",
             metrics.self_restarts.clone(),
+        );
+        registry.register(
+            "state_groups",
+            "Open groups of a stateful step (a key's window, or its running aggregate)",
+            metrics.state_groups.clone(),
+        );
+        registry.register(
+            "state_stream_time_ms",
+            "Least stream time of a stateful step's partitions (its window watermark), ms",
+            metrics.state_stream_time.clone(),
+        );
+        registry.register(
+            "state_restoring_entries",
+            "Changelog entries read by the restore under way",
+            metrics.state_restoring.clone(),
+        );
+        registry.register(
+            "state_restored_entries",
+            "Changelog entries read by restores",
+            metrics.state_restored.clone(),
         );
         Metrics {
             registry: Arc::new(registry),

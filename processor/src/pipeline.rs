@@ -24,6 +24,7 @@ use crate::overseer::{self, Hand, InHand, Overseer};
 use crate::record::{
     Input, Output, Rejection, bounded, dead_letter_headers, dlq_header, wire_size,
 };
+use crate::state::Stores;
 use crate::stop::{STOP_LIMIT, Stop};
 use crate::transform::{self, Outcome, Transform};
 
@@ -312,7 +313,14 @@ fn run_here(
         return Ok(summary(None, metrics));
     };
     metrics.set_delivery_mode(mode);
-    let mut transform = transform::build(config, metrics)?;
+    let stores = config.state.as_ref().map(|state| {
+        Arc::new(Stores::new(
+            state.topic.clone(),
+            kafka::reader_config(config),
+            state.max_groups,
+        ))
+    });
+    let mut transform = transform::build(config, metrics, stores.clone())?;
     let books = Arc::new(Books::new(metrics.clone()));
     let producer = Arc::new(
         kafka::producer(config, mode == DeliveryMode::ExactlyOnce, books.clone()).map_err(
@@ -326,13 +334,17 @@ fn run_here(
     if mode == DeliveryMode::ExactlyOnce && !init_transactions(&producer, stop)? {
         return Ok(summary(Some(mode), metrics));
     }
-    let committer = Arc::new(Committer::new(
+    let committer = Committer::new(
         mode,
         producer.clone(),
         books.clone(),
         config.commit_interval(mode),
         kafka::session_timeout(config),
-    ));
+    );
+    let committer = Arc::new(match &stores {
+        Some(stores) => committer.with_state(stores.clone()),
+        None => committer,
+    });
     let consumer = kafka::consumer(
         config,
         committer.clone(),
@@ -356,6 +368,7 @@ fn run_here(
         inputs = %config.inputs.join(","),
         outputs = %config.outputs.join(","),
         dlq = config.dlq.as_deref().unwrap_or("none"),
+        state = config.state.as_ref().map_or("none", |state| state.topic.as_str()),
         record_timeout_seconds = config.record_timeout.as_secs(),
         max_record_seconds = overseer::max_record_time(config).as_secs(),
         "processing"
@@ -401,6 +414,7 @@ fn run_here(
             hand: &hand,
             transform: transform.as_mut(),
             poisoned: Vec::new(),
+            stores: stores.as_deref(),
         };
         pipeline.process(stop)?;
         pipeline.resend_refused()
@@ -507,7 +521,17 @@ impl Outbox<'_> {
         match outcome {
             Outcome::Outputs(outputs) => self.outputs(input, &outputs, slot),
             Outcome::Rejected(rejection) => self.dead_letter(input, rejection, slot, None),
-            Outcome::Abandoned => Ok(0),
+            Outcome::Emitted { outputs, failed } => {
+                let mut sends = 0;
+                if !outputs.is_empty() {
+                    sends += self.outputs(input, &outputs, slot)?;
+                }
+                for rejection in failed {
+                    sends += self.dead_letter(input, rejection, slot, None)?;
+                }
+                Ok(sends)
+            }
+            Outcome::Reflected | Outcome::Abandoned => Ok(0),
         }
     }
 
@@ -534,6 +558,9 @@ impl Outbox<'_> {
                     copy: SentAs::Output,
                 });
                 let mut record = BaseRecord::with_opaque_to(topic, sent).payload(&output.value[..]);
+                if let Some(timestamp) = output.timestamp {
+                    record = record.timestamp(timestamp);
+                }
                 if let Some(headers) = &headers {
                     record = record.headers(headers.clone());
                 }
@@ -752,7 +779,9 @@ struct Poisoned {
 /// content must be left out (its copy with content was what the brokers refused).
 fn stand_in(refused: &Refused) -> (Rejection, Option<String>) {
     match &refused.copy {
-        SentAs::Output => (
+        // A refused changelog entry fails the processor instead (it is the step's own
+        // state, no record stands for it); it never reaches here.
+        SentAs::Output | SentAs::Changelog => (
             Rejection::new(
                 TOO_LARGE,
                 format!(
@@ -788,6 +817,7 @@ struct Pipeline<'a> {
     hand: &'a Hand,
     transform: &'a mut dyn Transform,
     poisoned: Vec<Poisoned>,
+    stores: Option<&'a Stores>,
 }
 
 impl Pipeline<'_> {
@@ -819,6 +849,8 @@ impl Pipeline<'_> {
             metrics.consumed.inc();
             let input = input_of(&message);
             let slot = self.books.tracker().slot(input.topic, input.partition);
+            // Before the record's budget: a stateful step restores its partition's state.
+            self.transform.prepare(&input, metrics)?;
             let started = Instant::now();
             let poisoned = self.take_poisoned(&input);
             let next = match &poisoned {
@@ -911,6 +943,16 @@ impl Pipeline<'_> {
     fn housekeeping(&mut self) -> Result<(), Error> {
         self.outbox.producer.poll(Duration::ZERO);
         self.books.metrics.beat();
+        if let Some(stores) = self.stores {
+            let size = stores.size();
+            let metrics = &self.books.metrics;
+            metrics
+                .state_groups
+                .set(i64::try_from(size.groups).unwrap_or(i64::MAX));
+            if let Some(stream_time) = size.stream_time {
+                metrics.state_stream_time.set(stream_time);
+            }
+        }
         self.resend_refused()?;
         match self.committer.maybe_commit(self.consumer) {
             Ok(()) => Ok(()),

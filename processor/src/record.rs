@@ -42,6 +42,9 @@ pub struct Output {
     pub value: Vec<u8>,
     /// `None`: keep the input's headers.
     pub headers: Option<Vec<(String, Vec<u8>)>>,
+    /// ms since the epoch; `None`: the producer's clock (a window's result carries its
+    /// window's last instant instead).
+    pub timestamp: Option<i64>,
 }
 
 impl Output {
@@ -51,6 +54,7 @@ impl Output {
             key: None,
             value,
             headers: None,
+            timestamp: None,
         }
     }
 }
@@ -253,6 +257,7 @@ impl WireOutput {
                     .map(|(name, value)| (name, value.into_bytes()))
                     .collect()
             }),
+            timestamp: None,
         })
     }
 }

@@ -3,9 +3,14 @@
 //! tombstone) fold back into the partition's state. [`restore`] reads a changelog partition
 //! from its beginning to its end, outside any consumer group, and folds it.
 //!
-//! The processor does not run stateful steps yet; this is the restore they will start from,
-//! tested against a broker (`tests/state_restore.rs`).
+//! [`Stores`] holds the state of the partitions an instance reads. The loop feeds it; the
+//! [`crate::delivery::Committer`] writes what changed to the changelog with every commit
+//! (before the offsets, so a committed offset never runs ahead of the state that reflects
+//! it), and drops a partition's state when the partition goes, or when a transaction that
+//! changed it is aborted: the next record of the partition restores it again.
 
+use std::collections::HashMap;
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use plumber_sql::{Change, PartitionState};
@@ -53,15 +58,208 @@ impl RestoreError {
 /// How long one poll waits; bounds how late the timeout is noticed.
 const POLL: Duration = Duration::from_millis(100);
 
+/// How long a restore may take before the processor gives up (and exits, to be restarted):
+/// a million groups take about 35 s from tansu.
+pub const RESTORE_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// One input partition's changes since the last commit, for changelog partition
+/// `partition`: the last is the partition's own entry, which names `reflects`.
+#[derive(Debug)]
+pub struct PartitionChanges {
+    pub topic: String,
+    pub partition: i32,
+    /// The input offset of the last record the changes reflect.
+    pub reflects: Option<i64>,
+    pub changes: Vec<Change>,
+}
+
+/// The state of the input partitions an instance reads, by input topic and partition.
+pub struct Stores {
+    changelog: String,
+    client: ClientConfig,
+    max_groups: usize,
+    held: Mutex<Held>,
+}
+
+#[derive(Default)]
+struct Held {
+    partitions: HashMap<(String, i32), PartitionState>,
+    /// A record was fed and is not booked yet (its outputs unsent): the state reflects it,
+    /// so no commit may write the state until it is ([`Stores::settle`]).
+    in_hand: bool,
+}
+
+/// What the metrics show of the state.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Size {
+    pub partitions: usize,
+    pub groups: usize,
+    /// The smallest stream time of the partitions held (the watermark below which every
+    /// window of this instance has closed), ms.
+    pub stream_time: Option<i64>,
+}
+
+impl Stores {
+    /// `client`: connection settings for restores (bootstrap, security).
+    pub fn new(changelog: String, client: ClientConfig, max_groups: usize) -> Stores {
+        Stores {
+            changelog,
+            client,
+            max_groups,
+            held: Mutex::new(Held::default()),
+        }
+    }
+
+    pub fn changelog(&self) -> &str {
+        &self.changelog
+    }
+
+    fn held(&self) -> MutexGuard<'_, Held> {
+        self.held.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Restores `topic`/`partition`'s state from the changelog unless it is held already.
+    /// `progress` is called while it reads (a liveness beat).
+    pub fn ensure(
+        &self,
+        topic: &str,
+        partition: i32,
+        progress: &dyn Fn(usize),
+    ) -> Result<(), RestoreError> {
+        if self
+            .held()
+            .partitions
+            .contains_key(&(topic.to_owned(), partition))
+        {
+            return Ok(());
+        }
+        let started = Instant::now();
+        let state = restore_with(
+            self.client.clone(),
+            &self.changelog,
+            partition,
+            RESTORE_TIMEOUT,
+            progress,
+        )?;
+        tracing::info!(
+            topic,
+            partition,
+            changelog = %self.changelog,
+            groups = state.open_groups(),
+            reflects = state.offset(),
+            seconds = started.elapsed().as_secs_f64(),
+            "state restored"
+        );
+        self.held()
+            .partitions
+            .insert((topic.to_owned(), partition), state);
+        Ok(())
+    }
+
+    /// Feeds a record: runs `f` on `topic`/`partition`'s state with the room it has (the
+    /// bound minus what the other partitions hold), and holds every commit of the state
+    /// off until the record is booked ([`Stores::settle`]). `None` when the partition's
+    /// state is not held ([`Stores::ensure`] first).
+    pub fn feed<R>(
+        &self,
+        topic: &str,
+        partition: i32,
+        f: impl FnOnce(&mut PartitionState, usize) -> R,
+    ) -> Option<R> {
+        let mut held = self.held();
+        let others: usize = held
+            .partitions
+            .iter()
+            .filter(|((t, p), _)| *p != partition || t != topic)
+            .map(|(_, state)| state.open_groups())
+            .sum();
+        let room = self.max_groups.saturating_sub(others);
+        let state = held.partitions.get_mut(&(topic.to_owned(), partition))?;
+        let result = f(state, room);
+        held.in_hand = true;
+        Some(result)
+    }
+
+    /// The record last fed is booked (its outputs sent): the state may be written.
+    pub fn settle(&self) {
+        self.held().in_hand = false;
+    }
+
+    /// What changed since the last call, for every partition held (its changes may be
+    /// none; `reflects` still says what it covers); `None` while a record fed is not booked
+    /// or is being fed: the state reflects records whose outputs are not sent.
+    pub fn take_changes(&self) -> Option<Vec<PartitionChanges>> {
+        // A feed that holds the lock is a record in hand: no waiting for it.
+        let mut held = match self.held.try_lock() {
+            Ok(held) => held,
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+        };
+        if held.in_hand {
+            return None;
+        }
+        Some(
+            held.partitions
+                .iter_mut()
+                .map(|((topic, partition), state)| PartitionChanges {
+                    topic: topic.clone(),
+                    partition: *partition,
+                    changes: state.take_changes(),
+                    reflects: state.offset(),
+                })
+                .collect(),
+        )
+    }
+
+    /// The partition went to another instance (or was lost): its state is theirs to restore.
+    pub fn forget(&self, topic: &str, partition: i32) {
+        self.held()
+            .partitions
+            .remove(&(topic.to_owned(), partition));
+    }
+
+    /// A transaction was aborted: the state of every partition may reflect records it
+    /// rolled back, and is restored again from what was committed.
+    pub fn forget_all(&self) {
+        let mut held = self.held();
+        held.partitions.clear();
+        held.in_hand = false;
+    }
+
+    pub fn size(&self) -> Size {
+        let held = self.held();
+        let partitions = &held.partitions;
+        Size {
+            partitions: partitions.len(),
+            groups: partitions.values().map(PartitionState::open_groups).sum(),
+            stream_time: partitions
+                .values()
+                .filter_map(PartitionState::stream_time)
+                .min(),
+        }
+    }
+}
+
 /// The state of input partition `partition`, from changelog `topic`'s partition of that
 /// number, read to its end (`read_committed`: a transaction the previous owner left open or
 /// aborted is not state). `client` holds the connection settings (bootstrap, security); its
 /// `group.id` names no group this consumer joins or commits to.
 pub fn restore(
+    client: ClientConfig,
+    topic: &str,
+    partition: i32,
+    timeout: Duration,
+) -> Result<PartitionState, RestoreError> {
+    restore_with(client, topic, partition, timeout, &|_| {})
+}
+
+/// [`restore`], calling `progress` with the entries read so far every [`POLL`] or so.
+fn restore_with(
     mut client: ClientConfig,
     topic: &str,
     partition: i32,
     timeout: Duration,
+    progress: &dyn Fn(usize),
 ) -> Result<PartitionState, RestoreError> {
     let read_error = |source| RestoreError::Read {
         topic: topic.to_owned(),
@@ -86,7 +284,12 @@ pub fn restore(
     consumer.assign(&assignment).map_err(read_error)?;
     let until = Instant::now() + timeout;
     let mut changes: Vec<Change> = Vec::new();
+    let mut next_progress = Instant::now();
     loop {
+        if Instant::now() >= next_progress {
+            progress(changes.len());
+            next_progress = Instant::now() + POLL;
+        }
         if Instant::now() >= until {
             return Err(RestoreError::Timeout {
                 topic: topic.to_owned(),

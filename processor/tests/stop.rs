@@ -7,7 +7,7 @@
 mod common;
 
 use clap::Parser as _;
-use common::{Load, STOP_PROMISE, Step, counts, ids, numbered};
+use common::{Load, STOP_PROMISE, Step, counts, ids, numbered, start_assigned};
 use nix::sys::signal::Signal;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -15,40 +15,7 @@ use std::time::Duration;
 use plumber_processor::config::Args;
 use plumber_processor::delivery::KAFKA_CALL_TIMEOUT;
 use plumber_processor::{Config, DeliveryMode};
-use plumber_testkit::{Broker, PATIENCE, Process, TestRecord, unique, wait_until};
-
-/// Starts a processor and waits until the group gave it partitions.
-///
-/// tansu 0.6 sometimes completes a rebalance with a member that was killed (-9) and, once that
-/// member's session expires, never gives its partitions to the live one. A fresh member
-/// joining after the expiry gets them, so a member left with none is stopped and replaced.
-/// Real clusters (PLUMBER_TEST_BOOTSTRAP) pass on the first attempt.
-fn start_assigned(broker: &Broker, step: &Step) -> Process {
-    let assigned = || {
-        step.log()
-            .lines()
-            .filter(|line| line.contains("partitions assigned"))
-            .map(|line| !line.contains(r#""partitions":0"#))
-            .collect::<Vec<_>>()
-    };
-    for _ in 0..5 {
-        let before = assigned().len();
-        let mut process = step.start(broker);
-        wait_until("the new member is assigned partitions", PATIENCE, || {
-            assigned().len() > before
-        });
-        if assigned()[before] {
-            return process;
-        }
-        process.signal(Signal::SIGTERM);
-        assert!(process.wait_exit(STOP_PROMISE).expect("exits").success());
-    }
-    panic!(
-        "no member of {} was ever assigned partitions; log:\n{}",
-        step.group,
-        step.log()
-    );
-}
+use plumber_testkit::{Broker, PATIENCE, TestRecord, unique, wait_until};
 
 /// Runs a processor until the output grows by `at_least` records, then ends it with `signal`.
 fn run_a_while(broker: &Broker, step: &Step, output: &str, at_least: i64, signal: Signal) {

@@ -536,6 +536,20 @@ impl Aggregation {
         record: &Record<'_>,
         timestamp: i64,
     ) -> Result<Vec<Output>, EvalError> {
+        self.feed_within(state, record, timestamp, usize::MAX)
+    }
+
+    /// [`Aggregation::feed`], with `state` allowed at most `max_groups` open groups once the
+    /// record is in (the windows it closes first): a record that would make more is refused
+    /// (`state-full`) and `state` is as it was. Refusing only the records that open groups
+    /// keeps the step running at its bound, and a record that closes windows still frees them.
+    pub fn feed_within(
+        &self,
+        state: &mut PartitionState,
+        record: &Record<'_>,
+        timestamp: i64,
+        max_groups: usize,
+    ) -> Result<Vec<Output>, EvalError> {
         let mut row = crate::parse_row(record, &self.paths)?;
         row.timestamp = Some(timestamp);
         if let Some(filter) = &self.filter {
@@ -632,9 +646,35 @@ impl Aggregation {
                 .collect();
             self.check(&existing, &args)?;
         }
+        let stream_time = state.stream_time.map_or(time, |st| st.max(time));
+        if max_groups < usize::MAX {
+            let opened = targets
+                .iter()
+                .filter(|(key, _, _)| !state.groups.contains_key(key))
+                .count();
+            let merged_away: usize = targets
+                .iter()
+                .map(|(key, _, merged)| merged.iter().filter(|m| *m != key).count())
+                .sum();
+            let closing = state
+                .closing
+                .iter()
+                .take_while(|c| c.0.saturating_add(self.grace) <= stream_time)
+                .count();
+            let after = (state.groups.len() + opened).saturating_sub(merged_away + closing);
+            if opened > 0 && after > max_groups {
+                return Err(EvalError::new(
+                    "state-full",
+                    format!(
+                        "the record would open a group beyond the state's bound of {max_groups} \
+                         groups (the partition holds {} now)",
+                        state.groups.len()
+                    ),
+                ));
+            }
+        }
 
         let mut outputs = Vec::new();
-        let stream_time = state.stream_time.map_or(time, |st| st.max(time));
         state.stream_time = Some(stream_time);
         while let Some(first) = state.closing.first()
             && first.0.saturating_add(self.grace) <= stream_time

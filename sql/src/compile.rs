@@ -85,7 +85,8 @@ const RESERVED: [&str; 27] = [
 const COMPILE_STACK_BYTES: usize = 64 * 1024 * 1024;
 
 /// What a query compiles to: stateless (one record in, its outputs out) or stateful (a
-/// `GROUP BY`: see [`Aggregation`]).
+/// `GROUP BY`: see [`Aggregation`]; a JOIN: see [`Join`]).
+#[derive(Debug)]
 pub enum Compiled {
     Stateless(Query),
     Stateful(Box<Aggregation>),
@@ -132,6 +133,8 @@ impl Join {
     }
 }
 
+/// Compiles a step's query, whichever kind it is (`stateful`: whether GROUP BY and JOIN are
+/// taken; when false they are refused at their line and column, naming the docs).
 pub fn compile_any(
     sql: &str,
     inputs: Option<&[&str]>,

@@ -24,7 +24,7 @@ mod json;
 mod value;
 
 pub use aggregate::{Aggregation, CarryOver, Change, Emit, Output, PartitionState};
-pub use compile::{MAX_DEPTH, MAX_HOPS, MAX_TOKENS, Problem};
+pub use compile::{Compiled, MAX_DEPTH, MAX_HOPS, MAX_TOKENS, Problem, compile_any};
 pub use join::{Join, Table};
 
 use expr::{Expr, Row};

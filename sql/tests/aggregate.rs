@@ -147,6 +147,47 @@ fn a_record_that_cannot_join_its_group_changes_nothing() {
     );
 }
 
+/// At its bound, the state refuses only what would open a group: records of open groups
+/// count, and a record that closes windows makes room for its own.
+#[test]
+fn a_full_state_refuses_new_groups_and_still_closes_windows() {
+    let aggregation = Aggregation::compile(
+        "SELECT _key AS k, COUNT(*) AS n FROM s GROUP BY _key, TUMBLE(_timestamp, INTERVAL '1' SECOND)",
+        Some(&["s"]),
+    )
+    .unwrap();
+    let mut state = PartitionState::default();
+    let mut feed = |key: &str, at: i64| {
+        aggregation.feed_within(
+            &mut state,
+            &Record {
+                value: Some(b"{}"),
+                key: Some(key.as_bytes()),
+                headers: &[],
+            },
+            at,
+            2,
+        )
+    };
+    assert!(feed("a", 0).unwrap().is_empty());
+    assert!(feed("b", 10).unwrap().is_empty());
+    let full = feed("c", 20).unwrap_err();
+    assert_eq!(full.kind, "state-full");
+    assert!(full.message.contains("bound of 2 groups"), "{full:?}");
+    assert!(
+        feed("a", 30).unwrap().is_empty(),
+        "an open group still counts"
+    );
+    // Closes a's and b's windows, then opens c's: emitted, not refused.
+    let closed = feed("c", 1000).unwrap();
+    assert_eq!(closed.len(), 2);
+    assert_eq!(
+        String::from_utf8(closed[0].value.clone().unwrap()).unwrap(),
+        r#"{"k":"a","n":2}"#
+    );
+    assert_eq!(state.open_groups(), 1);
+}
+
 /// What a replaced step's new life starts from: the old state when both build the same
 /// state; a rebuild over the widest window and its grace; or nothing, said with why.
 #[test]

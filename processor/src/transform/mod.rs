@@ -8,11 +8,13 @@ pub mod http;
 pub mod jq;
 pub mod sql;
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use crate::config::{Config, TransformSpec};
 use crate::metrics::Metrics;
 use crate::record::{Input, Output, Rejection};
+use crate::state::Stores;
 use crate::stop::Stop;
 
 /// What became of one input.
@@ -24,6 +26,15 @@ pub enum Outcome {
     Rejected(Rejection),
     /// A stop cut the record short; it is left uncommitted for the group's next owner.
     Abandoned,
+    /// A stateful step's outputs (windows the record closed, its own update), and the
+    /// dead-letter copies of the record for outputs that could not be computed.
+    Emitted {
+        outputs: Vec<Output>,
+        failed: Vec<Rejection>,
+    },
+    /// A stateful step's restored state reflects this record already (its outputs were
+    /// sent before the state was written): nothing to do.
+    Reflected,
 }
 
 /// Errors that stop the processor: the step itself is broken, not one record.
@@ -41,6 +52,8 @@ pub enum Error {
     },
     #[error("invalid --http URL `{0}`: {1}")]
     Url(String, String),
+    #[error(transparent)]
+    Restore(#[from] crate::state::RestoreError),
 }
 
 pub trait Transform {
@@ -56,6 +69,12 @@ pub trait Transform {
     /// Whether `apply` returns by itself at the deadline and when a stop abandons the record
     /// (exec, http). One that cannot (jq) is ended by the [`crate::overseer`].
     fn interruptible(&self) -> bool;
+
+    /// Makes ready what `input` needs before its budget starts: a stateful step restores
+    /// its partition's state from the changelog the first time it sees the partition.
+    fn prepare(&mut self, _input: &Input<'_>, _metrics: &Metrics) -> Result<(), Error> {
+        Ok(())
+    }
 }
 
 /// The most an exec answer line or an http answer body may hold (all outputs of one record):
@@ -93,7 +112,42 @@ fn retries(config: &Config) -> Retries {
     }
 }
 
-pub fn build(config: &Config, metrics: &Metrics) -> Result<Box<dyn Transform>, Error> {
+/// The transform `config` asks for; `stores` holds a stateful step's state (`--state-topic`).
+pub fn build(
+    config: &Config,
+    metrics: &Metrics,
+    stores: Option<Arc<Stores>>,
+) -> Result<Box<dyn Transform>, Error> {
+    if let (TransformSpec::Sql { query, inputs }, Some(state), Some(stores)) =
+        (&config.transform, &config.state, stores)
+    {
+        if !inputs.is_empty() || config.inputs.len() != 1 {
+            return Err(Error::Sql(
+                "a stateful query reads one input step, from one --input topic".into(),
+            ));
+        }
+        let problems = |problems: Vec<plumber_sql::Problem>| {
+            Error::Sql(
+                problems
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join("; "),
+            )
+        };
+        return match plumber_sql::compile_any(query, None, true).map_err(problems)? {
+            plumber_sql::Compiled::Stateful(aggregation) => {
+                Ok(Box::new(sql::Aggregate::new(*aggregation, state, stores)))
+            }
+            plumber_sql::Compiled::Join(_) => Err(Error::Sql(
+                "a JOIN does not run with --state-topic: its table is read from its own topic"
+                    .into(),
+            )),
+            plumber_sql::Compiled::Stateless(_) => Err(Error::Sql(
+                "--state-topic is for a query with GROUP BY; this one keeps no state".into(),
+            )),
+        };
+    }
     Ok(match &config.transform {
         TransformSpec::Jq(program) => Box::new(jq::Jq::compile_with_env(
             program,

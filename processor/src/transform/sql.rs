@@ -5,13 +5,16 @@
 //! compiled by `plumber-sql`, as `plumber validate` compiles it; the dialect is in the README.
 
 use std::collections::HashMap;
-
-use plumber_sql::{Query, Record};
-
+use std::sync::Arc;
 use std::time::Instant;
 
+use plumber_sql::{Aggregation, Emit, Query, Record};
+
 use super::{Error, Outcome, Transform};
+use crate::config::{EmitChoice, StateConfig};
+use crate::metrics::Metrics;
 use crate::record::{Input, Output, Rejection};
+use crate::state::Stores;
 use crate::stop::Stop;
 
 pub struct Sql {
@@ -111,6 +114,138 @@ impl Transform for Sql {
     /// a record that still ran too long is ended by the overseer, as for jq.
     fn interruptible(&self) -> bool {
         false
+    }
+}
+
+/// A stateful step (`GROUP BY`, `docs/stateful-sql.md`): each record is fed to its
+/// partition's state in [`Stores`], restored from the changelog before the partition's first
+/// record ([`Transform::prepare`]).
+pub struct Aggregate {
+    query: Aggregation,
+    stores: Arc<Stores>,
+}
+
+impl Aggregate {
+    pub fn new(query: Aggregation, state: &StateConfig, stores: Arc<Stores>) -> Self {
+        let grace = i64::try_from(state.grace_ms).unwrap_or(i64::MAX);
+        let emit = match state.emit {
+            EmitChoice::Close => Emit::Close,
+            EmitChoice::Update => Emit::Update,
+        };
+        Aggregate {
+            query: query.with_grace(grace).with_emit(emit),
+            stores,
+        }
+    }
+
+    fn feed(&self, input: &Input<'_>) -> Result<Outcome, Error> {
+        let record = Record {
+            value: input.value,
+            key: input.key,
+            headers: &input.headers,
+        };
+        let fed = self
+            .stores
+            .feed(input.topic, input.partition, |state, room| {
+                if state.offset().is_some_and(|at| at >= input.offset) {
+                    return None;
+                }
+                let fed = match input.timestamp {
+                    Some(timestamp) => self.query.feed_within(state, &record, timestamp, room),
+                    None => Err(plumber_sql::EvalError {
+                        kind: "sql-error",
+                        message: "the record has no timestamp; a stateful step keeps time by \
+                                  its records' timestamps (Kafka sets one on every record \
+                                  since 0.10)"
+                            .into(),
+                    }),
+                };
+                state.reflects(input.offset);
+                Some(fed)
+            })
+            .ok_or_else(|| {
+                Error::Sql(format!(
+                    "the state of {}/{} is not held (not restored)",
+                    input.topic, input.partition
+                ))
+            })?;
+        Ok(match fed {
+            None => Outcome::Reflected,
+            Some(Err(error)) if error.kind == STATE_FULL => Outcome::Rejected(Rejection::new(
+                STATE_FULL,
+                format!(
+                    "{}; raise --state-max-groups (the step file's `stateMaxGroups:`), or \
+                     shorten the windows or the grace",
+                    error.message
+                ),
+            )),
+            Some(Err(error)) => Outcome::Rejected(Rejection::new(error.kind, error.message)),
+            Some(Ok(emitted)) => {
+                let mut outputs = Vec::with_capacity(emitted.len());
+                let mut failed = Vec::new();
+                for output in emitted {
+                    match output.value {
+                        Ok(value) => outputs.push(Output {
+                            key: Some(output.key),
+                            value,
+                            headers: Some(Vec::new()),
+                            timestamp: Some(output.timestamp),
+                        }),
+                        Err(error) => failed.push(Rejection::new(
+                            error.kind,
+                            match output.window {
+                                Some((start, end)) => format!(
+                                    "the result of the window [{start}, {end}) could not be \
+                                     computed: {}",
+                                    error.message
+                                ),
+                                None => format!(
+                                    "the group's result could not be computed: {}",
+                                    error.message
+                                ),
+                            },
+                        )),
+                    }
+                }
+                Outcome::Emitted { outputs, failed }
+            }
+        })
+    }
+}
+
+/// The kind of a record refused because the state is at its bound (`--state-max-groups`).
+pub const STATE_FULL: &str = "state-full";
+
+impl Transform for Aggregate {
+    fn apply(
+        &mut self,
+        input: &Input<'_>,
+        _stop: &Stop,
+        _deadline: Instant,
+    ) -> Result<Outcome, Error> {
+        self.feed(input)
+    }
+
+    fn interruptible(&self) -> bool {
+        false
+    }
+
+    fn prepare(&mut self, input: &Input<'_>, metrics: &Metrics) -> Result<(), Error> {
+        let progress = |entries: usize| {
+            metrics.beat();
+            metrics
+                .state_restoring
+                .set(i64::try_from(entries).unwrap_or(i64::MAX));
+        };
+        let restored = self.stores.ensure(input.topic, input.partition, &progress);
+        let read = metrics.state_restoring.get();
+        if read > 0 {
+            metrics
+                .state_restored
+                .inc_by(u64::try_from(read).unwrap_or(0));
+            metrics.state_restoring.set(0);
+        }
+        restored.map_err(Error::from)
     }
 }
 

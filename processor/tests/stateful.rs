@@ -1,0 +1,221 @@
+//! A stateful SQL step run by the processor on a broker (tansu, or the cluster in
+//! PLUMBER_TEST_BOOTSTRAP), at least once: its state is restored from the changelog after a
+//! kill -9 and after a graceful stop, and every window is emitted with the count of exactly
+//! its records. What the kill may repeat is bounded: only windows closed by records after the
+//! last commit, each at most twice, with the same result. A graceful stop repeats nothing.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use common::{STOP_PROMISE, Step, start_assigned};
+use plumber_testkit::{Broker, TestRecord, unique, wait_until};
+
+const PATIENCE: Duration = Duration::from_secs(90);
+/// Event time of record 0, ms (2026-12-03T00:00:00Z).
+const BASE: i64 = 1_796_256_000_000;
+/// Event time between two records, ms: 50 records a second of event time.
+const STEP_MS: i64 = 20;
+const KEYS: u32 = 6;
+
+const QUERY: &str = "SELECT _key AS k, COUNT(*) AS n, MIN(id) AS first, window_start FROM s \
+                     GROUP BY _key, TUMBLE(at, INTERVAL '1' SECOND)";
+
+/// Record `i`: key `k<i % 6>`, in partition `(i % 6) % 2` (a key stays in one partition).
+fn record(i: u32) -> TestRecord {
+    let key = i % KEYS;
+    let mut record = TestRecord::new(
+        &format!("k{key}"),
+        &format!(r#"{{"id":{i},"at":{}}}"#, BASE + i64::from(i) * STEP_MS),
+    );
+    record.partition = Some((key % 2) as i32);
+    record
+}
+
+fn partition_of(i: u32) -> i32 {
+    ((i % KEYS) % 2) as i32
+}
+
+fn at(i: u32) -> i64 {
+    BASE + i64::from(i) * STEP_MS
+}
+
+/// One window's output, as the query writes it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct Window {
+    key: String,
+    start: i64,
+    n: u64,
+    first: u64,
+}
+
+/// The windows records `0..n` close, computed by hand: a window closes once its
+/// partition has a record at or after its end (grace 0). With each one, the offset (in its
+/// partition) of the record that closes it.
+fn expected(n: u32) -> BTreeMap<Window, (i32, i64)> {
+    let mut groups: BTreeMap<(String, i64), (u64, u64, i32)> = BTreeMap::new();
+    for i in 0..n {
+        let start = at(i).div_euclid(1000) * 1000;
+        let entry = groups.entry((format!("k{}", i % KEYS), start)).or_insert((
+            0,
+            u64::from(i),
+            partition_of(i),
+        ));
+        entry.0 += 1;
+    }
+    let mut closed = BTreeMap::new();
+    for ((key, start), (count, first, partition)) in groups {
+        // The first record of the partition at or after the window's end, and its offset.
+        let closer = (0..n).find(|i| partition_of(*i) == partition && at(*i) >= start + 1000);
+        if let Some(closer) = closer {
+            let offset = (0..closer)
+                .filter(|i| partition_of(*i) == partition)
+                .count() as i64;
+            closed.insert(
+                Window {
+                    key,
+                    start,
+                    n: count,
+                    first,
+                },
+                (partition, offset),
+            );
+        }
+    }
+    closed
+}
+
+fn windows(records: &[TestRecord]) -> Vec<Window> {
+    records
+        .iter()
+        .map(|r| {
+            let value: serde_json::Value =
+                serde_json::from_slice(r.value.as_deref().unwrap()).unwrap();
+            assert_eq!(
+                r.key.as_deref(),
+                Some(value["k"].as_str().unwrap().as_bytes()),
+                "an output is keyed by its group"
+            );
+            Window {
+                key: value["k"].as_str().unwrap().to_owned(),
+                start: value["window_start"].as_i64().unwrap(),
+                n: value["n"].as_u64().unwrap(),
+                first: value["first"].as_u64().unwrap(),
+            }
+        })
+        .collect()
+}
+
+fn produce(broker: &Broker, topic: &str, range: std::ops::Range<u32>) {
+    let records: Vec<TestRecord> = range.map(record).collect();
+    broker.produce(topic, &records);
+}
+
+#[test]
+fn a_windowed_count_survives_a_kill_and_a_stop_with_every_window_counted_once() {
+    let broker = Broker::start();
+    let (input, output, dlq, changelog) = (
+        unique("clicks"),
+        unique("counts"),
+        unique("counts-dlq"),
+        unique("counts-state"),
+    );
+    broker.create_topic(&input, 2);
+    broker.create_topic(&output, 1);
+    broker.create_topic(&dlq, 1);
+    broker.create_topic(&changelog, 2);
+    let group = unique("counter");
+    let step = Step::new(&group, &input, &output).dlq(&dlq).args(&[
+        "--sql",
+        QUERY,
+        "--state-topic",
+        &changelog,
+        "--delivery",
+        "at-least-once",
+        "--commit-interval-ms",
+        "200",
+        "--log-format",
+        "json",
+    ]);
+
+    // Life 1: killed once the state was written at least once and windows were emitted.
+    produce(&broker, &input, 0..1_500);
+    let mut first = start_assigned(&broker, &step);
+    wait_until(
+        "both partitions' state is in the changelog",
+        PATIENCE,
+        || {
+            let committed = broker.committed(&group, &input, 2);
+            committed.len() == 2 && committed.values().all(|offset| *offset > 0)
+        },
+    );
+    first.kill();
+    let committed_at_kill = broker.committed(&group, &input, 2);
+
+    // Life 2: restores, goes on, and is stopped gracefully mid-stream.
+    produce(&broker, &input, 1_500..2_500);
+    let mut second = start_assigned(&broker, &step);
+    let closed_so_far = expected(2_000).len();
+    broker.wait_for_records(&output, "life 2's windows", |records| {
+        windows(records).into_iter().collect::<BTreeSet<_>>().len() >= closed_so_far
+    });
+    second.signal(nix::sys::signal::Signal::SIGTERM);
+    let status = second.wait_exit(STOP_PROMISE).expect("life 2 stops");
+    assert!(status.success(), "life 2 stops cleanly: {}", step.log());
+
+    // Life 3: restores again and emits the rest.
+    produce(&broker, &input, 2_500..3_500);
+    let mut third = start_assigned(&broker, &step);
+    let expected = expected(3_500);
+    let records = broker.wait_for_records(&output, "every closed window", |records| {
+        windows(records).into_iter().collect::<BTreeSet<_>>().len() >= expected.len()
+    });
+    third.signal(nix::sys::signal::Signal::SIGTERM);
+    assert!(third.wait_exit(STOP_PROMISE).is_some_and(|s| s.success()));
+
+    let log = step.log();
+    assert!(
+        log.matches("state restored").count() >= 2 * 2,
+        "lives 2 and 3 restored both partitions: {log}"
+    );
+    let emitted = windows(&records);
+    let distinct: BTreeSet<Window> = emitted.iter().cloned().collect();
+    let wanted: BTreeSet<Window> = expected.keys().cloned().collect();
+    assert_eq!(
+        distinct.difference(&wanted).collect::<Vec<_>>(),
+        Vec::<&Window>::new(),
+        "no window was counted wrong (a record counted twice, or missed)"
+    );
+    assert_eq!(
+        wanted.difference(&distinct).collect::<Vec<_>>(),
+        Vec::<&Window>::new(),
+        "every closed window was emitted"
+    );
+    // What the kill may repeat: windows closed by records at or after the offsets committed
+    // when it came, each once more. The graceful stop repeats nothing.
+    let mut times: BTreeMap<&Window, usize> = BTreeMap::new();
+    for window in &emitted {
+        *times.entry(window).or_default() += 1;
+    }
+    let repeated: Vec<(&Window, usize)> = times.into_iter().filter(|(_, n)| *n > 1).collect();
+    for (window, n) in &repeated {
+        let (partition, closer) = expected[*window];
+        let committed = committed_at_kill.get(&partition).copied().unwrap_or(0);
+        assert!(
+            *n == 2 && closer >= committed,
+            "{window:?} was emitted {n} times, closed by offset {closer} of partition \
+             {partition}, before the offset {committed} committed at the kill"
+        );
+    }
+    eprintln!(
+        "{} windows, {} repeated after the kill (committed then: {committed_at_kill:?})",
+        wanted.len(),
+        repeated.len()
+    );
+    assert!(
+        broker.read_all(&dlq).is_empty(),
+        "in-order records are never late"
+    );
+}
