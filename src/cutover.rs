@@ -564,16 +564,22 @@ impl Engine<'_> {
                 replication,
                 config,
                 kind,
+                like,
                 ..
             } => {
-                let partitions = match (kind, preview::shadow_of(self.topology, topic)) {
-                    // A shadow topic has as many partitions as the users' topic it stands in
-                    // for (read now: the plan is made without Kafka).
-                    (TopicKind::Shadow, Some(users)) => {
-                        let count = self.admin.partitions(users).map_err(|e| failed(&e))?;
+                // A shadow topic has as many partitions as the users' topic it stands in
+                // for, a changelog as its input (read now: the plan is made without Kafka).
+                let like = match (kind, like) {
+                    (_, Some(like)) => Some(like.as_str()),
+                    (TopicKind::Shadow, None) => preview::shadow_of(self.topology, topic),
+                    _ => None,
+                };
+                let partitions = match like {
+                    Some(like) => {
+                        let count = self.admin.partitions(like).map_err(|e| failed(&e))?;
                         u32::try_from(count.max(1)).unwrap_or(1)
                     }
-                    _ => *partitions,
+                    None => *partitions,
                 };
                 self.admin
                     .create_topic(topic, partitions, *replication, config)
@@ -925,6 +931,11 @@ pub fn describe(action: &Action) -> String {
             kind: TopicKind::Shadow,
             ..
         } => format!("create-topic {topic} (shadow: the partitions of the users' topic)"),
+        Action::CreateTopic {
+            topic,
+            like: Some(like),
+            ..
+        } => format!("create-topic {topic} (the partitions of {like})"),
         Action::CreateTopic {
             topic, partitions, ..
         } => {

@@ -91,6 +91,7 @@ fn spec(transform: Transform) -> ProcessorSpec {
         commit: "0123456789abcdef0123456789abcdef01234567".into(),
         dir: "topologies/t/steps".into(),
         settings: Settings::default(),
+        state: None,
     }
 }
 
@@ -329,6 +330,7 @@ fn every_container_is_locked_down_and_the_processor_is_probed() {
         jq(),
         Transform::Sql {
             query: "SELECT id FROM cars".into(),
+            state: None,
         },
         Transform::Http {
             image: "ghcr.io/acme/score:2".into(),

@@ -104,6 +104,7 @@ fn spec(step: &str, id: &str) -> ProcessorSpec {
         commit: "0123456789abcdef0123456789abcdef01234567".into(),
         dir: "topologies/shop".into(),
         settings: Settings::default(),
+        state: None,
     }
 }
 

@@ -135,6 +135,7 @@ impl Setup {
             commit: COMMIT.into(),
             dir: String::new(),
             settings: Settings::default(),
+            state: None,
             transform: if sidecar {
                 Transform::Http {
                     image: "unused".into(),

@@ -507,3 +507,211 @@ fn count_files(dir: &std::path::Path) -> usize {
     }
     count
 }
+
+/// `in → counts → out`, where `counts` keeps state.
+fn counting(repo: &TestRepo, counts: &str) -> git2::Oid {
+    repo.commit(
+        "main",
+        "counting",
+        &[
+            write("topologies/t/sources/in.yaml", SOURCE),
+            write("topologies/t/steps/counts.yaml", counts),
+            write(
+                "topologies/t/sinks/out.yaml",
+                "kind: sink\ntopic: out\ninput: counts\n",
+            ),
+        ],
+    )
+}
+
+fn stateful(sql: &str, extra: &str) -> String {
+    format!("kind: processor\ninput: in\nsql: \"{sql}\"\n{extra}")
+}
+
+/// The start of `step` in `plan`, and what its state starts from.
+fn state_of(plan: &Plan, step: &str) -> plumber::plan::StateRun {
+    plan.topologies
+        .iter()
+        .flat_map(|t| &t.actions)
+        .find_map(|a| match a {
+            Action::StartProcessor(s) if s.step == step => s.state.clone(),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no stateful start of {step}: {:?}", script(plan)))
+}
+
+/// Per stateful step, the plan says what its new life's state starts from: the same state
+/// restores the old changelog; a changed windowed query rebuilds over its window and grace
+/// into a new one (the old one deleted once its life stopped); a changed running aggregate
+/// cannot be carried over, and the move waits until the step file chooses; with the choice,
+/// it goes.
+#[test]
+fn a_stateful_step_s_plan_says_what_its_state_starts_from() {
+    const WINDOWED: &str =
+        "SELECT _key, COUNT(*) AS n FROM in GROUP BY _key, TUMBLE(_timestamp, INTERVAL '1' MINUTE)";
+    let repo = TestRepo::new();
+    let c1 = counting(&repo, &stateful(WINDOWED, "grace: 10s\n"));
+    let first = plan_between(&repo, None, c1);
+    let created = state_of(&first, "counts");
+    assert_eq!(created.carry, plumber::plan::Carry::Empty);
+    assert!(
+        first.topologies[0].actions.iter().any(|a| matches!(a,
+            Action::CreateTopic { topic, like: Some(like), config, .. }
+                if *topic == created.topic && like == "in"
+                    && config.get("cleanup.policy").map(String::as_str) == Some("compact"))),
+        "the changelog is created compacted, with the input's partitions: {:?}",
+        script(&first)
+    );
+    assert!(created.topic.starts_with("plumber.t.counts.") && created.topic.ends_with(".state"));
+
+    // Only the select list changes: the same state, under the same changelog.
+    let c2 = repo.commit(
+        "main",
+        "rename",
+        &[write(
+            "topologies/t/steps/counts.yaml",
+            &stateful(&WINDOWED.replace("AS n", "AS clicks"), "grace: 10s\n"),
+        )],
+    );
+    let renamed = plan_between(&repo, Some(c1), c2);
+    let kept = state_of(&renamed, "counts");
+    assert_eq!(
+        kept,
+        plumber::plan::StateRun {
+            topic: created.topic.clone(),
+            carry: plumber::plan::Carry::Restore
+        }
+    );
+    assert!(
+        !script(&renamed).iter().any(|a| a.contains(".state")),
+        "{:?}",
+        script(&renamed)
+    );
+
+    // A new WHERE: rebuilt over the window and the grace, into a new changelog.
+    let c3 = repo.commit(
+        "main",
+        "filter",
+        &[write(
+            "topologies/t/steps/counts.yaml",
+            &stateful(
+                &WINDOWED.replace("FROM in", "FROM in WHERE ok"),
+                "grace: 10s\n",
+            ),
+        )],
+    );
+    let filtered = plan_between(&repo, Some(c1), c3);
+    let rebuilt = state_of(&filtered, "counts");
+    assert_eq!(
+        rebuilt.carry,
+        plumber::plan::Carry::Rebuild { span_ms: 70_000 }
+    );
+    assert_ne!(rebuilt.topic, created.topic);
+    let steps = script(&filtered);
+    let stop = steps
+        .iter()
+        .position(|a| a.starts_with("stop counts"))
+        .unwrap();
+    let delete = steps
+        .iter()
+        .position(|a| {
+            *a == format!(
+                "delete {}",
+                created
+                    .topic
+                    .trim_start_matches("plumber.t.")
+                    .split_once('.')
+                    .map(|(s, id)| format!("{s}.{}", &id[..4]))
+                    .unwrap()
+            )
+        })
+        .unwrap_or_else(|| panic!("the old changelog is deleted: {steps:?}"));
+    assert!(stop < delete, "{steps:?}");
+    let text = plumber::output::plan::describe(
+        filtered.topologies[0]
+            .actions
+            .iter()
+            .find(|a| matches!(a, Action::StartProcessor(_)))
+            .unwrap(),
+    );
+    assert!(text.contains("state: rebuilt into"), "{text}");
+    assert!(text.contains("1m 10s before the cutover offsets"), "{text}");
+
+    // A running count whose WHERE changes: no bounded history rebuilds it.
+    const RUNNING: &str = "SELECT _key, COUNT(*) AS n FROM in GROUP BY _key";
+    let c4 = counting(&repo, &stateful(RUNNING, ""));
+    let c5 = repo.commit(
+        "main",
+        "filter the running count",
+        &[write(
+            "topologies/t/steps/counts.yaml",
+            &stateful(&RUNNING.replace("FROM in", "FROM in WHERE ok"), ""),
+        )],
+    );
+    let waiting = plan_between(&repo, Some(c4), c5);
+    let plumber::plan::Carry::Cannot { why } = state_of(&waiting, "counts").carry else {
+        panic!("{:?}", state_of(&waiting, "counts"));
+    };
+    assert!(why.contains("covers every record ever read"), "{why}");
+    let text = plumber::output::plan::describe(
+        waiting.topologies[0]
+            .actions
+            .iter()
+            .find(|a| matches!(a, Action::StartProcessor(_)))
+            .unwrap(),
+    );
+    assert!(
+        text.contains("CANNOT be carried over") && text.contains("stateStart: empty"),
+        "{text}"
+    );
+    // The engine makes no move until the step file chooses.
+    let old = validate_commit(&repo, c4).topologies.unwrap();
+    let new = validate_commit(&repo, c5).topologies.unwrap();
+    let deployed = plumber::plan::deployment::Deployment::of(&old[0]);
+    let pending = plumber::plan::moves::remaining("t", &deployed, Some(&new[0]));
+    assert!(!pending.is_empty());
+    assert!(
+        pending.iter().all(|p| p.blocked_by.is_some()),
+        "{pending:?}"
+    );
+    assert!(
+        pending
+            .iter()
+            .any(|p| matches!(p.action, Action::StopProcessor { .. })
+                && p.blocked_by
+                    .as_deref()
+                    .is_some_and(|b| b.contains("set `stateStart: empty`"))),
+        "the old life keeps running, and the wait says why: {pending:?}"
+    );
+
+    let c6 = repo.commit(
+        "main",
+        "start the filtered count empty",
+        &[write(
+            "topologies/t/steps/counts.yaml",
+            &stateful(
+                &RUNNING.replace("FROM in", "FROM in WHERE ok"),
+                "stateStart: empty\n",
+            ),
+        )],
+    );
+    assert_eq!(
+        state_of(&plan_between(&repo, Some(c4), c6), "counts").carry,
+        plumber::plan::Carry::Empty
+    );
+    let c7 = repo.commit(
+        "main",
+        "rebuild the filtered count from the earliest",
+        &[write(
+            "topologies/t/steps/counts.yaml",
+            &stateful(
+                &RUNNING.replace("FROM in", "FROM in WHERE ok"),
+                "stateStart: earliest\n",
+            ),
+        )],
+    );
+    assert_eq!(
+        state_of(&plan_between(&repo, Some(c4), c7), "counts").carry,
+        plumber::plan::Carry::Earliest
+    );
+}

@@ -79,14 +79,17 @@ fn problems_are_reported_inside_the_query_whatever_its_style() {
     let (line, column, message) =
         sql_error("kind: processor\ninput: telemetry\nsql: SELECT id FROM telemetry GROUP BY id\n");
     assert_eq!((line, column), (3, 31), "{message}");
-    assert!(message.contains("GROUP BY is not supported"), "{message}");
+    assert!(
+        message.contains("GROUP BY must include `_key`"),
+        "{message}"
+    );
 
     // Double-quoted, with escapes before the problem.
     let (line, column, message) = sql_error(
         "kind: processor\ninput: telemetry\nsql: \"SELECT \\\"id\\\",\\n COUNT(*) FROM telemetry\"\n",
     );
     assert_eq!((line, column), (3, 24), "{message}");
-    assert!(message.contains("aggregate function COUNT"), "{message}");
+    assert!(message.contains("COUNT is an aggregate"), "{message}");
 
     // A literal block: the third line of the query is the file's sixth.
     let (line, column, message) = sql_error(
@@ -121,7 +124,8 @@ fn problems_are_reported_inside_the_query_whatever_its_style() {
 fn every_problem_of_every_query_is_reported_at_once() {
     let step = "kind: processor\ninput: telemetry\nsql: |\n  SELECT COUNT(id), UPPER(1)\n  FROM telemetry\n  GROUP BY id\n  LIMIT 3\n";
     let found: Vec<(u32, u32)> = errors(step).iter().map(|e| (e.1, e.2)).collect();
-    assert_eq!(found, [(4, 10), (4, 21), (6, 3), (7, 3)]);
+    // COUNT is at home in a query with GROUP BY; grouping by `id` alone is not.
+    assert_eq!(found, [(4, 21), (6, 3), (7, 3)]);
 
     // Across files: every step's query is checked.
     let mut files =
@@ -269,7 +273,7 @@ fn cli_reports_sql_errors_at_their_place() {
     let (code, out, _) = run(&["validate", &repo.location(), "--rev", &commit.to_string()]);
     assert_eq!(code, 1, "{out}");
     assert!(
-        out.contains("topologies/t/steps/fast.yaml:6:3: invalid-sql: GROUP BY is not supported"),
+        out.contains("topologies/t/steps/fast.yaml:6:3: invalid-sql: GROUP BY must include `_key`"),
         "{out}"
     );
 }
@@ -331,6 +335,7 @@ fn the_local_runtime_passes_the_query_and_the_topics_of_its_input_steps() {
         dlq: "plumber.t.both.dlq".into(),
         transform: Transform::Sql {
             query: query.into(),
+            state: None,
         },
         env: BTreeMap::new(),
         scale: plumber::spec::Scale {
@@ -342,6 +347,7 @@ fn the_local_runtime_passes_the_query_and_the_topics_of_its_input_steps() {
         commit: "c0ffee".into(),
         dir: String::new(),
         settings: Default::default(),
+        state: None,
     };
     runtime.start(&spec).unwrap();
     plumber_testkit::wait_until(
@@ -372,4 +378,78 @@ fn the_local_runtime_passes_the_query_and_the_topics_of_its_input_steps() {
         after("--input"),
         ["cars.raw", "plumber.t.fast-trucks.abababababab"]
     );
+}
+
+/// A query with GROUP BY is a stateful step: it validates with its state settings, which
+/// go with it only; a bad setting is reported at its key.
+#[test]
+fn a_stateful_query_validates_with_its_state_settings_and_only_with_them() {
+    let counting = "kind: processor\ninput: telemetry\nsql: |\n  SELECT _key AS car, COUNT(*) AS n, window_start\n  FROM telemetry\n  GROUP BY _key, TUMBLE(_timestamp, INTERVAL '1' MINUTE)\n";
+    let set = topology(&format!(
+        "{counting}grace: 30s\nemit: update\nstateMaxGroups: 5000\nstateStart: empty\n"
+    ));
+    let (_, step) = set.steps().find(|(_, s)| s.name == "step").unwrap();
+    let plumber::graph::StepKind::Processor { transform, .. } = &step.kind else {
+        panic!("a processor");
+    };
+    let plumber::spec::Transform::Sql {
+        state: Some(state), ..
+    } = transform
+    else {
+        panic!("a stateful sql step: {transform:?}");
+    };
+    assert_eq!(state.grace_ms, 30_000);
+    assert_eq!(state.emit, plumber::spec::Emit::Update);
+    assert_eq!(state.max_groups, Some(5_000));
+    assert_eq!(state.start, Some(plumber::spec::StateStart::Empty));
+    // Defaults: no grace, emit on close.
+    let plain = topology(counting);
+    let (_, step) = plain.steps().find(|(_, s)| s.name == "step").unwrap();
+    assert!(matches!(
+        &step.kind,
+        plumber::graph::StepKind::Processor {
+            transform: plumber::spec::Transform::Sql { state: Some(s), .. },
+            ..
+        } if s.grace_ms == 0 && s.emit == plumber::spec::Emit::Close
+    ));
+
+    let bad = errors(&format!("{counting}grace: soon\nemit: often\n"));
+    assert_eq!(
+        bad.iter().map(|e| (e.1, e.2)).collect::<Vec<_>>(),
+        [(7, 1), (8, 1)],
+        "{bad:?}"
+    );
+    assert!(
+        bad[0].3.contains("`grace` is a duration like `30s`"),
+        "{bad:?}"
+    );
+    assert!(
+        bad[1].3.contains("`emit` must be one of close | update"),
+        "{bad:?}"
+    );
+    let long = errors(&format!("{counting}grace: 30d\n"));
+    assert!(long[0].3.contains("at most 7d"), "{long:?}");
+
+    let stateless =
+        errors("kind: processor\ninput: telemetry\nsql: SELECT id FROM telemetry\ngrace: 5s\n");
+    assert_eq!(stateless.len(), 1, "{stateless:?}");
+    assert_eq!((stateless[0].1, stateless[0].2), (4, 1));
+    assert!(
+        stateless[0]
+            .3
+            .contains("`grace` is for a `sql` step with GROUP BY"),
+        "{stateless:?}"
+    );
+    let jq = errors("kind: processor\ninput: telemetry\njq: .\nemit: update\n");
+    assert!(jq[0].3.contains("a `jq` step keeps none"), "{jq:?}");
+}
+
+/// A JOIN compiles but is not run yet: said plainly, not as a syntax problem.
+#[test]
+fn a_join_is_refused_as_not_run_yet() {
+    let (line, _, message) = sql_error(
+        "kind: processor\ninput: [telemetry, trucks]\nsql: SELECT t.id, c.name FROM telemetry t JOIN trucks c ON t.truck = c._key\n",
+    );
+    assert_eq!(line, 3);
+    assert!(message.contains("does not run JOIN steps yet"), "{message}");
 }

@@ -231,6 +231,7 @@ fn the_local_runtime_starts_nothing_once_every_processor_was_stopped() {
         commit: "c0ffee".into(),
         dir: "topologies/t".into(),
         settings: Settings::default(),
+        state: None,
     };
     let error = runtime.start(&spec).unwrap_err();
     assert!(error.is_retryable(), "{error}");

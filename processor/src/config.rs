@@ -71,6 +71,13 @@ pub struct Args {
     /// When a windowed query emits: once per window when it closes, or on every update.
     #[arg(long, env = "PLUMBER_EMIT", value_enum, default_value_t = EmitChoice::Close)]
     pub emit: EmitChoice,
+    /// A partition whose state the changelog does not hold is first rebuilt from the input's
+    /// records before the first one it reads: those from SPAN_MS (twice, for event time that
+    /// trails the records' timestamps) before that record's timestamp, or from the earliest;
+    /// fed without emitting. What a replaced stateful step's new life starts with
+    /// (`docs/stateful-sql.md`).
+    #[arg(long, env = "PLUMBER_REBUILD", value_name = "SPAN_MS|earliest", value_parser = parse_rebuild)]
+    pub rebuild: Option<Rebuild>,
     /// The most groups (a key's window, or a key's running aggregate) this instance keeps
     /// open; a record that would open one more is dead-lettered (`state-full`) instead of
     /// growing memory without bound. About 0.4 KB of memory each.
@@ -187,6 +194,24 @@ pub struct StateConfig {
     pub grace_ms: u64,
     pub emit: EmitChoice,
     pub max_groups: usize,
+    pub rebuild: Option<Rebuild>,
+}
+
+/// How far back a partition without state is rebuilt from its input (`--rebuild`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rebuild {
+    /// From this many milliseconds before the first record's timestamp (twice that).
+    SpanMs(u64),
+    Earliest,
+}
+
+fn parse_rebuild(raw: &str) -> Result<Rebuild, String> {
+    if raw == "earliest" {
+        return Ok(Rebuild::Earliest);
+    }
+    raw.parse()
+        .map(Rebuild::SpanMs)
+        .map_err(|_| format!("expected milliseconds or `earliest`, got `{raw}`"))
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -323,11 +348,15 @@ impl TryFrom<Args> for Config {
         if args.state_max_groups == 0 {
             return Err("--state-max-groups must be at least 1".into());
         }
+        if args.rebuild.is_some() && args.state_topic.is_none() {
+            return Err("--rebuild goes with --state-topic".into());
+        }
         let state = args.state_topic.map(|topic| StateConfig {
             topic,
             grace_ms: args.grace_ms,
             emit: args.emit,
             max_groups: args.state_max_groups,
+            rebuild: args.rebuild,
         });
         let transform = if let Some(program) = args.jq {
             TransformSpec::Jq(program)

@@ -114,24 +114,34 @@ impl Stores {
         &self.changelog
     }
 
+    /// The most open groups the instance keeps.
+    pub fn max_groups(&self) -> usize {
+        self.max_groups
+    }
+
+    /// Connection settings for reading outside the step's group.
+    pub fn client(&self) -> &ClientConfig {
+        &self.client
+    }
+
     fn held(&self) -> MutexGuard<'_, Held> {
         self.held.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Restores `topic`/`partition`'s state from the changelog unless it is held already.
-    /// `progress` is called while it reads (a liveness beat).
+    /// Restores `topic`/`partition`'s state from the changelog unless it is held already;
+    /// true when it restored it now. `progress` is called while it reads (a liveness beat).
     pub fn ensure(
         &self,
         topic: &str,
         partition: i32,
         progress: &dyn Fn(usize),
-    ) -> Result<(), RestoreError> {
+    ) -> Result<bool, RestoreError> {
         if self
             .held()
             .partitions
             .contains_key(&(topic.to_owned(), partition))
         {
-            return Ok(());
+            return Ok(false);
         }
         let started = Instant::now();
         let state = restore_with(
@@ -153,7 +163,21 @@ impl Stores {
         self.held()
             .partitions
             .insert((topic.to_owned(), partition), state);
-        Ok(())
+        Ok(true)
+    }
+
+    /// Runs `f` on `topic`/`partition`'s state outside the processing of a record (a
+    /// rebuild); `None` when it is not held.
+    pub fn with<R>(
+        &self,
+        topic: &str,
+        partition: i32,
+        f: impl FnOnce(&mut PartitionState) -> R,
+    ) -> Option<R> {
+        let mut held = self.held();
+        held.partitions
+            .get_mut(&(topic.to_owned(), partition))
+            .map(f)
     }
 
     /// Feeds a record: runs `f` on `topic`/`partition`'s state with the room it has (the
@@ -236,6 +260,97 @@ impl Stores {
                 .values()
                 .filter_map(PartitionState::stream_time)
                 .min(),
+        }
+    }
+}
+
+/// Where a rebuild starts reading an input partition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadFrom {
+    Earliest,
+    /// The first record at or after this timestamp, ms (the earliest when none is before).
+    Time(i64),
+}
+
+/// Feeds `feed` the records of `topic`/`partition` from `from` up to (not including) offset
+/// `until`, outside any group (`read_committed`): a rebuild's reading of the input.
+/// `progress` is called with the records read so far every [`POLL`] or so.
+#[allow(clippy::too_many_arguments)]
+pub fn read_input(
+    mut client: ClientConfig,
+    topic: &str,
+    partition: i32,
+    from: ReadFrom,
+    until: i64,
+    timeout: Duration,
+    progress: &dyn Fn(usize),
+    feed: &mut dyn FnMut(&rdkafka::message::BorrowedMessage<'_>),
+) -> Result<usize, RestoreError> {
+    let read_error = |source| RestoreError::Read {
+        topic: topic.to_owned(),
+        partition,
+        source,
+    };
+    if client.get("group.id").is_none() {
+        client.set("group.id", format!("plumber.rebuild.{topic}"));
+    }
+    let consumer: BaseConsumer = client
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
+        .set("enable.partition.eof", "true")
+        .create()
+        .map_err(read_error)?;
+    let start = match from {
+        ReadFrom::Earliest => Offset::Beginning,
+        ReadFrom::Time(ms) => {
+            let mut times = TopicPartitionList::new();
+            times
+                .add_partition_offset(topic, partition, Offset::Offset(ms))
+                .map_err(read_error)?;
+            consumer
+                .offsets_for_times(times, timeout)
+                .map_err(read_error)?
+                .find_partition(topic, partition)
+                .map(|p| p.offset())
+                // `End`: no record that recent; nothing to read.
+                .filter(|o| matches!(o, Offset::Offset(_) | Offset::End))
+                .unwrap_or(Offset::Beginning)
+        }
+    };
+    let mut assignment = TopicPartitionList::new();
+    assignment
+        .add_partition_offset(topic, partition, start)
+        .map_err(read_error)?;
+    consumer.assign(&assignment).map_err(read_error)?;
+    let deadline = Instant::now() + timeout;
+    let mut read = 0;
+    let mut next_progress = Instant::now();
+    loop {
+        if Instant::now() >= next_progress {
+            progress(read);
+            next_progress = Instant::now() + POLL;
+        }
+        if Instant::now() >= deadline {
+            return Err(RestoreError::Timeout {
+                topic: topic.to_owned(),
+                partition,
+                entries: read,
+                timeout,
+            });
+        }
+        match consumer.poll(POLL) {
+            Some(Ok(message)) if message.offset() < until => {
+                feed(&message);
+                read += 1;
+                if message.offset() + 1 >= until {
+                    return Ok(read);
+                }
+            }
+            Some(Ok(_)) | Some(Err(KafkaError::PartitionEOF(_))) => return Ok(read),
+            Some(Err(error)) => {
+                tracing::debug!(%error, topic, partition, "reading the input to rebuild")
+            }
+            None => {}
         }
     }
 }

@@ -31,6 +31,8 @@ fn record(i: u32) -> TestRecord {
         &format!(r#"{{"id":{i},"at":{}}}"#, BASE + i64::from(i) * STEP_MS),
     );
     record.partition = Some((key % 2) as i32);
+    // Event time is also the record's timestamp, as when producers stamp what happened when.
+    record.timestamp = Some(at(i));
     record
 }
 
@@ -55,8 +57,13 @@ struct Window {
 /// partition has a record at or after its end (grace 0). With each one, the offset (in its
 /// partition) of the record that closes it.
 fn expected(n: u32) -> BTreeMap<Window, (i32, i64)> {
+    expected_where(n, |_| true)
+}
+
+/// [`expected`] of a query whose WHERE keeps the records `keep` says.
+fn expected_where(n: u32, keep: impl Fn(u32) -> bool) -> BTreeMap<Window, (i32, i64)> {
     let mut groups: BTreeMap<(String, i64), (u64, u64, i32)> = BTreeMap::new();
-    for i in 0..n {
+    for i in (0..n).filter(|i| keep(*i)) {
         let start = at(i).div_euclid(1000) * 1000;
         let entry = groups.entry((format!("k{}", i % KEYS), start)).or_insert((
             0,
@@ -68,7 +75,9 @@ fn expected(n: u32) -> BTreeMap<Window, (i32, i64)> {
     let mut closed = BTreeMap::new();
     for ((key, start), (count, first, partition)) in groups {
         // The first record of the partition at or after the window's end, and its offset.
-        let closer = (0..n).find(|i| partition_of(*i) == partition && at(*i) >= start + 1000);
+        let closer = (0..n)
+            .filter(|i| keep(*i))
+            .find(|i| partition_of(*i) == partition && at(*i) >= start + 1000);
         if let Some(closer) = closer {
             let offset = (0..closer)
                 .filter(|i| partition_of(*i) == partition)
@@ -218,4 +227,93 @@ fn a_windowed_count_survives_a_kill_and_a_stop_with_every_window_counted_once() 
         broker.read_all(&dlq).is_empty(),
         "in-order records are never late"
     );
+}
+
+/// A replaced step's new life, whose WHERE differs, starts from the old life's offsets with
+/// a new, empty changelog and `--rebuild`: it rebuilds the windows open at the cutover from
+/// the records before it, without emitting, so every window closed before the cutover comes
+/// from the old query, every one after from the new query over all its records, none twice.
+#[test]
+fn a_new_query_rebuilds_the_open_windows_and_emits_each_window_once() {
+    let broker = Broker::start();
+    let (input, output, dlq) = (unique("clicks"), unique("counts"), unique("counts-dlq"));
+    let (old_state, new_state) = (unique("old-state"), unique("new-state"));
+    broker.create_topic(&input, 2);
+    broker.create_topic(&output, 1);
+    broker.create_topic(&dlq, 1);
+    broker.create_topic(&old_state, 2);
+    broker.create_topic(&new_state, 2);
+    let group = unique("counter");
+    let life = |query: &str, state: &str, extra: &[&str]| {
+        Step::new(&group, &input, &output)
+            .dlq(&dlq)
+            .log_as(&format!("{group}-{state}"))
+            .args(&[
+                "--sql",
+                query,
+                "--state-topic",
+                state,
+                "--delivery",
+                "at-least-once",
+                "--commit-interval-ms",
+                "200",
+                "--log-format",
+                "json",
+            ])
+            .args(extra)
+    };
+    let new_query = QUERY.replace("FROM s", "FROM s WHERE id % 7 <> 3");
+    let keep_new = |i: u32| i % 7 != 3;
+
+    produce(&broker, &input, 0..1_500);
+    let old = life(QUERY, &old_state, &[]);
+    let mut first = start_assigned(&broker, &old);
+    let before = expected(1_500);
+    broker.wait_for_records(&output, "the old life's windows", |records| {
+        windows(records).len() >= before.len()
+    });
+    first.signal(nix::sys::signal::Signal::SIGTERM);
+    assert!(first.wait_exit(STOP_PROMISE).is_some_and(|s| s.success()));
+    let cutover = broker.committed(&group, &input, 2);
+    assert_eq!(
+        cutover.values().sum::<i64>(),
+        1_500,
+        "the graceful stop committed every record"
+    );
+
+    produce(&broker, &input, 1_500..3_000);
+    let new = life(&new_query, &new_state, &["--rebuild", "1000"]);
+    let mut second = start_assigned(&broker, &new);
+    // Windows closed by records before the cutover: the old query's. After: the new one's.
+    let old_windows = expected(1_500);
+    let new_windows: BTreeMap<Window, (i32, i64)> = expected_where(3_000, keep_new)
+        .into_iter()
+        .filter(|(_, (partition, closer))| *closer >= cutover[partition])
+        .collect();
+    let wanted: Vec<Window> = old_windows
+        .keys()
+        .chain(new_windows.keys())
+        .cloned()
+        .collect();
+    let records = broker.wait_for_records(&output, "the new life's windows", |records| {
+        windows(records).len() >= wanted.len()
+    });
+    second.signal(nix::sys::signal::Signal::SIGTERM);
+    assert!(second.wait_exit(STOP_PROMISE).is_some_and(|s| s.success()));
+    let log = new.log();
+    assert!(
+        log.contains("state rebuilt from the input, without emitting"),
+        "the new life rebuilt: {log}"
+    );
+    let mut emitted = windows(&records);
+    emitted.sort();
+    let mut wanted = wanted;
+    wanted.sort();
+    assert_eq!(
+        emitted, wanted,
+        "every window once: the old query's before the cutover, the new one's after"
+    );
+    // The straddling windows were counted with the records before the cutover too.
+    let straddling = new_windows.keys().filter(|w| w.first < 1_500).count();
+    assert!(straddling > 0, "some window straddles the cutover");
 }

@@ -488,6 +488,13 @@ impl Aggregation {
         if self.definition == old.definition && self.grace == old.grace {
             return CarryOver::Reuse;
         }
+        self.without_old_state()
+    }
+
+    /// What a new life with no old state it can restore starts from: a rebuild over the
+    /// widest window and its grace, where windows bound what the state depends on; else
+    /// nothing.
+    pub fn without_old_state(&self) -> CarryOver {
         match self.window.as_ref().map(|w| w.kind) {
             Some(WindowKind::Tumble { size }) | Some(WindowKind::Hop { size, .. }) => {
                 CarryOver::Rebuild {
@@ -502,6 +509,16 @@ impl Aggregation {
                 why: "an aggregate without a window covers every record ever read".into(),
             },
         }
+    }
+
+    /// What the state is made of, as text: two queries with the same fingerprint build the
+    /// same state from the same records ([`CarryOver::Reuse`]). A changelog is named by it.
+    pub fn state_fingerprint(&self) -> String {
+        let d = &self.definition;
+        format!(
+            "from={:?} where={:?} groups={:?} window={:?} aggregates={:?} grace={}",
+            d.from, d.filter, d.groups, d.window, d.aggregates, self.grace
+        )
     }
 
     /// How long after its end a window takes late records (`grace:`), in ms.

@@ -568,7 +568,8 @@ impl Compiler<'_> {
                 self,
                 self.keyword_at(Keyword::GROUP, start),
                 "GROUP BY",
-                "a stateful SQL step (docs/stateful-sql.md) is not run by steps yet",
+                "it needs a stateful step (docs/stateful-sql.md): the processor runs one with \
+                 --state-topic, which `plumber` sets for a step file's GROUP BY",
             ),
         }
         if select.having.is_some() && grouped.is_none() {
@@ -1926,7 +1927,8 @@ impl Compiler<'_> {
                 at,
                 format!(
                     "{} is an aggregate: it belongs in the columns or HAVING of a query with \
-                     GROUP BY _key, not in WHERE or GROUP BY",
+                     GROUP BY _key (not in WHERE or GROUP BY; a query without GROUP BY has \
+                     no groups to aggregate)",
                     name.to_uppercase()
                 ),
             );
@@ -1937,7 +1939,7 @@ impl Compiler<'_> {
                 at,
                 format!(
                     "the aggregate function {} needs a stateful step (GROUP BY _key, \
-                     docs/stateful-sql.md), which steps do not run yet",
+                     docs/stateful-sql.md; the processor runs one with --state-topic)",
                     name.to_uppercase()
                 ),
             );

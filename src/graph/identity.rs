@@ -170,9 +170,25 @@ pub fn processor(parts: &ProcessorParts) -> Identity {
             c.str("jq");
             c.str(program);
         }
-        Transform::Sql { query } => {
+        Transform::Sql { query, state } => {
             c.str("sql");
             c.str(query);
+            // Nothing for a stateless query: identities computed before state existed hold.
+            if let Some(state) = state {
+                c.str("state");
+                c.count(usize::try_from(state.grace_ms).unwrap_or(usize::MAX));
+                c.str(state.emit.as_str());
+                c.count(
+                    state
+                        .max_groups
+                        .map_or(0, |m| usize::try_from(m).unwrap_or(usize::MAX)),
+                );
+                c.str(match state.start {
+                    None => "",
+                    Some(crate::spec::StateStart::Empty) => "empty",
+                    Some(crate::spec::StateStart::Earliest) => "earliest",
+                });
+            }
         }
         Transform::Exec { command, image } => {
             c.str("exec");

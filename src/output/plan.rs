@@ -10,7 +10,9 @@ use super::short_commit as short;
 use crate::diagnostic::Diagnostic;
 use crate::graph::{Kind, Topology};
 use crate::plan::deployment::TopicKind;
-use crate::plan::{Action, Change, FieldChange, Plan, StartPosition, StepPlan, TopologyPlan};
+use crate::plan::{
+    Action, Carry, Change, FieldChange, Plan, StartPosition, StepPlan, TopologyPlan,
+};
 use crate::spec::{CutoverMode, Transform};
 
 /// `{"from","to","valid","errors","topologies"}` (SPEC §5). `plan` is `None` when invalid.
@@ -58,6 +60,11 @@ pub fn describe(action: &Action) -> String {
         ),
         Action::CreateTopic {
             topic,
+            like: Some(like),
+            ..
+        } => format!("create topic `{topic}` (as many partitions as `{like}`)"),
+        Action::CreateTopic {
+            topic,
             partitions,
             replication,
             ..
@@ -83,8 +90,12 @@ pub fn describe(action: &Action) -> String {
                 })
                 .collect();
             let outputs: Vec<String> = start.outputs.iter().map(|t| format!("`{t}`")).collect();
+            let state = match &start.state {
+                None => String::new(),
+                Some(run) => format!("; state: {}", carry(&run.topic, &run.carry)),
+            };
             format!(
-                "start `{}` ({}) running {} reading {}; writing {}",
+                "start `{}` ({}) running {} reading {}; writing {}{state}",
                 start.step,
                 start.identity.short(),
                 transform(&start.transform),
@@ -154,11 +165,35 @@ pub fn describe(action: &Action) -> String {
     }
 }
 
+/// What a stateful step's new life starts from, for a reviewer.
+fn carry(topic: &str, carry: &Carry) -> String {
+    match carry {
+        Carry::Restore => format!("restored from `{topic}` (the same state as before)"),
+        Carry::Rebuild { span_ms } => format!(
+            "rebuilt into `{topic}` from each input partition's records of the {} before the \
+             cutover offsets, without emitting (the old windows close once, in the new life)",
+            humantime::format_duration(std::time::Duration::from_millis(
+                u64::try_from(*span_ms).unwrap_or(0)
+            ))
+        ),
+        Carry::Earliest => format!(
+            "rebuilt into `{topic}` from the earliest records the input holds, without \
+             emitting (`stateStart: earliest`)"
+        ),
+        Carry::Empty => format!("starts empty in `{topic}`"),
+        Carry::Cannot { why } => format!(
+            "CANNOT be carried over: {why}. The move waits until the step file sets \
+             `stateStart: empty` (windows open at the cutover count only what follows) or \
+             `stateStart: earliest` (rebuild from the earliest records)"
+        ),
+    }
+}
+
 /// What a processor runs, on one line: what a reviewer checks first.
 fn transform(transform: &Transform) -> String {
     let (kind, text) = match transform {
         Transform::Jq { program } => ("jq", program.clone()),
-        Transform::Sql { query } => ("sql", query.clone()),
+        Transform::Sql { query, .. } => ("sql", query.clone()),
         Transform::Exec { command, .. } => ("exec", command.join(" ")),
         Transform::Http { image, .. } => ("http", image.clone()),
     };

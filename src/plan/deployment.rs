@@ -36,6 +36,10 @@ pub struct Deployment {
     pub internal_topics: BTreeMap<String, String>,
     /// Dead-letter topics created; never deleted (they hold the users' rejected records).
     pub dead_letter_topics: BTreeSet<String>,
+    /// Stateful steps' changelogs created; deleted once no life and nothing in the target
+    /// uses them.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub state_topics: BTreeSet<String>,
     /// A preview's shadow topics created ([`super::preview::shadow_of`]); deleted once
     /// nothing writes them.
     #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
@@ -46,7 +50,8 @@ pub struct Deployment {
     pub groups_deleted: BTreeSet<String>,
     /// Internal topics created since the deployment last matched its target: a reader that
     /// starts on one starts at its beginning (SPEC §4: "earliest on topics created in the
-    /// same cutover", which a newer commit taking over a cutover continues).
+    /// same cutover", which a newer commit taking over a cutover continues). Changelogs
+    /// created since then too: they hold no old life's state.
     pub fresh_topics: BTreeSet<String>,
     /// Where stopped lives stood on their inputs, by step and topic: the cutover offsets of
     /// the step's next life on that topic. Forgotten once the deployment matches its target.
@@ -64,6 +69,38 @@ pub struct Recorded {
     pub group: String,
     /// Its committed offsets; a partition without one was never consumed by it.
     pub offsets: Vec<PartitionOffset>,
+    /// A stateful life's state, which its successor may carry over.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<OldState>,
+}
+
+/// A stopped stateful life's state: its changelog and the query that built it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OldState {
+    pub topic: String,
+    pub query: String,
+    pub grace_ms: u64,
+}
+
+impl OldState {
+    /// The state of a life started with `start`, if it keeps one.
+    pub fn of(start: &StartProcessor) -> Option<OldState> {
+        match (&start.transform, &start.state) {
+            (
+                crate::spec::Transform::Sql {
+                    query,
+                    state: Some(sql),
+                },
+                Some(run),
+            ) => Some(OldState {
+                topic: run.topic.clone(),
+                query: query.clone(),
+                grace_ms: sql.grace_ms,
+            }),
+            _ => None,
+        }
+    }
 }
 
 /// One life of a processor identity.
@@ -151,6 +188,9 @@ impl Deployment {
                     .insert(group.clone(), wanted.step.clone());
             }
             deployment.dead_letter_topics.insert(start.dlq.clone());
+            if let Some(state) = &start.state {
+                deployment.state_topics.insert(state.topic.clone());
+            }
             deployment
                 .lives_used
                 .insert(wanted.base.clone(), wanted.life);
@@ -192,9 +232,15 @@ impl Deployment {
                 TopicKind::Shadow => {
                     self.shadow_topics.insert(topic.clone());
                 }
+                TopicKind::State => {
+                    // Fresh: empty, not an old life's state to restore.
+                    self.state_topics.insert(topic.clone());
+                    self.fresh_topics.insert(topic.clone());
+                }
             },
             Action::DeleteTopic { topic } => {
                 self.internal_topics.remove(topic);
+                self.state_topics.remove(topic);
                 self.fresh_topics.remove(topic);
                 self.shadow_topics.remove(topic);
             }
@@ -254,6 +300,7 @@ impl Deployment {
                     return;
                 };
                 let positions = self.positions.entry(life.step().to_owned()).or_default();
+                let state = OldState::of(&life.start);
                 for topic in life.inputs() {
                     let on_topic: Vec<PartitionOffset> = offsets
                         .iter()
@@ -265,6 +312,7 @@ impl Deployment {
                         Recorded {
                             group: life.group().to_owned(),
                             offsets: on_topic,
+                            state: state.clone(),
                         },
                     );
                 }
@@ -304,6 +352,8 @@ pub enum TopicKind {
     /// A preview's stand-in for a users' sink topic, with as many partitions (the engine
     /// reads the count when it creates it).
     Shadow,
+    /// A stateful step's changelog (compacted).
+    State,
 }
 
 #[cfg(test)]

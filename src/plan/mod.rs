@@ -40,6 +40,7 @@ pub mod deployment;
 pub mod moves;
 pub mod preview;
 pub mod reason;
+mod state;
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -175,6 +176,10 @@ pub enum Action {
         #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
         config: BTreeMap<String, String>,
         kind: TopicKind,
+        /// As many partitions as this topic has when it is created (a changelog, for an
+        /// input whose partitions the plan cannot know): `partitions` is then 0.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        like: Option<String>,
     },
     /// Set the group's offsets on each input as given, then run the processor.
     #[serde(rename_all = "camelCase")]
@@ -232,6 +237,40 @@ pub struct StartProcessor {
     pub scale: Scale,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<Resources>,
+    /// A stateful step's changelog, and what its state starts from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<StateRun>,
+}
+
+/// Where a stateful step keeps its state, and what a new life's state starts from
+/// (`docs/stateful-sql.md`, "Cutover of a stateful step").
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StateRun {
+    /// The changelog topic: `plumber.<topology>.<step>.<state12>.state`, named by what the
+    /// state is made of, so a life whose state is the same as the old one's reads the old
+    /// one's changelog.
+    pub topic: String,
+    pub carry: Carry,
+}
+
+/// What a life's state starts from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", tag = "kind")]
+pub enum Carry {
+    /// The changelog exists: the old life's (the same state), or its own.
+    Restore,
+    /// A new state, rebuilt from each input partition's records from `span_ms` before the
+    /// cutover offsets, without emitting.
+    #[serde(rename_all = "camelCase")]
+    Rebuild { span_ms: i64 },
+    /// Rebuilt from the earliest offset the input holds (`stateStart: earliest`).
+    Earliest,
+    /// Nothing before its start offsets (a new step, or `stateStart: empty`).
+    Empty,
+    /// Neither is possible and the step file does not say what to do: the move waits for
+    /// the reviewer's `stateStart`.
+    Cannot { why: String },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

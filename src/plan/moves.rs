@@ -11,8 +11,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use crate::graph::{Identity, Kind, StepId, StepKind, Topology};
 use crate::spec::{CutoverMode, StartFrom};
 
-use super::deployment::{Deployment, Effect, Life, TopicKind, base_name, life_name};
-use super::{Action, StartInput, StartPosition, StartProcessor};
+use super::deployment::{Deployment, Effect, Life, OldState, TopicKind, base_name, life_name};
+use super::state::Predecessor;
+use super::{Action, Carry, StartInput, StartPosition, StartProcessor};
 
 /// A target processor, with the names it runs under.
 #[derive(Debug, Clone)]
@@ -174,6 +175,15 @@ impl Wanted {
                 from: start_position(self, topic, *internal, *start_from, deployment, resolved),
             })
             .collect();
+        let topics: Vec<String> = self.inputs.iter().map(|(t, _)| t.clone()).collect();
+        let state = super::state::run(
+            &topology.name,
+            &self.step,
+            transform,
+            &topics,
+            deployment,
+            self.predecessor(deployment, resolved),
+        );
         StartProcessor {
             step: self.step.clone(),
             identity: self.identity,
@@ -186,7 +196,45 @@ impl Wanted {
             env: env.clone(),
             scale: *scale,
             resources: resources.clone(),
+            state,
         }
+    }
+
+    /// The changelog this life keeps its state in, if it keeps state.
+    fn state_topic(
+        &self,
+        topology: &Topology,
+        deployment: &Deployment,
+        resolved: &Resolved,
+    ) -> Option<String> {
+        self.start(topology, deployment, resolved)
+            .state
+            .map(|state| state.topic)
+    }
+
+    /// What ran of this step before this life: a retiring life, or one stopped in this move
+    /// (its recorded positions keep its state); `None` for a new step.
+    fn predecessor(&self, deployment: &Deployment, resolved: &Resolved) -> Option<Predecessor> {
+        let running = resolved
+            .retiring
+            .iter()
+            .map(|&r| &deployment.lives[r])
+            .filter(|l| l.step() == self.step)
+            .map(|l| OldState::of(&l.start));
+        let stopped = deployment
+            .positions
+            .get(&self.step)
+            .into_iter()
+            .flat_map(|p| p.values())
+            .map(|r| r.state.clone());
+        let mut any = false;
+        for state in running.chain(stopped) {
+            any = true;
+            if let Some(state) = state {
+                return Some(Predecessor::Stateful(state));
+            }
+        }
+        any.then_some(Predecessor::Stateless)
     }
 }
 
@@ -238,6 +286,35 @@ pub struct Pending {
 /// order (each drains the topics whose writers stopped, then stops); a retired preview's
 /// consumer groups are deleted last.
 pub fn remaining(name: &str, deployment: &Deployment, target: Option<&Topology>) -> Vec<Pending> {
+    let mut out = remaining_unheld(name, deployment, target);
+    // A stateful step whose state cannot be carried over holds the whole move: nothing is
+    // stopped or started until the step file says what its state starts from.
+    let cannot = out.iter().find_map(|p| match &p.action {
+        Action::StartProcessor(start) => match start.state.as_ref().map(|s| &s.carry) {
+            Some(Carry::Cannot { why }) => Some(format!(
+                "the reviewer's choice for step `{}`: its state cannot be carried over ({why}); \
+                 set `stateStart: empty` or `stateStart: earliest` in its step file",
+                start.step
+            )),
+            _ => None,
+        },
+        _ => None,
+    });
+    if let Some(why) = cannot {
+        for pending in &mut out {
+            pending.blocked_by.get_or_insert_with(|| why.clone());
+        }
+    }
+    out
+}
+
+/// [`remaining`] without the hold a reviewer's missing choice puts on the move: what the
+/// move would do once it is made (the plan shows it).
+fn remaining_unheld(
+    name: &str,
+    deployment: &Deployment,
+    target: Option<&Topology>,
+) -> Vec<Pending> {
     let resolved = resolve(deployment, target);
     let mut out = Vec::new();
     let ready = |action| Pending {
@@ -246,7 +323,14 @@ pub fn remaining(name: &str, deployment: &Deployment, target: Option<&Topology>)
     };
     let lives = &deployment.lives;
     let Some(topology) = target else {
-        retire(name, deployment, &resolved, &BTreeSet::new(), &mut out);
+        retire(
+            name,
+            deployment,
+            None,
+            &resolved,
+            &BTreeSet::new(),
+            &mut out,
+        );
         if lives.is_empty() && super::preview::is_preview(name) {
             // Only groups under its own names, whatever a record says.
             let own = format!("plumber.{name}.");
@@ -293,6 +377,7 @@ pub fn remaining(name: &str, deployment: &Deployment, target: Option<&Topology>)
                 replication: topology.replication,
                 config: topology.topic_config.clone(),
                 kind: TopicKind::Internal,
+                like: None,
             }));
         }
         let dlq = topology.dlq_topic(wanted.id);
@@ -304,6 +389,37 @@ pub fn remaining(name: &str, deployment: &Deployment, target: Option<&Topology>)
                 replication: topology.replication,
                 config: topology.topic_config.clone(),
                 kind: TopicKind::DeadLetter,
+                like: None,
+            }));
+        }
+        if let Some(state) = wanted.state_topic(topology, deployment, &resolved)
+            && !deployment.state_topics.contains(&state)
+        {
+            // One changelog partition per input partition: the input's count, read when the
+            // topic is created when the input is a source.
+            let (input, internal) = wanted.inputs.first().cloned().unwrap_or_default();
+            let upstream = internal
+                .then(|| {
+                    resolved
+                        .wanted
+                        .iter()
+                        .find(|w| w.group == input)
+                        .and_then(|w| match &topology.step(w.id).kind {
+                            StepKind::Processor { partitions, .. } => Some(*partitions),
+                            _ => None,
+                        })
+                })
+                .flatten();
+            let mut config = topology.topic_config.clone();
+            config.insert("cleanup.policy".into(), "compact".into());
+            out.push(ready(Action::CreateTopic {
+                topic: state,
+                step: wanted.step.clone(),
+                partitions: upstream.unwrap_or(0),
+                replication: topology.replication,
+                config,
+                kind: TopicKind::State,
+                like: upstream.is_none().then_some(input),
             }));
         }
     }
@@ -317,6 +433,7 @@ pub fn remaining(name: &str, deployment: &Deployment, target: Option<&Topology>)
                 replication: topology.replication,
                 config: topology.topic_config.clone(),
                 kind: TopicKind::Shadow,
+                like: None,
             }));
         }
     }
@@ -342,7 +459,14 @@ pub fn remaining(name: &str, deployment: &Deployment, target: Option<&Topology>)
     }
     // 4 and 5.
     let wanted_shadows = shadows.keys().copied().collect();
-    retire(name, deployment, &resolved, &wanted_shadows, &mut out);
+    retire(
+        name,
+        deployment,
+        Some(topology),
+        &resolved,
+        &wanted_shadows,
+        &mut out,
+    );
     out
 }
 
@@ -388,6 +512,11 @@ fn start_blocked_by(
     }
     if !deployment.dead_letter_topics.contains(&start.dlq) {
         return Some(format!("topic {} to be created", start.dlq));
+    }
+    if let Some(state) = &start.state
+        && !deployment.state_topics.contains(&state.topic)
+    {
+        return Some(format!("topic {} to be created", state.topic));
     }
     let lives = &deployment.lives;
     let predecessors: Vec<usize> = resolved
@@ -448,6 +577,7 @@ fn downstream(lives: &[Life], topics: &[&str]) -> BTreeSet<usize> {
 fn retire(
     name: &str,
     deployment: &Deployment,
+    target: Option<&Topology>,
     resolved: &Resolved,
     shadows: &BTreeSet<&str>,
     out: &mut Vec<Pending>,
@@ -482,6 +612,33 @@ fn retire(
         let user = lives
             .iter()
             .find(|l| l.writes(topic) || l.reads(topic))
+            .map(|l| format!("{} to stop", l.group()));
+        out.push(Pending {
+            action: Action::DeleteTopic {
+                topic: topic.clone(),
+            },
+            blocked_by: user,
+        });
+    }
+    let states: BTreeSet<String> = target
+        .map(|topology| {
+            resolved
+                .wanted
+                .iter()
+                .filter_map(|w| match w.kept {
+                    Some(k) => lives[k].start.state.as_ref().map(|s| s.topic.clone()),
+                    None => w.state_topic(topology, deployment, resolved),
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    for topic in &deployment.state_topics {
+        if states.contains(topic) {
+            continue;
+        }
+        let user = lives
+            .iter()
+            .find(|l| l.start.state.as_ref().is_some_and(|s| &s.topic == topic))
             .map(|l| format!("{} to stop", l.group()));
         out.push(Pending {
             action: Action::DeleteTopic {
@@ -571,7 +728,13 @@ pub fn plan(name: &str, deployment: &Deployment, target: Option<&Topology>) -> V
     let mut simulated = deployment.clone();
     let mut actions = Vec::new();
     for _ in 0..action_bound(deployment, target) {
-        let Some(action) = next(name, &simulated, target, &|_| false) else {
+        // As the move will run once a reviewer's choice it waits for is made: the plan shows
+        // the start that waits for it, and says why.
+        let Some(action) = remaining_unheld(name, &simulated, target)
+            .into_iter()
+            .find(|p| p.blocked_by.is_none())
+            .map(|p| p.action)
+        else {
             break;
         };
         let effect = match &action {

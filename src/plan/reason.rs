@@ -130,7 +130,26 @@ fn fields(topology: &Topology, id: StepId) -> Vec<(String, String)> {
             push("input", inputs());
             match transform {
                 Transform::Jq { program } => push("jq", program.clone()),
-                Transform::Sql { query } => push("sql", query.clone()),
+                Transform::Sql { query, state } => {
+                    push("sql", query.clone());
+                    if let Some(state) = state {
+                        push("grace", format!("{} ms", state.grace_ms));
+                        push("emit", state.emit.as_str().to_owned());
+                        push(
+                            "stateMaxGroups",
+                            state.max_groups.map_or("default".into(), |m| m.to_string()),
+                        );
+                        push(
+                            "stateStart",
+                            match state.start {
+                                None => "unset",
+                                Some(crate::spec::StateStart::Empty) => "empty",
+                                Some(crate::spec::StateStart::Earliest) => "earliest",
+                            }
+                            .to_owned(),
+                        );
+                    }
+                }
                 Transform::Exec { command, image } => {
                     push("exec.command", list(command));
                     if let Some(image) = image {

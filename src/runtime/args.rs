@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use super::ProcessorSpec;
+use crate::plan::Carry;
 use crate::spec::{EnvValue, Transform};
 
 /// Where one instance of a processor runs.
@@ -72,10 +73,25 @@ pub fn processor_args(spec: &ProcessorSpec, placement: &Placement<'_>) -> Vec<St
                 flag("jq-env", name);
             }
         }
-        Transform::Sql { query } => {
+        Transform::Sql { query, state } => {
             flag("sql", query);
-            for (step, topic) in &spec.input_steps {
-                flag("sql-input", &format!("{step}={topic}"));
+            if let (Some(settings), Some(run)) = (state, &spec.state) {
+                // One input step, read from one topic: no `--sql-input`.
+                flag("state-topic", &run.topic);
+                flag("grace-ms", &settings.grace_ms.to_string());
+                flag("emit", settings.emit.as_str());
+                if let Some(max) = settings.max_groups {
+                    flag("state-max-groups", &max.to_string());
+                }
+                match &run.carry {
+                    Carry::Rebuild { span_ms } => flag("rebuild", &span_ms.to_string()),
+                    Carry::Earliest => flag("rebuild", "earliest"),
+                    Carry::Restore | Carry::Empty | Carry::Cannot { .. } => {}
+                }
+            } else {
+                for (step, topic) in &spec.input_steps {
+                    flag("sql-input", &format!("{step}={topic}"));
+                }
             }
         }
         Transform::Http { port, path, .. } => {
@@ -161,7 +177,53 @@ mod tests {
                 record_timeout: Some(7),
                 assignor: Some(Assignor::Eager),
             },
+            state: None,
         }
+    }
+
+    /// A stateful step's changelog, bounds and rebuild reach the processor; it reads one
+    /// input, so no `--sql-input`.
+    #[test]
+    fn a_stateful_step_s_state_settings_reach_the_processor() {
+        use crate::plan::{Carry, StateRun};
+        use crate::spec::{Emit, SqlState};
+        let mut counting = spec(Transform::Sql {
+            query: "SELECT _key, COUNT(*) AS n FROM raw GROUP BY _key, TUMBLE(_timestamp, INTERVAL '1' MINUTE)".into(),
+            state: Some(SqlState {
+                grace_ms: 30_000,
+                emit: Emit::Update,
+                max_groups: Some(5_000),
+                start: None,
+            }),
+        });
+        counting.inputs = vec!["a".into()];
+        counting.state = Some(StateRun {
+            topic: "plumber.t.s.0123456789ab.state".into(),
+            carry: Carry::Rebuild { span_ms: 90_000 },
+        });
+        let config = parsed(&counting, &Placement::default());
+        let state = config.state.expect("state settings");
+        assert_eq!(state.topic, "plumber.t.s.0123456789ab.state");
+        assert_eq!(state.grace_ms, 30_000);
+        assert_eq!(state.emit, plumber_processor::config::EmitChoice::Update);
+        assert_eq!(state.max_groups, 5_000);
+        assert_eq!(
+            state.rebuild,
+            Some(plumber_processor::config::Rebuild::SpanMs(90_000))
+        );
+        assert!(
+            matches!(config.transform, TransformSpec::Sql { ref inputs, .. } if inputs.is_empty())
+        );
+        counting.state = Some(StateRun {
+            topic: "plumber.t.s.0123456789ab.state".into(),
+            carry: Carry::Restore,
+        });
+        assert_eq!(
+            parsed(&counting, &Placement::default())
+                .state
+                .and_then(|s| s.rebuild),
+            None
+        );
     }
 
     /// What the processor itself makes of the arguments: the test that what a runtime
@@ -178,6 +240,7 @@ mod tests {
         let credentials = PathBuf::from("/etc/plumber/kafka");
         let sql = spec(Transform::Sql {
             query: "SELECT * FROM raw UNION ALL SELECT * FROM up".into(),
+            state: None,
         });
         let placement = Placement {
             instance: Some("3"),

@@ -189,6 +189,9 @@ pub struct ProcessorSpec {
     pub dir: String,
     #[serde(default)]
     pub settings: Settings,
+    /// A stateful step's changelog and what its state starts from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<crate::plan::StateRun>,
 }
 
 /// What a runtime observes about one processor.

@@ -56,6 +56,7 @@ impl ProcessorSpec {
             commit: target.commit.to_owned(),
             dir,
             settings: target.settings,
+            state: start.state.clone(),
         }
     }
 }

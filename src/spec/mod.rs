@@ -256,9 +256,12 @@ pub enum Transform {
     Jq {
         program: String,
     },
-    /// A stateless `SELECT … FROM <input step> [WHERE …]` (see `plumber_sql`).
+    /// A stateless `SELECT … FROM <input step> [WHERE …]`, or a stateful one with
+    /// `GROUP BY` (`state`; see `plumber_sql` and `docs/stateful-sql.md`).
     Sql {
         query: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        state: Option<SqlState>,
     },
     Exec {
         command: Vec<String>,
@@ -274,6 +277,51 @@ pub enum Transform {
         #[serde(skip_serializing_if = "Option::is_none")]
         command: Option<Vec<String>>,
     },
+}
+
+/// A stateful `sql` step's settings (`grace`, `emit`, `stateMaxGroups`, `stateStart`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SqlState {
+    /// How long after its end a window takes late records.
+    pub grace_ms: u64,
+    pub emit: Emit,
+    /// The most open groups an instance keeps (`None`: the processor's default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_groups: Option<u64>,
+    /// What a new life starts from when the old state cannot be carried over.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start: Option<StateStart>,
+}
+
+/// When a windowed query emits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Emit {
+    /// Once per window, when it closes.
+    #[default]
+    Close,
+    /// After every record that reaches a group.
+    Update,
+}
+
+impl Emit {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Emit::Close => "close",
+            Emit::Update => "update",
+        }
+    }
+}
+
+/// `stateStart:` the reviewer's choice for a new life whose state cannot be carried over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StateStart {
+    /// No state: windows open at the cutover count only what comes after it.
+    Empty,
+    /// Rebuilt from the earliest offset the input still holds, without emitting.
+    Earliest,
 }
 
 impl Transform {

@@ -2,24 +2,45 @@
 //! problem reported where it is written: the query's line and column mapped through the YAML
 //! value (quotes, escapes, block scalars) to the step file's.
 
-use plumber_sql::Query;
+use plumber_sql::Compiled;
 
 use super::fields::{Located, Report};
 use super::yaml::{self, Node};
 use crate::diagnostic::Code;
 
+/// What kind of query a `sql:` step holds, once it compiles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Kind {
+    Stateless,
+    /// `GROUP BY`: keeps state per key.
+    Stateful,
+}
+
+/// Checks the query; `None` when it does not compile (each problem reported at its place)
+/// or cannot run yet.
 pub(super) fn check(
     query: &str,
     value: &Node,
     inputs: &[Located<String>],
     source: &str,
     report: &mut Report,
-) {
+) -> Option<Kind> {
     let names: Vec<&str> = inputs.iter().map(|i| i.value.as_str()).collect();
     // Without inputs (a `missing-field` already), any FROM is let through.
     let inputs = (!names.is_empty()).then_some(names.as_slice());
-    let Err(problems) = Query::compile(query, inputs) else {
-        return;
+    let problems = match plumber_sql::compile_any(query, inputs, true) {
+        Ok(Compiled::Stateless(_)) => return Some(Kind::Stateless),
+        Ok(Compiled::Stateful(_)) => return Some(Kind::Stateful),
+        Ok(Compiled::Join(_)) => {
+            report.error(
+                Code::InvalidSql,
+                value.pos,
+                "a stream–table JOIN compiles, but Plumber does not run JOIN steps yet \
+                 (docs/stateful-sql.md says what is built); enrich with an exec or http step",
+            );
+            return None;
+        }
+        Err(problems) => problems,
     };
     for problem in problems {
         let offset = char_offset(query, problem.line, problem.column);
@@ -35,6 +56,7 @@ pub(super) fn check(
             ),
         }
     }
+    None
 }
 
 /// The character offset of a 1-based line and column of `text`.

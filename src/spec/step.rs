@@ -6,8 +6,8 @@ use super::fields::{self, Fields, Located, Report};
 use super::settings;
 use super::yaml::{Node, Pos, Value};
 use super::{
-    ClusterSpec, DEFAULT_CLUSTER, Defaults, Endpoint, EnvValue, ProcessorSpec, Resources,
-    SecretRef, SourceFile, StartFrom, StepDef, StepSpec, Transform, names,
+    ClusterSpec, DEFAULT_CLUSTER, Defaults, Emit, Endpoint, EnvValue, ProcessorSpec, Resources,
+    SecretRef, SourceFile, SqlState, StartFrom, StateStart, StepDef, StepSpec, Transform, names,
 };
 use crate::diagnostic::{Code, Diagnostic};
 
@@ -26,7 +26,7 @@ pub(super) struct JqProgram {
 const COMMON: [&str; 3] = ["kind", "description", "owner"];
 const SOURCE_FIELDS: [&str; 2] = ["topic", "cluster"];
 const SINK_FIELDS: [&str; 3] = ["topic", "cluster", "input"];
-const PROCESSOR_FIELDS: [&str; 10] = [
+const PROCESSOR_FIELDS: [&str; 14] = [
     "input",
     "jq",
     "sql",
@@ -37,7 +37,15 @@ const PROCESSOR_FIELDS: [&str; 10] = [
     "scale",
     "partitions",
     "startFrom",
+    "grace",
+    "emit",
+    "stateMaxGroups",
+    "stateStart",
 ];
+/// The keys of a stateful `sql` step only.
+const STATE_FIELDS: [&str; 4] = ["grace", "emit", "stateMaxGroups", "stateStart"];
+/// The longest `grace`: a window's state lives this long after its end.
+const MAX_GRACE: std::time::Duration = std::time::Duration::from_secs(7 * 24 * 3600);
 const TRANSFORMS: [&str; 4] = ["jq", "sql", "exec", "http"];
 
 pub(super) fn load(
@@ -341,6 +349,9 @@ fn transform(
             return None;
         }
     };
+    if entry.key != "sql" {
+        refuse_state_fields(fields, &format!("a `{}` step", entry.key), report);
+    }
     match entry.key.as_str() {
         "jq" => {
             let program = fields::string(entry, report)?;
@@ -355,8 +366,20 @@ fn transform(
         }
         "sql" => {
             let query = fields::string(entry, report)?;
-            super::sql::check(&query.value, &entry.value, inputs, source, report);
-            Some(Transform::Sql { query: query.value })
+            let kind = super::sql::check(&query.value, &entry.value, inputs, source, report);
+            let state = match kind {
+                Some(super::sql::Kind::Stateful) => Some(sql_state(fields, report)),
+                _ => {
+                    if kind.is_some() {
+                        refuse_state_fields(fields, "a `sql` step without GROUP BY", report);
+                    }
+                    None
+                }
+            };
+            Some(Transform::Sql {
+                query: query.value,
+                state,
+            })
         }
         "exec" => {
             let spec = Fields::of(&entry.value, "`exec`", entry.key_pos, report)?;
@@ -411,6 +434,82 @@ fn transform(
                 path: path?,
                 command,
             })
+        }
+    }
+}
+
+/// `grace`, `emit`, `stateMaxGroups` and `stateStart` of a stateful `sql` step.
+fn sql_state(fields: &Fields, report: &mut Report) -> SqlState {
+    let grace_ms = fields
+        .get("grace")
+        .and_then(|e| {
+            let text = fields::string(e, report)?;
+            match humantime::parse_duration(&text.value) {
+                Ok(grace) if grace <= MAX_GRACE => {
+                    Some(u64::try_from(grace.as_millis()).unwrap_or(u64::MAX))
+                }
+                Ok(_) => {
+                    report.error(
+                        Code::InvalidValue,
+                        e.key_pos,
+                        format!(
+                            "`grace` is at most 7d (a window's state is kept that long after its end), found `{}`",
+                            text.value
+                        ),
+                    );
+                    None
+                }
+                Err(error) => {
+                    report.error(
+                        Code::InvalidValue,
+                        e.key_pos,
+                        format!(
+                            "`grace` is a duration like `30s`, `5m` or `500ms`, found `{}` ({error})",
+                            text.value
+                        ),
+                    );
+                    None
+                }
+            }
+        })
+        .unwrap_or(0);
+    let emit = match fields
+        .get("emit")
+        .and_then(|e| fields::choice(e, &["close", "update"], report))
+    {
+        Some("update") => Emit::Update,
+        _ => Emit::Close,
+    };
+    let max_groups = fields
+        .get("stateMaxGroups")
+        .and_then(|e| fields::integer(e, 1..=100_000_000, report));
+    let start = match fields
+        .get("stateStart")
+        .and_then(|e| fields::choice(e, &["empty", "earliest"], report))
+    {
+        Some("empty") => Some(StateStart::Empty),
+        Some("earliest") => Some(StateStart::Earliest),
+        _ => None,
+    };
+    SqlState {
+        grace_ms,
+        emit,
+        max_groups,
+        start,
+    }
+}
+
+/// Reports each state key of a step that keeps no state.
+fn refuse_state_fields(fields: &Fields, what: &str, report: &mut Report) {
+    for key in STATE_FIELDS {
+        if let Some(entry) = fields.get(key) {
+            report.error(
+                Code::InvalidValue,
+                entry.key_pos,
+                format!(
+                    "`{key}` is for a `sql` step with GROUP BY (it keeps state); {what} keeps none"
+                ),
+            );
         }
     }
 }

@@ -246,6 +246,9 @@ impl Broker {
             if let Some(partition) = record.partition {
                 base = base.partition(partition);
             }
+            if let Some(timestamp) = record.timestamp {
+                base = base.timestamp(timestamp);
+            }
             if let Some(key) = &record.key {
                 base = base.key(key);
             }
@@ -472,7 +475,8 @@ pub struct TestRecord {
     pub headers: Vec<(String, Vec<u8>)>,
     pub partition: Option<i32>,
     pub offset: Option<i64>,
-    /// Milliseconds since the epoch, as the producer (or broker) stamped it; when read.
+    /// Milliseconds since the epoch, as the producer (or broker) stamped it when read; when
+    /// produced, the timestamp to give it (`None`: the producer's clock).
     pub timestamp: Option<i64>,
 }
 

@@ -11,10 +11,10 @@ use std::time::Instant;
 use plumber_sql::{Aggregation, Emit, Query, Record};
 
 use super::{Error, Outcome, Transform};
-use crate::config::{EmitChoice, StateConfig};
+use crate::config::{EmitChoice, Rebuild, StateConfig};
 use crate::metrics::Metrics;
 use crate::record::{Input, Output, Rejection};
-use crate::state::Stores;
+use crate::state::{RESTORE_TIMEOUT, ReadFrom, Stores, read_input};
 use crate::stop::Stop;
 
 pub struct Sql {
@@ -123,6 +123,7 @@ impl Transform for Sql {
 pub struct Aggregate {
     query: Aggregation,
     stores: Arc<Stores>,
+    rebuild: Option<Rebuild>,
 }
 
 impl Aggregate {
@@ -135,7 +136,86 @@ impl Aggregate {
         Aggregate {
             query: query.with_grace(grace).with_emit(emit),
             stores,
+            rebuild: state.rebuild,
         }
+    }
+
+    /// Rebuilds a partition the changelog holds no state of from the input records before
+    /// `input` (the first one it reads), without emitting: the old life emitted what they
+    /// closed. The state then stands just before `input`.
+    fn rebuild(&self, input: &Input<'_>, rebuild: Rebuild, metrics: &Metrics) -> Result<(), Error> {
+        let from = match (rebuild, input.timestamp) {
+            (Rebuild::SpanMs(span), Some(timestamp)) => {
+                let span = i64::try_from(span).unwrap_or(i64::MAX);
+                ReadFrom::Time(timestamp.saturating_sub(span.saturating_mul(2)))
+            }
+            _ => ReadFrom::Earliest,
+        };
+        let (topic, partition) = (input.topic, input.partition);
+        let started = Instant::now();
+        let mut refused = 0u64;
+        let progress = |read: usize| {
+            metrics.beat();
+            metrics
+                .state_restoring
+                .set(i64::try_from(read).unwrap_or(i64::MAX));
+        };
+        let room = self.stores.max_groups();
+        let read = read_input(
+            self.stores.client().clone(),
+            topic,
+            partition,
+            from,
+            input.offset,
+            RESTORE_TIMEOUT,
+            &progress,
+            &mut |message| {
+                let record = crate::pipeline::input_of(message);
+                let fed = self.stores.with(topic, partition, |state| {
+                    let fed = record.timestamp.map(|timestamp| {
+                        self.query.feed_within(
+                            state,
+                            &Record {
+                                value: record.value,
+                                key: record.key,
+                                headers: &record.headers,
+                            },
+                            timestamp,
+                            room,
+                        )
+                    });
+                    state.reflects(record.offset);
+                    fed
+                });
+                if let Some(Some(Err(error))) = fed
+                    && error.kind == STATE_FULL
+                {
+                    refused += 1;
+                }
+            },
+        )?;
+        metrics.state_restoring.set(0);
+        self.stores.with(topic, partition, |state| {
+            state.reflects(input.offset - 1);
+        });
+        if refused > 0 {
+            tracing::warn!(
+                topic,
+                partition,
+                refused,
+                "the rebuild left out records that would have opened groups beyond --state-max-groups"
+            );
+        }
+        tracing::info!(
+            topic,
+            partition,
+            from = ?from,
+            until = input.offset,
+            records = read,
+            seconds = started.elapsed().as_secs_f64(),
+            "state rebuilt from the input, without emitting"
+        );
+        Ok(())
     }
 
     fn feed(&self, input: &Input<'_>) -> Result<Outcome, Error> {
@@ -245,7 +325,16 @@ impl Transform for Aggregate {
                 .inc_by(u64::try_from(read).unwrap_or(0));
             metrics.state_restoring.set(0);
         }
-        restored.map_err(Error::from)
+        let without_state = restored?
+            && self.stores.with(input.topic, input.partition, |state| {
+                state.offset().is_none()
+            }) == Some(true);
+        match self.rebuild {
+            Some(rebuild) if without_state && input.offset > 0 => {
+                self.rebuild(input, rebuild, metrics)
+            }
+            _ => Ok(()),
+        }
     }
 }
 

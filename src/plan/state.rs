@@ -1,0 +1,137 @@
+//! A stateful `sql` step's changelog, and what a new life's state starts from
+//! (`docs/stateful-sql.md`, "Cutover of a stateful step"). Pure: the decision is a function of
+//! the two queries, the inputs and what the deployment holds.
+//!
+//! The changelog is named by what the state is made of (the query's state definition, its
+//! grace and the input topics), so a new life whose state is the old one's finds the old
+//! changelog under the same name and restores it. Any other new life gets a new changelog and
+//! rebuilds its state from the inputs (windows bound how far back), or the reviewer says what
+//! it starts from (`stateStart`).
+
+use plumber_sql::{Aggregation, CarryOver, Compiled};
+use sha2::{Digest, Sha256};
+
+use super::deployment::{Deployment, OldState};
+use super::{Carry, StateRun};
+use crate::spec::{SqlState, StateStart, Transform};
+
+/// The state a step's new life runs with; `None` for a step that keeps none.
+pub(super) fn run(
+    topology: &str,
+    step: &str,
+    transform: &Transform,
+    inputs: &[String],
+    deployment: &Deployment,
+    predecessor: Option<Predecessor>,
+) -> Option<StateRun> {
+    let Transform::Sql {
+        query,
+        state: Some(settings),
+    } = transform
+    else {
+        return None;
+    };
+    let aggregation = match compile(query, settings.grace_ms) {
+        Ok(aggregation) => aggregation,
+        Err(why) => {
+            return Some(StateRun {
+                topic: format!("plumber.{topology}.{step}.invalid.state"),
+                carry: Carry::Cannot { why },
+            });
+        }
+    };
+    let topic = changelog_topic(topology, step, &aggregation, inputs);
+    let carry =
+        if deployment.state_topics.contains(&topic) && !deployment.fresh_topics.contains(&topic) {
+            Carry::Restore
+        } else {
+            match predecessor {
+                None => Carry::Empty,
+                Some(predecessor) => carry_from(&aggregation, settings, &predecessor),
+            }
+        };
+    Some(StateRun { topic, carry })
+}
+
+/// What ran before a step's new life.
+#[derive(Debug, Clone)]
+pub(super) enum Predecessor {
+    /// A life that kept state.
+    Stateful(OldState),
+    /// A life that kept none (the step becomes stateful).
+    Stateless,
+}
+
+fn carry_from(new: &Aggregation, settings: &SqlState, old: &Predecessor) -> Carry {
+    let verdict = match old {
+        Predecessor::Stateful(old) => match compile(&old.query, old.grace_ms) {
+            // Same state, but not under the same changelog: the inputs changed (an upstream
+            // step was replaced), and the old state's offsets are not the new input's.
+            Ok(old) => match new.carry_over(&old) {
+                CarryOver::Reuse => carry_over_new_inputs(new),
+                other => other,
+            },
+            Err(why) => CarryOver::Cannot {
+                why: format!("the old life's query does not compile any more: {why}"),
+            },
+        },
+        // The old life kept no state: rebuild what a window needs, or nothing can.
+        Predecessor::Stateless => new.without_old_state(),
+    };
+    match (verdict, settings.start) {
+        (CarryOver::Rebuild { span_ms }, _) => Carry::Rebuild { span_ms },
+        (_, Some(StateStart::Empty)) => Carry::Empty,
+        (_, Some(StateStart::Earliest)) => Carry::Earliest,
+        (CarryOver::Cannot { why }, None) => Carry::Cannot { why },
+        // Not produced above: a reusable state is found under its own changelog's name.
+        (CarryOver::Reuse, None) => Carry::Restore,
+    }
+}
+
+/// The same state, but no old changelog applies to the inputs: rebuilt where windows bound
+/// it.
+fn carry_over_new_inputs(new: &Aggregation) -> CarryOver {
+    match new.without_old_state() {
+        CarryOver::Cannot { why } => CarryOver::Cannot {
+            why: format!("its input topics changed, so the old state does not apply; and {why}"),
+        },
+        other => other,
+    }
+}
+
+fn compile(query: &str, grace_ms: u64) -> Result<Aggregation, String> {
+    match plumber_sql::compile_any(query, None, true) {
+        Ok(Compiled::Stateful(aggregation)) => {
+            Ok(aggregation.with_grace(i64::try_from(grace_ms).unwrap_or(i64::MAX)))
+        }
+        Ok(_) => Err("the query keeps no state".into()),
+        Err(problems) => Err(problems
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("; ")),
+    }
+}
+
+/// `plumber.<topology>.<step>.<state12>.state`: twelve hex digits of a hash of the state's
+/// definition and the input topics.
+fn changelog_topic(
+    topology: &str,
+    step: &str,
+    aggregation: &Aggregation,
+    inputs: &[String],
+) -> String {
+    let mut hash = Sha256::new();
+    hash.update(aggregation.state_fingerprint().as_bytes());
+    for input in inputs {
+        hash.update([0]);
+        hash.update(input.as_bytes());
+    }
+    let digest = hash.finalize();
+    let short: String = digest
+        .iter()
+        .take(6)
+        .map(|byte| format!("{byte:02x}"))
+        .collect();
+    format!("plumber.{topology}.{step}.{short}.state")
+}
