@@ -570,7 +570,7 @@ fn a_stateful_step_s_plan_says_what_its_state_starts_from() {
         "rename",
         &[write(
             "topologies/t/steps/counts.yaml",
-            &stateful(&WINDOWED.replace("AS n", "AS clicks"), "grace: 10s\n"),
+            stateful(&WINDOWED.replace("AS n", "AS clicks"), "grace: 10s\n"),
         )],
     );
     let renamed = plan_between(&repo, Some(c1), c2);
@@ -594,7 +594,7 @@ fn a_stateful_step_s_plan_says_what_its_state_starts_from() {
         "filter",
         &[write(
             "topologies/t/steps/counts.yaml",
-            &stateful(
+            stateful(
                 &WINDOWED.replace("FROM in", "FROM in WHERE ok"),
                 "grace: 10s\n",
             ),
@@ -645,7 +645,7 @@ fn a_stateful_step_s_plan_says_what_its_state_starts_from() {
         "filter the running count",
         &[write(
             "topologies/t/steps/counts.yaml",
-            &stateful(&RUNNING.replace("FROM in", "FROM in WHERE ok"), ""),
+            stateful(&RUNNING.replace("FROM in", "FROM in WHERE ok"), ""),
         )],
     );
     let waiting = plan_between(&repo, Some(c4), c5);
@@ -689,7 +689,7 @@ fn a_stateful_step_s_plan_says_what_its_state_starts_from() {
         "start the filtered count empty",
         &[write(
             "topologies/t/steps/counts.yaml",
-            &stateful(
+            stateful(
                 &RUNNING.replace("FROM in", "FROM in WHERE ok"),
                 "stateStart: empty\n",
             ),
@@ -704,7 +704,7 @@ fn a_stateful_step_s_plan_says_what_its_state_starts_from() {
         "rebuild the filtered count from the earliest",
         &[write(
             "topologies/t/steps/counts.yaml",
-            &stateful(
+            stateful(
                 &RUNNING.replace("FROM in", "FROM in WHERE ok"),
                 "stateStart: earliest\n",
             ),
