@@ -243,7 +243,7 @@ impl World {
         }
     }
 
-    fn sink_topic(&self, sink: &str) -> &str {
+    pub fn sink_topic(&self, sink: &str) -> &str {
         &self.sinks[sink]
     }
 
@@ -385,6 +385,11 @@ impl World {
 
     pub fn start_load(&self, rate: u64) -> Load {
         Load::start(&self.broker, &self.source, rate)
+    }
+
+    /// The repository's directory.
+    pub fn repo_path(&self) -> &std::path::Path {
+        self.repo.path()
     }
 
     /// The repository's path (a daemon watches it for commits).
@@ -971,7 +976,7 @@ pub struct Plumber {
 }
 
 /// The identities of `topology`'s processors in `commit`'s graph, by step name.
-fn processors_at(
+pub fn processors_at(
     repo: &std::path::Path,
     topology: &str,
     commit: git2::Oid,
