@@ -870,6 +870,7 @@ fn observed_status_is_published_beside_the_record_and_only_when_it_changed() {
         replicas: None,
         scale: None,
         records_per_second: None,
+        keeps_state: None,
         retiring: None,
     };
     let observed = TopologyStatus {

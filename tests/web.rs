@@ -534,6 +534,48 @@ fn step_details(s: &Value) -> Value {
         ));
         rows.push(("Lag", Some(count(s["lag"].as_i64()))));
         rows.push(("Records/s", Some(rate(s["recordsPerSecond"].as_f64()))));
+        // A stateful step's state (`StateRows`).
+        let kept = &s["keepsState"];
+        if kept.is_object() {
+            let restoring = match kept["restoringEntries"].as_i64() {
+                Some(n) if n > 0 => format!(", restoring ({} entries read)", count(Some(n))),
+                _ => String::new(),
+            };
+            rows.push((
+                "State",
+                Some(format!(
+                    "{} groups{restoring}",
+                    count(kept["groups"].as_i64())
+                )),
+            ));
+            rows.push((
+                "Watermark",
+                Some(kept["watermarkMs"].as_i64().map_or(
+                    "no record counted yet".to_owned(),
+                    |ms| {
+                        humantime::format_rfc3339_millis(
+                            std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms as u64),
+                        )
+                        .to_string()
+                    },
+                )),
+            ));
+            rows.push((
+                "State started",
+                Some(
+                    match kept["startedFrom"].as_str().unwrap_or_default() {
+                        "restore" => "restored from its changelog",
+                        "rebuild" => "rebuilt from the records before the cutover",
+                        "earliest" => "rebuilt from the earliest records",
+                        "empty" => "empty at its start",
+                        "cannot" => "waiting: the step file must set stateStart",
+                        other => other,
+                    }
+                    .to_owned(),
+                ),
+            ));
+            rows.push(("Changelog", kept["changelog"].as_str().map(str::to_owned)));
+        }
     } else if let Some(lag) = s["lag"].as_i64() {
         rows.push(("Lag", Some(count(Some(lag)))));
     }

@@ -35,7 +35,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let metrics = Metrics::new();
+    let metrics = Metrics::for_step(config.state.is_some());
     if let Some(restarts) = std::env::var(SELF_RESTARTS_ENV)
         .ok()
         .and_then(|n| n.parse().ok())

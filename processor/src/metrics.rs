@@ -68,7 +68,13 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// The metrics of a stateless step.
     pub fn new() -> Self {
+        Self::for_step(false)
+    }
+
+    /// The metrics of a step; a stateful one (`stateful`) also serves its state's gauges.
+    pub fn for_step(stateful: bool) -> Self {
         let mut registry = Registry::with_prefix("plumber_processor");
         let metrics = Metrics {
             consumed: Counter::default(),
@@ -178,6 +184,17 @@ impl Metrics {
             "Times the processor restarted itself to end a transform past its deadline",
             metrics.self_restarts.clone(),
         );
+        if stateful {
+            metrics.register_state(&mut registry);
+        }
+        Metrics {
+            registry: Arc::new(registry),
+            ..metrics
+        }
+    }
+
+    fn register_state(&self, registry: &mut Registry) {
+        let metrics = self;
         registry.register(
             "state_groups",
             "Open groups of a stateful step (a key's window, or its running aggregate)",
@@ -198,10 +215,6 @@ impl Metrics {
             "Changelog entries read by restores",
             metrics.state_restored.clone(),
         );
-        Metrics {
-            registry: Arc::new(registry),
-            ..metrics
-        }
     }
 
     /// Carries over what earlier images of this process counted before they replaced

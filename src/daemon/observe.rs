@@ -288,6 +288,28 @@ fn observe_topology(
         }
         let group = life.map(|l| l.group().to_owned());
         let records_per_second = group.as_deref().and_then(|g| context.rates.per_second(g));
+        let keeps_state = life.and_then(|l| {
+            let run = l.start.state.as_ref()?;
+            let gauges = context.rates.state_of(l.group());
+            Some(super::status::StateStatus {
+                changelog: run.topic.clone(),
+                started_from: match run.carry {
+                    crate::plan::Carry::Restore => "restore",
+                    crate::plan::Carry::Rebuild { .. } => "rebuild",
+                    crate::plan::Carry::Earliest => "earliest",
+                    crate::plan::Carry::Empty => "empty",
+                    crate::plan::Carry::Cannot { .. } => "cannot",
+                }
+                .to_owned(),
+                groups: gauges.map(|g| g.groups.max(0.0) as u64),
+                // 0: no record counted yet.
+                watermark_ms: gauges
+                    .and_then(|g| g.stream_time)
+                    .filter(|t| *t > 0.0)
+                    .map(|t| t as i64),
+                restoring_entries: gauges.map(|g| g.restoring.max(0.0) as u64),
+            })
+        });
         steps.push(StepStatus {
             name: listed.step,
             kind: listed.kind,
@@ -307,6 +329,7 @@ fn observe_topology(
                 max: s.max,
             }),
             records_per_second,
+            keeps_state,
             retiring,
         });
     }

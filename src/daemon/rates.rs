@@ -38,6 +38,11 @@ const MAX_PAGE: usize = 4 << 20;
 
 const CONSUMED: &str = "plumber_processor_records_consumed_total";
 const DEAD_LETTERED: &str = "plumber_processor_records_dead_lettered_total";
+/// A stateful step's gauges (`docs/stateful-sql.md`): open groups, its partitions' least
+/// stream time, and the changelog entries a restore under way has read.
+const STATE_GROUPS: &str = "plumber_processor_state_groups";
+const STATE_STREAM_TIME: &str = "plumber_processor_state_stream_time_ms";
+const STATE_RESTORING: &str = "plumber_processor_state_restoring_entries";
 
 /// The scraper: what it last read of every instance, and the rates it gave.
 #[derive(Default)]
@@ -50,6 +55,8 @@ pub struct Rates {
 struct State {
     meter: Meter,
     by_group: BTreeMap<String, f64>,
+    /// A stateful processor's state, summed over the instances read at the last look.
+    state_by_group: BTreeMap<String, StateGauges>,
     /// The steps (topology, step) whose gauge is set.
     exported: BTreeSet<(String, String)>,
 }
@@ -59,6 +66,12 @@ impl Rates {
     /// unknown.
     pub fn per_second(&self, group: &str) -> Option<f64> {
         self.state().by_group.get(group).copied()
+    }
+
+    /// A stateful processor's state as of the last look: groups and restore progress summed
+    /// over its instances, the least stream time; `None` for a stateless one, or unknown.
+    pub fn state_of(&self, group: &str) -> Option<StateGauges> {
+        self.state().state_by_group.get(group).copied()
     }
 
     /// Reads the `/metrics` of every instance of the `running` processors once, and updates
@@ -82,7 +95,14 @@ impl Rates {
             .keys()
             .map(|group| (group.clone(), Vec::new()))
             .collect();
+        let mut state_by_group: BTreeMap<String, StateGauges> = BTreeMap::new();
         for (group, endpoint, reading) in self.read_all(jobs) {
+            if let Some(gauges) = reading.as_ref().and_then(|r| r.counts.state) {
+                state_by_group
+                    .entry(group.clone())
+                    .and_modify(|sum| *sum = sum.add(gauges))
+                    .or_insert(gauges);
+            }
             reads
                 .entry(group)
                 .or_default()
@@ -142,6 +162,7 @@ impl Rates {
             .into_iter()
             .filter_map(|(group, round)| Some((group, round.per_second?)))
             .collect();
+        state.state_by_group = state_by_group;
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
@@ -249,6 +270,35 @@ async fn read(addr: SocketAddr) -> Result<Counts, ReadError> {
 pub(crate) struct Counts {
     pub consumed: f64,
     pub dead_lettered: f64,
+    /// A stateful processor's gauges; `None` when the page has none.
+    pub state: Option<StateGauges>,
+}
+
+/// A stateful processor's state, as its `/metrics` says.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StateGauges {
+    /// Open groups (a key's window, or its running aggregate).
+    pub groups: f64,
+    /// The least stream time of its partitions (its window watermark), ms; `None` before
+    /// any record counted.
+    pub stream_time: Option<f64>,
+    /// Changelog entries read by restores under way (0: none is).
+    pub restoring: f64,
+}
+
+impl StateGauges {
+    /// Two instances' state together: groups and restores add up, the watermark is the
+    /// lesser (no window below it is open in either).
+    fn add(self, other: StateGauges) -> StateGauges {
+        StateGauges {
+            groups: self.groups + other.groups,
+            stream_time: match (self.stream_time, other.stream_time) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            },
+            restoring: self.restoring + other.restoring,
+        }
+    }
 }
 
 /// The counters of a processor's `/metrics` page (Prometheus or OpenMetrics text). Only
@@ -267,6 +317,18 @@ pub(crate) fn parse(page: &str) -> Result<Counts, String> {
         let target = match name {
             CONSUMED => &mut counts.consumed,
             DEAD_LETTERED => &mut counts.dead_lettered,
+            STATE_GROUPS => &mut counts.state.get_or_insert_with(StateGauges::default).groups,
+            STATE_RESTORING => {
+                &mut counts
+                    .state
+                    .get_or_insert_with(StateGauges::default)
+                    .restoring
+            }
+            STATE_STREAM_TIME => counts
+                .state
+                .get_or_insert_with(StateGauges::default)
+                .stream_time
+                .get_or_insert(0.0),
             _ => continue,
         };
         let rest = &line[name_end..];
@@ -389,7 +451,36 @@ mod tests {
             counts,
             Counts {
                 consumed: 42.0,
-                dead_lettered: 3.0
+                dead_lettered: 3.0,
+                state: None,
+            }
+        );
+    }
+
+    /// A stateful processor's gauges, as it serves them.
+    #[test]
+    fn a_stateful_processors_state_is_read_from_its_page() {
+        let metrics = plumber_processor::metrics::Metrics::for_step(true);
+        metrics.consumed.inc_by(5);
+        metrics.state_groups.set(1_200);
+        metrics.state_stream_time.set(1_796_256_000_000);
+        metrics.state_restoring.set(30);
+        let counts = parse(&metrics.encode()).unwrap();
+        let state = counts.state.expect("state gauges");
+        assert_eq!(state.groups, 1_200.0);
+        assert_eq!(state.stream_time, Some(1_796_256_000_000.0));
+        assert_eq!(state.restoring, 30.0);
+        let other = StateGauges {
+            groups: 10.0,
+            stream_time: Some(1_796_255_000_000.0),
+            restoring: 0.0,
+        };
+        assert_eq!(
+            state.add(other),
+            StateGauges {
+                groups: 1_210.0,
+                stream_time: Some(1_796_255_000_000.0),
+                restoring: 30.0,
             }
         );
     }
@@ -405,7 +496,8 @@ mod tests {
             parse(page).unwrap(),
             Counts {
                 consumed: 7.0,
-                dead_lettered: 3.5
+                dead_lettered: 3.5,
+                state: None,
             }
         );
         assert!(parse("# EOF\n").is_err(), "no consumed counter");
@@ -539,6 +631,7 @@ mod tests {
             counts: Counts {
                 consumed,
                 dead_lettered: 0.0,
+                state: None,
             },
             at: start + Duration::from_secs(seconds),
         })

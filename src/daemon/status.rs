@@ -230,6 +230,9 @@ pub struct StepStatus {
     pub scale: Option<ScaleStatus>,
     /// Input records/s, from the processor's own `/metrics`; `null` while unknown.
     pub records_per_second: Option<f64>,
+    /// A stateful step's state (`docs/stateful-sql.md`); absent for the others.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub keeps_state: Option<StateStatus>,
     /// During a move, another life of the processor that is still deployed: the one the
     /// move replaces, running until it has drained and is stopped. Absent when none.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -261,6 +264,23 @@ pub struct LifeStatus {
     pub state: StepState,
     pub replicas: u32,
     pub lag: Option<i64>,
+}
+
+/// A stateful step's state, from its processors' `/metrics`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StateStatus {
+    /// Its changelog topic.
+    pub changelog: String,
+    /// What the running life's state started from: `restore`, `rebuild`, `earliest`,
+    /// `empty`; `cannot` while the move waits for the step file's `stateStart`.
+    pub started_from: String,
+    /// Open groups (a key's window, or its running aggregate); `null` while unknown.
+    pub groups: Option<u64>,
+    /// The window watermark: the least stream time of its partitions, ms since the epoch.
+    pub watermark_ms: Option<i64>,
+    /// Changelog entries read by restores under way; 0 when none is.
+    pub restoring_entries: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]

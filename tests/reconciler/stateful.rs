@@ -109,6 +109,23 @@ fn a_windowed_count_whose_where_changes_under_load_emits_every_window_once() {
     let r2 = world.commit_with("count fewer", &Model::new(), &files(&world, &filtered));
     plumber.wait_applied("t", r2);
     let at_cutover = load.sent();
+    // Status shows the state: rebuilt, its groups and its watermark.
+    plumber.wait_until("the step's state in status", |status| {
+        status["topologies"][0]["steps"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|s| s["name"] == "counts")
+            .is_some_and(|s| {
+                let kept = &s["keepsState"];
+                kept["startedFrom"] == "rebuild"
+                    && kept["groups"].as_u64().is_some_and(|g| g > 0)
+                    && kept["watermarkMs"].as_i64().is_some_and(|w| w > 0)
+                    && kept["changelog"].as_str().is_some_and(|c| {
+                        c.starts_with("plumber.t.counts.") && c.ends_with(".state")
+                    })
+            })
+    });
     load.wait_for(at_cutover + 800);
     let sent = load.stop();
 

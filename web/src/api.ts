@@ -60,8 +60,21 @@ export interface Step {
   replicas?: number | null;
   scale?: { min: number; max: number } | null;
   recordsPerSecond?: number | null;
+  /** A stateful SQL step's state (docs/stateful-sql.md); absent for the others. */
+  keepsState?: KeptState | null;
   /** During a move: the life it replaces, still deployed until it has drained and stopped. */
   retiring?: Life | null;
+}
+
+export interface KeptState {
+  changelog: string;
+  /** restore, rebuild, earliest, empty, or cannot (the move waits for `stateStart`). */
+  startedFrom: string;
+  groups: number | null;
+  /** The least stream time of its partitions, ms since the epoch. */
+  watermarkMs: number | null;
+  /** Changelog entries read by restores under way; 0 when none is. */
+  restoringEntries: number | null;
 }
 
 export interface Life {

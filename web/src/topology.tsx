@@ -1,5 +1,5 @@
 import { useState } from 'preact/hooks';
-import type { Cutover, CutoverAction, HistoryEntry, Life, RefPlan, Status, Step, TopologyStatus } from './api';
+import type { Cutover, CutoverAction, HistoryEntry, KeptState, Life, RefPlan, Status, Step, TopologyStatus } from './api';
 import { Commit, DaemonError, PhaseBadge, Text, When } from './components';
 import { Dag, Legend } from './dag';
 import type { DagNode } from './dag';
@@ -124,6 +124,7 @@ function StepDetails(props: { step: Step | null }) {
                 />
                 <Row term="Lag" value={count(s.lag)} />
                 <Row term="Records/s" value={rate(s.recordsPerSecond)} />
+                {s.keepsState ? <StateRows state={s.keepsState} /> : null}
               </>
             ) : s.lag != null ? (
               <Row term="Lag" value={count(s.lag)} />
@@ -134,6 +135,31 @@ function StepDetails(props: { step: Step | null }) {
         </>
       )}
     </aside>
+  );
+}
+
+const STARTED_FROM: Record<string, string> = {
+  restore: 'restored from its changelog',
+  rebuild: 'rebuilt from the records before the cutover',
+  earliest: 'rebuilt from the earliest records',
+  empty: 'empty at its start',
+  cannot: 'waiting: the step file must set stateStart',
+};
+
+// A stateful step's state: its size, how far its windows have closed, and a restore under way.
+function StateRows(props: { state: KeptState }) {
+  const k = props.state;
+  const restoring = k.restoringEntries ? `, restoring (${count(k.restoringEntries)} entries read)` : '';
+  return (
+    <>
+      <Row term="State" value={`${count(k.groups)} groups${restoring}`} />
+      <Row
+        term="Watermark"
+        value={k.watermarkMs == null ? 'no record counted yet' : new Date(k.watermarkMs).toISOString()}
+      />
+      <Row term="State started" value={STARTED_FROM[k.startedFrom] ?? k.startedFrom} />
+      <Row term="Changelog" value={k.changelog} code />
+    </>
   );
 }
 
