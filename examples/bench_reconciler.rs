@@ -6,7 +6,10 @@
 //!
 //! Environment: `BENCH_ROUNDS` (cutovers, default 5), `BENCH_RATE` (records/s, default 2000),
 //! `PLUMBER_TEST_BOOTSTRAP` (a real cluster instead of tansu), `BENCH_OUT` (default
-//! bench/results/reconciler.md), `BENCH_KEEP` (keep the state directory and logs).
+//! bench/results/reconciler.md), `BENCH_KEEP` (keep the state directory and logs),
+//! `BENCH_STATEFUL=1` (`a` is a stateful sql step, a running count per key emitted on every
+//! update, whose select list changes each round: its new life restores the old state from
+//! the changelog before its first output).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::fmt::Write as _;
@@ -49,19 +52,25 @@ fn now_ms() -> i64 {
 
 /// src → a → out1; a → b → c → out2; src → d → e → f → out3: ten steps, `a` feeding a sink
 /// directly so that its own output is visible.
-fn files(version: u32, src: &str, outs: &[String; 3]) -> Vec<(String, String)> {
+fn files(version: u32, src: &str, outs: &[String; 3], stateful: bool) -> Vec<(String, String)> {
     let processor = |input: &str, tag: &str| {
         format!("kind: processor\ninput: {input}\njq: '.{tag} = true'\npartitions: 3\n")
+    };
+    let a = if stateful {
+        // The same state every round (a running count per key): the new life restores it.
+        format!(
+            "kind: processor\ninput: src\nsql: \"SELECT _key AS k, COUNT(*) AS n, 'a{version}' AS v \
+             FROM src GROUP BY _key\"\npartitions: 3\n"
+        )
+    } else {
+        processor("src", &format!("a{version}"))
     };
     vec![
         (
             "topologies/t/src.yaml".into(),
             format!("kind: source\ntopic: {src}\n"),
         ),
-        (
-            "topologies/t/a.yaml".into(),
-            processor("src", &format!("a{version}")),
-        ),
+        ("topologies/t/a.yaml".into(), a),
         ("topologies/t/b.yaml".into(), processor("a", "b")),
         ("topologies/t/c.yaml".into(), processor("b", "c")),
         ("topologies/t/d.yaml".into(), processor("src", "d")),
@@ -189,6 +198,7 @@ fn median(mut values: Vec<f64>) -> f64 {
 
 fn main() {
     let rounds = env_or("BENCH_ROUNDS", 5);
+    let stateful = std::env::var_os("BENCH_STATEFUL").is_some();
     let rate = env_or("BENCH_RATE", 2000);
     let out = PathBuf::from(
         std::env::var("BENCH_OUT").unwrap_or_else(|_| "bench/results/reconciler.md".into()),
@@ -211,7 +221,7 @@ fn main() {
         RepositoryInitOptions::new().initial_head("main"),
     )
     .unwrap();
-    let first = commit(&git, "first", &files(1, &src, &outs));
+    let first = commit(&git, "first", &files(1, &src, &outs, stateful));
 
     // Load: `rate` records per second into the source, for the whole run.
     let running = Arc::new(AtomicBool::new(true));
@@ -297,7 +307,11 @@ fn main() {
         let version = round as u32 + 2;
         let committed_at = Instant::now();
         let window_from = now_ms();
-        let sha = commit(&git, &format!("a v{version}"), &files(version, &src, &outs));
+        let sha = commit(
+            &git,
+            &format!("a v{version}"),
+            &files(version, &src, &outs, stateful),
+        );
         let started = {
             let deadline = Instant::now() + PATIENCE;
             loop {
@@ -328,7 +342,10 @@ fn main() {
     let (sent, sending) = writer.join().unwrap();
     let achieved = sent as f64 / sending.as_secs_f64();
     eprintln!("load: {sent} records at {achieved:.0}/s");
-    let mut stamps = timestamps(&broker, &outs[0]);
+    // A stateful step's outputs carry their inputs' timestamps (docs/stateful-sql.md), which
+    // show no gap: its gap is measured after `b` and `c` (jq, stamped when they produce).
+    let measured = if stateful { &outs[1] } else { &outs[0] };
+    let mut stamps = timestamps(&broker, measured);
     stamps.sort_unstable();
     let gaps: Vec<f64> = windows
         .iter()
@@ -355,8 +372,14 @@ fn main() {
         .map(|n| n.get())
         .unwrap_or(0);
     let mut report = String::new();
-    writeln!(report, "# Reconciler benchmark\n").unwrap();
-    writeln!(report, "A 10-step topology (one source, six jq processors, three sinks) with {rate} records/s offered to its source on {kind}; {machine} cores; {rounds} parallel cutovers replacing the source-connected step `a` (and the two below it); medians. Rerun: `bash bench/reconciler.sh`.\n").unwrap();
+    if stateful {
+        writeln!(report, "# Cutover of a stateful step\n").unwrap();
+        writeln!(report, "Gaps are measured on `out2` (src → a → b → c), since `a`'s outputs carry their inputs' timestamps; `b` and `c` are replaced with `a`.\n").unwrap();
+        writeln!(report, "A 10-step topology (one source, a stateful sql step `a` counting records per key over 64 keys and emitting on every update, five jq processors, three sinks) with {rate} records/s offered to its source on {kind}; {machine} cores; {rounds} parallel cutovers replacing `a` with a query whose select list changes (the same state: the new life restores the old one's changelog before its first output) and the two below it; medians. Rerun: `bash bench/stateful-sql.sh` (or `BENCH_STATEFUL=1 BENCH_OUT=… bash bench/reconciler.sh`).\n").unwrap();
+    } else {
+        writeln!(report, "# Reconciler benchmark\n").unwrap();
+        writeln!(report, "A 10-step topology (one source, six jq processors, three sinks) with {rate} records/s offered to its source on {kind}; {machine} cores; {rounds} parallel cutovers replacing the source-connected step `a` (and the two below it); medians. Rerun: `bash bench/reconciler.sh`.\n").unwrap();
+    }
     writeln!(report, "| measure | median | target |\n|---|---:|---:|").unwrap();
     writeln!(
         report,

@@ -317,3 +317,91 @@ fn a_new_query_rebuilds_the_open_windows_and_emits_each_window_once() {
     let straddling = new_windows.keys().filter(|w| w.first < 1_500).count();
     assert!(straddling > 0, "some window straddles the cutover");
 }
+
+/// How many partitions an instance owns by its last assignment, as its log says.
+fn owned(step: &Step) -> u64 {
+    step.log()
+        .lines()
+        .rev()
+        .filter(|line| line.contains("partitions assigned"))
+        .find_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .and_then(|line| line["owned"].as_u64())
+        .unwrap_or(0)
+}
+
+/// A second instance joins mid-stream and takes a partition, with its state, from the first;
+/// then leaves again, handing it back: each hand-over writes the state before the offsets,
+/// so every window is emitted once, with its exact count.
+#[test]
+fn partitions_that_move_between_instances_take_their_state_along() {
+    let broker = Broker::start();
+    let (input, output, dlq, changelog) = (
+        unique("clicks"),
+        unique("counts"),
+        unique("counts-dlq"),
+        unique("counts-state"),
+    );
+    broker.create_topic(&input, 2);
+    broker.create_topic(&output, 1);
+    broker.create_topic(&dlq, 1);
+    broker.create_topic(&changelog, 2);
+    let group = unique("counter");
+    let instance = |n: u32| {
+        Step::new(&group, &input, &output)
+            .dlq(&dlq)
+            .log_as(&format!("{group}-{n}"))
+            .args(&[
+                "--sql",
+                QUERY,
+                "--state-topic",
+                &changelog,
+                "--delivery",
+                "at-least-once",
+                "--commit-interval-ms",
+                "200",
+                "--log-format",
+                "json",
+            ])
+    };
+    let (one, two) = (instance(1), instance(2));
+    produce(&broker, &input, 0..1_000);
+    let mut first = start_assigned(&broker, &one);
+    broker.wait_for_records(&output, "the first instance's windows", |records| {
+        windows(records).len() >= expected(1_000).len()
+    });
+
+    let mut second = two.start(&broker);
+    wait_until("the second instance owns a partition", PATIENCE, || {
+        owned(&two) == 1 && owned(&one) == 1
+    });
+    produce(&broker, &input, 1_000..2_000);
+    broker.wait_for_records(&output, "both instances' windows", |records| {
+        windows(records).len() >= expected(2_000).len()
+    });
+    assert!(
+        two.log().contains("state restored"),
+        "the partition's state came along: {}",
+        two.log()
+    );
+
+    second.signal(nix::sys::signal::Signal::SIGTERM);
+    assert!(second.wait_exit(STOP_PROMISE).is_some_and(|s| s.success()));
+    wait_until(
+        "the first instance owns both partitions again",
+        PATIENCE,
+        || owned(&one) == 2,
+    );
+    produce(&broker, &input, 2_000..3_000);
+    let wanted: Vec<Window> = expected(3_000).into_keys().collect();
+    let records = broker.wait_for_records(&output, "every window", |records| {
+        windows(records).len() >= wanted.len()
+    });
+    first.signal(nix::sys::signal::Signal::SIGTERM);
+    assert!(first.wait_exit(STOP_PROMISE).is_some_and(|s| s.success()));
+    let mut emitted = windows(&records);
+    emitted.sort();
+    assert_eq!(
+        emitted, wanted,
+        "every window once, with its exact count, across two hand-overs"
+    );
+}

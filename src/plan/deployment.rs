@@ -14,6 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
+use super::state::OldState;
 use super::{Action, StartPosition, StartProcessor};
 use crate::graph::{Identity, Topology};
 
@@ -72,35 +73,6 @@ pub struct Recorded {
     /// A stateful life's state, which its successor may carry over.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state: Option<OldState>,
-}
-
-/// A stopped stateful life's state: its changelog and the query that built it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct OldState {
-    pub topic: String,
-    pub query: String,
-    pub grace_ms: u64,
-}
-
-impl OldState {
-    /// The state of a life started with `start`, if it keeps one.
-    pub fn of(start: &StartProcessor) -> Option<OldState> {
-        match (&start.transform, &start.state) {
-            (
-                crate::spec::Transform::Sql {
-                    query,
-                    state: Some(sql),
-                },
-                Some(run),
-            ) => Some(OldState {
-                topic: run.topic.clone(),
-                query: query.clone(),
-                grace_ms: sql.grace_ms,
-            }),
-            _ => None,
-        }
-    }
 }
 
 /// One life of a processor identity.

@@ -40,7 +40,7 @@ pub mod deployment;
 pub mod moves;
 pub mod preview;
 pub mod reason;
-mod state;
+pub mod state;
 
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -11,8 +11,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use crate::graph::{Identity, Kind, StepId, StepKind, Topology};
 use crate::spec::{CutoverMode, StartFrom};
 
-use super::deployment::{Deployment, Effect, Life, OldState, TopicKind, base_name, life_name};
-use super::state::Predecessor;
+use super::deployment::{Deployment, Effect, Life, TopicKind, base_name, life_name};
+use super::state::{OldState, Predecessor};
 use super::{Action, Carry, StartInput, StartPosition, StartProcessor};
 
 /// A target processor, with the names it runs under.
@@ -181,7 +181,9 @@ impl Wanted {
             &self.step,
             transform,
             &topics,
-            deployment,
+            &|topic| {
+                deployment.state_topics.contains(topic) && !deployment.fresh_topics.contains(topic)
+            },
             self.predecessor(deployment, resolved),
         );
         StartProcessor {

@@ -11,17 +11,49 @@
 use plumber_sql::{Aggregation, CarryOver, Compiled};
 use sha2::{Digest, Sha256};
 
-use super::deployment::{Deployment, OldState};
-use super::{Carry, StateRun};
+use serde::{Deserialize, Serialize};
+
+use super::{Carry, StartProcessor, StateRun};
 use crate::spec::{SqlState, StateStart, Transform};
 
-/// The state a step's new life runs with; `None` for a step that keeps none.
+/// A stopped stateful life's state: its changelog and the query that built it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OldState {
+    pub topic: String,
+    pub query: String,
+    pub grace_ms: u64,
+}
+
+impl OldState {
+    /// The state of a life started with `start`, if it keeps one.
+    pub fn of(start: &StartProcessor) -> Option<OldState> {
+        match (&start.transform, &start.state) {
+            (
+                Transform::Sql {
+                    query,
+                    state: Some(sql),
+                },
+                Some(run),
+            ) => Some(OldState {
+                topic: run.topic.clone(),
+                query: query.clone(),
+                grace_ms: sql.grace_ms,
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// The state a step's new life runs with; `None` for a step that keeps none. `existing`
+/// says whether a changelog of that name holds an old life's state (it exists, and was not
+/// created in this move).
 pub(super) fn run(
     topology: &str,
     step: &str,
     transform: &Transform,
     inputs: &[String],
-    deployment: &Deployment,
+    existing: &dyn Fn(&str) -> bool,
     predecessor: Option<Predecessor>,
 ) -> Option<StateRun> {
     let Transform::Sql {
@@ -41,15 +73,14 @@ pub(super) fn run(
         }
     };
     let topic = changelog_topic(topology, step, &aggregation, inputs);
-    let carry =
-        if deployment.state_topics.contains(&topic) && !deployment.fresh_topics.contains(&topic) {
-            Carry::Restore
-        } else {
-            match predecessor {
-                None => Carry::Empty,
-                Some(predecessor) => carry_from(&aggregation, settings, &predecessor),
-            }
-        };
+    let carry = if existing(&topic) {
+        Carry::Restore
+    } else {
+        match predecessor {
+            None => Carry::Empty,
+            Some(predecessor) => carry_from(&aggregation, settings, &predecessor),
+        }
+    };
     Some(StateRun { topic, carry })
 }
 
