@@ -664,6 +664,18 @@ fn a_stateful_step_s_plan_says_what_its_state_starts_from() {
         text.contains("CANNOT be carried over") && text.contains("stateStart: empty"),
         "{text}"
     );
+    // The pull request comment says it apart from the actions, whatever its budget cuts.
+    let comment = plumber::output::plan::markdown(
+        &waiting,
+        &validate_commit(&repo, c5).topologies.unwrap(),
+        &validate_commit(&repo, c4).topologies.unwrap(),
+    );
+    assert!(
+        comment.contains(
+            "State of the stateful steps that start:\n\n- `counts`: CANNOT be carried over"
+        ),
+        "{comment}"
+    );
     // The engine makes no move until the step file chooses.
     let old = validate_commit(&repo, c4).topologies.unwrap();
     let new = validate_commit(&repo, c5).topologies.unwrap();

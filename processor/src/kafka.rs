@@ -191,6 +191,30 @@ impl RdProducerContext for ProducerContext {
     }
 }
 
+/// The context of a consumer that reads a partition to its end outside any group (a state
+/// restore, a rebuild, a record read again): reaching the end is what it waits for, not an
+/// error, though librdkafka reports it as one.
+pub struct ReaderContext;
+
+impl ClientContext for ReaderContext {
+    fn log(&self, level: RDKafkaLogLevel, facility: &str, message: &str) {
+        log_to_tracing(level, facility, message);
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        if !matches!(error, KafkaError::PartitionEOF(_))
+            && error.rdkafka_error_code() != Some(RDKafkaErrorCode::PartitionEOF)
+        {
+            tracing::warn!(%error, reason, "reader error");
+        }
+    }
+}
+
+impl rdkafka::consumer::ConsumerContext for ReaderContext {}
+
+/// A consumer that reads outside any group.
+pub type Reader = BaseConsumer<ReaderContext>;
+
 pub struct ConsumerContext {
     committer: Arc<Committer>,
     books: Arc<Books>,
@@ -435,8 +459,8 @@ pub fn fetch_record(
         .set("enable.auto.commit", "false")
         .set("isolation.level", "read_committed")
         .set("enable.partition.eof", "true");
-    let consumer: BaseConsumer = with_overrides(client, config)
-        .create()
+    let consumer: Reader = with_overrides(client, config)
+        .create_with_context(ReaderContext)
         .map_err(|e| e.to_string())?;
     let mut assignment = TopicPartitionList::new();
     assignment

@@ -451,11 +451,16 @@ fn run_here(
     Ok(summary(Some(mode), metrics))
 }
 
-/// Fails when an output or dead-letter topic does not exist, rather than at the first send.
+/// Fails when an output, dead-letter or changelog topic does not exist, rather than at the
+/// first send (or a restore that waits for a topic that never comes).
 fn check_topics(config: &Config, producer: &OutputProducer, stop: &Stop) -> Result<(), Error> {
     let until = Instant::now() + TOPIC_PROPAGATION;
     loop {
-        let topics = config.outputs.iter().chain(config.dlq.iter());
+        let topics = config
+            .outputs
+            .iter()
+            .chain(config.dlq.iter())
+            .chain(config.state.iter().map(|state| &state.topic));
         let missing = kafka::unknown_topics(producer, topics, PROBE_TIMEOUT);
         if missing.is_empty() {
             return Ok(());

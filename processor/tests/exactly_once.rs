@@ -415,3 +415,112 @@ fn a_transform_slower_than_a_transaction_may_stay_open_commits_as_it_goes() {
     assert_eq!(by_id.len(), 20);
     assert!(by_id.values().all(|n| *n == 1), "{by_id:?}");
 }
+
+/// A stateful step exactly once: its changelog entries go into the transactions that commit
+/// its outputs and offsets, and a second life restores the state and emits only what comes
+/// after it. On the mock, which drops offsets committed in transactions, the second life
+/// reads the input from its start again: the offset its restored state reflects keeps it from
+/// emitting a window twice (on a real cluster it starts after the committed offsets).
+#[test]
+fn a_stateful_step_writes_its_state_in_its_transactions_and_restores_it() {
+    let tx = transactional();
+    let (input, output, dlq, changelog) = (
+        tx.topic("clicks", 1),
+        tx.topic("counts", 1),
+        tx.topic("dlq", 1),
+        tx.topic("state", 1),
+    );
+    // Three keys, a record every 20 ms of event time: 1 s windows of about 17 records.
+    let records = |range: std::ops::Range<u32>| -> Vec<plumber_testkit::TestRecord> {
+        range
+            .map(|i| {
+                plumber_testkit::TestRecord::new(
+                    &format!("k{}", i % 3),
+                    &format!(
+                        r#"{{"id":{i},"at":{}}}"#,
+                        1_796_256_000_000_i64 + i64::from(i) * 20
+                    ),
+                )
+            })
+            .collect()
+    };
+    // Windows a partition of `n` records in order closes: all but the last second's.
+    let closed = |n: u32| -> usize {
+        let seconds = (n - 1) * 20 / 1000;
+        3 * seconds as usize
+    };
+    tx.broker.produce(&input, &records(0..600));
+    let step = Step::new(&unique("eos-counts"), &input, &output)
+        .dlq(&dlq)
+        .args(&[
+            "--sql",
+            "SELECT _key AS k, COUNT(*) AS n, window_start FROM s \
+             GROUP BY _key, TUMBLE(at, INTERVAL '1' SECOND)",
+            "--state-topic",
+            &changelog,
+            "--delivery",
+            "exactly-once",
+            "--log-format",
+            "json",
+        ]);
+    let mut first = step.start(&tx.broker);
+    tx.broker
+        .wait_for_records(&output, "the first life's windows", |r| {
+            r.len() >= closed(600)
+        });
+    first.signal(Signal::SIGTERM);
+    assert!(
+        first.wait_exit(STOP_PROMISE).expect("exits").success(),
+        "log:\n{}",
+        step.log()
+    );
+    let log = step.log();
+    assert!(log.contains(r#""mode":"exactly-once""#), "log:\n{log}");
+    assert!(!log.contains("ERROR"), "no transaction call failed:\n{log}");
+    tx.assert_offsets_committed_in_transactions(&step.group, &input, 1, 600);
+    let meta = tx
+        .broker
+        .read_all(&changelog)
+        .into_iter()
+        .rev()
+        .find(|entry| entry.key.as_deref() == Some(b"\0"))
+        .expect("the partition's own entry is in the changelog");
+    let meta: serde_json::Value = serde_json::from_slice(meta.value.as_deref().unwrap()).unwrap();
+    assert_eq!(
+        meta["offset"], 599,
+        "the state reflects every record: {meta}"
+    );
+
+    tx.broker.produce(&input, &records(600..900));
+    let mut second = step.start(&tx.broker);
+    let outputs = tx
+        .broker
+        .wait_for_records(&output, "the second life's windows", |r| {
+            r.len() >= closed(900)
+        });
+    second.signal(Signal::SIGTERM);
+    assert!(second.wait_exit(STOP_PROMISE).expect("exits").success());
+    let windows: Vec<(String, i64, i64)> = outputs
+        .iter()
+        .map(|r| {
+            let value: serde_json::Value =
+                serde_json::from_slice(r.value.as_deref().unwrap()).unwrap();
+            (
+                value["k"].as_str().unwrap().to_owned(),
+                value["window_start"].as_i64().unwrap(),
+                value["n"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    let distinct: BTreeSet<&(String, i64, i64)> = windows.iter().collect();
+    assert_eq!(
+        distinct.len(),
+        windows.len(),
+        "a window emitted twice: {windows:?}"
+    );
+    assert_eq!(windows.len(), closed(900));
+    assert!(
+        step.log().contains("state restored"),
+        "the second life restored the state"
+    );
+}

@@ -405,3 +405,35 @@ fn partitions_that_move_between_instances_take_their_state_along() {
         "every window once, with its exact count, across two hand-overs"
     );
 }
+
+/// A changelog that does not exist stops the processor at its start, naming it, instead of a
+/// restore waiting for it.
+#[test]
+fn a_missing_changelog_is_refused_at_the_start() {
+    let broker = Broker::start();
+    let (input, output, dlq) = (unique("clicks"), unique("counts"), unique("counts-dlq"));
+    broker.create_topic(&input, 1);
+    broker.create_topic(&output, 1);
+    broker.create_topic(&dlq, 1);
+    let missing = unique("no-such-state");
+    let step = Step::new(&unique("counter"), &input, &output)
+        .dlq(&dlq)
+        .args(&[
+            "--sql",
+            QUERY,
+            "--state-topic",
+            &missing,
+            "--log-format",
+            "json",
+        ]);
+    let mut process = step.start(&broker);
+    let status = process
+        .wait_exit(PATIENCE)
+        .expect("the processor stops by itself");
+    assert_eq!(status.code(), Some(1), "{}", step.log());
+    let log = step.log();
+    assert!(
+        log.contains(&missing) && log.contains("do not exist"),
+        "{log}"
+    );
+}

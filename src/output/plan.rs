@@ -726,6 +726,26 @@ fn topology_steps(out: &mut String, topology: &TopologyPlan, shape: &Shape) {
 }
 
 fn topology_actions(out: &mut String, topology: &TopologyPlan, shape: &Shape) {
+    // What each stateful step's new life starts from, whatever the size budget leaves of
+    // the actions: a reviewer decides on it (a state that cannot be carried over holds the
+    // move until the step file says).
+    let stateful: Vec<String> = topology
+        .actions
+        .iter()
+        .filter_map(|action| match action {
+            Action::StartProcessor(start) => start
+                .state
+                .as_ref()
+                .map(|run| format!("- `{}`: {}", start.step, carry(&run.topic, &run.carry))),
+            _ => None,
+        })
+        .collect();
+    if !stateful.is_empty() {
+        out.push_str("\nState of the stateful steps that start:\n\n");
+        for line in stateful {
+            let _ = writeln!(out, "{line}");
+        }
+    }
     let all = topology.actions.len();
     let shown = shape.actions.unwrap_or(all).min(all);
     if all > 0 {
