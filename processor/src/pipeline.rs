@@ -855,7 +855,8 @@ impl Pipeline<'_> {
             let input = input_of(&message);
             let slot = self.books.tracker().slot(input.topic, input.partition);
             // Before the record's budget: a stateful step restores its partition's state.
-            self.transform.prepare(&input, metrics)?;
+            let assigned = |topic: &str| assigned_partitions(consumer, topic);
+            self.transform.prepare(&input, &assigned, metrics)?;
             let started = Instant::now();
             let poisoned = self.take_poisoned(&input);
             let next = match &poisoned {
@@ -1044,6 +1045,19 @@ impl Pipeline<'_> {
         }
         Ok(())
     }
+}
+
+/// The partitions of `topic` the consumer is assigned now.
+fn assigned_partitions(consumer: &Consumer, topic: &str) -> Vec<i32> {
+    consumer
+        .assignment()
+        .map(|list| {
+            list.elements_for_topic(topic)
+                .iter()
+                .map(|element| element.partition())
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// A consumed record as transforms see it.

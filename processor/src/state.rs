@@ -98,6 +98,9 @@ pub struct Stores {
 #[derive(Default)]
 struct Held {
     partitions: HashMap<(String, i32), PartitionState>,
+    /// Partitions restored without state, whose first record has not come yet: what a
+    /// rebuild (`--rebuild`) fills.
+    without_state: std::collections::HashSet<(String, i32)>,
     /// A record was fed and is not booked yet (its outputs unsent): the state reflects it,
     /// so no commit may write the state until it is ([`Stores::settle`]).
     in_hand: bool,
@@ -142,42 +145,70 @@ impl Stores {
         self.held.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Restores `topic`/`partition`'s state from the changelog unless it is held already;
-    /// true when it restored it now. `progress` is called while it reads (a liveness beat).
+    /// Whether `topic`/`partition`'s state is held and ready for its next record (not
+    /// restored without state and waiting for a rebuild).
+    pub fn ready(&self, topic: &str, partition: i32) -> bool {
+        let held = self.held();
+        let key = (topic.to_owned(), partition);
+        held.partitions.contains_key(&key) && !held.without_state.contains(&key)
+    }
+
+    /// Restores from the changelog the state of each of `partitions` of `topic` not held
+    /// already, all at once. `progress` is called while it reads (a liveness beat).
     pub fn ensure(
         &self,
         topic: &str,
-        partition: i32,
+        partitions: &[i32],
         progress: &dyn Fn(usize),
-    ) -> Result<bool, RestoreError> {
-        if self
-            .held()
-            .partitions
-            .contains_key(&(topic.to_owned(), partition))
-        {
-            return Ok(false);
+    ) -> Result<(), RestoreError> {
+        let missing: Vec<i32> = {
+            let held = self.held();
+            let mut missing: Vec<i32> = partitions
+                .iter()
+                .copied()
+                .filter(|p| !held.partitions.contains_key(&(topic.to_owned(), *p)))
+                .collect();
+            missing.sort_unstable();
+            missing.dedup();
+            missing
+        };
+        if missing.is_empty() {
+            return Ok(());
         }
         let started = Instant::now();
-        let state = restore_with(
+        let restored = restore_many(
             self.client.clone(),
             &self.changelog,
-            partition,
+            &missing,
             RESTORE_TIMEOUT,
             progress,
         )?;
-        tracing::info!(
-            topic,
-            partition,
-            changelog = %self.changelog,
-            groups = state.open_groups(),
-            reflects = state.offset(),
-            seconds = started.elapsed().as_secs_f64(),
-            "state restored"
-        );
+        let mut held = self.held();
+        for (partition, state) in restored {
+            tracing::info!(
+                topic,
+                partition,
+                changelog = %self.changelog,
+                groups = state.open_groups(),
+                reflects = state.offset(),
+                seconds = started.elapsed().as_secs_f64(),
+                "state restored"
+            );
+            let key = (topic.to_owned(), partition);
+            if state.offset().is_none() {
+                held.without_state.insert(key.clone());
+            }
+            held.partitions.insert(key, state);
+        }
+        Ok(())
+    }
+
+    /// Whether `topic`/`partition` was restored without state and nothing was fed to it
+    /// since; true once.
+    pub fn take_without_state(&self, topic: &str, partition: i32) -> bool {
         self.held()
-            .partitions
-            .insert((topic.to_owned(), partition), state);
-        Ok(true)
+            .without_state
+            .remove(&(topic.to_owned(), partition))
     }
 
     /// Runs `f` on `topic`/`partition`'s state outside the processing of a record (a
@@ -251,9 +282,10 @@ impl Stores {
 
     /// The partition went to another instance (or was lost): its state is theirs to restore.
     pub fn forget(&self, topic: &str, partition: i32) {
-        self.held()
-            .partitions
-            .remove(&(topic.to_owned(), partition));
+        let mut held = self.held();
+        let key = (topic.to_owned(), partition);
+        held.partitions.remove(&key);
+        held.without_state.remove(&key);
     }
 
     /// A transaction was aborted: the state of every partition may reflect records it
@@ -261,6 +293,7 @@ impl Stores {
     pub fn forget_all(&self) {
         let mut held = self.held();
         held.partitions.clear();
+        held.without_state.clear();
         held.in_hand = false;
     }
 
@@ -376,18 +409,21 @@ pub fn restore(
     partition: i32,
     timeout: Duration,
 ) -> Result<PartitionState, RestoreError> {
-    restore_with(client, topic, partition, timeout, &|_| {})
+    let mut restored = restore_many(client, topic, &[partition], timeout, &|_| {})?;
+    Ok(restored.pop().map(|(_, state)| state).unwrap_or_default())
 }
 
-/// [`restore`], calling `progress` with the entries read so far every [`POLL`] or so.
-fn restore_with(
+/// The states of several partitions, read by one consumer at once: a new owner of several
+/// partitions waits for the longest, not for their sum.
+fn restore_many(
     mut client: ClientConfig,
     topic: &str,
-    partition: i32,
+    partitions: &[i32],
     timeout: Duration,
     progress: &dyn Fn(usize),
-) -> Result<PartitionState, RestoreError> {
-    let read_error = |source| RestoreError::Read {
+) -> Result<Vec<(i32, PartitionState)>, RestoreError> {
+    let first = partitions.first().copied().unwrap_or(0);
+    let read_error = |partition, source| RestoreError::Read {
         topic: topic.to_owned(),
         partition,
         source,
@@ -399,30 +435,42 @@ fn restore_with(
     }
     let consumer: Reader = reader(&mut client)
         .create_with_context(ReaderContext)
-        .map_err(read_error)?;
+        .map_err(|e| read_error(first, e))?;
     let mut assignment = TopicPartitionList::new();
-    assignment
-        .add_partition_offset(topic, partition, Offset::Beginning)
-        .map_err(read_error)?;
-    consumer.assign(&assignment).map_err(read_error)?;
+    for partition in partitions {
+        assignment
+            .add_partition_offset(topic, *partition, Offset::Beginning)
+            .map_err(|e| read_error(*partition, e))?;
+    }
+    consumer
+        .assign(&assignment)
+        .map_err(|e| read_error(first, e))?;
     let until = Instant::now() + timeout;
-    let mut changes: Vec<Change> = Vec::new();
+    let mut changes: HashMap<i32, Vec<Change>> =
+        partitions.iter().map(|p| (*p, Vec::new())).collect();
+    let mut ended: Vec<i32> = Vec::new();
+    let read = |changes: &HashMap<i32, Vec<Change>>| changes.values().map(Vec::len).sum();
     let mut next_progress = Instant::now();
-    loop {
+    while ended.len() < partitions.len() {
         if Instant::now() >= next_progress {
-            progress(changes.len());
+            progress(read(&changes));
             next_progress = Instant::now() + POLL;
         }
         if Instant::now() >= until {
             return Err(RestoreError::Timeout {
                 topic: topic.to_owned(),
-                partition,
-                entries: changes.len(),
+                partition: partitions
+                    .iter()
+                    .copied()
+                    .find(|p| !ended.contains(p))
+                    .unwrap_or(first),
+                entries: read(&changes),
                 timeout,
             });
         }
         match consumer.poll(POLL) {
             Some(Ok(message)) => {
+                let partition = message.partition();
                 let Some(key) = message.key() else {
                     return Err(RestoreError::Entry {
                         topic: topic.to_owned(),
@@ -430,17 +478,30 @@ fn restore_with(
                         reason: format!("the entry at offset {} has no key", message.offset()),
                     });
                 };
-                changes.push((key.to_vec(), message.payload().map(<[u8]>::to_vec)));
+                changes
+                    .entry(partition)
+                    .or_default()
+                    .push((key.to_vec(), message.payload().map(<[u8]>::to_vec)));
             }
-            Some(Err(KafkaError::PartitionEOF(_))) => break,
+            Some(Err(KafkaError::PartitionEOF(partition))) if !ended.contains(&partition) => {
+                ended.push(partition);
+            }
+            Some(Err(KafkaError::PartitionEOF(_))) => {}
             // Transient (a broker restarting): polled again until the timeout.
-            Some(Err(error)) => tracing::debug!(%error, topic, partition, "reading the changelog"),
+            Some(Err(error)) => tracing::debug!(%error, topic, "reading the changelog"),
             None => {}
         }
     }
-    PartitionState::restore(changes).map_err(|reason| RestoreError::Entry {
-        topic: topic.to_owned(),
-        partition,
-        reason,
-    })
+    partitions
+        .iter()
+        .map(|partition| {
+            let state = PartitionState::restore(changes.remove(partition).unwrap_or_default())
+                .map_err(|reason| RestoreError::Entry {
+                    topic: topic.to_owned(),
+                    partition: *partition,
+                    reason,
+                })?;
+            Ok((*partition, state))
+        })
+        .collect()
 }

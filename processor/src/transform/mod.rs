@@ -71,8 +71,14 @@ pub trait Transform {
     fn interruptible(&self) -> bool;
 
     /// Makes ready what `input` needs before its budget starts: a stateful step restores
-    /// its partition's state from the changelog the first time it sees the partition.
-    fn prepare(&mut self, _input: &Input<'_>, _metrics: &Metrics) -> Result<(), Error> {
+    /// its partition's state from the changelog the first time it sees the partition (with
+    /// the other partitions of its topic the instance is assigned, `assigned` says which).
+    fn prepare(
+        &mut self,
+        _input: &Input<'_>,
+        _assigned: &dyn Fn(&str) -> Vec<i32>,
+        _metrics: &Metrics,
+    ) -> Result<(), Error> {
         Ok(())
     }
 }

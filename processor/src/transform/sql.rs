@@ -310,14 +310,24 @@ impl Transform for Aggregate {
         false
     }
 
-    fn prepare(&mut self, input: &Input<'_>, metrics: &Metrics) -> Result<(), Error> {
+    fn prepare(
+        &mut self,
+        input: &Input<'_>,
+        assigned: &dyn Fn(&str) -> Vec<i32>,
+        metrics: &Metrics,
+    ) -> Result<(), Error> {
+        if self.stores.ready(input.topic, input.partition) {
+            return Ok(());
+        }
         let progress = |entries: usize| {
             metrics.beat();
             metrics
                 .state_restoring
                 .set(i64::try_from(entries).unwrap_or(i64::MAX));
         };
-        let restored = self.stores.ensure(input.topic, input.partition, &progress);
+        let mut partitions = assigned(input.topic);
+        partitions.push(input.partition);
+        let restored = self.stores.ensure(input.topic, &partitions, &progress);
         let read = metrics.state_restoring.get();
         if read > 0 {
             metrics
@@ -325,10 +335,8 @@ impl Transform for Aggregate {
                 .inc_by(u64::try_from(read).unwrap_or(0));
             metrics.state_restoring.set(0);
         }
-        let without_state = restored?
-            && self.stores.with(input.topic, input.partition, |state| {
-                state.offset().is_none()
-            }) == Some(true);
+        restored?;
+        let without_state = self.stores.take_without_state(input.topic, input.partition);
         match self.rebuild {
             Some(rebuild) if without_state && input.offset > 0 => {
                 self.rebuild(input, rebuild, metrics)
