@@ -321,7 +321,7 @@ pub enum ReadFrom {
 
 /// Feeds `feed` the records of `topic`/`partition` from `from` up to (not including) offset
 /// `until`, outside any group (`read_committed`): a rebuild's reading of the input.
-/// `progress` is called with the records read so far every [`POLL`] or so.
+/// `progress` is called with the records read so far every 100 ms or so.
 #[allow(clippy::too_many_arguments)]
 pub fn read_input(
     mut client: ClientConfig,
