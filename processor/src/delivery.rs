@@ -41,6 +41,10 @@ pub const KAFKA_CALL_TIMEOUT: Duration = Duration::from_secs(5);
 /// revocation.
 pub const REFUSED_REVOCATION_COMMIT: &str = "the commit before revocation was refused: what was done on the revoked partitions since the last commit is processed again by their next owner";
 
+/// What an at-least-once processor logs when its final commit could not be made, with the
+/// input ranges done and not committed (`uncommitted`): their next owner processes them again.
+pub const UNCOMMITTED_AT_STOP: &str = "the final commit could not be made: what was done since the last commit is processed again by the partitions' next owner";
+
 /// How long to wait before committing again while the group rebalances.
 const REBALANCE_RETRY: Duration = Duration::from_millis(100);
 
@@ -144,6 +148,20 @@ impl Tracker {
         let (first, last) = track.handled?;
         let from = track.committed.unwrap_or(first);
         (from <= last).then_some((from, last + 1))
+    }
+
+    /// Every partition's inputs handled and not committed, as `topic/partition:from..until`
+    /// separated by spaces (how [`REFUSED_REVOCATION_COMMIT`] and [`UNCOMMITTED_AT_STOP`]
+    /// name them).
+    pub fn uncommitted_ranges(&self) -> String {
+        self.partitions
+            .iter()
+            .filter_map(|t| {
+                let (from, until) = self.uncommitted(&t.topic, t.partition)?;
+                Some(format!("{}/{}:{from}..{until}", t.topic, t.partition))
+            })
+            .collect::<Vec<_>>()
+            .join(" ")
     }
 
     /// One record sent for the input at `offset` was acknowledged.
@@ -1009,6 +1027,19 @@ mod tests {
         assert_eq!(tracker.committable(), [("in".to_owned(), 0, 3)]);
         assert_eq!(tracker.slot_of("in", 0), Some(p0));
         assert_eq!(tracker.slot_of("in", 1), None);
+    }
+
+    /// What a failed final commit leaves to the next owner, as the logs name it.
+    #[test]
+    fn uncommitted_ranges_name_each_partition_since_its_last_commit() {
+        let mut tracker = Tracker::default();
+        let p0 = tracker.slot("in", 0);
+        let p1 = tracker.slot("in", 1);
+        tracker.handled(p0, 5, 0);
+        tracker.handled(p0, 6, 0);
+        tracker.committed(&[("in".to_owned(), 0, 6)]);
+        tracker.handled(p1, 9, 1);
+        assert_eq!(tracker.uncommitted_ranges(), "in/0:6..7 in/1:9..10");
     }
 
     #[test]

@@ -430,6 +430,14 @@ fn run_here(
     };
     let finished = match &processed {
         Ok(()) => committer.finish(&consumer, until).map_err(|error| {
+            if committer.mode() == DeliveryMode::AtLeastOnce {
+                tracing::warn!(
+                    %error,
+                    uncommitted = books.tracker().uncommitted_ranges(),
+                    "{}",
+                    delivery::UNCOMMITTED_AT_STOP
+                );
+            }
             // Exactly-once: the open transaction is aborted rather than left to time out.
             committer.fail(&consumer);
             Error::FinalCommit(error)
