@@ -16,6 +16,7 @@ use rdkafka::{ClientConfig, Message as _, Offset, TopicPartitionList};
 
 use crate::config::Config;
 use crate::delivery::{Books, Committer, KAFKA_CALL_TIMEOUT};
+use crate::reader::{Reader, ReaderContext, log_to_tracing};
 
 /// What a delivery callback needs to know about a sent record.
 #[derive(Debug)]
@@ -105,20 +106,6 @@ pub fn transaction_timeout(commit_interval: Duration) -> Duration {
 
 pub type OutputProducer = BaseProducer<ProducerContext>;
 
-fn log_to_tracing(level: RDKafkaLogLevel, facility: &str, message: &str) {
-    match level {
-        RDKafkaLogLevel::Emerg
-        | RDKafkaLogLevel::Alert
-        | RDKafkaLogLevel::Critical
-        | RDKafkaLogLevel::Error => tracing::error!(target: "librdkafka", facility, message),
-        RDKafkaLogLevel::Warning => tracing::warn!(target: "librdkafka", facility, message),
-        RDKafkaLogLevel::Notice | RDKafkaLogLevel::Info => {
-            tracing::info!(target: "librdkafka", facility, message)
-        }
-        RDKafkaLogLevel::Debug => tracing::debug!(target: "librdkafka", facility, message),
-    }
-}
-
 pub struct ProducerContext {
     books: Arc<Books>,
 }
@@ -190,30 +177,6 @@ impl RdProducerContext for ProducerContext {
         }
     }
 }
-
-/// The context of a consumer that reads a partition to its end outside any group (a state
-/// restore, a rebuild, a record read again): reaching the end is what it waits for, not an
-/// error, though librdkafka reports it as one.
-pub struct ReaderContext;
-
-impl ClientContext for ReaderContext {
-    fn log(&self, level: RDKafkaLogLevel, facility: &str, message: &str) {
-        log_to_tracing(level, facility, message);
-    }
-
-    fn error(&self, error: KafkaError, reason: &str) {
-        if !matches!(error, KafkaError::PartitionEOF(_))
-            && error.rdkafka_error_code() != Some(RDKafkaErrorCode::PartitionEOF)
-        {
-            tracing::warn!(%error, reason, "reader error");
-        }
-    }
-}
-
-impl rdkafka::consumer::ConsumerContext for ReaderContext {}
-
-/// A consumer that reads outside any group.
-pub type Reader = BaseConsumer<ReaderContext>;
 
 pub struct ConsumerContext {
     committer: Arc<Committer>,

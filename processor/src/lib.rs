@@ -18,6 +18,7 @@ pub mod kafka;
 pub mod metrics;
 pub mod overseer;
 pub mod pipeline;
+pub mod reader;
 pub mod record;
 pub mod state;
 pub mod stop;

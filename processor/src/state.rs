@@ -20,7 +20,7 @@ use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
 
-use crate::kafka::{Reader, ReaderContext};
+use crate::reader::{Reader, ReaderContext};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RestoreError {
