@@ -209,6 +209,14 @@ impl Wanted {
         deployment: &Deployment,
         resolved: &Resolved,
     ) -> Option<String> {
+        // Only a stateful sql step has one: the others' starts are not worked out for it.
+        let StepKind::Processor {
+            transform: crate::spec::Transform::Sql { state: Some(_), .. },
+            ..
+        } = &topology.step(self.id).kind
+        else {
+            return None;
+        };
         self.start(topology, deployment, resolved)
             .state
             .map(|state| state.topic)
