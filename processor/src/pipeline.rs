@@ -315,6 +315,7 @@ fn run_here(
     metrics.set_delivery_mode(mode);
     let stores = config.state.as_ref().map(|state| {
         Arc::new(Stores::new(
+            config.inputs.first().cloned().unwrap_or_default(),
             state.topic.clone(),
             kafka::reader_config(config),
             state.max_groups,

@@ -87,8 +87,11 @@ pub struct PartitionChanges {
     pub changes: Vec<Change>,
 }
 
-/// The state of the input partitions an instance reads, by input topic and partition.
+/// The state of the input partitions an instance reads, by partition: a stateful query reads
+/// one input topic.
 pub struct Stores {
+    /// The input topic.
+    input: String,
     changelog: String,
     client: ClientConfig,
     max_groups: usize,
@@ -97,10 +100,10 @@ pub struct Stores {
 
 #[derive(Default)]
 struct Held {
-    partitions: HashMap<(String, i32), PartitionState>,
+    partitions: HashMap<i32, PartitionState>,
     /// Partitions restored without state, whose first record has not come yet: what a
     /// rebuild (`--rebuild`) fills.
-    without_state: std::collections::HashSet<(String, i32)>,
+    without_state: std::collections::HashSet<i32>,
     /// A record was fed and is not booked yet (its outputs unsent): the state reflects it,
     /// so no commit may write the state until it is ([`Stores::settle`]).
     in_hand: bool,
@@ -117,9 +120,16 @@ pub struct Size {
 }
 
 impl Stores {
-    /// `client`: connection settings for restores (bootstrap, security).
-    pub fn new(changelog: String, client: ClientConfig, max_groups: usize) -> Stores {
+    /// The state of `input`'s partitions, kept in `changelog`; `client`: connection settings
+    /// for restores (bootstrap, security).
+    pub fn new(
+        input: String,
+        changelog: String,
+        client: ClientConfig,
+        max_groups: usize,
+    ) -> Stores {
         Stores {
+            input,
             changelog,
             client,
             max_groups,
@@ -145,28 +155,22 @@ impl Stores {
         self.held.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Whether `topic`/`partition`'s state is held and ready for its next record (not
-    /// restored without state and waiting for a rebuild).
-    pub fn ready(&self, topic: &str, partition: i32) -> bool {
+    /// Whether `partition`'s state is held and ready for its next record (not restored
+    /// without state and waiting for a rebuild).
+    pub fn ready(&self, partition: i32) -> bool {
         let held = self.held();
-        let key = (topic.to_owned(), partition);
-        held.partitions.contains_key(&key) && !held.without_state.contains(&key)
+        held.partitions.contains_key(&partition) && !held.without_state.contains(&partition)
     }
 
-    /// Restores from the changelog the state of each of `partitions` of `topic` not held
-    /// already, all at once. `progress` is called while it reads (a liveness beat).
-    pub fn ensure(
-        &self,
-        topic: &str,
-        partitions: &[i32],
-        progress: &dyn Fn(usize),
-    ) -> Result<(), RestoreError> {
+    /// Restores from the changelog the state of each of `partitions` not held already, all
+    /// at once. `progress` is called while it reads (a liveness beat).
+    pub fn ensure(&self, partitions: &[i32], progress: &dyn Fn(usize)) -> Result<(), RestoreError> {
         let missing: Vec<i32> = {
             let held = self.held();
             let mut missing: Vec<i32> = partitions
                 .iter()
                 .copied()
-                .filter(|p| !held.partitions.contains_key(&(topic.to_owned(), *p)))
+                .filter(|p| !held.partitions.contains_key(p))
                 .collect();
             missing.sort_unstable();
             missing.dedup();
@@ -186,7 +190,7 @@ impl Stores {
         let mut held = self.held();
         for (partition, state) in restored {
             tracing::info!(
-                topic,
+                topic = %self.input,
                 partition,
                 changelog = %self.changelog,
                 groups = state.open_groups(),
@@ -194,44 +198,32 @@ impl Stores {
                 seconds = started.elapsed().as_secs_f64(),
                 "state restored"
             );
-            let key = (topic.to_owned(), partition);
             if state.offset().is_none() {
-                held.without_state.insert(key.clone());
+                held.without_state.insert(partition);
             }
-            held.partitions.insert(key, state);
+            held.partitions.insert(partition, state);
         }
         Ok(())
     }
 
-    /// Whether `topic`/`partition` was restored without state and nothing was fed to it
-    /// since; true once.
-    pub fn take_without_state(&self, topic: &str, partition: i32) -> bool {
-        self.held()
-            .without_state
-            .remove(&(topic.to_owned(), partition))
+    /// Whether `partition` was restored without state and nothing was fed to it since; true
+    /// once.
+    pub fn take_without_state(&self, partition: i32) -> bool {
+        self.held().without_state.remove(&partition)
     }
 
-    /// Runs `f` on `topic`/`partition`'s state outside the processing of a record (a
-    /// rebuild); `None` when it is not held.
-    pub fn with<R>(
-        &self,
-        topic: &str,
-        partition: i32,
-        f: impl FnOnce(&mut PartitionState) -> R,
-    ) -> Option<R> {
-        let mut held = self.held();
-        held.partitions
-            .get_mut(&(topic.to_owned(), partition))
-            .map(f)
+    /// Runs `f` on `partition`'s state outside the processing of a record (a rebuild);
+    /// `None` when it is not held.
+    pub fn with<R>(&self, partition: i32, f: impl FnOnce(&mut PartitionState) -> R) -> Option<R> {
+        self.held().partitions.get_mut(&partition).map(f)
     }
 
-    /// Feeds a record: runs `f` on `topic`/`partition`'s state with the room it has (the
-    /// bound minus what the other partitions hold), and holds every commit of the state
-    /// off until the record is booked ([`Stores::settle`]). `None` when the partition's
-    /// state is not held ([`Stores::ensure`] first).
+    /// Feeds a record: runs `f` on `partition`'s state with the room it has (the bound minus
+    /// what the other partitions hold), and holds every commit of the state off until the
+    /// record is booked ([`Stores::settle`]). `None` when the partition's state is not held
+    /// ([`Stores::ensure`] first).
     pub fn feed<R>(
         &self,
-        topic: &str,
         partition: i32,
         f: impl FnOnce(&mut PartitionState, usize) -> R,
     ) -> Option<R> {
@@ -239,11 +231,11 @@ impl Stores {
         let others: usize = held
             .partitions
             .iter()
-            .filter(|((t, p), _)| *p != partition || t != topic)
+            .filter(|(p, _)| **p != partition)
             .map(|(_, state)| state.open_groups())
             .sum();
         let room = self.max_groups.saturating_sub(others);
-        let state = held.partitions.get_mut(&(topic.to_owned(), partition))?;
+        let state = held.partitions.get_mut(&partition)?;
         let result = f(state, room);
         held.in_hand = true;
         Some(result)
@@ -270,8 +262,8 @@ impl Stores {
         Some(
             held.partitions
                 .iter_mut()
-                .map(|((topic, partition), state)| PartitionChanges {
-                    topic: topic.clone(),
+                .map(|(partition, state)| PartitionChanges {
+                    topic: self.input.clone(),
                     partition: *partition,
                     changes: state.take_changes(),
                     reflects: state.offset(),
@@ -282,10 +274,12 @@ impl Stores {
 
     /// The partition went to another instance (or was lost): its state is theirs to restore.
     pub fn forget(&self, topic: &str, partition: i32) {
+        if topic != self.input {
+            return;
+        }
         let mut held = self.held();
-        let key = (topic.to_owned(), partition);
-        held.partitions.remove(&key);
-        held.without_state.remove(&key);
+        held.partitions.remove(&partition);
+        held.without_state.remove(&partition);
     }
 
     /// A transaction was aborted: the state of every partition may reflect records it

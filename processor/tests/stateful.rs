@@ -117,6 +117,51 @@ fn windows(records: &[TestRecord]) -> Vec<Window> {
         .collect()
 }
 
+/// A counting step's topics: its input (two partitions), output and dead letters.
+struct Topics {
+    input: String,
+    output: String,
+    dlq: String,
+}
+
+fn topics(broker: &Broker) -> Topics {
+    let topics = Topics {
+        input: unique("clicks"),
+        output: unique("counts"),
+        dlq: unique("counts-dlq"),
+    };
+    broker.create_topic(&topics.input, 2);
+    broker.create_topic(&topics.output, 1);
+    broker.create_topic(&topics.dlq, 1);
+    topics
+}
+
+/// A changelog for the counting step's two input partitions.
+fn changelog(broker: &Broker, prefix: &str) -> String {
+    let topic = unique(prefix);
+    broker.create_topic(&topic, 2);
+    topic
+}
+
+/// An instance of `group` running `query` with its state in `changelog`, at least once,
+/// committing every 200 ms.
+fn counting(group: &str, topics: &Topics, query: &str, changelog: &str) -> Step {
+    Step::new(group, &topics.input, &topics.output)
+        .dlq(&topics.dlq)
+        .args(&[
+            "--sql",
+            query,
+            "--state-topic",
+            changelog,
+            "--delivery",
+            "at-least-once",
+            "--commit-interval-ms",
+            "200",
+            "--log-format",
+            "json",
+        ])
+}
+
 fn produce(broker: &Broker, topic: &str, range: std::ops::Range<u32>) {
     let records: Vec<TestRecord> = range.map(record).collect();
     broker.produce(topic, &records);
@@ -125,29 +170,15 @@ fn produce(broker: &Broker, topic: &str, range: std::ops::Range<u32>) {
 #[test]
 fn a_windowed_count_survives_a_kill_and_a_stop_with_every_window_counted_once() {
     let broker = Broker::start();
-    let (input, output, dlq, changelog) = (
-        unique("clicks"),
-        unique("counts"),
-        unique("counts-dlq"),
-        unique("counts-state"),
+    let topics = topics(&broker);
+    let (input, output, dlq) = (
+        topics.input.clone(),
+        topics.output.clone(),
+        topics.dlq.clone(),
     );
-    broker.create_topic(&input, 2);
-    broker.create_topic(&output, 1);
-    broker.create_topic(&dlq, 1);
-    broker.create_topic(&changelog, 2);
+    let changelog = changelog(&broker, "counts-state");
     let group = unique("counter");
-    let step = Step::new(&group, &input, &output).dlq(&dlq).args(&[
-        "--sql",
-        QUERY,
-        "--state-topic",
-        &changelog,
-        "--delivery",
-        "at-least-once",
-        "--commit-interval-ms",
-        "200",
-        "--log-format",
-        "json",
-    ]);
+    let step = counting(&group, &topics, QUERY, &changelog);
 
     // Life 1: killed once the state was written at least once and windows were emitted.
     produce(&broker, &input, 0..1_500);
@@ -236,30 +267,16 @@ fn a_windowed_count_survives_a_kill_and_a_stop_with_every_window_counted_once() 
 #[test]
 fn a_new_query_rebuilds_the_open_windows_and_emits_each_window_once() {
     let broker = Broker::start();
-    let (input, output, dlq) = (unique("clicks"), unique("counts"), unique("counts-dlq"));
-    let (old_state, new_state) = (unique("old-state"), unique("new-state"));
-    broker.create_topic(&input, 2);
-    broker.create_topic(&output, 1);
-    broker.create_topic(&dlq, 1);
-    broker.create_topic(&old_state, 2);
-    broker.create_topic(&new_state, 2);
+    let topics = topics(&broker);
+    let (input, output) = (topics.input.clone(), topics.output.clone());
+    let (old_state, new_state) = (
+        changelog(&broker, "old-state"),
+        changelog(&broker, "new-state"),
+    );
     let group = unique("counter");
     let life = |query: &str, state: &str, extra: &[&str]| {
-        Step::new(&group, &input, &output)
-            .dlq(&dlq)
+        counting(&group, &topics, query, state)
             .log_as(&format!("{group}-{state}"))
-            .args(&[
-                "--sql",
-                query,
-                "--state-topic",
-                state,
-                "--delivery",
-                "at-least-once",
-                "--commit-interval-ms",
-                "200",
-                "--log-format",
-                "json",
-            ])
             .args(extra)
     };
     let new_query = QUERY.replace("FROM s", "FROM s WHERE id % 7 <> 3");
@@ -335,34 +352,12 @@ fn owned(step: &Step) -> u64 {
 #[test]
 fn partitions_that_move_between_instances_take_their_state_along() {
     let broker = Broker::start();
-    let (input, output, dlq, changelog) = (
-        unique("clicks"),
-        unique("counts"),
-        unique("counts-dlq"),
-        unique("counts-state"),
-    );
-    broker.create_topic(&input, 2);
-    broker.create_topic(&output, 1);
-    broker.create_topic(&dlq, 1);
-    broker.create_topic(&changelog, 2);
+    let topics = topics(&broker);
+    let (input, output) = (topics.input.clone(), topics.output.clone());
+    let changelog = changelog(&broker, "counts-state");
     let group = unique("counter");
-    let instance = |n: u32| {
-        Step::new(&group, &input, &output)
-            .dlq(&dlq)
-            .log_as(&format!("{group}-{n}"))
-            .args(&[
-                "--sql",
-                QUERY,
-                "--state-topic",
-                &changelog,
-                "--delivery",
-                "at-least-once",
-                "--commit-interval-ms",
-                "200",
-                "--log-format",
-                "json",
-            ])
-    };
+    let instance =
+        |n: u32| counting(&group, &topics, QUERY, &changelog).log_as(&format!("{group}-{n}"));
     let (one, two) = (instance(1), instance(2));
     produce(&broker, &input, 0..1_000);
     let mut first = start_assigned(&broker, &one);

@@ -61,6 +61,17 @@ impl Problem {
     }
 }
 
+impl Problem {
+    /// Every problem of a query on one line, each at its line and column.
+    pub fn all(problems: &[Problem]) -> String {
+        problems
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+}
+
 impl std::fmt::Display for Problem {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}:{}: {}", self.line, self.column, self.message)

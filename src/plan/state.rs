@@ -136,11 +136,7 @@ fn compile(query: &str, grace_ms: u64) -> Result<Aggregation, String> {
             Ok(aggregation.with_grace(i64::try_from(grace_ms).unwrap_or(i64::MAX)))
         }
         Ok(_) => Err("the query keeps no state".into()),
-        Err(problems) => Err(problems
-            .iter()
-            .map(ToString::to_string)
-            .collect::<Vec<_>>()
-            .join("; ")),
+        Err(problems) => Err(plumber_sql::Problem::all(&problems)),
     }
 }
 

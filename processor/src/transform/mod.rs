@@ -127,32 +127,13 @@ pub fn build(
     if let (TransformSpec::Sql { query, inputs }, Some(state), Some(stores)) =
         (&config.transform, &config.state, stores)
     {
-        if !inputs.is_empty() || config.inputs.len() != 1 {
-            return Err(Error::Sql(
-                "a stateful query reads one input step, from one --input topic".into(),
-            ));
-        }
-        let problems = |problems: Vec<plumber_sql::Problem>| {
-            Error::Sql(
-                problems
-                    .iter()
-                    .map(ToString::to_string)
-                    .collect::<Vec<_>>()
-                    .join("; "),
-            )
-        };
-        return match plumber_sql::compile_any(query, None, true).map_err(problems)? {
-            plumber_sql::Compiled::Stateful(aggregation) => {
-                Ok(Box::new(sql::Aggregate::new(*aggregation, state, stores)))
-            }
-            plumber_sql::Compiled::Join(_) => Err(Error::Sql(
-                "a JOIN does not run with --state-topic: its table is read from its own topic"
-                    .into(),
-            )),
-            plumber_sql::Compiled::Stateless(_) => Err(Error::Sql(
-                "--state-topic is for a query with GROUP BY; this one keeps no state".into(),
-            )),
-        };
+        return Ok(Box::new(sql::Aggregate::compile(
+            query,
+            inputs,
+            &config.inputs,
+            state,
+            stores,
+        )?));
     }
     Ok(match &config.transform {
         TransformSpec::Jq(program) => Box::new(jq::Jq::compile_with_env(

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use plumber_sql::{Aggregation, Emit, Query, Record};
+use plumber_sql::{Aggregation, Compiled, Emit, Problem, Query, Record};
 
 use super::{Error, Outcome, Transform};
 use crate::config::{EmitChoice, Rebuild, StateConfig};
@@ -32,15 +32,7 @@ impl Sql {
         inputs: &[(String, String)],
         topics: &[String],
     ) -> Result<Self, Error> {
-        let query = Query::compile(query, None).map_err(|problems| {
-            Error::Sql(
-                problems
-                    .iter()
-                    .map(ToString::to_string)
-                    .collect::<Vec<_>>()
-                    .join("; "),
-            )
-        })?;
+        let query = Query::compile(query, None).map_err(|p| Error::Sql(Problem::all(&p)))?;
         let read = query.inputs();
         if read.len() <= 1 && inputs.is_empty() {
             return Ok(Sql {
@@ -127,7 +119,35 @@ pub struct Aggregate {
 }
 
 impl Aggregate {
-    pub fn new(query: Aggregation, state: &StateConfig, stores: Arc<Stores>) -> Self {
+    /// `query` with GROUP BY, reading its one input step from the one topic the processor
+    /// consumes (`topics`; `inputs` are `--sql-input`s, which it takes none of).
+    pub fn compile(
+        query: &str,
+        inputs: &[(String, String)],
+        topics: &[String],
+        state: &StateConfig,
+        stores: Arc<Stores>,
+    ) -> Result<Self, Error> {
+        if !inputs.is_empty() || topics.len() != 1 {
+            return Err(Error::Sql(
+                "a stateful query reads one input step, from one --input topic".into(),
+            ));
+        }
+        match plumber_sql::compile_any(query, None, true)
+            .map_err(|p| Error::Sql(Problem::all(&p)))?
+        {
+            Compiled::Stateful(aggregation) => Ok(Aggregate::new(*aggregation, state, stores)),
+            Compiled::Join(_) => Err(Error::Sql(
+                "a JOIN does not run with --state-topic: its table is read from its own topic"
+                    .into(),
+            )),
+            Compiled::Stateless(_) => Err(Error::Sql(
+                "--state-topic is for a query with GROUP BY; this one keeps no state".into(),
+            )),
+        }
+    }
+
+    fn new(query: Aggregation, state: &StateConfig, stores: Arc<Stores>) -> Self {
         let grace = i64::try_from(state.grace_ms).unwrap_or(i64::MAX);
         let emit = match state.emit {
             EmitChoice::Close => Emit::Close,
@@ -171,7 +191,7 @@ impl Aggregate {
             &progress,
             &mut |message| {
                 let record = crate::pipeline::input_of(message);
-                let fed = self.stores.with(topic, partition, |state| {
+                let fed = self.stores.with(partition, |state| {
                     let fed = record.timestamp.map(|timestamp| {
                         self.query.feed_within(
                             state,
@@ -195,7 +215,7 @@ impl Aggregate {
             },
         )?;
         metrics.state_restoring.set(0);
-        self.stores.with(topic, partition, |state| {
+        self.stores.with(partition, |state| {
             state.reflects(input.offset - 1);
         });
         if refused > 0 {
@@ -226,7 +246,7 @@ impl Aggregate {
         };
         let fed = self
             .stores
-            .feed(input.topic, input.partition, |state, room| {
+            .feed(input.partition, |state, room| {
                 if state.offset().is_some_and(|at| at >= input.offset) {
                     return None;
                 }
@@ -316,7 +336,7 @@ impl Transform for Aggregate {
         assigned: &dyn Fn(&str) -> Vec<i32>,
         metrics: &Metrics,
     ) -> Result<(), Error> {
-        if self.stores.ready(input.topic, input.partition) {
+        if self.stores.ready(input.partition) {
             return Ok(());
         }
         let progress = |entries: usize| {
@@ -327,7 +347,7 @@ impl Transform for Aggregate {
         };
         let mut partitions = assigned(input.topic);
         partitions.push(input.partition);
-        let restored = self.stores.ensure(input.topic, &partitions, &progress);
+        let restored = self.stores.ensure(&partitions, &progress);
         let read = metrics.state_restoring.get();
         if read > 0 {
             metrics
@@ -336,7 +356,7 @@ impl Transform for Aggregate {
             metrics.state_restoring.set(0);
         }
         restored?;
-        let without_state = self.stores.take_without_state(input.topic, input.partition);
+        let without_state = self.stores.take_without_state(input.partition);
         match self.rebuild {
             Some(rebuild) if without_state && input.offset > 0 => {
                 self.rebuild(input, rebuild, metrics)
