@@ -60,6 +60,26 @@ pub struct Args {
         value_name = "TOPIC"
     )]
     pub state_topic: Option<String>,
+    /// The table of a stream–table join: the query's step read as a table, and its topic.
+    /// Every instance reads the topic whole, from its beginning, outside the group, before its
+    /// first stream record, and keeps reading it (`docs/stateful-sql.md`).
+    #[arg(
+        long = "table",
+        env = "PLUMBER_TABLE",
+        value_name = "STEP=TOPIC",
+        value_parser = parse_property
+    )]
+    pub table: Option<(String, String)>,
+    /// The most memory a join's table may take (keys, values and about 64 bytes a row): a
+    /// table topic past it stops the processor, naming this flag, rather than taking the
+    /// node's memory.
+    #[arg(
+        long = "table-max-bytes",
+        env = "PLUMBER_TABLE_MAX_BYTES",
+        value_name = "BYTES",
+        default_value_t = DEFAULT_TABLE_MAX_BYTES
+    )]
+    pub table_max_bytes: usize,
     /// How long after its end a window takes late records, in milliseconds (`grace:`).
     #[arg(
         long = "grace-ms",
@@ -180,6 +200,18 @@ pub struct Args {
 /// `--state-max-groups` unless set: 200,000 groups is about 80 MB of memory.
 pub const DEFAULT_STATE_MAX_GROUPS: usize = 200_000;
 
+/// `--table-max-bytes`: 256 MiB, a table of about a million rows of 200 bytes.
+pub const DEFAULT_TABLE_MAX_BYTES: usize = 256 << 20;
+
+/// The table of a stream–table join (`--table`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableConfig {
+    /// The query's step read as the table.
+    pub step: String,
+    pub topic: String,
+    pub max_bytes: usize,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum EmitChoice {
     Close,
@@ -285,6 +317,8 @@ pub struct Config {
     pub jq_env: Vec<String>,
     /// A stateful SQL step's changelog and bounds (`--state-topic`).
     pub state: Option<StateConfig>,
+    /// A join's table (`--table`).
+    pub table: Option<TableConfig>,
     pub dlq: Option<String>,
     pub metrics: Option<SocketAddr>,
     pub delivery: DeliveryChoice,
@@ -345,6 +379,30 @@ impl TryFrom<Args> for Config {
         {
             return Err("--state-topic must name a topic".into());
         }
+        if args.table.is_some() && args.sql.is_none() {
+            return Err("--table goes with --sql (a query with JOIN)".into());
+        }
+        if args.table.is_some() && args.state_topic.is_some() {
+            return Err(
+                "--table and --state-topic do not go together: a query joins or groups, not both"
+                    .into(),
+            );
+        }
+        if args
+            .table
+            .as_ref()
+            .is_some_and(|(_, topic)| topic.trim().is_empty())
+        {
+            return Err("--table STEP=TOPIC must name a topic".into());
+        }
+        if args.table_max_bytes == 0 {
+            return Err("--table-max-bytes must be at least 1".into());
+        }
+        let table = args.table.map(|(step, topic)| TableConfig {
+            step,
+            topic,
+            max_bytes: args.table_max_bytes,
+        });
         if args.state_max_groups == 0 {
             return Err("--state-max-groups must be at least 1".into());
         }
@@ -404,6 +462,7 @@ impl TryFrom<Args> for Config {
             transform,
             jq_env: args.jq_env,
             state,
+            table,
             dlq: args.dlq,
             metrics: args.metrics,
             delivery: args.delivery,
@@ -517,6 +576,23 @@ mod tests {
         assert!(parse(&["--sql", "SELECT 1", "--jq", "."]).is_err());
         assert!(parse(&["--jq", ".", "--sql-input", "a=t"]).is_err());
         assert!(parse(&["--sql", "SELECT * FROM a", "--sql-input", "a"]).is_err());
+    }
+
+    #[test]
+    fn a_join_names_its_table_step_and_topic() {
+        let query = "SELECT o.id, c.name FROM orders o JOIN customers c ON o.cust = c._key";
+        let config = parse(&["--sql", query, "--table", "customers=cust-topic"]).unwrap();
+        assert_eq!(
+            config.table,
+            Some(TableConfig {
+                step: "customers".into(),
+                topic: "cust-topic".into(),
+                max_bytes: DEFAULT_TABLE_MAX_BYTES,
+            })
+        );
+        assert!(parse(&["--jq", ".", "--table", "c=t"]).is_err());
+        assert!(parse(&["--sql", query, "--table", "c=t", "--state-topic", "s"]).is_err());
+        assert!(parse(&["--sql", query, "--table", "c=t", "--table-max-bytes", "0"]).is_err());
     }
 
     #[test]

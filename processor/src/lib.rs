@@ -22,6 +22,7 @@ pub mod reader;
 pub mod record;
 pub mod state;
 pub mod stop;
+pub mod table;
 pub mod transform;
 
 pub use config::{Config, DeliveryMode};

@@ -3,7 +3,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use plumber_processor::config::{Args, LogFormat};
-use plumber_processor::metrics::Metrics;
+use plumber_processor::metrics::{Kept, Metrics};
 use plumber_processor::overseer::SELF_RESTARTS_ENV;
 use plumber_processor::pipeline::report;
 use plumber_processor::stop::Stop;
@@ -35,7 +35,13 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let metrics = Metrics::for_step(config.state.is_some());
+    let metrics = Metrics::for_step(if config.state.is_some() {
+        Kept::State
+    } else if config.table.is_some() {
+        Kept::Table
+    } else {
+        Kept::Nothing
+    });
     if let Some(restarts) = std::env::var(SELF_RESTARTS_ENV)
         .ok()
         .and_then(|n| n.parse().ok())

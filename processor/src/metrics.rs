@@ -15,6 +15,16 @@ use prometheus_client::registry::Registry;
 
 type Labels = Vec<(&'static str, String)>;
 
+/// What a step keeps beyond its records in flight, and serves gauges of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kept {
+    Nothing,
+    /// A stateful step's groups (`--state-topic`).
+    State,
+    /// A join's table (`--table`).
+    Table,
+}
+
 /// Cheap to clone: every metric is shared.
 #[derive(Clone)]
 pub struct Metrics {
@@ -57,6 +67,13 @@ pub struct Metrics {
     pub state_restoring: Gauge,
     /// Changelog entries read by restores since the start.
     pub state_restored: Counter,
+    /// A join's table: its rows, and about the memory they take.
+    pub table_rows: Gauge,
+    pub table_bytes: Gauge,
+    /// Table records read by the load under way (0 once the table is loaded).
+    pub table_loading: Gauge,
+    /// Table records that are no row (no key, not a JSON object): skipped.
+    pub table_skipped: Counter,
     heartbeat: Arc<AtomicU64>,
     registry: Arc<Registry>,
 }
@@ -70,11 +87,11 @@ impl Default for Metrics {
 impl Metrics {
     /// The metrics of a stateless step.
     pub fn new() -> Self {
-        Self::for_step(false)
+        Self::for_step(Kept::Nothing)
     }
 
-    /// The metrics of a step; a stateful one (`stateful`) also serves its state's gauges.
-    pub fn for_step(stateful: bool) -> Self {
+    /// The metrics of a step; one that keeps state or a table also serves their gauges.
+    pub fn for_step(kept: Kept) -> Self {
         let mut registry = Registry::with_prefix("plumber_processor");
         let metrics = Metrics {
             consumed: Counter::default(),
@@ -101,6 +118,10 @@ impl Metrics {
             state_stream_time: Gauge::default(),
             state_restoring: Gauge::default(),
             state_restored: Counter::default(),
+            table_rows: Gauge::default(),
+            table_bytes: Gauge::default(),
+            table_loading: Gauge::default(),
+            table_skipped: Counter::default(),
             heartbeat: Arc::new(AtomicU64::new(now_millis())),
             registry: Arc::new(Registry::default()),
         };
@@ -184,8 +205,10 @@ impl Metrics {
             "Times the processor restarted itself to end a transform past its deadline",
             metrics.self_restarts.clone(),
         );
-        if stateful {
-            metrics.register_state(&mut registry);
+        match kept {
+            Kept::Nothing => {}
+            Kept::State => metrics.register_state(&mut registry),
+            Kept::Table => metrics.register_table(&mut registry),
         }
         Metrics {
             registry: Arc::new(registry),
@@ -214,6 +237,29 @@ impl Metrics {
             "state_restored_entries",
             "Changelog entries read by restores",
             metrics.state_restored.clone(),
+        );
+    }
+
+    fn register_table(&self, registry: &mut Registry) {
+        registry.register(
+            "table_rows",
+            "Rows of a join's table",
+            self.table_rows.clone(),
+        );
+        registry.register(
+            "table_bytes",
+            "About the memory a join's table takes (--table-max-bytes bounds it)",
+            self.table_bytes.clone(),
+        );
+        registry.register(
+            "table_loading_records",
+            "Table records read by the load under way (0 once loaded)",
+            self.table_loading.clone(),
+        );
+        registry.register(
+            "table_skipped_records",
+            "Table records skipped: no key, or not a JSON object",
+            self.table_skipped.clone(),
         );
     }
 

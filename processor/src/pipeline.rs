@@ -321,7 +321,7 @@ fn run_here(
             state.max_groups,
         ))
     });
-    let mut transform = transform::build(config, metrics, stores.clone())?;
+    let (mut transform, table) = transform::build(config, metrics, stores.clone())?;
     let books = Arc::new(Books::new(metrics.clone()));
     let producer = Arc::new(
         kafka::producer(config, mode == DeliveryMode::ExactlyOnce, books.clone()).map_err(
@@ -332,6 +332,13 @@ fn run_here(
         )?,
     );
     check_topics(config, &producer, stop)?;
+    // Before joining the group: a join's first record must meet the whole table, and the
+    // group's partitions wait for no load.
+    if let Some(table) = &table
+        && !table.load(stop).map_err(transform::Error::from)?
+    {
+        return Ok(summary(Some(mode), metrics));
+    }
     if mode == DeliveryMode::ExactlyOnce && !init_transactions(&producer, stop)? {
         return Ok(summary(Some(mode), metrics));
     }
@@ -370,6 +377,7 @@ fn run_here(
         outputs = %config.outputs.join(","),
         dlq = config.dlq.as_deref().unwrap_or("none"),
         state = config.state.as_ref().map_or("none", |state| state.topic.as_str()),
+        table = config.table.as_ref().map_or("none", |table| table.topic.as_str()),
         record_timeout_seconds = config.record_timeout.as_secs(),
         max_record_seconds = overseer::max_record_time(config).as_secs(),
         "processing"
@@ -460,7 +468,7 @@ fn run_here(
     Ok(summary(Some(mode), metrics))
 }
 
-/// Fails when an output, dead-letter or changelog topic does not exist, rather than at the
+/// Fails when an output, dead-letter, changelog or table topic does not exist, rather than at the
 /// first send (or a restore that waits for a topic that never comes).
 fn check_topics(config: &Config, producer: &OutputProducer, stop: &Stop) -> Result<(), Error> {
     let until = Instant::now() + TOPIC_PROPAGATION;
@@ -469,7 +477,8 @@ fn check_topics(config: &Config, producer: &OutputProducer, stop: &Stop) -> Resu
             .outputs
             .iter()
             .chain(config.dlq.iter())
-            .chain(config.state.iter().map(|state| &state.topic));
+            .chain(config.state.iter().map(|state| &state.topic))
+            .chain(config.table.iter().map(|table| &table.topic));
         let missing = kafka::unknown_topics(producer, topics, PROBE_TIMEOUT);
         if missing.is_empty() {
             return Ok(());

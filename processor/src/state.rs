@@ -20,7 +20,7 @@ use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
 
-use crate::reader::{Reader, ReaderContext};
+use crate::reader::{Reader, ReaderContext, to_the_end};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RestoreError {
@@ -55,18 +55,6 @@ impl RestoreError {
     pub fn retryable(&self) -> bool {
         !matches!(self, RestoreError::Entry { .. })
     }
-}
-
-/// A consumer outside any group that reads to the end of what it is assigned: the end is
-/// known when a fetch comes back empty, and a broker may hold an empty fetch for
-/// `fetch.wait.max.ms` (tansu holds it whole: librdkafka's 500 ms made an empty changelog
-/// take 1.1 s to restore).
-fn reader(client: &mut ClientConfig) -> &mut ClientConfig {
-    client
-        .set("enable.auto.commit", "false")
-        .set("isolation.level", "read_committed")
-        .set("enable.partition.eof", "true")
-        .set("fetch.wait.max.ms", "10")
 }
 
 /// How long one poll waits; bounds how late the timeout is noticed.
@@ -335,7 +323,7 @@ pub fn read_input(
     if client.get("group.id").is_none() {
         client.set("group.id", format!("plumber.rebuild.{topic}"));
     }
-    let consumer: Reader = reader(&mut client)
+    let consumer: Reader = to_the_end(&mut client)
         .create_with_context(ReaderContext)
         .map_err(read_error)?;
     let start = match from {
@@ -427,7 +415,7 @@ fn restore_many(
         // subscribes nor commits.
         client.set("group.id", format!("plumber.restore.{topic}"));
     }
-    let consumer: Reader = reader(&mut client)
+    let consumer: Reader = to_the_end(&mut client)
         .create_with_context(ReaderContext)
         .map_err(|e| read_error(first, e))?;
     let mut assignment = TopicPartitionList::new();

@@ -30,11 +30,26 @@ pub struct Join {
 #[derive(Debug, Clone, Default)]
 pub struct Table {
     rows: HashMap<Vec<u8>, Box<str>>,
+    /// What the rows take: keys, values and [`ROW_OVERHEAD`] each.
+    bytes: usize,
+}
+
+/// What a row takes beyond its key and value: the map's entry and the two allocations'
+/// headers, about.
+pub const ROW_OVERHEAD: usize = 64;
+
+fn row_bytes(key: &[u8], value: &str) -> usize {
+    key.len() + value.len() + ROW_OVERHEAD
 }
 
 impl Table {
     pub fn len(&self) -> usize {
         self.rows.len()
+    }
+
+    /// About the memory the rows take: what a processor bounds (`--table-max-bytes`).
+    pub fn bytes(&self) -> usize {
+        self.bytes
     }
 
     pub fn is_empty(&self) -> bool {
@@ -80,7 +95,9 @@ impl Join {
             ));
         };
         let Some(value) = value else {
-            table.rows.remove(key);
+            if let Some(old) = table.rows.remove(key) {
+                table.bytes -= row_bytes(key, &old);
+            }
             return Ok(());
         };
         let text = std::str::from_utf8(value).map_err(|e| {
@@ -88,7 +105,10 @@ impl Join {
         })?;
         match Object::parse(text) {
             Ok(Some(_)) => {
-                table.rows.insert(key.to_vec(), text.into());
+                table.bytes += row_bytes(key, text);
+                if let Some(old) = table.rows.insert(key.to_vec(), text.into()) {
+                    table.bytes -= row_bytes(key, &old);
+                }
                 Ok(())
             }
             Ok(None) => Err(EvalError::sql(

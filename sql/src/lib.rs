@@ -25,7 +25,7 @@ mod value;
 
 pub use aggregate::{Aggregation, CarryOver, Change, Emit, Output, PartitionState};
 pub use compile::{Compiled, MAX_DEPTH, MAX_HOPS, MAX_TOKENS, Problem, compile_any};
-pub use join::{Join, Table};
+pub use join::{Join, ROW_OVERHEAD, Table};
 
 use expr::{Expr, Row};
 use json::{Object, write_string};

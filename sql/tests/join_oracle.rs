@@ -80,6 +80,8 @@ fn run(events: &[Event], left: bool, filter: &str, reversed: bool) -> Result<(),
     .unwrap();
     let mut table = Table::default();
     let mut rows: BTreeMap<String, (Option<String>, Option<i64>)> = BTreeMap::new();
+    // What each row's key and value take, as the table counts them.
+    let mut sizes: BTreeMap<String, usize> = BTreeMap::new();
     for (i, event) in events.iter().enumerate() {
         match event {
             Event::Table { key, row } => {
@@ -96,13 +98,17 @@ fn run(events: &[Event], left: bool, filter: &str, reversed: bool) -> Result<(),
                     (Some(key), Some(row)) => {
                         prop_assert!(updated.is_ok());
                         rows.insert(key.clone(), row.clone());
+                        let text = value.as_deref().map_or(0, str::len);
+                        sizes.insert(key.clone(), key.len() + text + plumber_sql::ROW_OVERHEAD);
                     }
                     (Some(key), None) => {
                         prop_assert!(updated.is_ok());
                         rows.remove(key);
+                        sizes.remove(key);
                     }
                 }
                 prop_assert_eq!(table.len(), rows.len());
+                prop_assert_eq!(table.bytes(), sizes.values().sum::<usize>());
             }
             Event::Stream { key, cust, amount } => {
                 let mut object = serde_json::Map::new();

@@ -460,7 +460,8 @@ mod tests {
     /// A stateful processor's gauges, as it serves them.
     #[test]
     fn a_stateful_processors_state_is_read_from_its_page() {
-        let metrics = plumber_processor::metrics::Metrics::for_step(true);
+        let metrics =
+            plumber_processor::metrics::Metrics::for_step(plumber_processor::metrics::Kept::State);
         metrics.consumed.inc_by(5);
         metrics.state_groups.set(1_200);
         metrics.state_stream_time.set(1_796_256_000_000);

@@ -54,6 +54,8 @@ pub enum Error {
     Url(String, String),
     #[error(transparent)]
     Restore(#[from] crate::state::RestoreError),
+    #[error(transparent)]
+    Table(#[from] crate::table::TableError),
 }
 
 pub trait Transform {
@@ -118,24 +120,38 @@ fn retries(config: &Config) -> Retries {
     }
 }
 
+/// What a transform needs made ready before the processor joins its group: a join's table.
+pub type Table = Option<Arc<crate::table::TableFeed>>;
+
 /// The transform `config` asks for; `stores` holds a stateful step's state (`--state-topic`).
 pub fn build(
     config: &Config,
     metrics: &Metrics,
     stores: Option<Arc<Stores>>,
-) -> Result<Box<dyn Transform>, Error> {
+) -> Result<(Box<dyn Transform>, Table), Error> {
+    if let (TransformSpec::Sql { query, inputs }, Some(table)) = (&config.transform, &config.table)
+    {
+        let mut client = crate::kafka::reader_config(config);
+        client.set("group.id", format!("{}.table", config.group));
+        let joined = sql::Joined::compile(query, inputs, &config.inputs, table, client, metrics)?;
+        let feed = joined.table();
+        return Ok((Box::new(joined), Some(feed)));
+    }
     if let (TransformSpec::Sql { query, inputs }, Some(state), Some(stores)) =
         (&config.transform, &config.state, stores)
     {
-        return Ok(Box::new(sql::Aggregate::compile(
-            query,
-            inputs,
-            &config.inputs,
-            state,
-            stores,
-        )?));
+        return Ok((
+            Box::new(sql::Aggregate::compile(
+                query,
+                inputs,
+                &config.inputs,
+                state,
+                stores,
+            )?),
+            None,
+        ));
     }
-    Ok(match &config.transform {
+    let transform: Box<dyn Transform> = match &config.transform {
         TransformSpec::Jq(program) => Box::new(jq::Jq::compile_with_env(
             program,
             // What the step's `env:` set; a name it did not set is left out.
@@ -157,5 +173,6 @@ pub fn build(
             retries(config),
             metrics.clone(),
         )?),
-    })
+    };
+    Ok((transform, None))
 }

@@ -8,14 +8,15 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use plumber_sql::{Aggregation, Compiled, Emit, Problem, Query, Record};
+use plumber_sql::{Aggregation, Compiled, Emit, Join, Problem, Query, Record};
 
 use super::{Error, Outcome, Transform};
-use crate::config::{EmitChoice, Rebuild, StateConfig};
+use crate::config::{EmitChoice, Rebuild, StateConfig, TableConfig};
 use crate::metrics::Metrics;
 use crate::record::{Input, Output, Rejection};
 use crate::state::{RESTORE_TIMEOUT, ReadFrom, Stores, read_input};
 use crate::stop::Stop;
+use crate::table::TableFeed;
 
 pub struct Sql {
     query: Query,
@@ -32,7 +33,23 @@ impl Sql {
         inputs: &[(String, String)],
         topics: &[String],
     ) -> Result<Self, Error> {
-        let query = Query::compile(query, None).map_err(|p| Error::Sql(Problem::all(&p)))?;
+        let query = match plumber_sql::compile_any(query, None, true)
+            .map_err(|p| Error::Sql(Problem::all(&p)))?
+        {
+            Compiled::Stateless(query) => query,
+            Compiled::Stateful(_) => {
+                return Err(Error::Sql(
+                    "a query with GROUP BY keeps state: give it its changelog with --state-topic"
+                        .into(),
+                ));
+            }
+            Compiled::Join(join) => {
+                return Err(Error::Sql(format!(
+                    "the query joins `{table}` as a table: say its topic with --table {table}=TOPIC",
+                    table = join.table()
+                )));
+            }
+        };
         let read = query.inputs();
         if read.len() <= 1 && inputs.is_empty() {
             return Ok(Sql {
@@ -104,6 +121,85 @@ impl Transform for Sql {
 
     /// An evaluation is bounded (query size, nesting, the strings it builds) but not timed:
     /// a record that still ran too long is ended by the overseer, as for jq.
+    fn interruptible(&self) -> bool {
+        false
+    }
+}
+
+/// A stream–table join: each record of the one input topic joined to the table
+/// ([`TableFeed`]) as it stands when the record is processed. It keeps no state of its own.
+pub struct Joined {
+    join: Join,
+    table: Arc<TableFeed>,
+}
+
+impl Joined {
+    /// `query` with JOIN, its stream read from the one topic the processor consumes
+    /// (`topics`), its table from `table`'s (`--table`, which must name the query's table).
+    pub fn compile(
+        query: &str,
+        inputs: &[(String, String)],
+        topics: &[String],
+        table: &TableConfig,
+        client: rdkafka::config::ClientConfig,
+        metrics: &Metrics,
+    ) -> Result<Self, Error> {
+        if !inputs.is_empty() || topics.len() != 1 {
+            return Err(Error::Sql(
+                "a join reads its stream from one --input topic (and its table with --table)"
+                    .into(),
+            ));
+        }
+        let join = match plumber_sql::compile_any(query, None, true)
+            .map_err(|p| Error::Sql(Problem::all(&p)))?
+        {
+            Compiled::Join(join) => *join,
+            _ => {
+                return Err(Error::Sql(
+                    "--table is for a query with JOIN; this one reads no table".into(),
+                ));
+            }
+        };
+        if join.table() != table.step {
+            return Err(Error::Sql(format!(
+                "the query joins `{}` as its table, but --table names `{}`",
+                join.table(),
+                table.step
+            )));
+        }
+        let feed = TableFeed::new(table, client, join.clone(), metrics.clone());
+        Ok(Joined {
+            join,
+            table: Arc::new(feed),
+        })
+    }
+
+    /// The table, to load before the first record.
+    pub fn table(&self) -> Arc<TableFeed> {
+        self.table.clone()
+    }
+}
+
+impl Transform for Joined {
+    fn apply(
+        &mut self,
+        input: &Input<'_>,
+        _stop: &Stop,
+        _deadline: Instant,
+    ) -> Result<Outcome, Error> {
+        let record = Record {
+            value: input.value,
+            key: input.key,
+            headers: &input.headers,
+        };
+        let joined = self.table.with(|table| self.join.feed(table, &record))?;
+        Ok(match joined {
+            Ok(values) => Outcome::Outputs(values.into_iter().map(Output::value).collect()),
+            Err(e) => Outcome::Rejected(Rejection::new(e.kind, e.message)),
+        })
+    }
+
+    /// Bounded like a stateless query: ended by the overseer should it still run too long.
     fn interruptible(&self) -> bool {
         false
     }
