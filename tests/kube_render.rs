@@ -92,6 +92,7 @@ fn spec(transform: Transform) -> ProcessorSpec {
         dir: "topologies/t/steps".into(),
         settings: Settings::default(),
         state: None,
+        table: None,
     }
 }
 
@@ -331,6 +332,7 @@ fn every_container_is_locked_down_and_the_processor_is_probed() {
         Transform::Sql {
             query: "SELECT id FROM cars".into(),
             state: None,
+            table: None,
         },
         Transform::Http {
             image: "ghcr.io/acme/score:2".into(),

@@ -105,6 +105,7 @@ fn spec(step: &str, id: &str) -> ProcessorSpec {
         dir: "topologies/shop".into(),
         settings: Settings::default(),
         state: None,
+        table: None,
     }
 }
 
@@ -871,6 +872,7 @@ fn observed_status_is_published_beside_the_record_and_only_when_it_changed() {
         scale: None,
         records_per_second: None,
         keeps_state: None,
+        keeps_table: None,
         retiring: None,
     };
     let observed = TopologyStatus {

@@ -136,6 +136,7 @@ impl Setup {
             dir: String::new(),
             settings: Settings::default(),
             state: None,
+            table: None,
             transform: if sidecar {
                 Transform::Http {
                     image: "unused".into(),

@@ -336,6 +336,7 @@ fn the_local_runtime_passes_the_query_and_the_topics_of_its_input_steps() {
         transform: Transform::Sql {
             query: query.into(),
             state: None,
+            table: None,
         },
         env: BTreeMap::new(),
         scale: plumber::spec::Scale {
@@ -348,6 +349,7 @@ fn the_local_runtime_passes_the_query_and_the_topics_of_its_input_steps() {
         dir: String::new(),
         settings: Default::default(),
         state: None,
+        table: None,
     };
     runtime.start(&spec).unwrap();
     plumber_testkit::wait_until(
@@ -444,12 +446,74 @@ fn a_stateful_query_validates_with_its_state_settings_and_only_with_them() {
     assert!(jq[0].3.contains("a `jq` step keeps none"), "{jq:?}");
 }
 
-/// A JOIN compiles but is not run yet: said plainly, not as a syntax problem.
+/// A JOIN validates with its table, a source, and `tableMaxBytes`; the table is not read
+/// through the step's group (it is no input of its start), and it may not be a processor.
 #[test]
-fn a_join_is_refused_as_not_run_yet() {
-    let (line, _, message) = sql_error(
-        "kind: processor\ninput: [telemetry, trucks]\nsql: SELECT t.id, c.name FROM telemetry t JOIN trucks c ON t.truck = c._key\n",
+fn a_join_validates_with_a_source_as_its_table() {
+    let join = "kind: processor\ninput: [telemetry, trucks]\nsql: SELECT t.id, c.name FROM telemetry t JOIN trucks c ON t.truck = c._key\n";
+    let set = topology(&format!("{join}tableMaxBytes: 67108864\n"));
+    let id = set.find("step").unwrap();
+    let plumber::graph::StepKind::Processor {
+        transform: plumber::spec::Transform::Sql {
+            table: Some(table), ..
+        },
+        ..
+    } = &set.step(id).kind
+    else {
+        panic!("a join");
+    };
+    assert_eq!(table.step, "trucks");
+    assert_eq!(table.max_bytes, Some(64 << 20));
+    assert_eq!(set.table_input(id), set.find("trucks"));
+    assert_eq!(set.group_inputs(id), vec![set.find("telemetry").unwrap()]);
+    let plan = plumber::plan::plan_topology(None, Some(&set));
+    let start = plan
+        .actions
+        .iter()
+        .find_map(|a| match a {
+            plumber::plan::Action::StartProcessor(s) if s.step == "step" => Some(s),
+            _ => None,
+        })
+        .expect("the join starts");
+    let inputs: Vec<&str> = start.inputs.iter().map(|i| i.topic.as_str()).collect();
+    assert_eq!(inputs, ["telemetry"], "the table is read outside the group");
+    assert_eq!(start.table.as_deref(), Some("trucks"));
+
+    let small = errors(&format!("{join}tableMaxBytes: 10\n"));
+    assert_eq!((small[0].1, small[0].2), (4, 1), "{small:?}");
+    let elsewhere = errors(
+        "kind: processor\ninput: telemetry\nsql: SELECT id FROM telemetry\ntableMaxBytes: 1048576\n",
     );
-    assert_eq!(line, 3);
-    assert!(message.contains("does not run JOIN steps yet"), "{message}");
+    assert!(
+        elsewhere[0]
+            .3
+            .contains("`tableMaxBytes` is for a `sql` step with JOIN"),
+        "{elsewhere:?}"
+    );
+    let grouped = errors(&format!("{join}grace: 5s\n"));
+    assert!(
+        grouped[0]
+            .3
+            .contains("`grace` is for a `sql` step with GROUP BY"),
+        "{grouped:?}"
+    );
+
+    // A processor's output as the table: refused at the input that names it.
+    let mut files = files(
+        "kind: processor\ninput:\n  - telemetry\n  - fleet\nsql: SELECT t.id, c.name FROM telemetry t JOIN fleet c ON t.truck = c._key\n",
+    );
+    files.push(SourceFile {
+        path: "topologies/t/steps/fleet.yaml".into(),
+        content: FileContent::Bytes(b"kind: processor\ninput: trucks\njq: .\n".to_vec()),
+    });
+    let validation = plumber::validate(&files);
+    let refused: Vec<_> = validation.errors().collect();
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    assert_eq!(refused[0].file, "topologies/t/steps/step.yaml");
+    assert_eq!((refused[0].line, refused[0].column), (Some(4), Some(5)));
+    assert!(
+        refused[0].message.contains("a table is a source"),
+        "{}",
+        refused[0].message
+    );
 }

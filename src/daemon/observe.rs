@@ -310,6 +310,16 @@ fn observe_topology(
                 restoring_entries: gauges.map(|g| g.restoring.max(0.0) as u64),
             })
         });
+        let keeps_table = life.and_then(|l| {
+            let topic = l.start.table.clone()?;
+            let gauges = context.rates.table_of(l.group());
+            Some(super::status::TableStatus {
+                topic,
+                rows: gauges.map(|g| g.rows.max(0.0) as u64),
+                bytes: gauges.map(|g| g.bytes.max(0.0) as u64),
+                loading_records: gauges.map(|g| g.loading.max(0.0) as u64),
+            })
+        });
         steps.push(StepStatus {
             name: listed.step,
             kind: listed.kind,
@@ -330,6 +340,7 @@ fn observe_topology(
             }),
             records_per_second,
             keeps_state,
+            keeps_table,
             retiring,
         });
     }

@@ -43,6 +43,10 @@ const DEAD_LETTERED: &str = "plumber_processor_records_dead_lettered_total";
 const STATE_GROUPS: &str = "plumber_processor_state_groups";
 const STATE_STREAM_TIME: &str = "plumber_processor_state_stream_time_ms";
 const STATE_RESTORING: &str = "plumber_processor_state_restoring_entries";
+/// A join's table gauges: its rows, about their memory, and a load's progress.
+const TABLE_ROWS: &str = "plumber_processor_table_rows";
+const TABLE_BYTES: &str = "plumber_processor_table_bytes";
+const TABLE_LOADING: &str = "plumber_processor_table_loading_records";
 
 /// The scraper: what it last read of every instance, and the rates it gave.
 #[derive(Default)]
@@ -57,6 +61,8 @@ struct State {
     by_group: BTreeMap<String, f64>,
     /// A stateful processor's state, summed over the instances read at the last look.
     state_by_group: BTreeMap<String, StateGauges>,
+    /// A join's table, as its instances hold it at the last look.
+    table_by_group: BTreeMap<String, TableGauges>,
     /// The steps (topology, step) whose gauge is set.
     exported: BTreeSet<(String, String)>,
 }
@@ -72,6 +78,12 @@ impl Rates {
     /// over its instances, the least stream time; `None` for a stateless one, or unknown.
     pub fn state_of(&self, group: &str) -> Option<StateGauges> {
         self.state().state_by_group.get(group).copied()
+    }
+
+    /// A join's table as of the last look (each instance holds all of it: the largest
+    /// instance's rows and bytes, and the load furthest behind); `None` for other steps.
+    pub fn table_of(&self, group: &str) -> Option<TableGauges> {
+        self.state().table_by_group.get(group).copied()
     }
 
     /// Reads the `/metrics` of every instance of the `running` processors once, and updates
@@ -96,11 +108,18 @@ impl Rates {
             .map(|group| (group.clone(), Vec::new()))
             .collect();
         let mut state_by_group: BTreeMap<String, StateGauges> = BTreeMap::new();
+        let mut table_by_group: BTreeMap<String, TableGauges> = BTreeMap::new();
         for (group, endpoint, reading) in self.read_all(jobs) {
             if let Some(gauges) = reading.as_ref().and_then(|r| r.counts.state) {
                 state_by_group
                     .entry(group.clone())
                     .and_modify(|sum| *sum = sum.add(gauges))
+                    .or_insert(gauges);
+            }
+            if let Some(gauges) = reading.as_ref().and_then(|r| r.counts.table) {
+                table_by_group
+                    .entry(group.clone())
+                    .and_modify(|most| *most = most.widest(gauges))
                     .or_insert(gauges);
             }
             reads
@@ -163,6 +182,7 @@ impl Rates {
             .filter_map(|(group, round)| Some((group, round.per_second?)))
             .collect();
         state.state_by_group = state_by_group;
+        state.table_by_group = table_by_group;
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
@@ -272,6 +292,29 @@ pub(crate) struct Counts {
     pub dead_lettered: f64,
     /// A stateful processor's gauges; `None` when the page has none.
     pub state: Option<StateGauges>,
+    /// A join's table gauges; `None` when the page has none.
+    pub table: Option<TableGauges>,
+}
+
+/// A join's table in one instance, as its `/metrics` says.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct TableGauges {
+    pub rows: f64,
+    /// About the memory the rows take.
+    pub bytes: f64,
+    /// Table records read by a load under way (0: loaded).
+    pub loading: f64,
+}
+
+impl TableGauges {
+    /// Two instances' tables: each holds the whole table, so the larger of each gauge.
+    fn widest(self, other: TableGauges) -> TableGauges {
+        TableGauges {
+            rows: self.rows.max(other.rows),
+            bytes: self.bytes.max(other.bytes),
+            loading: self.loading.max(other.loading),
+        }
+    }
 }
 
 /// A stateful processor's state, as its `/metrics` says.
@@ -329,6 +372,14 @@ pub(crate) fn parse(page: &str) -> Result<Counts, String> {
                 .get_or_insert_with(StateGauges::default)
                 .stream_time
                 .get_or_insert(0.0),
+            TABLE_ROWS => &mut counts.table.get_or_insert_with(TableGauges::default).rows,
+            TABLE_BYTES => &mut counts.table.get_or_insert_with(TableGauges::default).bytes,
+            TABLE_LOADING => {
+                &mut counts
+                    .table
+                    .get_or_insert_with(TableGauges::default)
+                    .loading
+            }
             _ => continue,
         };
         let rest = &line[name_end..];
@@ -453,6 +504,7 @@ mod tests {
                 consumed: 42.0,
                 dead_lettered: 3.0,
                 state: None,
+                table: None,
             }
         );
     }
@@ -486,6 +538,41 @@ mod tests {
         );
     }
 
+    /// A join's table gauges, as it serves them; two instances hold the same table.
+    #[test]
+    fn a_joins_table_is_read_from_its_page() {
+        let metrics =
+            plumber_processor::metrics::Metrics::for_step(plumber_processor::metrics::Kept::Table);
+        metrics.consumed.inc_by(5);
+        metrics.table_rows.set(300);
+        metrics.table_bytes.set(30_000);
+        metrics.table_loading.set(12);
+        let counts = parse(&metrics.encode()).unwrap();
+        let table = counts.table.expect("table gauges");
+        assert_eq!(
+            table,
+            TableGauges {
+                rows: 300.0,
+                bytes: 30_000.0,
+                loading: 12.0,
+            }
+        );
+        assert!(counts.state.is_none());
+        let loaded = TableGauges {
+            rows: 310.0,
+            bytes: 29_000.0,
+            loading: 0.0,
+        };
+        assert_eq!(
+            table.widest(loaded),
+            TableGauges {
+                rows: 310.0,
+                bytes: 30_000.0,
+                loading: 12.0,
+            }
+        );
+    }
+
     #[test]
     fn labels_values_and_timestamps_are_parsed() {
         let page = "# TYPE x counter\n\
@@ -499,6 +586,7 @@ mod tests {
                 consumed: 7.0,
                 dead_lettered: 3.5,
                 state: None,
+                table: None,
             }
         );
         assert!(parse("# EOF\n").is_err(), "no consumed counter");
@@ -633,6 +721,7 @@ mod tests {
                 consumed,
                 dead_lettered: 0.0,
                 state: None,
+                table: None,
             },
             at: start + Duration::from_secs(seconds),
         })

@@ -233,6 +233,9 @@ pub struct StepStatus {
     /// A stateful step's state (`docs/stateful-sql.md`); absent for the others.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub keeps_state: Option<StateStatus>,
+    /// A join's table, from its processors' `/metrics`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub keeps_table: Option<TableStatus>,
     /// During a move, another life of the processor that is still deployed: the one the
     /// move replaces, running until it has drained and is stopped. Absent when none.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -281,6 +284,21 @@ pub struct StateStatus {
     pub watermark_ms: Option<i64>,
     /// Changelog entries read by restores under way; 0 when none is.
     pub restoring_entries: Option<u64>,
+}
+
+/// A join's table, from its processors' `/metrics`: each instance holds all of it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TableStatus {
+    /// The table's topic.
+    pub topic: String,
+    /// Its rows; `null` while unknown.
+    pub rows: Option<u64>,
+    /// About the memory they take in each instance.
+    pub bytes: Option<u64>,
+    /// Records read by a load under way (the table is read whole before an instance joins
+    /// its group); 0 once loaded.
+    pub loading_records: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]

@@ -170,9 +170,22 @@ pub fn processor(parts: &ProcessorParts) -> Identity {
             c.str("jq");
             c.str(program);
         }
-        Transform::Sql { query, state } => {
+        Transform::Sql {
+            query,
+            state,
+            table,
+        } => {
             c.str("sql");
             c.str(query);
+            // The table's step is in the query; its bound is not.
+            if let Some(table) = table {
+                c.str("table");
+                c.count(
+                    table
+                        .max_bytes
+                        .map_or(0, |m| usize::try_from(m).unwrap_or(usize::MAX)),
+                );
+            }
             // Nothing for a stateless query: identities computed before state existed hold.
             if let Some(state) = state {
                 c.str("state");

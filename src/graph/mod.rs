@@ -133,6 +133,29 @@ impl Topology {
         self.neighbours(id, Direction::Incoming)
     }
 
+    /// A join's table: the input step its query reads whole, outside its consumer group.
+    pub fn table_input(&self, id: StepId) -> Option<StepId> {
+        let StepKind::Processor {
+            transform: Transform::Sql {
+                table: Some(table), ..
+            },
+            ..
+        } = &self.graph[id].kind
+        else {
+            return None;
+        };
+        self.find(&table.step)
+    }
+
+    /// The steps `id` reads through its consumer group: its inputs but a join's table.
+    pub fn group_inputs(&self, id: StepId) -> Vec<StepId> {
+        let table = self.table_input(id);
+        self.inputs(id)
+            .into_iter()
+            .filter(|i| Some(*i) != table)
+            .collect()
+    }
+
     /// The steps that read `id`, sorted by name.
     pub fn consumers(&self, id: StepId) -> Vec<StepId> {
         self.neighbours(id, Direction::Outgoing)
@@ -297,6 +320,22 @@ fn check(topology: &TopologySpec, spec: &RepoSpec, diagnostics: &mut Vec<Diagnos
                         input.value
                     ),
                 ));
+            } else if joins_as_table(&step.def, &input.value)
+                && !matches!(from_step.def, StepDef::Source(_) | StepDef::Unknown)
+            {
+                diagnostics.push(Diagnostic::error(
+                    Code::InvalidEdge,
+                    &step.file,
+                    Some(input.pos),
+                    format!(
+                        "the query joins `{}` as its table, and a table is a source: its topic \
+                         is read whole, from its beginning. A processor's topic starts anew when \
+                         the processor is replaced, and the table would lose its rows. Write the \
+                         table to a topic with a sink (of another topology) and join a source \
+                         that reads that topic",
+                        input.value
+                    ),
+                ));
             } else {
                 graph.add_edge(from, nodes[step.name.as_str()], ());
             }
@@ -307,6 +346,14 @@ fn check(topology: &TopologySpec, spec: &RepoSpec, diagnostics: &mut Vec<Diagnos
     check_topics(topology, spec, diagnostics);
     warn_dead_ends(topology, &graph, diagnostics);
     Checked { graph }
+}
+
+/// Whether `def` is a join whose table is its input `input`.
+fn joins_as_table(def: &StepDef, input: &str) -> bool {
+    matches!(def, StepDef::Processor(p) if matches!(
+        &p.transform,
+        Some(Transform::Sql { table: Some(table), .. }) if table.step == input
+    ))
 }
 
 fn unknown_input(topology: &TopologySpec, file: &str, input: &Located<String>) -> Diagnostic {

@@ -240,6 +240,10 @@ pub struct StartProcessor {
     /// A stateful step's changelog, and what its state starts from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state: Option<StateRun>,
+    /// A join's table topic (the transform names its step): each instance reads it whole,
+    /// outside the group. Not among `inputs`: nothing drains it, nothing hands it over.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub table: Option<String>,
 }
 
 /// Where a stateful step keeps its state, and what a new life's state starts from

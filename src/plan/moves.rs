@@ -56,7 +56,7 @@ pub(super) fn resolve(deployment: &Deployment, target: Option<&Topology>) -> Res
                 StepKind::Sink { .. } => {}
                 StepKind::Processor { .. } => {
                     let mut inputs: Vec<(String, bool)> = topology
-                        .inputs(id)
+                        .group_inputs(id)
                         .into_iter()
                         .filter_map(|i| {
                             let internal = topology.step(i).kind() == Kind::Processor;
@@ -199,6 +199,9 @@ impl Wanted {
             scale: *scale,
             resources: resources.clone(),
             state,
+            table: topology
+                .table_input(self.id)
+                .map(|table| topology.topic_of(table)),
         }
     }
 

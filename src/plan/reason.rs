@@ -130,8 +130,18 @@ fn fields(topology: &Topology, id: StepId) -> Vec<(String, String)> {
             push("input", inputs());
             match transform {
                 Transform::Jq { program } => push("jq", program.clone()),
-                Transform::Sql { query, state } => {
+                Transform::Sql {
+                    query,
+                    state,
+                    table,
+                } => {
                     push("sql", query.clone());
+                    if let Some(table) = table {
+                        push(
+                            "tableMaxBytes",
+                            table.max_bytes.map_or("default".into(), |m| m.to_string()),
+                        );
+                    }
                     if let Some(state) = state {
                         push("grace", format!("{} ms", state.grace_ms));
                         push("emit", state.emit.as_str().to_owned());

@@ -33,6 +33,7 @@ impl OldState {
                 Transform::Sql {
                     query,
                     state: Some(sql),
+                    ..
                 },
                 Some(run),
             ) => Some(OldState {
@@ -59,6 +60,7 @@ pub(super) fn run(
     let Transform::Sql {
         query,
         state: Some(settings),
+        ..
     } = transform
     else {
         return None;

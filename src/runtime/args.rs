@@ -73,9 +73,19 @@ pub fn processor_args(spec: &ProcessorSpec, placement: &Placement<'_>) -> Vec<St
                 flag("jq-env", name);
             }
         }
-        Transform::Sql { query, state } => {
+        Transform::Sql {
+            query,
+            state,
+            table,
+        } => {
             flag("sql", query);
-            if let (Some(settings), Some(run)) = (state, &spec.state) {
+            if let (Some(table), Some(topic)) = (table, &spec.table) {
+                // The stream is the one --input: no `--sql-input`.
+                flag("table", &format!("{}={topic}", table.step));
+                if let Some(max) = table.max_bytes {
+                    flag("table-max-bytes", &max.to_string());
+                }
+            } else if let (Some(settings), Some(run)) = (state, &spec.state) {
                 // One input step, read from one topic: no `--sql-input`.
                 flag("state-topic", &run.topic);
                 flag("grace-ms", &settings.grace_ms.to_string());
@@ -178,6 +188,7 @@ mod tests {
                 assignor: Some(Assignor::Eager),
             },
             state: None,
+            table: None,
         }
     }
 
@@ -195,6 +206,7 @@ mod tests {
                 max_groups: Some(5_000),
                 start: None,
             }),
+            table: None,
         });
         counting.inputs = vec!["a".into()];
         counting.state = Some(StateRun {
@@ -226,6 +238,31 @@ mod tests {
         );
     }
 
+    /// A join reads its stream as its one input and its table with `--table`, bounded as
+    /// the step file says.
+    #[test]
+    fn a_join_s_table_reaches_the_processor() {
+        use crate::spec::SqlTable;
+        let mut joining = spec(Transform::Sql {
+            query: "SELECT o.*, c.name FROM up o JOIN raw c ON o.cust = c._key".into(),
+            state: None,
+            table: Some(SqlTable {
+                step: "raw".into(),
+                max_bytes: Some(64 << 20),
+            }),
+        });
+        joining.inputs = vec!["plumber.t.up.cdcdcdcdcdcd".into()];
+        joining.table = Some("a".into());
+        let config = parsed(&joining, &Placement::default());
+        let table = config.table.expect("the table");
+        assert_eq!((table.step.as_str(), table.topic.as_str()), ("raw", "a"));
+        assert_eq!(table.max_bytes, 64 << 20);
+        assert_eq!(config.inputs, vec!["plumber.t.up.cdcdcdcdcdcd".to_owned()]);
+        assert!(
+            matches!(config.transform, TransformSpec::Sql { ref inputs, .. } if inputs.is_empty())
+        );
+    }
+
     /// What the processor itself makes of the arguments: the test that what a runtime
     /// renders is what `plumber-processor` runs.
     fn parsed(spec: &ProcessorSpec, placement: &Placement<'_>) -> Config {
@@ -241,6 +278,7 @@ mod tests {
         let sql = spec(Transform::Sql {
             query: "SELECT * FROM raw UNION ALL SELECT * FROM up".into(),
             state: None,
+            table: None,
         });
         let placement = Placement {
             instance: Some("3"),

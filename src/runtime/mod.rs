@@ -192,6 +192,9 @@ pub struct ProcessorSpec {
     /// A stateful step's changelog and what its state starts from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state: Option<crate::plan::StateRun>,
+    /// A join's table topic, read whole by each instance.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub table: Option<String>,
 }
 
 /// What a runtime observes about one processor.

@@ -57,6 +57,7 @@ impl ProcessorSpec {
             dir,
             settings: target.settings,
             state: start.state.clone(),
+            table: start.table.clone(),
         }
     }
 }

@@ -256,12 +256,15 @@ pub enum Transform {
     Jq {
         program: String,
     },
-    /// A stateless `SELECT … FROM <input step> [WHERE …]`, or a stateful one with
-    /// `GROUP BY` (`state`; see `plumber_sql` and `docs/stateful-sql.md`).
+    /// A stateless `SELECT … FROM <input step> [WHERE …]`, a stateful one with `GROUP BY`
+    /// (`state`), or a stream–table join (`table`); see `plumber_sql` and
+    /// `docs/stateful-sql.md`.
     Sql {
         query: String,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         state: Option<SqlState>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        table: Option<SqlTable>,
     },
     Exec {
         command: Vec<String>,
@@ -292,6 +295,17 @@ pub struct SqlState {
     /// What a new life starts from when the old state cannot be carried over.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start: Option<StateStart>,
+}
+
+/// A stream–table join's table: the input step its query joins, read whole (a source).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SqlTable {
+    pub step: String,
+    /// The most memory the table may take in each instance (`tableMaxBytes`; `None`: the
+    /// processor's default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_bytes: Option<u64>,
 }
 
 /// When a windowed query emits.

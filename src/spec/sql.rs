@@ -9,15 +9,18 @@ use super::yaml::{self, Node};
 use crate::diagnostic::Code;
 
 /// What kind of query a `sql:` step holds, once it compiles.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Kind {
     Stateless,
     /// `GROUP BY`: keeps state per key.
     Stateful,
+    /// A stream–table join of the input step `table`.
+    Join {
+        table: String,
+    },
 }
 
-/// Checks the query; `None` when it does not compile (each problem reported at its place)
-/// or cannot run yet.
+/// Checks the query; `None` when it does not compile (each problem reported at its place).
 pub(super) fn check(
     query: &str,
     value: &Node,
@@ -31,14 +34,10 @@ pub(super) fn check(
     let problems = match plumber_sql::compile_any(query, inputs, true) {
         Ok(Compiled::Stateless(_)) => return Some(Kind::Stateless),
         Ok(Compiled::Stateful(_)) => return Some(Kind::Stateful),
-        Ok(Compiled::Join(_)) => {
-            report.error(
-                Code::InvalidSql,
-                value.pos,
-                "a stream–table JOIN compiles, but Plumber does not run JOIN steps yet \
-                 (docs/stateful-sql.md says what is built); enrich with an exec or http step",
-            );
-            return None;
+        Ok(Compiled::Join(join)) => {
+            return Some(Kind::Join {
+                table: join.table().to_owned(),
+            });
         }
         Err(problems) => problems,
     };

@@ -7,7 +7,8 @@ use super::settings;
 use super::yaml::{Node, Pos, Value};
 use super::{
     ClusterSpec, DEFAULT_CLUSTER, Defaults, Emit, Endpoint, EnvValue, ProcessorSpec, Resources,
-    SecretRef, SourceFile, SqlState, StartFrom, StateStart, StepDef, StepSpec, Transform, names,
+    SecretRef, SourceFile, SqlState, SqlTable, StartFrom, StateStart, StepDef, StepSpec, Transform,
+    names,
 };
 use crate::diagnostic::{Code, Diagnostic};
 
@@ -26,7 +27,7 @@ pub(super) struct JqProgram {
 const COMMON: [&str; 3] = ["kind", "description", "owner"];
 const SOURCE_FIELDS: [&str; 2] = ["topic", "cluster"];
 const SINK_FIELDS: [&str; 3] = ["topic", "cluster", "input"];
-const PROCESSOR_FIELDS: [&str; 14] = [
+const PROCESSOR_FIELDS: [&str; 15] = [
     "input",
     "jq",
     "sql",
@@ -41,11 +42,14 @@ const PROCESSOR_FIELDS: [&str; 14] = [
     "emit",
     "stateMaxGroups",
     "stateStart",
+    "tableMaxBytes",
 ];
 /// The keys of a stateful `sql` step only.
 const STATE_FIELDS: [&str; 4] = ["grace", "emit", "stateMaxGroups", "stateStart"];
 /// The longest `grace`: a window's state lives this long after its end.
 const MAX_GRACE: std::time::Duration = std::time::Duration::from_secs(7 * 24 * 3600);
+/// The largest `tableMaxBytes`: 64 GiB, more than a processor should hold of one table.
+const MAX_TABLE_BYTES: u64 = 64 << 30;
 const TRANSFORMS: [&str; 4] = ["jq", "sql", "exec", "http"];
 
 pub(super) fn load(
@@ -351,6 +355,7 @@ fn transform(
     };
     if entry.key != "sql" {
         refuse_state_fields(fields, &format!("a `{}` step", entry.key), report);
+        refuse_table_fields(fields, &format!("a `{}` step", entry.key), report);
     }
     match entry.key.as_str() {
         "jq" => {
@@ -376,9 +381,24 @@ fn transform(
                     None
                 }
             };
+            let table = match kind {
+                Some(super::sql::Kind::Join { table }) => Some(SqlTable {
+                    step: table,
+                    max_bytes: fields
+                        .get("tableMaxBytes")
+                        .and_then(|e| fields::integer(e, 1 << 20..=MAX_TABLE_BYTES, report)),
+                }),
+                _ => {
+                    if kind.is_some() {
+                        refuse_table_fields(fields, "a `sql` step without JOIN", report);
+                    }
+                    None
+                }
+            };
             Some(Transform::Sql {
                 query: query.value,
                 state,
+                table,
             })
         }
         "exec" => {
@@ -496,6 +516,17 @@ fn sql_state(fields: &Fields, report: &mut Report) -> SqlState {
         emit,
         max_groups,
         start,
+    }
+}
+
+/// Reports `tableMaxBytes` on a step that joins no table.
+fn refuse_table_fields(fields: &Fields, what: &str, report: &mut Report) {
+    if let Some(entry) = fields.get("tableMaxBytes") {
+        report.error(
+            Code::InvalidValue,
+            entry.key_pos,
+            format!("`tableMaxBytes` is for a `sql` step with JOIN (it keeps a table); {what} keeps none"),
+        );
     }
 }
 

@@ -7,6 +7,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 mod harness;
+mod join;
 mod stateful;
 
 use harness::{Killed, Load, Model, Plumber, Proc, World};

@@ -62,6 +62,8 @@ export interface Step {
   recordsPerSecond?: number | null;
   /** A stateful SQL step's state (docs/stateful-sql.md); absent for the others. */
   keepsState?: KeptState | null;
+  /** A join's table (each instance holds all of it); absent for the others. */
+  keepsTable?: KeptTable | null;
   /** During a move: the life it replaces, still deployed until it has drained and stopped. */
   retiring?: Life | null;
 }
@@ -75,6 +77,15 @@ export interface KeptState {
   watermarkMs: number | null;
   /** Changelog entries read by restores under way; 0 when none is. */
   restoringEntries: number | null;
+}
+
+export interface KeptTable {
+  topic: string;
+  rows: number | null;
+  /** About the memory the rows take in each instance. */
+  bytes: number | null;
+  /** Records read by a load under way; 0 once loaded. */
+  loadingRecords: number | null;
 }
 
 export interface Life {

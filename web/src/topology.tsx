@@ -1,5 +1,5 @@
 import { useState } from 'preact/hooks';
-import type { Cutover, CutoverAction, HistoryEntry, KeptState, Life, RefPlan, Status, Step, TopologyStatus } from './api';
+import type { Cutover, CutoverAction, HistoryEntry, KeptState, KeptTable, Life, RefPlan, Status, Step, TopologyStatus } from './api';
 import { Commit, DaemonError, PhaseBadge, Text, When } from './components';
 import { Dag, Legend } from './dag';
 import type { DagNode } from './dag';
@@ -125,6 +125,7 @@ function StepDetails(props: { step: Step | null }) {
                 <Row term="Lag" value={count(s.lag)} />
                 <Row term="Records/s" value={rate(s.recordsPerSecond)} />
                 {s.keepsState ? <StateRows state={s.keepsState} /> : null}
+                {s.keepsTable ? <TableRows table={s.keepsTable} /> : null}
               </>
             ) : s.lag != null ? (
               <Row term="Lag" value={count(s.lag)} />
@@ -161,6 +162,23 @@ function StateRows(props: { state: KeptState }) {
       <Row term="Changelog" value={k.changelog} code />
     </>
   );
+}
+
+// A join's table: read whole by each instance before it joins its group, then kept current.
+function TableRows(props: { table: KeptTable }) {
+  const t = props.table;
+  const size = t.bytes == null ? '' : `, about ${mebibytes(t.bytes)} in each instance`;
+  const loading = t.loadingRecords ? `, loading (${count(t.loadingRecords)} records read)` : '';
+  return (
+    <>
+      <Row term="Table" value={`${count(t.rows)} rows${size}${loading}`} />
+      <Row term="Table topic" value={t.topic} code />
+    </>
+  );
+}
+
+function mebibytes(bytes: number): string {
+  return `${(bytes / (1 << 20)).toFixed(1)} MiB`;
 }
 
 // The life the move replaces: it runs until it has drained its inputs, then stops.
