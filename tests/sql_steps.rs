@@ -478,6 +478,28 @@ fn a_join_validates_with_a_source_as_its_table() {
     let inputs: Vec<&str> = start.inputs.iter().map(|i| i.topic.as_str()).collect();
     assert_eq!(inputs, ["telemetry"], "the table is read outside the group");
     assert_eq!(start.table.as_deref(), Some("trucks"));
+    // The plan says what the new life reads of its table, in the action and apart.
+    let action = plumber::output::plan::describe(&plumber::plan::Action::StartProcessor(
+        start.clone(),
+    ));
+    assert!(
+        action.contains("reading `telemetry` from latest")
+            && action.contains("table: `trucks` read whole, from its beginning"),
+        "{action}"
+    );
+    let whole = plumber::plan::Plan {
+        from: None,
+        to: "c1".into(),
+        topologies: vec![plan.clone()],
+        keep_topics: false,
+    };
+    let comment = plumber::output::plan::markdown(&whole, std::slice::from_ref(&set), &[]);
+    assert!(
+        comment.contains(
+            "State of the stateful steps that start:\n\n- `step`: its table `trucks` read whole"
+        ),
+        "{comment}"
+    );
 
     let small = errors(&format!("{join}tableMaxBytes: 10\n"));
     assert_eq!((small[0].1, small[0].2), (4, 1), "{small:?}");

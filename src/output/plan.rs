@@ -90,9 +90,10 @@ pub fn describe(action: &Action) -> String {
                 })
                 .collect();
             let outputs: Vec<String> = start.outputs.iter().map(|t| format!("`{t}`")).collect();
-            let state = match &start.state {
-                None => String::new(),
-                Some(run) => format!("; state: {}", carry(&run.topic, &run.carry)),
+            let state = match (&start.state, &start.table) {
+                (Some(run), _) => format!("; state: {}", carry(&run.topic, &run.carry)),
+                (None, Some(table)) => format!("; table: {}", table_read(table)),
+                (None, None) => String::new(),
             };
             format!(
                 "start `{}` ({}) running {} reading {}; writing {}{state}",
@@ -166,6 +167,14 @@ pub fn describe(action: &Action) -> String {
 }
 
 /// What a stateful step's new life starts from, for a reviewer.
+/// What a join's new life reads of its table.
+fn table_read(topic: &str) -> String {
+    format!(
+        "`{topic}` read whole, from its beginning, by each instance before its first record \
+         (nothing is carried over: the topic is the table)"
+    )
+}
+
 fn carry(topic: &str, carry: &Carry) -> String {
     match carry {
         Carry::Restore => format!("restored from `{topic}` (the same state as before)"),
@@ -733,10 +742,12 @@ fn topology_actions(out: &mut String, topology: &TopologyPlan, shape: &Shape) {
         .actions
         .iter()
         .filter_map(|action| match action {
-            Action::StartProcessor(start) => start
-                .state
-                .as_ref()
-                .map(|run| format!("- `{}`: {}", start.step, carry(&run.topic, &run.carry))),
+            Action::StartProcessor(start) => match (&start.state, &start.table) {
+                (Some(run), _) => Some(carry(&run.topic, &run.carry)),
+                (None, Some(table)) => Some(format!("its table {}", table_read(table))),
+                (None, None) => None,
+            }
+            .map(|what| format!("- `{}`: {what}", start.step)),
             _ => None,
         })
         .collect();
