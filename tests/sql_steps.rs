@@ -479,9 +479,8 @@ fn a_join_validates_with_a_source_as_its_table() {
     assert_eq!(inputs, ["telemetry"], "the table is read outside the group");
     assert_eq!(start.table.as_deref(), Some("trucks"));
     // The plan says what the new life reads of its table, in the action and apart.
-    let action = plumber::output::plan::describe(&plumber::plan::Action::StartProcessor(
-        start.clone(),
-    ));
+    let action =
+        plumber::output::plan::describe(&plumber::plan::Action::StartProcessor(start.clone()));
     assert!(
         action.contains("reading `telemetry` from latest")
             && action.contains("table: `trucks` read whole, from its beginning"),

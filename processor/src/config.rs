@@ -99,8 +99,9 @@ pub struct Args {
     #[arg(long, env = "PLUMBER_REBUILD", value_name = "SPAN_MS|earliest", value_parser = parse_rebuild)]
     pub rebuild: Option<Rebuild>,
     /// The most groups (a key's window, or a key's running aggregate) this instance keeps
-    /// open; a record that would open one more is dead-lettered (`state-full`) instead of
-    /// growing memory without bound. About 0.4 KB of memory each.
+    /// open, each value a `COUNT(DISTINCT …)` holds counting as one more; a record that would
+    /// go past it is dead-lettered (`state-full`) instead of growing memory without bound.
+    /// At most about 0.4 KB of memory each.
     #[arg(
         long = "state-max-groups",
         env = "PLUMBER_STATE_MAX_GROUPS",

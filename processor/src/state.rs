@@ -220,7 +220,7 @@ impl Stores {
             .partitions
             .iter()
             .filter(|(p, _)| **p != partition)
-            .map(|(_, state)| state.open_groups())
+            .map(|(_, state)| state.entries())
             .sum();
         let room = self.max_groups.saturating_sub(others);
         let state = held.partitions.get_mut(&partition)?;

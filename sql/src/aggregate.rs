@@ -168,6 +168,8 @@ pub struct PartitionState {
     changed: HashSet<Vec<u8>>,
     /// Whether the partition's own entry changed since then.
     meta_changed: bool,
+    /// The values the groups' `COUNT(DISTINCT …)` sets hold, all together.
+    distinct: usize,
 }
 
 /// One entry of a partition's changelog: a key, and its latest value (`None`: deleted, a
@@ -191,6 +193,13 @@ impl PartitionState {
         self.groups.len()
     }
 
+    /// What the state's bound counts ([`Aggregation::feed_within`]): its open groups, and
+    /// the values their `COUNT(DISTINCT …)` sets hold (a steady group would otherwise grow
+    /// without end, one value at a time).
+    pub fn entries(&self) -> usize {
+        self.groups.len() + self.distinct
+    }
+
     /// Notes that the state reflects the record at input `offset` (fed, counted or not): a
     /// restore skips records at or below it.
     pub fn reflects(&mut self, offset: i64) {
@@ -208,6 +217,7 @@ impl PartitionState {
         if let Some((start, end)) = group.window {
             self.closing.insert((end, start, group.seq, key.clone()));
         }
+        self.distinct += group.distinct_values();
         self.groups.insert(key, group);
     }
 
@@ -216,6 +226,7 @@ impl PartitionState {
         if let Some((start, end)) = group.window {
             self.closing.remove(&(end, start, group.seq, key.to_vec()));
         }
+        self.distinct -= group.distinct_values();
         Some(group)
     }
 
@@ -393,6 +404,19 @@ struct Group {
     values: Vec<Value<'static>>,
     window: Option<(i64, i64)>,
     accs: Vec<Acc>,
+}
+
+impl Group {
+    /// The values its `COUNT(DISTINCT …)` sets hold.
+    fn distinct_values(&self) -> usize {
+        self.accs
+            .iter()
+            .map(|acc| match acc {
+                Acc::Distinct(seen) => seen.len(),
+                _ => 0,
+            })
+            .sum()
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -669,23 +693,38 @@ impl Aggregation {
                 .iter()
                 .filter(|(key, _, _)| !state.groups.contains_key(key))
                 .count();
+            // A merge keeps the merged sessions' distinct values (as many, or fewer).
             let merged_away: usize = targets
                 .iter()
                 .map(|(key, _, merged)| merged.iter().filter(|m| *m != key).count())
                 .sum();
-            let closing = state
+            let new_values: usize = targets
+                .iter()
+                .map(|(key, _, merged)| {
+                    let existing: Vec<&Group> = std::iter::once(key)
+                        .chain(merged)
+                        .filter_map(|k| state.groups.get(k))
+                        .collect();
+                    self.new_distinct(&existing, &args)
+                })
+                .sum();
+            let closing: usize = state
                 .closing
                 .iter()
                 .take_while(|c| c.0.saturating_add(self.grace) <= stream_time)
-                .count();
-            let after = (state.groups.len() + opened).saturating_sub(merged_away + closing);
-            if opened > 0 && after > max_groups {
+                .map(|c| 1 + state.groups.get(&c.3).map_or(0, Group::distinct_values))
+                .sum();
+            let after =
+                (state.entries() + opened + new_values).saturating_sub(merged_away + closing);
+            if (opened > 0 || new_values > 0) && after > max_groups {
                 return Err(EvalError::new(
                     "state-full",
                     format!(
-                        "the record would open a group beyond the state's bound of {max_groups} \
-                         groups (the partition holds {} now)",
-                        state.groups.len()
+                        "the record would grow the state beyond its bound of {max_groups} \
+                         entries (the partition holds {} groups, and {} values of COUNT(DISTINCT \
+                         …), now)",
+                        state.groups.len(),
+                        state.distinct
                     ),
                 ));
             }
@@ -710,10 +749,13 @@ impl Aggregation {
                 && let Some(group) = state.groups.get_mut(&key)
                 && group.window == window
             {
+                let before = group.distinct_values();
                 self.add(group, &args);
+                let added = group.distinct_values() - before;
                 if self.emit == Emit::Update {
                     outputs.extend(self.output(group, timestamp));
                 }
+                state.distinct += added;
                 state.changed.insert(key);
                 continue;
             }
@@ -749,6 +791,26 @@ impl Aggregation {
             state.insert(key, group);
         }
         Ok(outputs)
+    }
+
+    /// The `COUNT(DISTINCT …)` values `args` would add to `groups` (one group, or the
+    /// sessions it merges) that none of them holds yet.
+    fn new_distinct(&self, groups: &[&Group], args: &[Option<Value<'static>>]) -> usize {
+        self.aggs
+            .iter()
+            .zip(args)
+            .enumerate()
+            .filter(|(_, (spec, arg))| {
+                spec.func == AggFunc::CountDistinct && arg.as_ref().is_some_and(|a| !a.is_null())
+            })
+            .filter(|(i, (_, arg))| {
+                let Some(arg) = arg else { return false };
+                let id = identity(arg);
+                !groups.iter().any(
+                    |g| matches!(g.accs.get(*i), Some(Acc::Distinct(seen)) if seen.contains(&id)),
+                )
+            })
+            .count()
     }
 
     /// Whether `args` can join `groups` (one group, or the sessions it merges): MIN and MAX

@@ -173,7 +173,7 @@ fn a_full_state_refuses_new_groups_and_still_closes_windows() {
     assert!(feed("b", 10).unwrap().is_empty());
     let full = feed("c", 20).unwrap_err();
     assert_eq!(full.kind, "state-full");
-    assert!(full.message.contains("bound of 2 groups"), "{full:?}");
+    assert!(full.message.contains("bound of 2 entries"), "{full:?}");
     assert!(
         feed("a", 30).unwrap().is_empty(),
         "an open group still counts"
@@ -186,6 +186,98 @@ fn a_full_state_refuses_new_groups_and_still_closes_windows() {
         r#"{"k":"a","n":2}"#
     );
     assert_eq!(state.open_groups(), 1);
+}
+
+/// A hostile group: one key, a running COUNT(DISTINCT …) fed a new value with every record.
+/// Each value held counts toward the bound, so the group cannot grow without end: past the
+/// bound, a record with a new value is refused and one with a value held still counts; a
+/// window that closes gives its values back; a restore counts them again.
+#[test]
+fn distinct_values_count_toward_the_bound() {
+    let running = Aggregation::compile(
+        "SELECT _key AS k, COUNT(DISTINCT v) AS n FROM s GROUP BY _key",
+        Some(&["s"]),
+    )
+    .unwrap();
+    let record = |v: u32| format!(r#"{{"v":{v}}}"#);
+    let mut state = PartitionState::default();
+    let mut refused = 0;
+    for v in 0..1_000 {
+        let value = record(v);
+        let fed = running.feed_within(
+            &mut state,
+            &Record {
+                value: Some(value.as_bytes()),
+                key: Some(b"steady"),
+                headers: &[],
+            },
+            i64::from(v),
+            100,
+        );
+        match fed {
+            Ok(_) => {}
+            Err(error) => {
+                assert_eq!(error.kind, "state-full", "{error:?}");
+                assert!(
+                    error
+                        .message
+                        .contains("1 groups, and 99 values of COUNT(DISTINCT"),
+                    "{error:?}"
+                );
+                refused += 1;
+            }
+        }
+    }
+    // One group and 99 values: the bound of 100 entries.
+    assert_eq!(state.entries(), 100);
+    assert_eq!(refused, 901);
+    let again = record(5);
+    let emitted = running
+        .feed_within(
+            &mut state,
+            &Record {
+                value: Some(again.as_bytes()),
+                key: Some(b"steady"),
+                headers: &[],
+            },
+            2_000,
+            100,
+        )
+        .expect("a value held adds nothing");
+    let out: serde_json::Value =
+        serde_json::from_slice(emitted[0].value.as_deref().unwrap()).unwrap();
+    assert_eq!(out["n"], 99);
+    let restored = PartitionState::restore(state.take_changes()).unwrap();
+    assert_eq!(restored.entries(), 100, "a restore counts the values again");
+
+    // Windowed: a closing window gives its values back.
+    let windowed = Aggregation::compile(
+        "SELECT _key AS k, COUNT(DISTINCT v) AS n FROM s \
+         GROUP BY _key, TUMBLE(_timestamp, INTERVAL '1' SECOND)",
+        Some(&["s"]),
+    )
+    .unwrap();
+    let mut state = PartitionState::default();
+    let mut feed = |v: u32, at: i64| {
+        let value = record(v);
+        windowed.feed_within(
+            &mut state,
+            &Record {
+                value: Some(value.as_bytes()),
+                key: Some(b"steady"),
+                headers: &[],
+            },
+            at,
+            10,
+        )
+    };
+    for v in 0..9 {
+        feed(v, i64::from(v)).unwrap();
+    }
+    assert_eq!(feed(9, 9).unwrap_err().kind, "state-full");
+    let closed = feed(100, 1_000).expect("the first window closes and frees its values");
+    assert_eq!(closed.len(), 1);
+    assert_eq!(state.entries(), 2);
 }
 
 /// What a replaced step's new life starts from: the old state when both build the same
