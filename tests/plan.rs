@@ -727,3 +727,63 @@ fn a_stateful_step_s_plan_says_what_its_state_starts_from() {
         plumber::plan::Carry::Earliest
     );
 }
+
+/// A stateful step's own `partitions` (its output's) and `scale` keep its state: the
+/// changelog is keyed by the input's partitions, which neither changes. An upstream step
+/// replaced gives it another input topic, whose offsets the old state knows nothing of: the
+/// plan says it cannot carry the state over, and why.
+#[test]
+fn a_stateful_step_keeps_its_state_across_its_own_partitions_and_scale_not_a_new_input() {
+    const WINDOWED: &str =
+        "SELECT _key, COUNT(*) AS n FROM in GROUP BY _key, TUMBLE(_timestamp, INTERVAL '1' MINUTE)";
+    let repo = TestRepo::new();
+    let c1 = counting(&repo, &stateful(WINDOWED, ""));
+    let first = state_of(&plan_between(&repo, None, c1), "counts");
+    let c2 = repo.commit(
+        "main",
+        "more partitions and instances",
+        &[write(
+            "topologies/t/steps/counts.yaml",
+            stateful(WINDOWED, "partitions: 12\nscale: { min: 2, max: 4 }\n"),
+        )],
+    );
+    let resized = plan_between(&repo, Some(c1), c2);
+    assert_eq!(
+        state_of(&resized, "counts"),
+        plumber::plan::StateRun {
+            topic: first.topic.clone(),
+            carry: plumber::plan::Carry::Restore
+        },
+        "{:?}",
+        script(&resized)
+    );
+
+    let upstream = |jq: &str| {
+        [
+            write("topologies/t/sources/in.yaml", SOURCE),
+            write(
+                "topologies/t/steps/clean.yaml",
+                format!("kind: processor\ninput: in\njq: '{jq}'\n"),
+            ),
+            write(
+                "topologies/t/steps/counts.yaml",
+                "kind: processor\ninput: clean\nsql: \"SELECT _key, COUNT(*) AS n FROM clean \
+                 GROUP BY _key, TUMBLE(_timestamp, INTERVAL '1' MINUTE)\"\n",
+            ),
+            write(
+                "topologies/t/sinks/out.yaml",
+                "kind: sink\ntopic: out\ninput: counts\n",
+            ),
+        ]
+    };
+    let repo = TestRepo::new();
+    let u1 = repo.commit("main", "clean, then count", &upstream("."));
+    let u2 = repo.commit("main", "clean more", &upstream("select(.ok)"));
+    let moved = state_of(&plan_between(&repo, Some(u1), u2), "counts");
+    match moved.carry {
+        plumber::plan::Carry::Cannot { why } => {
+            assert!(why.contains("is new in this move"), "{why}")
+        }
+        other => panic!("a new input topic cannot keep the state: {other:?}"),
+    }
+}

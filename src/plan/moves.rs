@@ -176,11 +176,22 @@ impl Wanted {
             })
             .collect();
         let topics: Vec<String> = self.inputs.iter().map(|(t, _)| t.clone()).collect();
+        // Internal topics new in this move (a replaced upstream step's): nothing before the
+        // cutover is on them.
+        let new_inputs: Vec<String> = self
+            .inputs
+            .iter()
+            .filter(|(topic, internal)| *internal && is_new_internal(topic, deployment))
+            .map(|(topic, _)| topic.clone())
+            .collect();
         let state = super::state::run(
             &topology.name,
             &self.step,
             transform,
-            &topics,
+            &super::state::Inputs {
+                topics: &topics,
+                new: &new_inputs,
+            },
             &|topic| {
                 deployment.state_topics.contains(topic) && !deployment.fresh_topics.contains(topic)
             },
@@ -272,10 +283,7 @@ fn start_position(
         .is_some_and(|p| p.contains_key(topic));
     if predecessor_reads || recorded {
         StartPosition::Cutover
-    } else if internal
-        && (deployment.fresh_topics.contains(topic)
-            || !deployment.internal_topics.contains_key(topic))
-    {
+    } else if internal && is_new_internal(topic, deployment) {
         StartPosition::Earliest
     } else {
         match start_from {
@@ -283,6 +291,11 @@ fn start_position(
             StartFrom::Earliest => StartPosition::Earliest,
         }
     }
+}
+
+/// Whether internal topic `topic` is created in this move (or is still to be).
+fn is_new_internal(topic: &str, deployment: &Deployment) -> bool {
+    deployment.fresh_topics.contains(topic) || !deployment.internal_topics.contains_key(topic)
 }
 
 /// An action that remains, and whether it can run in the deployment as it is.

@@ -46,6 +46,14 @@ impl OldState {
     }
 }
 
+/// A new life's input topics.
+pub(super) struct Inputs<'a> {
+    pub topics: &'a [String],
+    /// Those created in this move (a replaced upstream step's): they hold nothing from
+    /// before the cutover.
+    pub new: &'a [String],
+}
+
 /// The state a step's new life runs with; `None` for a step that keeps none. `existing`
 /// says whether a changelog of that name holds an old life's state (it exists, and was not
 /// created in this move).
@@ -53,7 +61,7 @@ pub(super) fn run(
     topology: &str,
     step: &str,
     transform: &Transform,
-    inputs: &[String],
+    inputs: &Inputs<'_>,
     existing: &dyn Fn(&str) -> bool,
     predecessor: Option<Predecessor>,
 ) -> Option<StateRun> {
@@ -74,13 +82,13 @@ pub(super) fn run(
             });
         }
     };
-    let topic = changelog_topic(topology, step, &aggregation, inputs);
+    let topic = changelog_topic(topology, step, &aggregation, inputs.topics);
     let carry = if existing(&topic) {
         Carry::Restore
     } else {
         match predecessor {
             None => Carry::Empty,
-            Some(predecessor) => carry_from(&aggregation, settings, &predecessor),
+            Some(predecessor) => carry_from(&aggregation, settings, &predecessor, inputs.new),
         }
     };
     Some(StateRun { topic, carry })
@@ -95,7 +103,12 @@ pub(super) enum Predecessor {
     Stateless,
 }
 
-fn carry_from(new: &Aggregation, settings: &SqlState, old: &Predecessor) -> Carry {
+fn carry_from(
+    new: &Aggregation,
+    settings: &SqlState,
+    old: &Predecessor,
+    new_inputs: &[String],
+) -> Carry {
     let verdict = match old {
         Predecessor::Stateful(old) => match compile(&old.query, old.grace_ms) {
             // Same state, but not under the same changelog: the inputs changed (an upstream
@@ -110,6 +123,18 @@ fn carry_from(new: &Aggregation, settings: &SqlState, old: &Predecessor) -> Carr
         },
         // The old life kept no state: rebuild what a window needs, or nothing can.
         Predecessor::Stateless => new.without_old_state(),
+    };
+    // A rebuild reads the new life's input back from its cutover offsets; an input created
+    // in this move starts at them: the records before are on the old upstream's topic.
+    let verdict = match (verdict, new_inputs.first()) {
+        (CarryOver::Rebuild { .. }, Some(topic)) => CarryOver::Cannot {
+            why: format!(
+                "its input `{topic}` is new in this move (an upstream step was replaced), and \
+                 the records before the cutover are on the old upstream's topic, which the new \
+                 life does not read: windows open at the cutover would count only what follows"
+            ),
+        },
+        (verdict, _) => verdict,
     };
     match (verdict, settings.start) {
         (CarryOver::Rebuild { span_ms }, _) => Carry::Rebuild { span_ms },
