@@ -1,7 +1,8 @@
 //! `plumber-processor`: runs one step of a Plumber topology.
 //!
 //! Data enters in [`pipeline`]: a Kafka consumer group reads the step's input topics, each
-//! record goes through the step's [`transform`] (jq, exec or http), its outputs are produced to
+//! record goes through the step's [`transform`] (jq, sql, exec or http; a stateful sql step
+//! keeps its groups in [`state`], a join its table in [`table`]), its outputs are produced to
 //! the output topics, and the input offset is committed only once those outputs are
 //! acknowledged (at-least-once, [`delivery::Tracker`]) or inside the same transaction
 //! (exactly-once). A record the transform cannot handle goes to the dead-letter topic
