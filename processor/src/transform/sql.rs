@@ -33,23 +33,20 @@ impl Sql {
         inputs: &[(String, String)],
         topics: &[String],
     ) -> Result<Self, Error> {
-        let query = match plumber_sql::compile_any(query, None, true)
-            .map_err(|p| Error::Sql(Problem::all(&p)))?
-        {
-            Compiled::Stateless(query) => query,
-            Compiled::Stateful(_) => {
-                return Err(Error::Sql(
-                    "a query with GROUP BY keeps state: give it its changelog with --state-topic"
-                        .into(),
-                ));
-            }
-            Compiled::Join(join) => {
-                return Err(Error::Sql(format!(
+        let query = Query::compile(query, None).map_err(|problems| {
+            // A query that joins or groups runs with its table or its state: say which flag.
+            Error::Sql(match plumber_sql::compile_any(query, None, true) {
+                Ok(Compiled::Join(join)) => format!(
                     "the query joins `{table}` as a table: say its topic with --table {table}=TOPIC",
                     table = join.table()
-                )));
-            }
-        };
+                ),
+                Ok(Compiled::Stateful(_)) => {
+                    "a query with GROUP BY keeps state: give it its changelog with --state-topic"
+                        .into()
+                }
+                _ => Problem::all(&problems),
+            })
+        })?;
         let read = query.inputs();
         if read.len() <= 1 && inputs.is_empty() {
             return Ok(Sql {
