@@ -708,6 +708,14 @@ impl FakeApi {
         kube::Client::new(service, namespace)
     }
 
+    /// [`FakeApi::service`], its requests recorded as `client`'s.
+    pub(crate) fn service_as(&self, client: Option<Arc<str>>) -> FakeService {
+        FakeService {
+            api: self.clone(),
+            client,
+        }
+    }
+
     /// The server as a tower `Service`, for `kube::Client::new(service, namespace)`.
     pub fn service(&self) -> FakeService {
         FakeService {

@@ -565,3 +565,46 @@ async fn rbac_of_processors_apart() {
         200
     );
 }
+
+/// Two named clients' kubeconfigs: each one's requests are recorded as its own, and a token
+/// that only begins like the server's is refused.
+#[tokio::test]
+async fn named_clients_are_told_apart_and_a_made_up_token_is_refused() {
+    let fake = FakeApi::new();
+    let served = fake.serve_https();
+    let dir = tempfile::tempdir().unwrap();
+    for name in ["replica-a", "replica-b"] {
+        let path = dir.path().join(name);
+        served.write_kubeconfig_as(&path, NS, name).unwrap();
+        let config = kube::Config::from_custom_kubeconfig(
+            Kubeconfig::read_from(&path).unwrap(),
+            &KubeConfigOptions::default(),
+        )
+        .await
+        .unwrap();
+        let client = kube::Client::try_from(config).unwrap();
+        Api::<ConfigMap>::namespaced(client, NS)
+            .list(&Default::default())
+            .await
+            .unwrap();
+    }
+    let clients: Vec<Option<String>> = fake.requests().into_iter().map(|r| r.client).collect();
+    assert_eq!(
+        clients,
+        [Some("replica-a".to_owned()), Some("replica-b".to_owned())]
+    );
+
+    let (_, config) = client_from_kubeconfig(&served, NS).await;
+    for token in [
+        format!("{}.", served.token()),
+        format!("{}x", served.token()),
+    ] {
+        let mut forged = config.clone();
+        forged.auth_info.token = Some(token.into());
+        let forged = kube::Client::try_from(forged).unwrap();
+        match forged.apiserver_version().await {
+            Err(kube::Error::Api(status)) => assert_eq!(status.code, 401),
+            other => panic!("expected 401 for a made-up token, got {other:?}"),
+        }
+    }
+}

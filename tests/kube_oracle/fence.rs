@@ -12,7 +12,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use super::*;
 
 /// A write of one of a processor's objects (not the Lease, not a Topology's status).
-fn processor_write(r: &RecordedRequest) -> bool {
+pub(super) fn processor_write(r: &RecordedRequest) -> bool {
     r.method != "GET"
         && [
             "/statefulsets/",
@@ -148,14 +148,14 @@ fn a_deleted_lease_is_created_again_and_held() {
 }
 
 /// Whether `r` was sent by replica `name`.
-fn sent_by(r: &RecordedRequest, name: &str) -> bool {
+pub(super) fn sent_by(r: &RecordedRequest, name: &str) -> bool {
     r.client.as_deref() == Some(name)
 }
 
 /// A write that only a lease holder may make: anything but a read, the Lease itself (how a
 /// replica learns it lost it) and a label on a daemon pod (the Service's holder label,
 /// which a deposed replica sets to "false").
-fn holder_write(r: &RecordedRequest) -> bool {
+pub(super) fn holder_write(r: &RecordedRequest) -> bool {
     !matches!(r.verb(), Verb::Get | Verb::List | Verb::Watch)
         && r.resource() != Some("leases")
         && r.resource() != Some("pods")

@@ -7,8 +7,12 @@
 
 use std::path::Path;
 
-use plumber_testkit::kube_api::{Attributes, Fault, Rbac, RecordedRequest};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
+use plumber_testkit::kube_api::{Attributes, Fault, Rbac, RecordedRequest, Verb};
+
+use super::fence::{holder_write, processor_write, sent_by};
 use super::*;
 
 /// The Role the daemon's service account is bound to (`deploy/rolebinding.yaml`).
@@ -277,6 +281,116 @@ fn a_rolling_restart_hands_a_cutover_from_one_shipped_replica_to_the_next() {
         Vec::<String>::new(),
         "both replicas asked only for what the Role grants"
     );
+    drop(new);
+    drop(served);
+}
+
+/// `fence::a_holder_whose_calls_stall_past_its_lease_writes_nothing_after_the_takeover` with
+/// the shipped binary: two `plumber daemon` processes, each with a kubeconfig of its own, so
+/// that the API server tells their calls apart. From the holder's first write of a cutover on,
+/// the API server holds every call it sends, renewals included; its lease lapses, the standby
+/// takes the Lease over and finishes the cutover. The stalled calls are then answered, and
+/// the deposed process writes nothing after the takeover. Nothing lost, nothing duplicated,
+/// nothing asked beyond `deploy/`'s Role.
+#[test]
+fn a_shipped_holder_whose_calls_stall_past_its_lease_writes_nothing_after_the_takeover() {
+    let scratch = Scratch::new();
+    let world = World::new("shipped-stall");
+    let fake = cluster().with_rbac(Rbac::service_account(NS, "plumber").with_roles_yaml(ROLE, NS));
+    let served = fake.serve_https();
+    let _kubelet = Kubelet::start(&fake, NS, &processor_binary(), &scratch.path("pods"));
+    let first = Model::new()
+        .processor(Proc::new("a", 1, &["src"]))
+        .processor(Proc::new("b", 1, &["a"]))
+        .sink("out1", &["b"]);
+    let r1 = world.commit("first", &first);
+    let replica = |name: &str| {
+        let kubeconfig = scratch.path(&format!("{name}.kubeconfig"));
+        served.write_kubeconfig_as(&kubeconfig, NS, name).unwrap();
+        let port = plumber_testkit::free_port();
+        let config = scratch.path(&format!("{name}.yaml"));
+        let yaml = daemon_config(&world, &kubeconfig, &scratch.path(name), port, None);
+        std::fs::write(&config, yaml).unwrap();
+        harness::Plumber::daemon_named(&world, &config, port, name)
+    };
+    let old = replica("plumber-old");
+    old.wait_applied("t", r1);
+    let load = world.start_load(50);
+    load.wait_for(100);
+    let new = replica("plumber-new");
+    assert_eq!(lease_holder(&fake).as_deref(), Some("plumber-old"));
+    assert!(
+        fake.requests().iter().any(|r| sent_by(r, "plumber-new")),
+        "the API server tells the two processes apart"
+    );
+
+    let stalled = Arc::new(AtomicBool::new(false));
+    let hold = {
+        let stalled = stalled.clone();
+        fake.hold(move |r| {
+            sent_by(r, "plumber-old")
+                && (stalled.load(Ordering::SeqCst)
+                    || (processor_write(r) && !stalled.swap(true, Ordering::SeqCst)))
+        })
+    };
+    let next = first.clone().replace("a", 2);
+    let r2 = world.commit("a v2", &next);
+    wait_until(
+        "plumber-old's calls stall at its first write of R2",
+        PATIENCE,
+        || stalled.load(Ordering::SeqCst),
+    );
+    wait_until("plumber-new takes the Lease over", PATIENCE, || {
+        lease_holder(&fake).as_deref() == Some("plumber-new")
+    });
+    let takeover = fake.requests().len();
+    assert!(
+        hold.held() > 0,
+        "plumber-old was inside a held call when plumber-new took over"
+    );
+    wait_applied(&fake, r2);
+    new.wait_applied("t", r2);
+
+    // The stalled calls are answered now (the held write was sent while plumber-old held the
+    // Lease, and lands); plumber-old learns it lost the Lease and writes nothing more.
+    drop(hold);
+    wait_until("plumber-old knows it lost the Lease", PATIENCE, || {
+        world.daemon_log().lines().any(|line| {
+            line.contains("lease changed")
+                && line.contains("plumber-old")
+                && line.contains(r#""holder":false"#)
+        })
+    });
+    wait_until("plumber-old's stalled calls are answered", PATIENCE, || {
+        fake.requests()
+            .iter()
+            .all(|r| !sent_by(r, "plumber-old") || r.status.is_some() || r.verb() == Verb::Watch)
+    });
+    // Under load, long enough for plumber-old to act on what its calls answered.
+    load.wait_for(load.sent() + 150);
+    let after: Vec<String> = fake
+        .requests()
+        .iter()
+        .skip(takeover)
+        .filter(|r| sent_by(r, "plumber-old") && holder_write(r))
+        .map(|r| format!("{} ({:?})", r.summary(), r.status))
+        .collect();
+    assert_eq!(after, Vec::<String>::new(), "the deposed holder wrote");
+    assert!(
+        fake.requests()
+            .iter()
+            .skip(takeover)
+            .any(|r| sent_by(r, "plumber-old")),
+        "plumber-old went on running after the takeover"
+    );
+    let (sent, final_from) = load.finish(100);
+    world.assert_oracle(&[first, next], sent, final_from);
+    assert_eq!(
+        forbidden(&fake),
+        Vec::<String>::new(),
+        "both replicas asked only for what the Role grants"
+    );
+    drop(old);
     drop(new);
     drop(served);
 }

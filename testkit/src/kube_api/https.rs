@@ -58,9 +58,9 @@ impl FakeApi {
     ///
     /// The certificates are made now: a self-signed CA, and a server certificate it signs for
     /// `IP:127.0.0.1` and `DNS:localhost`. Requests must carry the bearer token of
-    /// [`Served::token`] (as the kubeconfig of [`Served::kubeconfig`] does): others are answered
-    /// 401 `Unauthorized`, as by the API server's authentication, and are not in the request
-    /// log. An injected transport fault ([`super::Fault::Transport`]) closes the connection. A
+    /// [`Served::token`] (as the kubeconfig of [`Served::kubeconfig`] does), or a named
+    /// client's ([`Served::kubeconfig_as`], recorded as that client): others are answered 401
+    /// `Unauthorized`, as by the API server's authentication, and are not in the request log. An injected transport fault ([`super::Fault::Transport`]) closes the connection. A
     /// request body over 3 MiB is answered 413, as kube-apiserver answers it.
     ///
     /// Panics when it cannot make the certificates, bind the port or start its thread.
@@ -93,7 +93,7 @@ impl FakeApi {
         let server = Arc::new(Server {
             api: self.clone(),
             acceptor: tls.acceptor,
-            authorization: format!("Bearer {token}"),
+            token: token.clone(),
         });
         let (stop, stopped) = tokio::sync::oneshot::channel();
         let thread = std::thread::Builder::new()
@@ -135,6 +135,34 @@ impl Served {
     /// A kubeconfig (YAML) for this server: its URL, the CA (`certificate-authority-data`),
     /// a user with the bearer token, and a current context whose namespace is `namespace`.
     pub fn kubeconfig(&self, namespace: &str) -> String {
+        self.kubeconfig_with(namespace, &self.token)
+    }
+
+    /// [`Served::kubeconfig`] for client `client` (letters, digits and `-`): its requests are
+    /// recorded with `client` as their [`super::RecordedRequest::client`], so a test tells
+    /// two processes apart, or holds one's calls.
+    pub fn kubeconfig_as(&self, namespace: &str, client: &str) -> String {
+        assert!(
+            !client.is_empty()
+                && client
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-'),
+            "a client name is letters, digits and `-`: {client:?}"
+        );
+        self.kubeconfig_with(namespace, &format!("{}.{client}", self.token))
+    }
+
+    /// Writes [`Served::kubeconfig_as`] to `path`.
+    pub fn write_kubeconfig_as(
+        &self,
+        path: impl AsRef<Path>,
+        namespace: &str,
+        client: &str,
+    ) -> io::Result<()> {
+        std::fs::write(path, self.kubeconfig_as(namespace, client))
+    }
+
+    fn kubeconfig_with(&self, namespace: &str, token: &str) -> String {
         let config = json!({
             "apiVersion": "v1",
             "kind": "Config",
@@ -145,7 +173,7 @@ impl Served {
                     "certificate-authority-data": openssl::base64::encode_block(self.ca_pem.as_bytes()),
                 },
             }],
-            "users": [{"name": "plumber-testkit", "user": {"token": self.token}}],
+            "users": [{"name": "plumber-testkit", "user": {"token": token}}],
             "contexts": [{
                 "name": "plumber-testkit",
                 "context": {"cluster": "plumber-testkit", "user": "plumber-testkit", "namespace": namespace},
@@ -183,11 +211,22 @@ impl fmt::Debug for Served {
 struct Server {
     api: FakeApi,
     acceptor: SslAcceptor,
-    /// The `Authorization` header every request must carry.
-    authorization: String,
+    /// The bearer token every request must carry, alone or followed by `.<client>`.
+    token: String,
 }
 
 impl Server {
+    /// Who a bearer token names: `Some(None)` for the plain token, `Some(Some(client))` for
+    /// a named client's, `None` for any other.
+    fn client_of(&self, token: &str) -> Option<Option<Arc<str>>> {
+        let rest = token.strip_prefix(self.token.as_str())?;
+        match rest.strip_prefix('.') {
+            None if rest.is_empty() => Some(None),
+            Some(client) if !client.is_empty() => Some(Some(client.into())),
+            _ => None,
+        }
+    }
+
     async fn run(
         self: Arc<Server>,
         listener: TcpListener,
@@ -234,16 +273,18 @@ impl Server {
         self: Arc<Server>,
         request: Request<Incoming>,
     ) -> Result<Response<FakeBody>, BoxError> {
-        let authorized = request
+        let Some(client) = request
             .headers()
             .get(http::header::AUTHORIZATION)
-            .is_some_and(|value| value.as_bytes() == self.authorization.as_bytes());
-        if !authorized {
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.strip_prefix("Bearer "))
+            .and_then(|token| self.client_of(token))
+        else {
             return respond(
                 401,
                 &ApiError::new(401, "Unauthorized", "Unauthorized").status(),
             );
-        }
+        };
         let (parts, body) = request.into_parts();
         let bytes = match Limited::new(body, MAX_BODY).collect().await {
             Ok(collected) => collected.to_bytes(),
@@ -257,7 +298,7 @@ impl Server {
                 return respond(400, &ApiError::new(400, "BadRequest", message).status());
             }
         };
-        let mut service = self.api.service();
+        let mut service = self.api.service_as(client);
         poll_fn(|cx| service.poll_ready(cx)).await?;
         service
             .call(Request::from_parts(parts, Body::from(bytes)))
