@@ -12,6 +12,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use plumber_sql::{Join, Table};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::Consumer;
 use rdkafka::error::KafkaError;
@@ -19,7 +21,6 @@ use rdkafka::message::{BorrowedMessage, Message};
 use rdkafka::{Offset, TopicPartitionList};
 
 use crate::config::TableConfig;
-use crate::metrics::Metrics;
 use crate::reader::{Reader, ReaderContext, to_the_end};
 use crate::state::RESTORE_TIMEOUT;
 use crate::stop::Stop;
@@ -57,6 +58,17 @@ const POLL: Duration = Duration::from_millis(100);
 /// How often a load under way says how far it got.
 const PROGRESS_EVERY: Duration = Duration::from_secs(5);
 
+/// What a table reports: its gauges (the processor's `plumber_processor_table_*`), and the
+/// liveness beat a load keeps up.
+#[derive(Clone)]
+pub struct Gauges {
+    pub rows: Gauge,
+    pub bytes: Gauge,
+    pub loading: Gauge,
+    pub skipped: Counter,
+    pub beat: Arc<dyn Fn() + Send + Sync>,
+}
+
 /// A join's table, loaded and kept current.
 pub struct TableFeed {
     topic: String,
@@ -64,7 +76,7 @@ pub struct TableFeed {
     client: ClientConfig,
     /// Parses a table record into a row (the join's own rules).
     join: Join,
-    metrics: Metrics,
+    metrics: Gauges,
     table: Arc<RwLock<Table>>,
     /// Set by the reading thread when the table can no longer be kept.
     failed: Arc<Mutex<Option<TableError>>>,
@@ -75,7 +87,7 @@ pub struct TableFeed {
 impl TableFeed {
     /// `client` holds the connection settings; its `group.id` names no group this reader
     /// joins or commits to.
-    pub fn new(config: &TableConfig, client: ClientConfig, join: Join, metrics: Metrics) -> Self {
+    pub fn new(config: &TableConfig, client: ClientConfig, join: Join, metrics: Gauges) -> Self {
         TableFeed {
             topic: config.topic.clone(),
             max_bytes: config.max_bytes,
@@ -150,12 +162,12 @@ impl TableFeed {
                 next_progress = now + PROGRESS_EVERY;
             }
             // Loading is the processor's work now: its health page must not call it stuck.
-            self.metrics.beat();
+            (self.metrics.beat)();
             match consumer.poll(POLL) {
                 Some(Ok(message)) => {
                     records += 1;
                     self.metrics
-                        .table_loading
+                        .loading
                         .set(i64::try_from(records).unwrap_or(i64::MAX));
                     apply_to(
                         &self.join,
@@ -177,7 +189,7 @@ impl TableFeed {
                 None => {}
             }
         }
-        self.metrics.table_loading.set(0);
+        self.metrics.loading.set(0);
         tracing::info!(
             topic = %self.topic,
             records,
@@ -284,14 +296,14 @@ impl Drop for TableFeed {
 fn apply_to(
     join: &Join,
     table: &RwLock<Table>,
-    metrics: &Metrics,
+    metrics: &Gauges,
     topic: &str,
     max_bytes: usize,
     message: &BorrowedMessage<'_>,
 ) -> Result<(), TableError> {
     let mut table = table.write().unwrap_or_else(PoisonError::into_inner);
     if let Err(error) = join.update_table(&mut table, message.key(), message.payload()) {
-        metrics.table_skipped.inc();
+        metrics.skipped.inc();
         tracing::warn!(
             topic,
             partition = message.partition(),
@@ -302,10 +314,10 @@ fn apply_to(
         return Ok(());
     }
     metrics
-        .table_rows
+        .rows
         .set(i64::try_from(table.len()).unwrap_or(i64::MAX));
     metrics
-        .table_bytes
+        .bytes
         .set(i64::try_from(table.bytes()).unwrap_or(i64::MAX));
     if table.bytes() > max_bytes {
         return Err(TableError::TooLarge {

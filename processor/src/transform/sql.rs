@@ -16,7 +16,7 @@ use crate::metrics::Metrics;
 use crate::record::{Input, Output, Rejection};
 use crate::state::{RESTORE_TIMEOUT, ReadFrom, Stores, read_input};
 use crate::stop::Stop;
-use crate::table::TableFeed;
+use crate::table::{self, TableFeed};
 
 pub struct Sql {
     query: Query,
@@ -164,7 +164,15 @@ impl Joined {
                 table.step
             )));
         }
-        let feed = TableFeed::new(table, client, join.clone(), metrics.clone());
+        let beat = metrics.clone();
+        let gauges = table::Gauges {
+            rows: metrics.table_rows.clone(),
+            bytes: metrics.table_bytes.clone(),
+            loading: metrics.table_loading.clone(),
+            skipped: metrics.table_skipped.clone(),
+            beat: Arc::new(move || beat.beat()),
+        };
+        let feed = TableFeed::new(table, client, join.clone(), gauges);
         Ok(Joined {
             join,
             table: Arc::new(feed),
