@@ -31,6 +31,7 @@ pub mod plan;
 pub mod repo;
 pub mod runtime;
 pub mod spec;
+pub mod steptest;
 pub mod store;
 pub mod trust;
 pub mod web;

@@ -48,6 +48,22 @@ enum Command {
         #[arg(long, env = "PLUMBER_TRUSTED_KEYS", value_name = "DIR")]
         trusted_keys: Option<std::path::PathBuf>,
     },
+    /// Run a commit's step tests (`<step>.test.yaml` beside `<step>.yaml`): each case's
+    /// input through the step's transform, compared with what the case expects.
+    Test {
+        #[arg(default_value = ".")]
+        repo: String,
+        #[arg(long, default_value = "HEAD")]
+        rev: String,
+        /// Only this topology's tests.
+        #[arg(long)]
+        topology: Option<String>,
+        /// Only this step's tests.
+        #[arg(long)]
+        step: Option<String>,
+        #[arg(long, value_enum, default_value_t = TextOrJson::Text)]
+        format: TextOrJson,
+    },
     /// Print the step graph of a commit.
     Graph {
         #[arg(default_value = ".")]
@@ -380,6 +396,36 @@ fn run(command: Command) -> Result<ExitCode> {
             print(&text)?;
             let trusted = signature.as_ref().is_none_or(|(v, _)| v.is_trusted());
             Ok(exit_for(validation.is_valid() && trusted))
+        }
+        Command::Test {
+            repo,
+            rev,
+            topology,
+            step,
+            format,
+        } => {
+            let repo = Repository::open(&repo)?;
+            let (commit, validation) = validate_rev(&repo, &rev)?;
+            let Some(topologies) = validation
+                .topologies
+                .as_deref()
+                .filter(|_| validation.is_valid())
+            else {
+                eprint!("{}", output::validation_text(&commit, &validation));
+                return Ok(ExitCode::from(INVALID));
+            };
+            let results = plumber::steptest::run(topologies, topology.as_deref(), step.as_deref());
+            let passed = plumber::steptest::all_passed(&results);
+            let text = match format {
+                TextOrJson::Json => json_line(&serde_json::json!({
+                    "commit": commit,
+                    "passed": passed,
+                    "cases": results,
+                }))?,
+                TextOrJson::Text => plumber::steptest::text(&results),
+            };
+            print(&text)?;
+            Ok(exit_for(passed))
         }
         Command::Graph {
             repo,

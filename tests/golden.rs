@@ -48,6 +48,7 @@ fn history() -> (TestRepo, String, String) {
                 "kind: processor\ninput: normalize\nexec:\n  command: [python3, desktop.py]\n  image: ghcr.io/acme/clicks-desktop:1.0\nenv: { SECTION_DEPTH: \"1\" }\nscale: { min: 2, max: 8 }\n",
             ),
             remove("topologies/clicks/steps/mobile.yaml"),
+            remove("topologies/clicks/steps/mobile.test.yaml"),
             remove("topologies/clicks/sinks/mobile-clicks.yaml"),
             write(
                 "topologies/clicks/steps/pages.yaml",

@@ -35,6 +35,8 @@ pub struct Topology {
     pub replication: Option<u32>,
     /// Topic settings of its internal and dead-letter topics.
     pub topic_config: BTreeMap<String, String>,
+    /// Its step tests (`plumber test`), as the commit has them.
+    pub tests: Vec<crate::spec::step_test::StepTests>,
     graph: DiGraph<Step, ()>,
     /// Topological order, ties broken by step name.
     order: Vec<NodeIndex>,
@@ -636,6 +638,7 @@ fn finish(topology: &TopologySpec, checked: Checked) -> Option<Topology> {
         cluster: cluster.unwrap_or_else(|| DEFAULT_CLUSTER.to_owned()),
         replication: topology.replication,
         topic_config: topology.topic_config.clone(),
+        tests: topology.tests.clone(),
         graph,
         order,
         by_name,

@@ -290,6 +290,7 @@ pub fn preview(
             replication: merged.replication,
             topic_config: merged.topic_config.clone(),
             steps,
+            tests: Vec::new(),
         }],
     };
     let mut diagnostics = Vec::new();

@@ -13,6 +13,7 @@ pub mod properties;
 mod settings;
 mod sql;
 mod step;
+pub mod step_test;
 pub mod yaml;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -172,6 +173,8 @@ pub struct TopologySpec {
     /// Their topic settings.
     pub topic_config: BTreeMap<String, String>,
     pub steps: Vec<StepSpec>,
+    /// Its step tests (`<step>.test.yaml`), checked against its steps.
+    pub tests: Vec<step_test::StepTests>,
 }
 
 #[derive(Debug, Clone)]
@@ -508,8 +511,19 @@ fn load_topology(
     };
 
     let mut steps: Vec<StepSpec> = Vec::with_capacity(files.len());
+    let mut tests = Vec::new();
     let mut first_file_of: BTreeMap<String, usize> = BTreeMap::new();
     for file in files.iter().filter(|f| f.path != topology_file) {
+        if step_test::is_test_file(&file.path) {
+            if let Ok(root) = parse_yaml(file, diagnostics) {
+                let mut report = fields::Report {
+                    file: &file.path,
+                    diagnostics,
+                };
+                tests.extend(step_test::read(&file.path, root.as_ref(), &mut report));
+            }
+            continue;
+        }
         let context = step::Context {
             clusters: &settings.clusters,
             defaults: &defaults,
@@ -530,6 +544,28 @@ fn load_topology(
         first_file_of.insert(step.name.clone(), steps.len());
         steps.push(step);
     }
+    for tested in &tests {
+        let problem = match steps.iter().find(|s| s.name == tested.step) {
+            None => Some(format!(
+                "tests step `{}`, which topology `{name}` does not have; a test file is named \
+                 after its step: <step>.test.yaml",
+                tested.step
+            )),
+            Some(step) if !matches!(step.def, StepDef::Processor(_)) => Some(format!(
+                "tests step `{}`, which is no processor: only processors transform records",
+                tested.step
+            )),
+            Some(_) => None,
+        };
+        if let Some(message) = problem {
+            diagnostics.push(Diagnostic::error(
+                Code::InvalidValue,
+                &tested.file,
+                Some(Pos { line: 1, column: 1 }),
+                message,
+            ));
+        }
+    }
     if steps.is_empty() {
         diagnostics.push(Diagnostic::warning(
             Code::EmptyTopology,
@@ -545,6 +581,7 @@ fn load_topology(
         replication: defaults.replication,
         topic_config: defaults.topic_config.clone(),
         steps,
+        tests,
     }
 }
 

@@ -1,0 +1,177 @@
+//! `plumber test`: step tests beside step files, run with the processor's own transforms:
+//! passing and failing cases of jq and sql steps (an expected dead letter included), a step
+//! the command does not run said so, and bad test files reported at file:line like step files.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly
+
+mod common;
+
+use common::{TestRepo, run, write};
+
+const SOURCES: [(&str, &str); 3] = [
+    (
+        "topologies/t/sources/cars.yaml",
+        "kind: source\ntopic: cars\n",
+    ),
+    (
+        "topologies/t/sources/trucks.yaml",
+        "kind: source\ntopic: trucks\n",
+    ),
+    (
+        "topologies/t/sinks/out.yaml",
+        "kind: sink\ntopic: out\ninput: [fast, both, score]\n",
+    ),
+];
+
+const FAST: &str =
+    "kind: processor\ninput: cars\njq: 'select(.speed > 20) | {id, kmh: (.speed * 3.6)}'\n";
+const BOTH: &str = "kind: processor\ninput: [cars, trucks]\nsql: SELECT id, 'car' AS kind FROM cars UNION ALL SELECT id, 'truck' AS kind FROM trucks\n";
+const SCORE: &str = "kind: processor\ninput: cars\nexec:\n  command: [python3, score.py]\n";
+
+const FAST_TESTS: &str = r#"cases:
+  - name: a fast car passes, converted
+    input: { key: car-1, value: { id: 1, speed: 30 }, headers: { trace: t1 } }
+    output:
+      - { key: car-1, value: { id: 1, kmh: 108 }, headers: { trace: t1 } }
+  - name: a slow car is filtered out
+    input: { value: { id: 2, speed: 5 } }
+    output: []
+  - name: text is dead-lettered
+    input: { raw: "not json" }
+    deadLetter: invalid-json
+  - name: a wrong expectation fails
+    input: { value: { id: 3, speed: 40 } }
+    output:
+      - value: { id: 3, kmh: 999 }
+"#;
+
+const BOTH_TESTS: &str = r#"cases:
+  - name: a truck is labelled
+    input: { from: trucks, value: { id: 7 } }
+    output:
+      - value: { id: 7, kind: truck }
+  - name: a car is labelled
+    input: { value: { id: 8 } }
+    output:
+      - value: { id: 8, kind: car }
+"#;
+
+const SCORE_TESTS: &str = r#"cases:
+  - name: scored
+    input: { value: { id: 1 } }
+    output: [{ value: { id: 1, score: 1 } }]
+"#;
+
+fn commit(repo: &TestRepo, extra: &[(&str, &str)]) -> String {
+    let mut files: Vec<_> = SOURCES.iter().map(|(p, c)| write(p, *c)).collect();
+    files.push(write("topologies/t/steps/fast.yaml", FAST));
+    files.push(write("topologies/t/steps/both.yaml", BOTH));
+    files.push(write("topologies/t/steps/score.yaml", SCORE));
+    files.extend(extra.iter().map(|(p, c)| write(p, *c)));
+    repo.commit("main", "steps and tests", &files).to_string()
+}
+
+#[test]
+fn each_case_passes_or_fails_with_what_it_expected_and_what_came() {
+    let repo = TestRepo::new();
+    let rev = commit(
+        &repo,
+        &[
+            ("topologies/t/steps/fast.test.yaml", FAST_TESTS),
+            ("topologies/t/steps/both.test.yaml", BOTH_TESTS),
+            ("topologies/t/steps/score.test.yaml", SCORE_TESTS),
+        ],
+    );
+    // Test files are not steps: the commit validates.
+    let (code, out, _) = run(&["validate", &repo.location(), "--rev", &rev]);
+    assert_eq!(code, 0, "{out}");
+
+    let (code, out, err) = run(&["test", &repo.location(), "--rev", &rev]);
+    assert_eq!(code, 1, "a case fails: {out}{err}");
+    let fast = "topologies/t/steps/fast.test.yaml";
+    for line in [
+        format!("{fast}:2:5: fast: a fast car passes, converted: ok"),
+        format!("{fast}:6:5: fast: a slow car is filtered out: ok"),
+        format!("{fast}:9:5: fast: text is dead-lettered: ok"),
+        format!("{fast}:12:5: fast: a wrong expectation fails: FAILED"),
+        "  expected: {\"id\":3,\"kmh\":999}".to_owned(),
+        "  actual:   no key {\"id\":3,\"kmh\":144}".to_owned(),
+        "topologies/t/steps/both.test.yaml:2:5: both: a truck is labelled: ok".to_owned(),
+        "topologies/t/steps/both.test.yaml:6:5: both: a car is labelled: ok".to_owned(),
+        "7 cases: 5 passed, 1 failed, 1 not run".to_owned(),
+    ] {
+        assert!(out.contains(&line), "missing {line:?} in:\n{out}");
+    }
+    assert!(
+        out.contains("score: scored: not run: an exec step runs a command"),
+        "{out}"
+    );
+
+    // One step, as JSON.
+    let (code, out, _) = run(&[
+        "test",
+        &repo.location(),
+        "--rev",
+        &rev,
+        "--step",
+        "both",
+        "--format",
+        "json",
+    ]);
+    assert_eq!(code, 0, "{out}");
+    let json: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(json["passed"], true);
+    let results: Vec<(&str, &str)> = json["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| (c["name"].as_str().unwrap(), c["result"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        results,
+        [
+            ("a truck is labelled", "passed"),
+            ("a car is labelled", "passed")
+        ]
+    );
+}
+
+#[test]
+fn bad_test_files_are_reported_at_their_line_like_step_files() {
+    let repo = TestRepo::new();
+    let rev = commit(
+        &repo,
+        &[
+            (
+                "topologies/t/steps/fast.test.yaml",
+                "cases:\n  - name: no expectation\n    input: { value: 1 }\n  - name: both\n    input: { value: 1, raw: x }\n    output: []\n",
+            ),
+            ("topologies/t/steps/gone.test.yaml", "cases: []\n"),
+        ],
+    );
+    let (code, out, _) = run(&["validate", &repo.location(), "--rev", &rev]);
+    assert_eq!(code, 1, "{out}");
+    for line in [
+        "topologies/t/steps/fast.test.yaml:2:5: missing-field: case `no expectation` says what it expects",
+        "topologies/t/steps/fast.test.yaml:5:24: invalid-value: a record has `value`",
+        "topologies/t/steps/gone.test.yaml:1:1: invalid-value: tests step `gone`, which topology `t` does not have",
+    ] {
+        assert!(out.contains(line), "missing {line:?} in:\n{out}");
+    }
+    let (code, _, err) = run(&["test", &repo.location(), "--rev", &rev]);
+    assert_eq!(code, 1, "an invalid commit's tests do not run: {err}");
+}
+
+/// The example repository ships tests of its jq and sql steps, and they pass.
+#[test]
+fn the_example_repository_s_step_tests_pass() {
+    let repo = TestRepo::new();
+    let rev = repo
+        .commit_snapshot("main", "example", &common::example_files())
+        .to_string();
+    let (code, out, err) = run(&["test", &repo.location(), "--rev", &rev]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.ends_with("11 cases: 11 passed, 0 failed, 0 not run\n"),
+        "{out}"
+    );
+}
