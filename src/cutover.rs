@@ -822,8 +822,9 @@ impl Engine<'_> {
         deployment: &Deployment,
     ) -> Result<Vec<PartitionOffset>, NotYet> {
         // The processor refuses to start without every topic it writes (it never creates
-        // one): a sink the data engineers have not made yet is waited for, like a source.
-        for topic in start.outputs.iter().chain([&start.dlq]) {
+        // one) or reads as a join's table: a sink the data engineers have not made yet is
+        // waited for, like a source.
+        for topic in start.outputs.iter().chain([&start.dlq]).chain(&start.table) {
             match self.admin.partitions(topic) {
                 Ok(_) => {}
                 Err(kafka::Error::NoSuchTopic { topic }) => {

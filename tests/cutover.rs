@@ -1236,6 +1236,60 @@ fn a_missing_source_topic_makes_only_its_step_wait() {
     assert_eq!(world.snapshot().running.len(), 2);
 }
 
+/// A join's table topic is waited for like a source: the join starts once it exists (the
+/// processor would refuse to start without it).
+#[test]
+fn a_join_waits_for_its_table_topic() {
+    let joining = topology(&[
+        ("ord", "kind: source\ntopic: in\n".to_owned()),
+        ("tbl", "kind: source\ntopic: late\n".to_owned()),
+        (
+            "j",
+            "kind: processor\ninput: [ord, tbl]\nsql: SELECT o.x, t.y FROM ord o JOIN tbl t ON o.k = t._key\n"
+                .to_owned(),
+        ),
+        ("out", "kind: sink\ntopic: out\ninput: j\n".to_owned()),
+    ]);
+    let world = World::with_user_topics();
+    let dir = tempfile::tempdir().unwrap();
+    let state = StateDir::open(dir.path()).unwrap();
+    let r1 = target("r1", Some(&joining));
+    with_engine(&world, &state, |engine| {
+        let mut waits = Waits::default();
+        let Advance::Waiting {
+            waits: waiting_for, ..
+        } = advance_until(engine, &r1, &mut waits, |a| {
+            matches!(a, Advance::Waiting { .. })
+        })
+        else {
+            unreachable!()
+        };
+        assert!(
+            waiting_for
+                .iter()
+                .any(|w| w.reason.contains("topic late does not exist")),
+            "{waiting_for:#?}"
+        );
+        assert!(world.snapshot().running.is_empty());
+        world
+            .inner
+            .lock()
+            .unwrap()
+            .topics
+            .insert("late".into(), vec![0]);
+        advance_until(engine, &r1, &mut waits, |a| {
+            matches!(a, Advance::Settled { .. })
+        });
+    });
+    let running: Vec<String> = world
+        .snapshot()
+        .running
+        .into_values()
+        .map(|s| s.step)
+        .collect();
+    assert_eq!(running, ["j"]);
+}
+
 #[test]
 fn a_removed_topology_keeps_the_memory_of_its_lives() {
     let one = revision(1, 1, false);
