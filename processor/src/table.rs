@@ -69,15 +69,22 @@ pub struct Gauges {
     pub beat: Arc<dyn Fn() + Send + Sync>,
 }
 
-/// A join's table, loaded and kept current.
-pub struct TableFeed {
+/// What takes a table record into the table: shared by the load and the thread that keeps
+/// reading.
+#[derive(Clone)]
+struct Keeper {
     topic: String,
     max_bytes: usize,
-    client: ClientConfig,
     /// Parses a table record into a row (the join's own rules).
     join: Join,
     metrics: Gauges,
     table: Arc<RwLock<Table>>,
+}
+
+/// A join's table, loaded and kept current.
+pub struct TableFeed {
+    keeper: Keeper,
+    client: ClientConfig,
     /// Set by the reading thread when the table can no longer be kept.
     failed: Arc<Mutex<Option<TableError>>>,
     closing: Arc<AtomicBool>,
@@ -89,27 +96,26 @@ impl TableFeed {
     /// joins or commits to.
     pub fn new(config: &TableConfig, client: ClientConfig, join: Join, metrics: Gauges) -> Self {
         TableFeed {
-            topic: config.topic.clone(),
-            max_bytes: config.max_bytes,
+            keeper: Keeper {
+                topic: config.topic.clone(),
+                max_bytes: config.max_bytes,
+                join,
+                metrics,
+                table: Arc::default(),
+            },
             client,
-            join,
-            metrics,
-            table: Arc::default(),
             failed: Arc::default(),
             closing: Arc::default(),
             tail: Mutex::default(),
         }
     }
 
-    pub fn topic(&self) -> &str {
-        &self.topic
-    }
-
     /// Reads the table's topic to its end, then keeps reading it on a thread. False when a
     /// stop came first.
     pub fn load(&self, stop: &Stop) -> Result<bool, TableError> {
+        let keeper = &self.keeper;
         let read_error = |e: KafkaError| TableError::Read {
-            topic: self.topic.clone(),
+            topic: keeper.topic.clone(),
             reason: e.to_string(),
         };
         let mut client = self.client.clone();
@@ -118,29 +124,29 @@ impl TableFeed {
             .map_err(read_error)?;
         let metadata = consumer
             .fetch_metadata(
-                Some(&self.topic),
+                Some(&keeper.topic),
                 RESTORE_TIMEOUT.min(Duration::from_secs(30)),
             )
             .map_err(read_error)?;
         let partitions: Vec<i32> = metadata
             .topics()
             .iter()
-            .filter(|t| t.name() == self.topic && t.error().is_none())
+            .filter(|t| t.name() == keeper.topic && t.error().is_none())
             .flat_map(|t| t.partitions().iter().map(|p| p.id()))
             .collect();
         if partitions.is_empty() {
             return Err(TableError::Missing {
-                topic: self.topic.clone(),
+                topic: keeper.topic.clone(),
             });
         }
         let mut assignment = TopicPartitionList::new();
         for partition in &partitions {
             assignment
-                .add_partition_offset(&self.topic, *partition, Offset::Beginning)
+                .add_partition_offset(&keeper.topic, *partition, Offset::Beginning)
                 .map_err(read_error)?;
         }
         consumer.assign(&assignment).map_err(read_error)?;
-        tracing::info!(topic = %self.topic, partitions = partitions.len(), "loading the join's table");
+        tracing::info!(topic = %keeper.topic, partitions = partitions.len(), "loading the join's table");
         let started = Instant::now();
         let mut ended: Vec<i32> = Vec::new();
         let mut records: u64 = 0;
@@ -152,31 +158,25 @@ impl TableFeed {
             let now = Instant::now();
             if now >= started + RESTORE_TIMEOUT {
                 return Err(TableError::Timeout {
-                    topic: self.topic.clone(),
+                    topic: keeper.topic.clone(),
                     records,
                     timeout: RESTORE_TIMEOUT,
                 });
             }
             if now >= next_progress {
-                tracing::info!(topic = %self.topic, records, rows = self.rows(), partitions_read = ended.len(), "loading the join's table");
+                tracing::info!(topic = %keeper.topic, records, rows = keeper.rows(), partitions_read = ended.len(), "loading the join's table");
                 next_progress = now + PROGRESS_EVERY;
             }
             // Loading is the processor's work now: its health page must not call it stuck.
-            (self.metrics.beat)();
+            (keeper.metrics.beat)();
             match consumer.poll(POLL) {
                 Some(Ok(message)) => {
                     records += 1;
-                    self.metrics
+                    keeper
+                        .metrics
                         .loading
                         .set(i64::try_from(records).unwrap_or(i64::MAX));
-                    apply_to(
-                        &self.join,
-                        &self.table,
-                        &self.metrics,
-                        &self.topic,
-                        self.max_bytes,
-                        &message,
-                    )?;
+                    keeper.take(&message)?;
                 }
                 Some(Err(KafkaError::PartitionEOF(partition))) if !ended.contains(&partition) => {
                     ended.push(partition);
@@ -184,17 +184,17 @@ impl TableFeed {
                 Some(Err(KafkaError::PartitionEOF(_))) => {}
                 // Transient (a broker restarting): polled again until the timeout.
                 Some(Err(error)) => {
-                    tracing::debug!(%error, topic = %self.topic, "reading the table")
+                    tracing::debug!(%error, topic = %keeper.topic, "reading the table")
                 }
                 None => {}
             }
         }
-        self.metrics.loading.set(0);
+        keeper.metrics.loading.set(0);
         tracing::info!(
-            topic = %self.topic,
+            topic = %keeper.topic,
             records,
-            rows = self.rows(),
-            bytes = self.bytes(),
+            rows = keeper.rows(),
+            bytes = keeper.bytes(),
             seconds = started.elapsed().as_secs_f64(),
             "the join's table is loaded"
         );
@@ -212,30 +212,11 @@ impl TableFeed {
         {
             return Err(error);
         }
-        let table = self.table.read().unwrap_or_else(PoisonError::into_inner);
-        Ok(f(&table))
-    }
-
-    fn rows(&self) -> usize {
-        self.table
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .len()
-    }
-
-    fn bytes(&self) -> usize {
-        self.table
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .bytes()
+        Ok(f(&self.keeper.read()))
     }
 
     fn keep_reading(&self, consumer: Reader) {
-        let join = self.join.clone();
-        let table = self.table.clone();
-        let metrics = self.metrics.clone();
-        let topic = self.topic.clone();
-        let max_bytes = self.max_bytes;
+        let keeper = self.keeper.clone();
         let failed = self.failed.clone();
         let closing = self.closing.clone();
         let spawned = std::thread::Builder::new()
@@ -244,9 +225,7 @@ impl TableFeed {
                 while !closing.load(Ordering::Relaxed) {
                     match consumer.poll(POLL) {
                         Some(Ok(message)) => {
-                            if let Err(error) =
-                                apply_to(&join, &table, &metrics, &topic, max_bytes, &message)
-                            {
+                            if let Err(error) = keeper.take(&message) {
                                 tracing::error!(%error, "the join's table can no longer be kept");
                                 *failed.lock().unwrap_or_else(PoisonError::into_inner) =
                                     Some(error);
@@ -255,7 +234,7 @@ impl TableFeed {
                         }
                         Some(Err(KafkaError::PartitionEOF(_))) | None => {}
                         Some(Err(error)) => {
-                            tracing::debug!(%error, topic = %topic, "reading the table")
+                            tracing::debug!(%error, topic = %keeper.topic, "reading the table")
                         }
                     }
                 }
@@ -267,7 +246,7 @@ impl TableFeed {
             Err(error) => {
                 *self.failed.lock().unwrap_or_else(PoisonError::into_inner) =
                     Some(TableError::Read {
-                        topic: self.topic.clone(),
+                        topic: self.keeper.topic.clone(),
                         reason: format!("no thread to keep reading it: {error}"),
                     });
             }
@@ -290,41 +269,51 @@ impl Drop for TableFeed {
     }
 }
 
-/// Takes one record of the table's topic. A record that is no row (no key, not a JSON
-/// object) is skipped and counted: every instance reads every table record, at every start,
-/// so a dead letter would be written many times over.
-fn apply_to(
-    join: &Join,
-    table: &RwLock<Table>,
-    metrics: &Gauges,
-    topic: &str,
-    max_bytes: usize,
-    message: &BorrowedMessage<'_>,
-) -> Result<(), TableError> {
-    let mut table = table.write().unwrap_or_else(PoisonError::into_inner);
-    if let Err(error) = join.update_table(&mut table, message.key(), message.payload()) {
-        metrics.skipped.inc();
-        tracing::warn!(
-            topic,
-            partition = message.partition(),
-            offset = message.offset(),
-            reason = %error.message,
-            "a table record is no row; skipped"
-        );
-        return Ok(());
+impl Keeper {
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Table> {
+        self.table.read().unwrap_or_else(PoisonError::into_inner)
     }
-    metrics
-        .rows
-        .set(i64::try_from(table.len()).unwrap_or(i64::MAX));
-    metrics
-        .bytes
-        .set(i64::try_from(table.bytes()).unwrap_or(i64::MAX));
-    if table.bytes() > max_bytes {
-        return Err(TableError::TooLarge {
-            topic: topic.to_owned(),
-            rows: table.len(),
-            max: max_bytes,
-        });
+
+    fn rows(&self) -> usize {
+        self.read().len()
     }
-    Ok(())
+
+    fn bytes(&self) -> usize {
+        self.read().bytes()
+    }
+
+    /// Takes one record of the table's topic. A record that is no row (no key, not a JSON
+    /// object) is skipped and counted: every instance reads every table record, at every
+    /// start, so a dead letter would be written many times over.
+    fn take(&self, message: &BorrowedMessage<'_>) -> Result<(), TableError> {
+        let mut table = self.table.write().unwrap_or_else(PoisonError::into_inner);
+        if let Err(error) = self
+            .join
+            .update_table(&mut table, message.key(), message.payload())
+        {
+            self.metrics.skipped.inc();
+            tracing::warn!(
+                topic = %self.topic,
+                partition = message.partition(),
+                offset = message.offset(),
+                reason = %error.message,
+                "a table record is no row; skipped"
+            );
+            return Ok(());
+        }
+        self.metrics
+            .rows
+            .set(i64::try_from(table.len()).unwrap_or(i64::MAX));
+        self.metrics
+            .bytes
+            .set(i64::try_from(table.bytes()).unwrap_or(i64::MAX));
+        if table.bytes() > self.max_bytes {
+            return Err(TableError::TooLarge {
+                topic: self.topic.clone(),
+                rows: table.len(),
+                max: self.max_bytes,
+            });
+        }
+        Ok(())
+    }
 }
