@@ -16,6 +16,7 @@ mod fence;
 #[allow(dead_code)]
 #[path = "../reconciler/harness.rs"]
 mod harness;
+mod killed;
 mod kubelet;
 mod replica;
 mod shipped;
