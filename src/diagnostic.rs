@@ -31,11 +31,15 @@ pub enum Code {
     InvalidEncoding,
     UnsupportedEntry,
     OverBudget,
+    /// A step test's case failed, or did not finish in the time step tests have.
+    TestFailed,
     // Warnings.
     DeadEnd,
     UnreadSource,
     EmptyTopology,
     StrayFile,
+    /// A step test's case of a kind of step `plumber test` does not run yet.
+    TestNotRun,
 }
 
 impl Code {
@@ -59,10 +63,12 @@ impl Code {
             Code::InvalidEncoding => "invalid-encoding",
             Code::UnsupportedEntry => "unsupported-entry",
             Code::OverBudget => "over-budget",
+            Code::TestFailed => "test-failed",
             Code::DeadEnd => "dead-end",
             Code::UnreadSource => "unread-source",
             Code::EmptyTopology => "empty-topology",
             Code::StrayFile => "stray-file",
+            Code::TestNotRun => "test-not-run",
         }
     }
 }

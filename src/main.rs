@@ -3,6 +3,7 @@
 
 use std::io::Write;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
@@ -11,6 +12,7 @@ use plumber::daemon::{DaemonConfig, ListenerConfig};
 use plumber::graph::Topology;
 use plumber::repo::{MergePreview, Repository};
 use plumber::spec::budget::Budget;
+use plumber::steptest::Limits as StepTestLimits;
 use plumber::{Validation, output, plan, validate};
 
 mod ask;
@@ -63,6 +65,19 @@ enum Command {
         step: Option<String>,
         #[arg(long, value_enum, default_value_t = TextOrJson::Text)]
         format: TextOrJson,
+        #[command(flatten)]
+        limits: TestLimitArgs,
+    },
+    /// Runs step-test cases for `plumber test`, `plan` and the daemon, isolated from them:
+    /// jobs on stdin, answers on stdout.
+    #[command(hide = true)]
+    StepTestWorker {
+        /// Bytes of heap the cases may take.
+        #[arg(long)]
+        memory: u64,
+        /// Seconds one case may take.
+        #[arg(long)]
+        case_time: f64,
     },
     /// Print the step graph of a commit.
     Graph {
@@ -103,6 +118,8 @@ enum Command {
         /// --to: `pr-N` for `refs/pull/N/head`, `mr-N` for GitLab's, else the branch name).
         #[arg(long)]
         preview: bool,
+        #[command(flatten)]
+        limits: TestLimitArgs,
     },
     /// Run the daemon with the local runtime: follow a branch and apply every valid commit,
     /// running processors as local processes.
@@ -122,6 +139,8 @@ enum Command {
         /// Address of the HTTP API (status, history, metrics, webhook).
         #[arg(long, default_value = "127.0.0.1:7878", value_name = "ADDR")]
         listen: std::net::SocketAddr,
+        #[command(flatten)]
+        step_tests: TestLimitArgs,
         #[command(flatten)]
         listener: ListenerArgs,
         /// How often a remote repository is fetched, in seconds.
@@ -403,7 +422,9 @@ fn run(command: Command) -> Result<ExitCode> {
             topology,
             step,
             format,
+            limits,
         } => {
+            let limits = StepTestLimits::try_from(limits)?;
             let repo = Repository::open(&repo)?;
             let (commit, validation) = validate_rev(&repo, &rev)?;
             let Some(topologies) = validation
@@ -414,7 +435,8 @@ fn run(command: Command) -> Result<ExitCode> {
                 eprint!("{}", output::validation_text(&commit, &validation));
                 return Ok(ExitCode::from(INVALID));
             };
-            let results = plumber::steptest::run(topologies, topology.as_deref(), step.as_deref());
+            let results =
+                plumber::steptest::run(topologies, topology.as_deref(), step.as_deref(), &limits);
             let passed = plumber::steptest::all_passed(&results);
             let text = match format {
                 TextOrJson::Json => json_line(&serde_json::json!({
@@ -426,6 +448,12 @@ fn run(command: Command) -> Result<ExitCode> {
             };
             print(&text)?;
             Ok(exit_for(passed))
+        }
+        Command::StepTestWorker { memory, case_time } => {
+            let case_time = Duration::try_from_secs_f64(case_time)
+                .map_err(|e| anyhow::anyhow!("--case-time: {e}"))?;
+            plumber::steptest::serve_worker(memory, case_time)?;
+            Ok(ExitCode::SUCCESS)
         }
         Command::Graph {
             repo,
@@ -471,7 +499,9 @@ fn run(command: Command) -> Result<ExitCode> {
             format,
             keep_topics,
             preview,
+            limits,
         } => {
+            let limits = StepTestLimits::try_from(limits)?;
             let repo = Repository::open(&repo)?;
             let preview = preview.then(|| {
                 plumber::plan::preview::slug_of_ref(head.as_deref().or(to.as_deref()).unwrap_or(""))
@@ -515,6 +545,9 @@ fn run(command: Command) -> Result<ExitCode> {
                 }
                 _ => anyhow::bail!("give --to REV, or --base BRANCH with --head REF"),
             };
+            // What is planned must pass its step tests, as the daemon requires.
+            let mut to = to;
+            plumber::steptest::check(&mut to.1, &limits);
             // Owners as of the side the change is reviewed against (for a pull request, its
             // base, as GitHub does: a branch cannot name its own reviewers).
             let reviewed_against = from.as_ref().map_or(&to.0, |(commit, _)| commit);
@@ -537,6 +570,7 @@ fn run(command: Command) -> Result<ExitCode> {
             state_dir,
             listen,
             listener,
+            step_tests,
             poll_interval,
             keep_topics,
             stall_timeout,
@@ -571,6 +605,7 @@ fn run(command: Command) -> Result<ExitCode> {
             config.bootstrap = bootstrap;
             config.listen = listen;
             config.listener = listener.into();
+            config.step_tests = StepTestLimits::try_from(step_tests)?;
             config.cutover.keep_topics = keep_topics;
             config.stalled_after = std::time::Duration::from_secs(stall_timeout.max(1));
             config.wedged_after = std::time::Duration::from_secs(wedged_after.max(1));
@@ -759,6 +794,43 @@ fn current_branch(repo: &str) -> Option<String> {
 }
 
 /// What `plan` plans for, besides the two revisions.
+/// What running step tests may take (`plumber test`, `plumber plan`; the daemon's
+/// configuration file has the same in `stepTests:`).
+#[derive(clap::Args)]
+struct TestLimitArgs {
+    /// Seconds all the cases of the run may take together; the cases left then fail.
+    #[arg(long, value_name = "SECONDS", default_value_t = StepTestLimits::default().time.as_secs_f64())]
+    test_time: f64,
+    /// Seconds one case may take; past it the case ends as a record the step gave up on
+    /// (dead-lettered `timeout`).
+    #[arg(long, value_name = "SECONDS", default_value_t = StepTestLimits::default().case_time.as_secs_f64())]
+    case_time: f64,
+    /// Bytes of heap the process running the cases may take; a case past it fails.
+    #[arg(long, value_name = "BYTES", default_value_t = StepTestLimits::default().memory)]
+    test_memory: u64,
+}
+
+impl TryFrom<TestLimitArgs> for StepTestLimits {
+    type Error = anyhow::Error;
+
+    fn try_from(args: TestLimitArgs) -> Result<StepTestLimits> {
+        let seconds = |flag: &str, value: f64| {
+            Duration::try_from_secs_f64(value)
+                .ok()
+                .filter(|d| !d.is_zero())
+                .ok_or_else(|| {
+                    anyhow::anyhow!("--{flag} takes a positive number of seconds, not {value}")
+                })
+        };
+        Ok(StepTestLimits {
+            time: seconds("test-time", args.test_time)?,
+            case_time: seconds("case-time", args.case_time)?,
+            memory: args.test_memory,
+            program: None,
+        })
+    }
+}
+
 /// What the HTTP API's listener holds at most (`plumber up`; the daemon's configuration file
 /// has the same in `listener:`).
 #[derive(clap::Args)]

@@ -1,24 +1,61 @@
-//! `plumber test`: runs a commit's step tests (`spec::step_test`) with the processor's own
-//! transforms, in this process: a case's input goes through the same code a running step
-//! uses, and its outputs or dead letter are compared with what the case expects.
+//! Step tests (`spec::step_test`): a commit's cases run with the processor's own transforms,
+//! and their outputs or dead letter compared with what each case expects. `plumber test`
+//! prints the results; `plumber plan` and the daemon ([`check`]) fold a failed case into the
+//! commit's validation, so a commit whose tests fail is planned and applied as an invalid one.
 //!
-//! jq steps and per-record `sql` steps run here. Stateful `sql` steps (GROUP BY, JOIN), exec
-//! and http steps are reported as not run, with why: they need state, a table, a child
-//! process or a server that a test of one record does not have yet.
+//! A case's program comes from whoever pushed the commit, so the cases run in a process of
+//! their own (`plumber step-test-worker`), never in the daemon: one whose jq never ends is
+//! killed with its process after [`Limits::case_time`], one that takes all memory fails
+//! against the worker's address-space limit, and the whole run stops at [`Limits::time`].
+//!
+//! jq steps and per-record `sql` steps run. Stateful `sql` steps (GROUP BY, JOIN), exec and
+//! http steps are reported as not run, with why: they need state, a table, a child process or
+//! a server that a test of one record does not have yet.
 
+use std::io::{BufRead as _, BufReader, Read as _, Write as _};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::{self, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
 use plumber_processor::record::{Input, Output};
 use plumber_processor::stop::Stop;
 use plumber_processor::transform::{self, Outcome};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
+use crate::Validation;
+use crate::diagnostic::{Code, Diagnostic};
 use crate::graph::{StepKind, Topology};
 use crate::spec::step_test::{Case, Expect, RecordValue, TestRecord};
+use crate::spec::yaml::Pos;
 use crate::spec::{EnvValue, Transform};
 
-/// How long one case may run: a jq program that never ends fails its case, not the run.
-pub const CASE_TIMEOUT: Duration = Duration::from_secs(10);
+/// What running step tests may take. Each limit is the daemon's `stepTests` setting of the
+/// same name, and a flag of `plumber test` and `plumber plan`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits {
+    /// All the cases of one run together (a commit's, or those of the topologies it changed):
+    /// the cases not finished by then fail the run.
+    pub time: Duration,
+    /// One case: past it the case fails as a record the processor gave up on (`timeout`).
+    pub case_time: Duration,
+    /// The heap the worker process may take (its address space is this, plus the processing
+    /// thread's stack reservation and the program itself); a case past it fails.
+    pub memory: u64,
+    /// The `plumber` executable that runs the cases; `None`: the running one.
+    pub program: Option<PathBuf>,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            time: Duration::from_secs(60),
+            case_time: Duration::from_secs(10),
+            memory: 256 << 20,
+            program: None,
+        }
+    }
+}
 
 /// One case's result.
 #[derive(Debug, Clone, Serialize)]
@@ -43,28 +80,58 @@ pub enum Verdict {
         expected: Vec<String>,
         actual: Vec<String>,
     },
+    /// A case of a step `plumber test` cannot run yet (stateful sql, exec, http).
     NotRun {
+        why: String,
+    },
+    /// The run's time ran out before the case ran: it fails the run.
+    Unfinished {
         why: String,
     },
 }
 
 /// What a record became.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 enum Actual {
     Outputs(Vec<Produced>),
     DeadLetter { kind: String, message: String },
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 struct Produced {
     key: Option<Vec<u8>>,
     value: Vec<u8>,
     headers: Vec<(String, Vec<u8>)>,
 }
 
+/// One case as the worker runs it: the step's transform and one input record.
+#[derive(Debug, Serialize, Deserialize)]
+struct Job {
+    transform: Transform,
+    /// The step's own `env` values (a secret reference is not resolved in a test).
+    env: Vec<(String, String)>,
+    /// Its input steps, in name order; each read from a topic of its own name.
+    inputs: Vec<String>,
+    /// The input the record comes from.
+    from: String,
+    key: Option<String>,
+    value: Vec<u8>,
+    headers: Vec<(String, String)>,
+}
+
+/// What the worker answers for a job: what the record became, or why it could not run.
+type Answer = Result<Actual, String>;
+
 /// Runs the tests of `topologies`, those of `topology` and `step` only when given.
-pub fn run(topologies: &[Topology], topology: Option<&str>, step: Option<&str>) -> Vec<CaseResult> {
+pub fn run(
+    topologies: &[Topology],
+    topology: Option<&str>,
+    step: Option<&str>,
+    limits: &Limits,
+) -> Vec<CaseResult> {
     let mut results = Vec::new();
+    let mut jobs = Vec::new();
+    let mut expects: Vec<(usize, &Expect)> = Vec::new();
     for graph in topologies
         .iter()
         .filter(|t| topology.is_none_or(|name| t.name == name))
@@ -75,6 +142,15 @@ pub fn run(topologies: &[Topology], topology: Option<&str>, step: Option<&str>) 
             .filter(|t| step.is_none_or(|name| t.step == name))
         {
             for case in &tests.cases {
+                let verdict = match job(graph, &tests.step, case) {
+                    Ok(job) => {
+                        expects.push((results.len(), &case.expect));
+                        jobs.push(job);
+                        // Replaced by the job's result.
+                        Verdict::Passed
+                    }
+                    Err(verdict) => verdict,
+                };
                 results.push(CaseResult {
                     topology: graph.name.clone(),
                     step: tests.step.clone(),
@@ -82,28 +158,136 @@ pub fn run(topologies: &[Topology], topology: Option<&str>, step: Option<&str>) 
                     line: case.pos.line,
                     column: case.pos.column,
                     name: case.name.clone(),
-                    verdict: run_case(graph, &tests.step, case),
+                    verdict,
                 });
             }
         }
     }
+    for ((index, expect), ran) in expects.into_iter().zip(execute(&jobs, limits)) {
+        results[index].verdict = match ran {
+            Ran::Answered(Ok(actual)) => compare(expect, &actual),
+            Ran::Answered(Err(why)) => Verdict::Failed {
+                expected: expected_lines(expect),
+                actual: vec![format!("the step could not take the record: {why}")],
+            },
+            Ran::TimedOut => compare(
+                expect,
+                &Actual::DeadLetter {
+                    kind: transform::TIMEOUT.into(),
+                    message: format!(
+                        "the case did not finish within {} s",
+                        limits.case_time.as_secs_f64()
+                    ),
+                },
+            ),
+            Ran::Died(why) => Verdict::Failed {
+                expected: expected_lines(expect),
+                actual: vec![format!("the process running the case died: {why}")],
+            },
+            Ran::Unfinished(why) => Verdict::Unfinished { why },
+        };
+    }
     results
 }
 
-/// What a step runs, as far as a test needs it.
-struct Runnable {
-    transform: Transform,
-    env: Vec<(String, String)>,
-    /// Its input steps, in name order: a record comes from the first unless it says.
-    inputs: Vec<String>,
+/// Runs the step tests of a valid commit's graphs and folds what failed into `validation`:
+/// each failed or unfinished case an error at its test file's line (the graphs go, as for
+/// any invalid commit), each case not run a warning. Returns the results.
+pub fn check(validation: &mut Validation, limits: &Limits) -> Vec<CaseResult> {
+    check_each(std::slice::from_mut(validation), limits).0
 }
 
-fn runnable(graph: &Topology, step: &str) -> Result<Runnable, String> {
-    let id = graph
-        .find(step)
-        .ok_or_else(|| format!("the topology has no step `{step}`"))?;
+/// [`check`] for the validations of several topologies, all their cases in one run (one
+/// worker, one time limit). Returns the results and, for each validation, whether every
+/// case of it finished (one the run's time cut short says nothing of its step).
+pub fn check_each(validations: &mut [Validation], limits: &Limits) -> (Vec<CaseResult>, Vec<bool>) {
+    let graphs: Vec<Topology> = validations
+        .iter()
+        .filter_map(|v| v.topologies.as_ref())
+        .flatten()
+        .filter(|g| !g.tests.is_empty())
+        .cloned()
+        .collect();
+    if graphs.is_empty() {
+        return (Vec::new(), vec![true; validations.len()]);
+    }
+    let results = run(&graphs, None, None, limits);
+    let finished = validations
+        .iter_mut()
+        .map(|validation| {
+            let names: Vec<String> = validation
+                .topologies
+                .iter()
+                .flatten()
+                .map(|g| g.name.clone())
+                .collect();
+            fold(
+                validation,
+                results.iter().filter(|r| names.contains(&r.topology)),
+            )
+        })
+        .collect();
+    (results, finished)
+}
+
+/// Folds `results` into `validation`; whether all of them finished.
+fn fold<'r>(validation: &mut Validation, results: impl Iterator<Item = &'r CaseResult>) -> bool {
+    let mut failed = false;
+    let mut finished = true;
+    for result in results {
+        let pos = Some(Pos {
+            line: result.line,
+            column: result.column,
+        });
+        let case = format!("step test `{}` of `{}`", result.name, result.step);
+        let diagnostic = match &result.verdict {
+            Verdict::Passed => continue,
+            Verdict::Failed { expected, actual } => Diagnostic::error(
+                Code::TestFailed,
+                &result.file,
+                pos,
+                format!(
+                    "{case} failed: expected {}; got {} (run `plumber test --step {}` to see it)",
+                    expected.join(", "),
+                    actual.join(", "),
+                    result.step
+                ),
+            ),
+            Verdict::Unfinished { why } => {
+                finished = false;
+                Diagnostic::error(
+                    Code::TestFailed,
+                    &result.file,
+                    pos,
+                    format!("{case} did not run: {why}"),
+                )
+            }
+            Verdict::NotRun { why } => Diagnostic::warning(
+                Code::TestNotRun,
+                &result.file,
+                pos,
+                format!("{case} is not run: {why}"),
+            ),
+        };
+        failed |= diagnostic.is_error();
+        validation.diagnostics.push(diagnostic);
+    }
+    crate::diagnostic::normalize(&mut validation.diagnostics);
+    if failed {
+        validation.topologies = None;
+    }
+    finished
+}
+
+/// The case as a job for the worker, or its verdict when it cannot be one.
+fn job(graph: &Topology, step: &str, case: &Case) -> Result<Job, Verdict> {
+    let id = graph.find(step).ok_or_else(|| Verdict::NotRun {
+        why: format!("the topology has no step `{step}`"),
+    })?;
     let StepKind::Processor { transform, env, .. } = &graph.step(id).kind else {
-        return Err(format!("`{step}` is no processor"));
+        return Err(Verdict::NotRun {
+            why: format!("`{step}` is no processor"),
+        });
     };
     match transform {
         Transform::Jq { .. } => {}
@@ -113,23 +297,44 @@ fn runnable(graph: &Topology, step: &str) -> Result<Runnable, String> {
             ..
         } => {}
         Transform::Sql { .. } => {
-            return Err(
-                "a stateful sql step (GROUP BY or JOIN) keeps state or a table: `plumber test` \
-                 runs one record at a time, not yet these"
+            return Err(Verdict::NotRun {
+                why: "a stateful sql step (GROUP BY or JOIN) keeps state or a table: \
+                      `plumber test` runs one record at a time, not yet these"
                     .into(),
-            );
+            });
         }
         Transform::Exec { .. } | Transform::Http { .. } => {
-            return Err(format!(
-                "an {} step runs a command or a server: `plumber test` runs jq and sql steps \
-                 in-process, not yet these",
-                transform.kind()
-            ));
+            return Err(Verdict::NotRun {
+                why: format!(
+                    "an {} step runs a command or a server: `plumber test` runs jq and sql \
+                     steps, not yet these",
+                    transform.kind()
+                ),
+            });
         }
     }
-    Ok(Runnable {
+    let inputs: Vec<String> = graph
+        .inputs(id)
+        .into_iter()
+        .map(|i| graph.step(i).name.clone())
+        .collect();
+    let record = &case.input;
+    let from = record
+        .from
+        .clone()
+        .or_else(|| inputs.first().cloned())
+        .unwrap_or_default();
+    if !inputs.contains(&from) {
+        return Err(Verdict::Failed {
+            expected: vec![format!(
+                "an input from one of the step's inputs: {}",
+                inputs.join(", ")
+            )],
+            actual: vec![format!("`from: {from}`")],
+        });
+    }
+    Ok(Job {
         transform: transform.clone(),
-        // The step's own values; a secret reference is not resolved in a test.
         env: env
             .iter()
             .filter_map(|(name, value)| match value {
@@ -137,71 +342,231 @@ fn runnable(graph: &Topology, step: &str) -> Result<Runnable, String> {
                 EnvValue::Secret { .. } => None,
             })
             .collect(),
-        inputs: graph
-            .inputs(id)
-            .into_iter()
-            .map(|i| graph.step(i).name.clone())
-            .collect(),
+        inputs,
+        from,
+        key: record.key.clone(),
+        value: record.value.bytes(),
+        headers: record.headers.clone().unwrap_or_default(),
     })
 }
 
-fn run_case(graph: &Topology, step: &str, case: &Case) -> Verdict {
-    let runnable = match runnable(graph, step) {
-        Ok(runnable) => runnable,
-        Err(why) => return Verdict::NotRun { why },
-    };
-    let from = case
-        .input
-        .from
-        .clone()
-        .or_else(|| runnable.inputs.first().cloned())
-        .unwrap_or_default();
-    if !runnable.inputs.contains(&from) {
-        return Verdict::Failed {
-            expected: vec![format!(
-                "an input from one of the step's inputs: {}",
-                runnable.inputs.join(", ")
-            )],
-            actual: vec![format!("`from: {from}`")],
-        };
-    }
-    let input = case.input.clone();
-    let (sender, receiver) = std::sync::mpsc::channel();
-    // On a thread of its own: a jq program cannot be interrupted, and a case that does not
-    // end is left behind (the command ends with the run), not waited for.
-    let spawned = std::thread::Builder::new()
-        .name("step-test".into())
-        .spawn(move || {
-            let _ = sender.send(apply(&runnable, &from, &input));
-        });
-    if let Err(error) = spawned {
-        return Verdict::NotRun {
-            why: format!("no thread to run the case on: {error}"),
-        };
-    }
-    let actual = match receiver.recv_timeout(CASE_TIMEOUT) {
-        Ok(Ok(actual)) => actual,
-        Ok(Err(why)) => return Verdict::NotRun { why },
-        Err(_) => Actual::DeadLetter {
-            kind: transform::TIMEOUT.into(),
-            message: format!(
-                "the case did not finish within {} s",
-                CASE_TIMEOUT.as_secs()
-            ),
-        },
-    };
-    compare(&case.expect, &actual)
+/// How a job went.
+#[derive(Debug)]
+enum Ran {
+    Answered(Answer),
+    /// Past [`Limits::case_time`]: its worker was killed.
+    TimedOut,
+    /// Its worker died while it ran (out of memory, its stack overflowed).
+    Died(String),
+    /// The run's time ran out first.
+    Unfinished(String),
 }
 
-fn apply(runnable: &Runnable, from: &str, record: &TestRecord) -> Result<Actual, String> {
-    let mut transform: Box<dyn transform::Transform> = match &runnable.transform {
+/// How long past a case's time its worker is given to answer that it gave up itself.
+const KILL_GRACE: Duration = Duration::from_secs(1);
+
+/// The most one answer may take on the worker's output: a case whose outputs are larger
+/// fails instead.
+const MAX_ANSWER_BYTES: u64 = 4 << 20;
+
+/// Runs `jobs` in worker processes, in order, one answer each: a worker is started, given
+/// the jobs not done yet, and replaced when a job kills it or outlasts its time.
+fn execute(jobs: &[Job], limits: &Limits) -> Vec<Ran> {
+    let started = Instant::now();
+    let mut ran: Vec<Ran> = Vec::with_capacity(jobs.len());
+    while ran.len() < jobs.len() {
+        let left = limits.time.saturating_sub(started.elapsed());
+        if left.is_zero() {
+            break;
+        }
+        let mut worker = match Worker::start(&jobs[ran.len()..], limits) {
+            Ok(worker) => worker,
+            Err(why) => {
+                while ran.len() < jobs.len() {
+                    ran.push(Ran::Unfinished(why.clone()));
+                }
+                return ran;
+            }
+        };
+        while ran.len() < jobs.len() {
+            let left = limits.time.saturating_sub(started.elapsed());
+            match worker
+                .answers
+                .recv_timeout((limits.case_time + KILL_GRACE).min(left))
+            {
+                Ok(Ok(line)) => ran.push(match serde_json::from_str::<Answer>(&line) {
+                    Ok(answer) => Ran::Answered(answer),
+                    Err(error) => Ran::Died(format!("it answered what is no answer: {error}")),
+                }),
+                Ok(Err(why)) => {
+                    ran.push(Ran::Died(why));
+                    break;
+                }
+                Err(RecvTimeoutError::Timeout) if left <= limits.case_time + KILL_GRACE => break,
+                Err(RecvTimeoutError::Timeout) => {
+                    ran.push(Ran::TimedOut);
+                    break;
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    ran.push(Ran::Died(worker.exit()));
+                    break;
+                }
+            }
+        }
+        worker.kill();
+    }
+    let why = format!(
+        "the step tests' time ({} s; `stepTests.time` of the daemon, `--test-time` of the command) ran out before it",
+        limits.time.as_secs_f64()
+    );
+    while ran.len() < jobs.len() {
+        ran.push(Ran::Unfinished(why.clone()));
+    }
+    ran
+}
+
+/// A `plumber step-test-worker` process and its answers, line by line.
+struct Worker {
+    child: Child,
+    /// Each answer's line; `Err` when one was too large or unreadable (the worker is killed).
+    answers: mpsc::Receiver<Result<String, String>>,
+}
+
+impl Worker {
+    fn start(jobs: &[Job], limits: &Limits) -> Result<Worker, String> {
+        let program = match &limits.program {
+            Some(program) => program.clone(),
+            None => std::env::current_exe()
+                .map_err(|e| format!("cannot find the plumber executable to run it: {e}"))?,
+        };
+        let mut child = Command::new(&program)
+            .arg("step-test-worker")
+            .arg("--memory")
+            .arg(limits.memory.to_string())
+            .arg("--case-time")
+            .arg(limits.case_time.as_secs_f64().to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .env_clear()
+            .spawn()
+            .map_err(|e| format!("cannot start `{} step-test-worker`: {e}", program.display()))?;
+        let (Some(mut stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err("the worker process has no pipes".into());
+        };
+        let mut input = Vec::new();
+        for job in jobs {
+            // A job is plain data: it always serializes.
+            if serde_json::to_writer(&mut input, job).is_ok() {
+                input.push(b'\n');
+            }
+        }
+        // Written beside the reading: a worker that stops reading must not block us.
+        std::thread::Builder::new()
+            .name("step-test-input".into())
+            .spawn(move || {
+                let _ = stdin.write_all(&input);
+            })
+            .map_err(|e| format!("no thread to feed the worker: {e}"))?;
+        let (sender, answers) = mpsc::channel();
+        std::thread::Builder::new()
+            .name("step-test-answers".into())
+            .spawn(move || {
+                let mut reader = BufReader::new(stdout);
+                loop {
+                    let mut line = String::new();
+                    match (&mut reader).take(MAX_ANSWER_BYTES).read_line(&mut line) {
+                        Ok(0) => return,
+                        Ok(_) if !line.ends_with('\n') => {
+                            let _ = sender.send(Err(format!(
+                                "its outputs took more than {} MiB",
+                                MAX_ANSWER_BYTES >> 20
+                            )));
+                            return;
+                        }
+                        Ok(_) => {
+                            if sender.send(Ok(line)).is_err() {
+                                return;
+                            }
+                        }
+                        Err(error) => {
+                            let _ = sender.send(Err(format!("its answer is unreadable: {error}")));
+                            return;
+                        }
+                    }
+                }
+            })
+            .map_err(|e| format!("no thread to read the worker: {e}"))?;
+        Ok(Worker { child, answers })
+    }
+
+    /// How the worker ended, once its output closed.
+    fn exit(&mut self) -> String {
+        match self.child.wait() {
+            Ok(status) => {
+                use std::os::unix::process::ExitStatusExt as _;
+                match status.signal() {
+                    Some(signal) => format!(
+                        "killed by signal {signal} (its stack or its memory limit, `stepTests.memory`, ran out)"
+                    ),
+                    None => format!(
+                        "it exited ({status}): its memory limit (`stepTests.memory`) may have run out"
+                    ),
+                }
+            }
+            Err(error) => format!("it cannot be waited for: {error}"),
+        }
+    }
+
+    fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `plumber step-test-worker`: reads jobs from stdin, one JSON line each, and answers each
+/// on stdout, in order. Its address space is limited first: `memory` for the cases, plus the
+/// processing thread's stack reservation and room for the program.
+pub fn serve_worker(memory: u64, case_time: Duration) -> std::io::Result<()> {
+    const PROGRAM_ROOM: u64 = 256 << 20;
+    let limit = memory
+        .saturating_add(plumber_processor::pipeline::LOOP_STACK as u64)
+        .saturating_add(PROGRAM_ROOM);
+    nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_AS, limit, limit)
+        .map_err(std::io::Error::from)?;
+    // The processor's processing thread's stack: a case means what the step does.
+    let worker = std::thread::Builder::new()
+        .name("step-test-worker".into())
+        .stack_size(plumber_processor::pipeline::LOOP_STACK)
+        .spawn(move || -> std::io::Result<()> {
+            let stdin = std::io::stdin().lock();
+            let mut stdout = std::io::stdout().lock();
+            for line in stdin.lines() {
+                let answer: Answer = match serde_json::from_str::<Job>(&line?) {
+                    Ok(job) => apply(&job, case_time),
+                    Err(error) => Err(format!("an unreadable job: {error}")),
+                };
+                serde_json::to_writer(&mut stdout, &answer)?;
+                stdout.write_all(b"\n")?;
+                stdout.flush()?;
+            }
+            Ok(())
+        })?;
+    worker
+        .join()
+        .unwrap_or_else(|_| Err(std::io::Error::other("the worker thread panicked")))
+}
+
+fn apply(job: &Job, case_time: Duration) -> Answer {
+    let mut transform: Box<dyn transform::Transform> = match &job.transform {
         Transform::Jq { program } => Box::new(
-            transform::jq::Jq::compile_with_env(program, runnable.env.clone())
+            transform::jq::Jq::compile_with_env(program, job.env.clone())
                 .map_err(|e| e.to_string())?,
         ),
         Transform::Sql { query, .. } => {
-            // Each input step read from a topic of its own name.
-            let topics = runnable.inputs.clone();
+            let topics = job.inputs.clone();
             let inputs: Vec<(String, String)> = if topics.len() > 1 {
                 topics.iter().map(|t| (t.clone(), t.clone())).collect()
             } else {
@@ -213,27 +578,27 @@ fn apply(runnable: &Runnable, from: &str, record: &TestRecord) -> Result<Actual,
         }
         other => return Err(format!("a {} step is not run here", other.kind())),
     };
-    let value = record.value.bytes();
-    let headers: Vec<(String, Vec<u8>)> = record
+    let headers: Vec<(String, Vec<u8>)> = job
         .headers
         .iter()
-        .flatten()
         .map(|(n, v)| (n.clone(), v.clone().into_bytes()))
         .collect();
     let input = Input {
-        topic: from,
+        topic: &job.from,
         partition: 0,
         offset: 0,
         timestamp: None,
-        key: record.key.as_deref().map(str::as_bytes),
-        value: Some(&value),
+        key: job.key.as_deref().map(str::as_bytes),
+        value: Some(&job.value),
         headers: headers
             .iter()
             .map(|(n, v)| (n.as_str(), Some(v.as_slice())))
             .collect(),
     };
+    // A transform that watches its deadline gives up as in the processor; the worker's
+    // parent kills the worker of one that does not (a jq program cannot be interrupted).
     let outcome = transform
-        .apply(&input, &Stop::default(), Instant::now() + CASE_TIMEOUT)
+        .apply(&input, &Stop::default(), Instant::now() + case_time)
         .map_err(|e| e.to_string())?;
     Ok(match outcome {
         Outcome::Outputs(outputs) => Actual::Outputs(
@@ -276,11 +641,7 @@ fn compare(expect: &Expect, actual: &Actual) -> Verdict {
         return Verdict::Passed;
     }
     Verdict::Failed {
-        expected: match expect {
-            Expect::DeadLetter(kind) => vec![format!("dead-lettered: {kind}")],
-            Expect::Outputs(records) if records.is_empty() => vec!["no output".into()],
-            Expect::Outputs(records) => records.iter().map(expected_line).collect(),
-        },
+        expected: expected_lines(expect),
         actual: match actual {
             Actual::DeadLetter { kind, message } => {
                 vec![format!("dead-lettered: {kind}: {message}")]
@@ -288,6 +649,14 @@ fn compare(expect: &Expect, actual: &Actual) -> Verdict {
             Actual::Outputs(records) if records.is_empty() => vec!["no output".into()],
             Actual::Outputs(records) => records.iter().map(actual_line).collect(),
         },
+    }
+}
+
+fn expected_lines(expect: &Expect) -> Vec<String> {
+    match expect {
+        Expect::DeadLetter(kind) => vec![format!("dead-lettered: {kind}")],
+        Expect::Outputs(records) if records.is_empty() => vec!["no output".into()],
+        Expect::Outputs(records) => records.iter().map(expected_line).collect(),
     }
 }
 
@@ -373,6 +742,10 @@ pub fn text(results: &[CaseResult]) -> String {
                 not_run += 1;
                 out.push_str(&format!("{head}: not run: {why}\n"));
             }
+            Verdict::Unfinished { why } => {
+                failed += 1;
+                out.push_str(&format!("{head}: DID NOT RUN: {why}\n"));
+            }
         }
     }
     out.push_str(&format!(
@@ -382,9 +755,13 @@ pub fn text(results: &[CaseResult]) -> String {
     out
 }
 
-/// Whether no case failed (cases not run do not fail a run; they are listed).
+/// Whether no case failed or was left unfinished (cases of steps not run here do not fail
+/// a run; they are listed).
 pub fn all_passed(results: &[CaseResult]) -> bool {
-    !results
-        .iter()
-        .any(|r| matches!(r.verdict, Verdict::Failed { .. }))
+    !results.iter().any(|r| {
+        matches!(
+            r.verdict,
+            Verdict::Failed { .. } | Verdict::Unfinished { .. }
+        )
+    })
 }

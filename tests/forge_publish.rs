@@ -1106,3 +1106,76 @@ fn github_a_replayed_signed_webhook_has_one_effect() {
 fn gitlab_a_replayed_signed_webhook_has_one_effect() {
     a_replayed_signed_webhook_has_one_effect(Kind::GitLab);
 }
+
+/// Step tests gate a change like its step files: a pull request whose step test fails gets a
+/// failing status naming the case's file and line, and its comment says why; merged anyway,
+/// the branch's head is refused as an invalid commit would be, and the commit that fixes the
+/// test is the one applied.
+#[test]
+fn a_failing_step_test_fails_the_pull_request_and_its_merge_is_not_applied() {
+    let kind = Kind::GitHub;
+    let setup = Setup::start(kind);
+    let api = setup.api.clone();
+    let status = || -> Value {
+        let text = ureq::get(&format!("{api}/api/status"))
+            .call()
+            .ok()
+            .and_then(|r| r.into_body().read_to_string().ok())
+            .unwrap_or_default();
+        serde_json::from_str(&text).unwrap_or_default()
+    };
+    // `clean` keeps `v > 1`; the case says it keeps 0 too.
+    let failing = write(
+        "topologies/orders/steps/clean.test.yaml",
+        "cases:\n  - name: keeps a big one\n    input: { value: { v: 5 } }\n    output: [{ value: { v: 5 } }]\n  - name: keeps zero\n    input: { value: { v: 0 } }\n    output: [{ value: { v: 0 } }]\n",
+    );
+    setup.open(4);
+    let head = push(&setup.repo, kind, 4, &[failing]);
+    let state = setup.status_of(head);
+    assert_eq!(state["state"], "failure", "{state}");
+    let description = state["description"].as_str().unwrap();
+    assert!(
+        description.starts_with(
+            "topologies/orders/steps/clean.test.yaml:5: step test `keeps zero` of `clean` failed"
+        ),
+        "the failed case, at its line: {description}"
+    );
+    let body = setup.comment_where(4, "the comment of the failing test", |_| true);
+    assert!(
+        body.contains("step test `keeps zero` of `clean` failed"),
+        "{body}"
+    );
+
+    // Merged all the same: main's head is refused, and says why.
+    setup
+        .repo
+        .git
+        .reference("refs/heads/main", head, true, "merged")
+        .unwrap();
+    let refused = head.to_string();
+    wait_until("the merged head is refused", PATIENCE, || {
+        status()["lastError"]["commit"] == refused.as_str()
+    });
+    let shown = status();
+    let message = shown["lastError"]["message"].as_str().unwrap().to_owned();
+    assert!(
+        message.contains("clean.test.yaml:5:5") && message.contains("test-failed"),
+        "{shown}"
+    );
+    assert_ne!(shown["commit"], refused.as_str(), "not applied: {shown}");
+
+    // The fix is applied.
+    let fixed = setup.repo.commit(
+        "main",
+        "the case expects what clean does",
+        &[write(
+            "topologies/orders/steps/clean.test.yaml",
+            "cases:\n  - name: drops zero\n    input: { value: { v: 0 } }\n    output: []\n",
+        )],
+    );
+    wait_until("the fixed head is taken", PATIENCE, || {
+        let s = status();
+        s["lastError"].is_null() && s["commit"] == fixed.to_string().as_str()
+    });
+    setup.finish();
+}

@@ -175,3 +175,118 @@ fn the_example_repository_s_step_tests_pass() {
         "{out}"
     );
 }
+
+/// `plumber plan` runs the step tests of what it plans: a failed case makes the plan fail at
+/// the case's line, as an invalid step would; when they pass the plan is made.
+#[test]
+fn a_plan_fails_when_a_step_test_fails() {
+    let repo = TestRepo::new();
+    let passing = commit(&repo, &[("topologies/t/steps/both.test.yaml", BOTH_TESTS)]);
+    let (code, out, err) = run(&["plan", &repo.location(), "--to", &passing]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("start `fast`"), "{out}");
+
+    let failing = commit(&repo, &[("topologies/t/steps/fast.test.yaml", FAST_TESTS)]);
+    let (code, out, err) = run(&["plan", &repo.location(), "--to", &failing]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(
+        out.contains(
+            "topologies/t/steps/fast.test.yaml:12:5: test-failed: step test `a wrong expectation fails` of `fast` failed: expected {\"id\":3,\"kmh\":999}; got no key {\"id\":3,\"kmh\":144}"
+        ),
+        "{out}"
+    );
+    assert!(out.contains("invalid: 1 error;"), "{out}");
+    assert!(!out.contains("start `fast`"), "nothing is planned: {out}");
+}
+
+/// A case whose program never ends, or takes all memory, fails on its own: its worker
+/// process is killed at the case's time or dies at its memory limit, and the cases after it
+/// run in a new one. When the run's time is out, the cases left fail as not finished.
+#[test]
+fn a_case_that_never_ends_or_takes_all_memory_fails_alone() {
+    let repo = TestRepo::new();
+    let endless = "kind: processor\ninput: cars\njq: 'if .spin then last(range(1e15)) elif .hog then reduce range(64) as $i (\"x\"; . + .) | length else . end'\n";
+    let tests = r#"cases:
+  - name: spins
+    input: { value: { spin: true } }
+    output: [{ value: 1 }]
+  - name: passes after the spinning one
+    input: { value: { id: 1 } }
+    output: [{ value: { id: 1 } }]
+  - name: takes all memory
+    input: { value: { hog: true } }
+    output: [{ value: 1 }]
+  - name: passes after the greedy one
+    input: { value: { id: 2 } }
+    output: [{ value: { id: 2 } }]
+"#;
+    let rev = commit(
+        &repo,
+        &[
+            ("topologies/t/steps/spin.yaml", endless),
+            ("topologies/t/steps/spin.test.yaml", tests),
+        ],
+    );
+    let (code, out, err) = run(&[
+        "test",
+        &repo.location(),
+        "--rev",
+        &rev,
+        "--case-time",
+        "1",
+        "--test-memory",
+        "67108864",
+        "--format",
+        "json",
+    ]);
+    assert_eq!(code, 1, "{out}{err}");
+    let json: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let cases = json["cases"].as_array().unwrap();
+    let by_name = |name: &str| cases.iter().find(|c| c["name"] == name).unwrap().clone();
+    let spins = by_name("spins");
+    assert_eq!(spins["result"], "failed", "{spins}");
+    assert!(
+        spins["actual"][0]
+            .as_str()
+            .unwrap()
+            .starts_with("dead-lettered: timeout"),
+        "{spins}"
+    );
+    let hog = by_name("takes all memory");
+    assert_eq!(hog["result"], "failed", "{hog}");
+    assert!(
+        hog["actual"][0]
+            .as_str()
+            .unwrap()
+            .contains("the process running the case died"),
+        "{hog}"
+    );
+    for name in [
+        "passes after the spinning one",
+        "passes after the greedy one",
+    ] {
+        assert_eq!(by_name(name)["result"], "passed", "{name}: {out}");
+    }
+
+    // With less time for the whole run than the spinning case takes, the cases after it
+    // are not finished, and fail the run.
+    let (code, out, err) = run(&[
+        "test",
+        &repo.location(),
+        "--rev",
+        &rev,
+        "--case-time",
+        "5",
+        "--test-time",
+        "1",
+    ]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(
+        out.contains("spin: passes after the greedy one: DID NOT RUN: the step tests' time (1 s"),
+        "{out}"
+    );
+    assert!(
+        out.ends_with("4 cases: 0 passed, 4 failed, 0 not run\n"),
+        "{out}"
+    );
+}

@@ -137,6 +137,41 @@ pub struct Config {
     /// cutover step, a look at the branch, a plan pass) has run this long (`5m`).
     #[serde(default = "default_wedged_after", deserialize_with = "duration")]
     pub wedged_after: Duration,
+    /// What running a commit's step tests may take (as `plumber plan`'s `--test-time`,
+    /// `--case-time` and `--test-memory`); absent keys keep their defaults.
+    #[serde(default)]
+    pub step_tests: StepTests,
+}
+
+/// `stepTests`: [`crate::steptest::Limits`], each key optional.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct StepTests {
+    /// All the cases of a commit's changed topologies together (`60s`).
+    #[serde(default, deserialize_with = "some_duration")]
+    pub time: Option<Duration>,
+    /// One case (`10s`).
+    #[serde(default, deserialize_with = "some_duration")]
+    pub case_time: Option<Duration>,
+    /// Bytes of heap the process running the cases may take (256 MiB).
+    pub memory: Option<u64>,
+}
+
+impl StepTests {
+    /// The limits, defaults where a key is absent.
+    pub fn limits(&self) -> crate::steptest::Limits {
+        let default = crate::steptest::Limits::default();
+        crate::steptest::Limits {
+            time: self.time.unwrap_or(default.time),
+            case_time: self.case_time.unwrap_or(default.case_time),
+            memory: self.memory.unwrap_or(default.memory),
+            program: None,
+        }
+    }
+}
+
+fn some_duration<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Duration>, D::Error> {
+    duration(deserializer).map(Some)
 }
 
 fn default_wedged_after() -> Duration {
@@ -505,6 +540,15 @@ impl Config {
             ("listener.headerTimeout", listener.header_timeout.is_zero()),
             ("listener.idleTimeout", listener.idle_timeout.is_zero()),
             ("wedgedAfter", self.wedged_after.is_zero()),
+            (
+                "stepTests.time",
+                self.step_tests.time.is_some_and(|t| t.is_zero()),
+            ),
+            (
+                "stepTests.caseTime",
+                self.step_tests.case_time.is_some_and(|t| t.is_zero()),
+            ),
+            ("stepTests.memory", self.step_tests.memory == Some(0)),
         ] {
             if zero {
                 return Err(invalid(field, "must be more than 0".into()));
@@ -780,6 +824,24 @@ previewLabel: preview
             "{MINIMAL}forge: {{ kind: github, repo: a/b, token: x }}\n"
         ));
         assert!(matches!(token, Err(Error::Parse { .. })), "{token:?}");
+    }
+
+    #[test]
+    fn step_tests_limits_default_and_are_read() -> anyhow::Result<()> {
+        let default = parse(MINIMAL)?.step_tests.limits();
+        assert_eq!(default, crate::steptest::Limits::default());
+        let config = parse(&format!(
+            "{MINIMAL}stepTests:\n  time: 2m\n  caseTime: 500ms\n  memory: 1048576\n"
+        ))?;
+        let limits = config.step_tests.limits();
+        assert_eq!(limits.time, Duration::from_secs(120));
+        assert_eq!(limits.case_time, Duration::from_millis(500));
+        assert_eq!(limits.memory, 1 << 20);
+        match parse(&format!("{MINIMAL}stepTests:\n  caseTime: 0s\n")) {
+            Err(Error::Invalid { field, .. }) => assert_eq!(field, "stepTests.caseTime"),
+            other => panic!("{other:?}"),
+        }
+        Ok(())
     }
 
     #[test]

@@ -118,6 +118,9 @@ pub struct DaemonConfig {
     /// The Secrets steps may reference (`stepSecrets`, the subdirectories of `plumber up
     /// --secrets DIR`); a reference to any other is a validation error. Default: none.
     pub step_secrets: crate::spec::StepSecrets,
+    /// What running a commit's step tests may take; a commit whose tests fail, or do not
+    /// finish within it, is not applied ([`crate::steptest`]).
+    pub step_tests: crate::steptest::Limits,
 }
 
 impl DaemonConfig {
@@ -163,6 +166,7 @@ impl DaemonConfig {
                 names: Default::default(),
                 origin: "no Secret is allowed for steps".into(),
             },
+            step_tests: crate::steptest::Limits::default(),
         }
     }
 }
@@ -403,7 +407,13 @@ impl Context {
         let store = Store::default();
         store.apply(facts::Fact::Branch(config.branch.clone()));
         Ok(Arc::new(Context {
-            revisions: Revisions::new(source, &state, config.step_secrets.clone(), config.budget),
+            revisions: Revisions::new(
+                source,
+                &state,
+                config.step_secrets.clone(),
+                config.budget,
+                config.step_tests.clone(),
+            ),
             config,
             state,
             records,

@@ -51,13 +51,19 @@ pub struct Revisions {
 }
 
 impl Revisions {
-    pub fn new(source: Source, state: &StateDir, secrets: StepSecrets, budget: Budget) -> Self {
+    pub fn new(
+        source: Source,
+        state: &StateDir,
+        secrets: StepSecrets,
+        budget: Budget,
+        tests: crate::steptest::Limits,
+    ) -> Self {
         Revisions {
             source,
             budget,
             checkouts: state.checkouts(),
             cache: Mutex::new(BTreeMap::new()),
-            trees: Arc::new(TreeCache::new(secrets)),
+            trees: Arc::new(TreeCache::new(secrets, tests)),
             pinned: Mutex::new(BTreeSet::new()),
             commits: Mutex::new(BTreeMap::new()),
         }
@@ -275,6 +281,8 @@ pub struct TreeCache {
     parsed: AtomicU64,
     /// The Secrets steps may reference: the operator's, fixed for the daemon's life.
     secrets: StepSecrets,
+    /// What running a tree's step tests may take.
+    tests: crate::steptest::Limits,
 }
 
 /// Validations whose topologies are kept in a full cache.
@@ -424,10 +432,12 @@ impl TreeCache {
             })
     }
 
-    /// A cache whose validations check the Secrets steps reference against `secrets`.
-    pub fn new(secrets: StepSecrets) -> TreeCache {
+    /// A cache whose validations check the Secrets steps reference against `secrets` and
+    /// run the step tests within `tests`.
+    pub fn new(secrets: StepSecrets, tests: crate::steptest::Limits) -> TreeCache {
         TreeCache {
             secrets,
+            tests,
             ..TreeCache::default()
         }
     }
@@ -504,15 +514,33 @@ impl TreeCache {
                 let (name, key, _) = &found[i];
                 files.push(repository.topology_files(name, key.tree, commit)?);
             }
-            let validations = crate::validate_topologies(&settings.settings, &self.secrets, &files);
+            let mut validations =
+                crate::validate_topologies(&settings.settings, &self.secrets, &files);
+            // The step tests of what changed, in one run: a failed case makes its topology
+            // invalid like a bad step file.
+            let (results, finished) = crate::steptest::check_each(&mut validations, &self.tests);
+            if !results.is_empty() {
+                let failed = results
+                    .iter()
+                    .filter(|r| !crate::steptest::all_passed(std::slice::from_ref(r)))
+                    .count();
+                tracing::info!(%commit, cases = results.len(), failed, "step tests run");
+            }
             self.parsed
                 .fetch_add(missing.len() as u64, Ordering::Relaxed);
             let mut inner = lock();
             let stamp = inner.stamp;
-            for ((&i, files), validation) in missing.iter().zip(&files).zip(validations) {
+            for (((&i, files), validation), finished) in
+                missing.iter().zip(&files).zip(validations).zip(finished)
+            {
                 // A directory without step files is no topology, as for `validate`.
                 let validation = (!files.is_empty()).then(|| Arc::new(validation));
                 found[i].2 = validation.clone();
+                // Cut short by the time of a run it shared with other topologies' tests: its
+                // cases run again at the next tree that has it.
+                if !finished {
+                    continue;
+                }
                 inner.topologies.insert(
                     found[i].1,
                     Cached {
@@ -561,6 +589,7 @@ mod tests {
             &state,
             StepSecrets::Unchecked,
             Budget::default(),
+            crate::steptest::Limits::default(),
         );
         for name in ["aaa", "bbb", "ccc.partial", "ddd"] {
             std::fs::create_dir_all(dir.path().join("checkouts").join(name).join("steps")).unwrap();

@@ -152,7 +152,10 @@ fn a_processor_killed_in_its_pod_restarts_under_its_transactional_id_and_downstr
     let (sent, final_from) = load.finish(200);
     let duplicates = world.assert_oracle_allowing_duplicates(&revisions, sent, final_from);
     let routes = revisions[0].routes_from("a") as u64;
-    eprintln!("duplicates: {duplicates} (at most {} on tansu)", uncommitted * routes);
+    eprintln!(
+        "duplicates: {duplicates} (at most {} on tansu)",
+        uncommitted * routes
+    );
     if world.broker.is_tansu() {
         assert!(
             duplicates as u64 <= uncommitted * routes,
