@@ -20,6 +20,7 @@
 
 pub mod cutover;
 pub mod daemon;
+pub mod datadiff;
 pub mod diagnostic;
 pub mod durable;
 pub mod forge;
@@ -51,6 +52,8 @@ pub struct Validation {
     pub diagnostics: Vec<Diagnostic>,
     /// The clusters of `plumber.yaml`, by name.
     pub clusters: std::collections::BTreeMap<String, spec::ClusterSpec>,
+    /// The record fields a review never shows (`plumber.yaml`'s `review.maskFields`).
+    pub masked_fields: Vec<String>,
 }
 
 impl Validation {
@@ -61,6 +64,7 @@ impl Validation {
             topologies: None,
             diagnostics: vec![diagnostic],
             clusters: Default::default(),
+            masked_fields: Vec::new(),
         }
     }
 
@@ -118,6 +122,7 @@ pub fn validate_topologies(
                     topologies: graphs,
                     diagnostics,
                     clusters: spec.settings.clusters,
+                    masked_fields: spec.settings.masked_fields,
                 }
             })
             .collect()
@@ -160,5 +165,6 @@ fn validate_here(files: &[SourceFile], secrets: &spec::StepSecrets) -> Validatio
         topologies,
         diagnostics,
         clusters: spec.settings.clusters,
+        masked_fields: spec.settings.masked_fields,
     }
 }

@@ -120,6 +120,8 @@ enum Command {
         preview: bool,
         #[command(flatten)]
         limits: TestLimitArgs,
+        #[command(flatten)]
+        sample: SampleArgs,
     },
     /// Run the daemon with the local runtime: follow a branch and apply every valid commit,
     /// running processors as local processes.
@@ -500,6 +502,7 @@ fn run(command: Command) -> Result<ExitCode> {
             keep_topics,
             preview,
             limits,
+            sample,
         } => {
             let limits = StepTestLimits::try_from(limits)?;
             let repo = Repository::open(&repo)?;
@@ -560,6 +563,8 @@ fn run(command: Command) -> Result<ExitCode> {
                     keep_topics,
                     owners,
                     preview,
+                    sample: sample.sampling()?,
+                    limits,
                 },
             )
         }
@@ -794,6 +799,25 @@ fn current_branch(repo: &str) -> Option<String> {
 }
 
 /// What `plan` plans for, besides the two revisions.
+/// The data diff of `plumber plan` ([`plumber::datadiff`]).
+#[derive(clap::Args)]
+struct SampleArgs {
+    /// Run each replaced or added processor's old and new version on the N most recent
+    /// records of what feeds it, and show how their outputs differ (needs --bootstrap).
+    #[arg(long, value_name = "N")]
+    sample: Option<usize>,
+    /// The Kafka cluster the records are read from (never joined as a group member, nothing
+    /// committed).
+    #[arg(long, env = "PLUMBER_BOOTSTRAP")]
+    bootstrap: Option<String>,
+    /// Bytes of keys and values read at most per step.
+    #[arg(long, value_name = "BYTES", default_value_t = plumber::datadiff::SampleLimits::default().bytes)]
+    sample_bytes: u64,
+    /// Seconds reading one step's sample may take.
+    #[arg(long, value_name = "SECONDS", default_value_t = plumber::datadiff::SampleLimits::default().time.as_secs_f64())]
+    sample_time: f64,
+}
+
 /// What running step tests may take (`plumber test`, `plumber plan`; the daemon's
 /// configuration file has the same in `stepTests:`).
 #[derive(clap::Args)]
@@ -889,6 +913,37 @@ struct PlanSettings {
     owners: Option<plumber::owners::CodeOwners>,
     /// The slug of the preview environment to show (`--preview`).
     preview: Option<String>,
+    /// Where the data diff reads its sample, and how much (`--sample`).
+    sample: Option<(rdkafka::ClientConfig, plumber::datadiff::SampleLimits)>,
+    /// What the step tests, and the data diff's runs, may take.
+    limits: StepTestLimits,
+}
+
+impl SampleArgs {
+    fn sampling(self) -> Result<Option<(rdkafka::ClientConfig, plumber::datadiff::SampleLimits)>> {
+        let Some(records) = self.sample else {
+            return Ok(None);
+        };
+        let Some(bootstrap) = self.bootstrap else {
+            anyhow::bail!(
+                "--sample reads records: give the cluster with --bootstrap HOST:PORT (or PLUMBER_BOOTSTRAP)"
+            );
+        };
+        let time = Duration::try_from_secs_f64(self.sample_time)
+            .ok()
+            .filter(|t| !t.is_zero())
+            .ok_or_else(|| anyhow::anyhow!("--sample-time takes a positive number of seconds"))?;
+        let mut client = rdkafka::ClientConfig::new();
+        client.set("bootstrap.servers", bootstrap);
+        Ok(Some((
+            client,
+            plumber::datadiff::SampleLimits {
+                records,
+                bytes: self.sample_bytes,
+                time,
+            },
+        )))
+    }
 }
 
 fn plan_command(
@@ -931,6 +986,18 @@ fn plan_command(
         }
     });
     let from_commit = from.as_ref().map(|(c, _)| c.as_str());
+    let diffs = match (&settings.sample, &planned) {
+        (Some((client, sample)), Some(planned)) => Some(plumber::datadiff::diff(
+            planned,
+            from_graphs.unwrap_or_default(),
+            to_graphs.unwrap_or_default(),
+            client,
+            sample,
+            &settings.limits,
+            &to.1.masked_fields,
+        )),
+        _ => None,
+    };
     // What runs is taken to be --from (--base) as deployed, as the plan itself does.
     let previews = match (&settings.preview, to_graphs) {
         (Some(slug), Some(new)) => {
@@ -955,6 +1022,9 @@ fn plan_command(
             if let (Some(object), Some((slug, previews))) = (json.as_object_mut(), &previews) {
                 object.insert("preview".into(), output::preview::json(previews, slug));
             }
+            if let (Some(object), Some(diffs)) = (json.as_object_mut(), &diffs) {
+                object.insert("dataDiff".into(), serde_json::to_value(diffs)?);
+            }
             json_line(&json)?
         }
         (PlanFormat::Text, Some(p)) => {
@@ -962,6 +1032,9 @@ fn plan_command(
             if let Some((slug, previews)) = &previews {
                 text.push('\n');
                 text.push_str(&output::preview::text(previews, slug));
+            }
+            if let Some(diffs) = &diffs {
+                text.push_str(&plumber::datadiff::text(diffs));
             }
             text
         }
@@ -974,6 +1047,13 @@ fn plan_command(
             if let Some((slug, previews)) = &previews {
                 text.push('\n');
                 text.push_str(&output::preview::markdown(previews, slug));
+            }
+            if let Some(diffs) = &diffs {
+                // Records are the topic's, not the author's: no fence of theirs closes ours.
+                let body = plumber::datadiff::text(diffs).replace("```", "`\u{200b}``");
+                text.push_str("\n### Data diff\n\n```\n");
+                text.push_str(body.trim_start());
+                text.push_str("```\n");
             }
             text
         }

@@ -92,21 +92,21 @@ pub enum Verdict {
 
 /// What a record became.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-enum Actual {
+pub(crate) enum Actual {
     Outputs(Vec<Produced>),
     DeadLetter { kind: String, message: String },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-struct Produced {
-    key: Option<Vec<u8>>,
-    value: Vec<u8>,
-    headers: Vec<(String, Vec<u8>)>,
+pub(crate) struct Produced {
+    pub(crate) key: Option<Vec<u8>>,
+    pub(crate) value: Vec<u8>,
+    pub(crate) headers: Vec<(String, Vec<u8>)>,
 }
 
 /// One case as the worker runs it: the step's transform and one input record.
 #[derive(Debug, Serialize, Deserialize)]
-struct Job {
+pub(crate) struct Job {
     transform: Transform,
     /// The step's own `env` values (a secret reference is not resolved in a test).
     env: Vec<(String, String)>,
@@ -120,7 +120,7 @@ struct Job {
 }
 
 /// What the worker answers for a job: what the record became, or why it could not run.
-type Answer = Result<Actual, String>;
+pub(crate) type Answer = Result<Actual, String>;
 
 /// Runs the tests of `topologies`, those of `topology` and `step` only when given.
 pub fn run(
@@ -284,75 +284,100 @@ fn job(graph: &Topology, step: &str, case: &Case) -> Result<Job, Verdict> {
     let id = graph.find(step).ok_or_else(|| Verdict::NotRun {
         why: format!("the topology has no step `{step}`"),
     })?;
-    let StepKind::Processor { transform, env, .. } = &graph.step(id).kind else {
-        return Err(Verdict::NotRun {
-            why: format!("`{step}` is no processor"),
-        });
-    };
-    match transform {
-        Transform::Jq { .. } => {}
-        Transform::Sql {
-            state: None,
-            table: None,
-            ..
-        } => {}
-        Transform::Sql { .. } => {
-            return Err(Verdict::NotRun {
-                why: "a stateful sql step (GROUP BY or JOIN) keeps state or a table: \
-                      `plumber test` runs one record at a time, not yet these"
-                    .into(),
-            });
-        }
-        Transform::Exec { .. } | Transform::Http { .. } => {
-            return Err(Verdict::NotRun {
-                why: format!(
-                    "an {} step runs a command or a server: `plumber test` runs jq and sql \
-                     steps, not yet these",
-                    transform.kind()
-                ),
-            });
-        }
-    }
-    let inputs: Vec<String> = graph
-        .inputs(id)
-        .into_iter()
-        .map(|i| graph.step(i).name.clone())
-        .collect();
+    let template = Job::of_step(graph, id).map_err(|why| Verdict::NotRun {
+        why: format!("{why}: `plumber test` runs jq and per-record sql steps, not yet these"),
+    })?;
     let record = &case.input;
     let from = record
         .from
         .clone()
-        .or_else(|| inputs.first().cloned())
+        .or_else(|| template.inputs.first().cloned())
         .unwrap_or_default();
-    if !inputs.contains(&from) {
+    if !template.inputs.contains(&from) {
         return Err(Verdict::Failed {
             expected: vec![format!(
                 "an input from one of the step's inputs: {}",
-                inputs.join(", ")
+                template.inputs.join(", ")
             )],
             actual: vec![format!("`from: {from}`")],
         });
     }
-    Ok(Job {
-        transform: transform.clone(),
-        env: env
-            .iter()
-            .filter_map(|(name, value)| match value {
-                EnvValue::Value(value) => Some((name.clone(), value.clone())),
-                EnvValue::Secret { .. } => None,
-            })
-            .collect(),
-        inputs,
+    Ok(template.with_record(
         from,
-        key: record.key.clone(),
-        value: record.value.bytes(),
-        headers: record.headers.clone().unwrap_or_default(),
-    })
+        record.key.clone(),
+        record.value.bytes(),
+        record.headers.clone().unwrap_or_default(),
+    ))
+}
+
+impl Job {
+    /// A job of processor `id` without its record yet; why not when the step is not one a
+    /// worker runs (stateful sql, exec, http).
+    pub(crate) fn of_step(graph: &Topology, id: crate::graph::StepId) -> Result<Job, String> {
+        let StepKind::Processor { transform, env, .. } = &graph.step(id).kind else {
+            return Err(format!("`{}` is no processor", graph.step(id).name));
+        };
+        match transform {
+            Transform::Jq { .. } => {}
+            Transform::Sql {
+                state: None,
+                table: None,
+                ..
+            } => {}
+            Transform::Sql { .. } => {
+                return Err("a stateful sql step (GROUP BY or JOIN) keeps state or a table".into());
+            }
+            Transform::Exec { .. } | Transform::Http { .. } => {
+                return Err(format!(
+                    "an {} step runs a command or a server",
+                    transform.kind()
+                ));
+            }
+        }
+        Ok(Job {
+            transform: transform.clone(),
+            env: env
+                .iter()
+                .filter_map(|(name, value)| match value {
+                    EnvValue::Value(value) => Some((name.clone(), value.clone())),
+                    EnvValue::Secret { .. } => None,
+                })
+                .collect(),
+            inputs: graph
+                .inputs(id)
+                .into_iter()
+                .map(|i| graph.step(i).name.clone())
+                .collect(),
+            from: String::new(),
+            key: None,
+            value: Vec::new(),
+            headers: Vec::new(),
+        })
+    }
+
+    /// This job's step on one record, read from input step `from`.
+    pub(crate) fn with_record(
+        &self,
+        from: String,
+        key: Option<String>,
+        value: Vec<u8>,
+        headers: Vec<(String, String)>,
+    ) -> Job {
+        Job {
+            transform: self.transform.clone(),
+            env: self.env.clone(),
+            inputs: self.inputs.clone(),
+            from,
+            key,
+            value,
+            headers,
+        }
+    }
 }
 
 /// How a job went.
 #[derive(Debug)]
-enum Ran {
+pub(crate) enum Ran {
     Answered(Answer),
     /// Past [`Limits::case_time`]: its worker was killed.
     TimedOut,
@@ -371,7 +396,7 @@ const MAX_ANSWER_BYTES: u64 = 4 << 20;
 
 /// Runs `jobs` in worker processes, in order, one answer each: a worker is started, given
 /// the jobs not done yet, and replaced when a job kills it or outlasts its time.
-fn execute(jobs: &[Job], limits: &Limits) -> Vec<Ran> {
+pub(crate) fn execute(jobs: &[Job], limits: &Limits) -> Vec<Ran> {
     let started = Instant::now();
     let mut ran: Vec<Ran> = Vec::with_capacity(jobs.len());
     while ran.len() < jobs.len() {

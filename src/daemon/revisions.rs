@@ -346,6 +346,7 @@ impl TreeValidation {
             topologies: valid.then_some(graphs),
             diagnostics,
             clusters: self.settings.settings.clusters.clone(),
+            masked_fields: self.settings.settings.masked_fields.clone(),
         }
     }
 }

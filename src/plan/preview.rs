@@ -282,6 +282,7 @@ pub fn preview(
         settings: RepoSettings {
             clusters: clusters.clone(),
             defaults: Defaults::default(),
+            masked_fields: Vec::new(),
         },
         topologies: vec![TopologySpec {
             dir: format!("topologies/{}", merged.name),

@@ -78,6 +78,9 @@ pub struct RepoSpec {
 pub struct RepoSettings {
     pub clusters: BTreeMap<String, ClusterSpec>,
     pub defaults: Defaults,
+    /// Fields of records a review never shows (`review: { maskFields: [...] }`): a forge
+    /// comment is less private than the topic its examples come from.
+    pub masked_fields: Vec<String>,
 }
 
 /// Without `plumber.yaml` (or without its `clusters`): one `default` cluster on localhost.
@@ -89,6 +92,7 @@ impl Default for RepoSettings {
                 ClusterSpec::at("localhost:9092"),
             )]),
             defaults: Defaults::default(),
+            masked_fields: Vec::new(),
         }
     }
 }

@@ -20,7 +20,15 @@ pub(super) fn repo_settings(file: &SourceFile, diagnostics: &mut Vec<Diagnostic>
     let Some(fields) = Fields::of(&node, "plumber.yaml", node.pos, report) else {
         return settings;
     };
-    fields.reject_unknown(&["clusters", "defaults"], "plumber.yaml", report);
+    fields.reject_unknown(&["clusters", "defaults", "review"], "plumber.yaml", report);
+    if let Some(entry) = fields.get("review")
+        && let Some(review) = Fields::of(&entry.value, "`review`", entry.key_pos, report)
+    {
+        review.reject_unknown(&["maskFields"], "`review`", report);
+        if let Some(entry) = review.get("maskFields") {
+            settings.masked_fields = fields::string_list(entry, report).unwrap_or_default();
+        }
+    }
     if let Some(entry) = fields.get("defaults") {
         settings.defaults = defaults(
             &entry.value,

@@ -1,0 +1,561 @@
+//! The data diff of a plan: what a change does to records, before it is applied. For each
+//! processor a plan replaces or adds, a bounded sample of recent records is read from what
+//! feeds it (its source topics, or the internal topics of the upstream steps that run now),
+//! and the old and the new version of the step run on the same records, in the step-test
+//! worker ([`crate::steptest`]): how many records each passes, filters out and dead-letters,
+//! which records' outputs changed (a few side by side), new dead-letter kinds, and output
+//! fields that appeared or vanished.
+//!
+//! Reading never joins a consumer group: partitions are assigned at offsets chosen here and
+//! nothing is committed, so the running steps' groups and lag are untouched. What a review
+//! shows of a record leaves out the fields `plumber.yaml` masks (`review.maskFields`).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use rdkafka::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer as _};
+use rdkafka::message::{Headers as _, Message as _};
+use rdkafka::{Offset, TopicPartitionList};
+use serde::Serialize;
+
+use crate::graph::{StepKind, Topology};
+use crate::plan::{Change, Plan};
+use crate::steptest::{Actual, Job, Limits, Ran, execute};
+
+/// What sampling one step may read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SampleLimits {
+    /// Records, over all of its inputs' partitions (the most recent of each).
+    pub records: usize,
+    /// Bytes of keys and values.
+    pub bytes: u64,
+    /// Time to read them.
+    pub time: Duration,
+}
+
+impl Default for SampleLimits {
+    fn default() -> SampleLimits {
+        SampleLimits {
+            records: 100,
+            bytes: 8 << 20,
+            time: Duration::from_secs(10),
+        }
+    }
+}
+
+/// How many examples of changed records a diff keeps.
+const EXAMPLES: usize = 3;
+
+/// The data diff of one replaced or added processor.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StepDiff {
+    pub topology: String,
+    pub step: String,
+    pub change: Change,
+    /// The topics the sample was read from.
+    pub topics: Vec<String>,
+    pub sampled: usize,
+    /// The running version's results; `None` for an added step.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub old: Option<Tally>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub new: Option<Tally>,
+    /// Records whose outputs or dead letter differ between the versions.
+    pub changed: usize,
+    pub examples: Vec<Example>,
+    /// Dead-letter kinds the new version gives that the old one does not.
+    pub new_dead_letter_kinds: Vec<String>,
+    /// Top-level fields of the new version's outputs that the old one's lack, and the other
+    /// way round.
+    pub fields_appeared: Vec<String>,
+    pub fields_vanished: Vec<String>,
+    /// Why the step was not sampled or not run, when it was not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+/// What one version did with the sample.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Tally {
+    /// Records with at least one output.
+    pub passed: usize,
+    pub filtered: usize,
+    pub outputs: usize,
+    pub dead_lettered: BTreeMap<String, usize>,
+    /// Records the worker could not take (it timed out or died on them).
+    pub failed: usize,
+}
+
+/// A record whose outputs changed, as a review shows it (masked fields left out).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Example {
+    pub key: Option<String>,
+    pub input: String,
+    pub old: Vec<String>,
+    pub new: Vec<String>,
+}
+
+/// A record read for the sample.
+struct Sampled {
+    /// The input step it feeds the processor from.
+    from: String,
+    key: Option<Vec<u8>>,
+    value: Vec<u8>,
+    headers: Vec<(String, String)>,
+}
+
+/// The data diffs of `plan`'s replaced and added processors: `old` is what runs (the
+/// plan's `from` side), `new` the planned graphs; records are read with `client` (its
+/// bootstrap servers and credentials).
+pub fn diff(
+    plan: &Plan,
+    old: &[Topology],
+    new: &[Topology],
+    client: &ClientConfig,
+    sample: &SampleLimits,
+    limits: &Limits,
+    masked: &[String],
+) -> Vec<StepDiff> {
+    let mut diffs = Vec::new();
+    for topology in &plan.topologies {
+        let Some(graph) = new.iter().find(|g| g.name == topology.name) else {
+            continue;
+        };
+        let running = old.iter().find(|g| g.name == topology.name);
+        for step in &topology.steps {
+            if !matches!(step.change, Change::Replaced | Change::Added)
+                || step.kind != crate::graph::Kind::Processor
+            {
+                continue;
+            }
+            let Some(id) = graph.find(&step.name) else {
+                continue;
+            };
+            let mut diff = StepDiff {
+                topology: topology.name.clone(),
+                step: step.name.clone(),
+                change: step.change,
+                topics: Vec::new(),
+                sampled: 0,
+                old: None,
+                new: None,
+                changed: 0,
+                examples: Vec::new(),
+                new_dead_letter_kinds: Vec::new(),
+                fields_appeared: Vec::new(),
+                fields_vanished: Vec::new(),
+                note: None,
+            };
+            if let Err(why) = fill(
+                &mut diff, graph, id, running, client, sample, limits, masked,
+            ) {
+                diff.note = Some(why);
+            }
+            diffs.push(diff);
+        }
+    }
+    diffs
+}
+
+#[allow(clippy::too_many_arguments)]
+fn fill(
+    diff: &mut StepDiff,
+    graph: &Topology,
+    id: crate::graph::StepId,
+    running: Option<&Topology>,
+    client: &ClientConfig,
+    sample: &SampleLimits,
+    limits: &Limits,
+    masked: &[String],
+) -> Result<(), String> {
+    let new_job = Job::of_step(graph, id).map_err(|why| format!("not run: {why}"))?;
+    let old_id = running.and_then(|r| r.find(&diff.step).map(|old| (r, old)));
+    let old_job = match old_id {
+        Some((r, old)) if matches!(r.step(old).kind, StepKind::Processor { .. }) => Some(
+            Job::of_step(r, old).map_err(|why| format!("the running version is not run: {why}"))?,
+        ),
+        _ => None,
+    };
+    // What feeds it now: a source's topic, or the topic the running upstream writes.
+    let mut inputs = Vec::new();
+    for input in graph.inputs(id) {
+        let name = &graph.step(input).name;
+        let topic = match &graph.step(input).kind {
+            StepKind::Source { topic } => topic.clone(),
+            _ => {
+                let upstream = running.and_then(|r| r.find(name).map(|u| r.topic_of(u)));
+                upstream.ok_or_else(|| {
+                    format!("not sampled: it reads `{name}`, which the change adds, so nothing feeds it yet")
+                })?
+            }
+        };
+        inputs.push((name.clone(), topic));
+    }
+    diff.topics = inputs.iter().map(|(_, t)| t.clone()).collect();
+    let records = read(client, &inputs, sample).map_err(|why| format!("not sampled: {why}"))?;
+    diff.sampled = records.len();
+    let job = |template: &Job, record: &Sampled| {
+        template.with_record(
+            record.from.clone(),
+            record
+                .key
+                .as_ref()
+                .map(|k| String::from_utf8_lossy(k).into_owned()),
+            record.value.clone(),
+            record.headers.clone(),
+        )
+    };
+    let mut jobs: Vec<Job> = records.iter().map(|r| job(&new_job, r)).collect();
+    if let Some(old_job) = &old_job {
+        jobs.extend(records.iter().map(|r| job(old_job, r)));
+    }
+    let ran = execute(&jobs, limits);
+    let (new_ran, old_ran) = ran.split_at(records.len());
+    diff.new = Some(tally(new_ran));
+    let old_ran = (old_job.is_some()).then_some(old_ran);
+    if let Some(old_ran) = old_ran {
+        diff.old = Some(tally(old_ran));
+        compare(diff, &records, old_ran, new_ran, masked);
+    }
+    Ok(())
+}
+
+/// Reads the most recent records of `inputs` (input step, topic), at most `limits`, without
+/// joining a group or committing anything.
+fn read(
+    client: &ClientConfig,
+    inputs: &[(String, String)],
+    limits: &SampleLimits,
+) -> Result<Vec<Sampled>, String> {
+    let consumer: BaseConsumer = client
+        .clone()
+        // Names the client only: partitions are assigned, never subscribed, and no offset is
+        // stored or committed.
+        .set("group.id", "plumber-plan-sample")
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("isolation.level", "read_committed")
+        .set("enable.partition.eof", "false")
+        .create()
+        .map_err(|e| format!("cannot make a Kafka client: {e}"))?;
+    let timeout = limits.time;
+    let mut partitions: Vec<(String, String, i32, i64, i64)> = Vec::new();
+    for (from, topic) in inputs {
+        let metadata = consumer
+            .fetch_metadata(Some(topic), timeout)
+            .map_err(|e| format!("cannot read the partitions of `{topic}`: {e}"))?;
+        for partition in metadata.topics().iter().flat_map(|t| t.partitions()) {
+            let (low, high) = consumer
+                .fetch_watermarks(topic, partition.id(), timeout)
+                .map_err(|e| format!("cannot read the offsets of `{topic}`: {e}"))?;
+            partitions.push((from.clone(), topic.clone(), partition.id(), low, high));
+        }
+    }
+    if partitions.is_empty() {
+        return Err("its inputs have no partitions (do the topics exist?)".into());
+    }
+    let share = limits.records.div_ceil(partitions.len()) as i64;
+    let mut assignment = TopicPartitionList::new();
+    let mut ends: BTreeMap<(String, i32), (String, i64)> = BTreeMap::new();
+    for (from, topic, partition, low, high) in &partitions {
+        if high <= low {
+            continue;
+        }
+        let start = (*high - share).max(*low);
+        assignment
+            .add_partition_offset(topic, *partition, Offset::Offset(start))
+            .map_err(|e| e.to_string())?;
+        ends.insert((topic.clone(), *partition), (from.clone(), *high));
+    }
+    if ends.is_empty() {
+        return Ok(Vec::new());
+    }
+    consumer
+        .assign(&assignment)
+        .map_err(|e| format!("cannot read the inputs: {e}"))?;
+    let deadline = Instant::now() + limits.time;
+    let mut records = Vec::new();
+    let mut bytes = 0u64;
+    let mut open: BTreeSet<(String, i32)> = ends.keys().cloned().collect();
+    while !open.is_empty() && records.len() < limits.records && Instant::now() < deadline {
+        let Some(message) = consumer.poll(Duration::from_millis(100)) else {
+            continue;
+        };
+        let message = message.map_err(|e| format!("reading the inputs: {e}"))?;
+        let place = (message.topic().to_owned(), message.partition());
+        let Some((from, end)) = ends.get(&place) else {
+            continue;
+        };
+        if message.offset() + 1 >= *end {
+            open.remove(&place);
+        }
+        let key = message.key().map(<[u8]>::to_vec);
+        let value = message.payload().map(<[u8]>::to_vec).unwrap_or_default();
+        bytes += (key.as_ref().map_or(0, Vec::len) + value.len()) as u64;
+        if bytes > limits.bytes {
+            break;
+        }
+        let headers = message
+            .headers()
+            .map(|headers| {
+                headers
+                    .iter()
+                    .map(|h| {
+                        (
+                            h.key.to_owned(),
+                            String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned(),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        records.push(Sampled {
+            from: from.clone(),
+            key,
+            value,
+            headers,
+        });
+    }
+    Ok(records)
+}
+
+fn tally(ran: &[Ran]) -> Tally {
+    let mut tally = Tally::default();
+    for ran in ran {
+        match ran {
+            Ran::Answered(Ok(Actual::Outputs(outputs))) if outputs.is_empty() => {
+                tally.filtered += 1;
+            }
+            Ran::Answered(Ok(Actual::Outputs(outputs))) => {
+                tally.passed += 1;
+                tally.outputs += outputs.len();
+            }
+            Ran::Answered(Ok(Actual::DeadLetter { kind, .. })) => {
+                *tally.dead_lettered.entry(kind.clone()).or_default() += 1;
+            }
+            Ran::TimedOut => {
+                *tally
+                    .dead_lettered
+                    .entry(plumber_processor::transform::TIMEOUT.to_owned())
+                    .or_default() += 1;
+            }
+            Ran::Answered(Err(_)) | Ran::Died(_) | Ran::Unfinished(_) => tally.failed += 1,
+        }
+    }
+    tally
+}
+
+fn compare(diff: &mut StepDiff, records: &[Sampled], old: &[Ran], new: &[Ran], masked: &[String]) {
+    let mut old_fields = BTreeSet::new();
+    let mut new_fields = BTreeSet::new();
+    for ((record, old), new) in records.iter().zip(old).zip(new) {
+        fields_of(old, &mut old_fields);
+        fields_of(new, &mut new_fields);
+        if same(old, new) {
+            continue;
+        }
+        diff.changed += 1;
+        if diff.examples.len() < EXAMPLES {
+            diff.examples.push(Example {
+                key: record
+                    .key
+                    .as_ref()
+                    .filter(|_| !masked.iter().any(|m| m == "_key"))
+                    .map(|k| String::from_utf8_lossy(k).into_owned()),
+                input: shown(&record.value, masked),
+                old: lines(old, masked),
+                new: lines(new, masked),
+            });
+        }
+    }
+    let kinds = |t: &Option<Tally>| -> BTreeSet<String> {
+        t.iter()
+            .flat_map(|t| t.dead_lettered.keys().cloned())
+            .collect()
+    };
+    let (old_kinds, new_kinds) = (kinds(&diff.old), kinds(&diff.new));
+    diff.new_dead_letter_kinds = new_kinds.difference(&old_kinds).cloned().collect();
+    diff.fields_appeared = new_fields.difference(&old_fields).cloned().collect();
+    diff.fields_vanished = old_fields.difference(&new_fields).cloned().collect();
+}
+
+/// Whether two versions did the same with a record: the same outputs (values and keys), or
+/// a dead letter of the same kind.
+fn same(old: &Ran, new: &Ran) -> bool {
+    match (old, new) {
+        (Ran::Answered(Ok(Actual::Outputs(a))), Ran::Answered(Ok(Actual::Outputs(b)))) => {
+            a.len() == b.len()
+                && a.iter()
+                    .zip(b)
+                    .all(|(a, b)| a.key == b.key && a.value == b.value)
+        }
+        (
+            Ran::Answered(Ok(Actual::DeadLetter { kind: a, .. })),
+            Ran::Answered(Ok(Actual::DeadLetter { kind: b, .. })),
+        ) => a == b,
+        (Ran::TimedOut, Ran::TimedOut) => true,
+        _ => false,
+    }
+}
+
+fn fields_of(ran: &Ran, fields: &mut BTreeSet<String>) {
+    if let Ran::Answered(Ok(Actual::Outputs(outputs))) = ran {
+        for output in outputs {
+            if let Ok(serde_json::Value::Object(object)) = serde_json::from_slice(&output.value) {
+                fields.extend(object.keys().cloned());
+            }
+        }
+    }
+}
+
+fn lines(ran: &Ran, masked: &[String]) -> Vec<String> {
+    match ran {
+        Ran::Answered(Ok(Actual::Outputs(outputs))) if outputs.is_empty() => {
+            vec!["(filtered out)".into()]
+        }
+        Ran::Answered(Ok(Actual::Outputs(outputs))) => {
+            outputs.iter().map(|o| shown(&o.value, masked)).collect()
+        }
+        Ran::Answered(Ok(Actual::DeadLetter { kind, .. })) => {
+            vec![format!("(dead-lettered: {kind})")]
+        }
+        Ran::TimedOut => vec!["(dead-lettered: timeout)".into()],
+        Ran::Answered(Err(why)) | Ran::Died(why) | Ran::Unfinished(why) => {
+            vec![format!("(not run: {why})")]
+        }
+    }
+}
+
+/// A value as a review shows it: JSON with the masked fields' values replaced, at any depth.
+/// A value that is not JSON cannot be masked field by field: with masked fields, only its
+/// size is shown.
+pub fn shown(value: &[u8], masked: &[String]) -> String {
+    match serde_json::from_slice::<serde_json::Value>(value) {
+        Ok(mut json) => {
+            mask(&mut json, masked);
+            json.to_string()
+        }
+        Err(_) if masked.is_empty() => String::from_utf8_lossy(value).into_owned(),
+        Err(_) => format!(
+            "(not JSON, {} bytes: not shown, fields are masked)",
+            value.len()
+        ),
+    }
+}
+
+fn mask(value: &mut serde_json::Value, masked: &[String]) {
+    match value {
+        serde_json::Value::Object(object) => {
+            for (key, value) in object.iter_mut() {
+                if masked.iter().any(|m| m == key) {
+                    *value = serde_json::Value::String("***".into());
+                } else {
+                    mask(value, masked);
+                }
+            }
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(|v| mask(v, masked)),
+        _ => {}
+    }
+}
+
+/// The diffs as text, for `plumber plan`.
+pub fn text(diffs: &[StepDiff]) -> String {
+    let mut out = String::new();
+    for diff in diffs {
+        out.push_str(&format!(
+            "\ndata diff of `{}` in `{}` ({}):\n",
+            diff.step,
+            diff.topology,
+            diff.change_word()
+        ));
+        if let Some(note) = &diff.note {
+            out.push_str(&format!("  {note}\n"));
+            continue;
+        }
+        out.push_str(&format!(
+            "  {} records sampled from {}\n",
+            diff.sampled,
+            diff.topics
+                .iter()
+                .map(|t| format!("`{t}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+        if let Some(old) = &diff.old {
+            out.push_str(&format!("  old: {}\n", old.summary()));
+        }
+        if let Some(new) = &diff.new {
+            out.push_str(&format!("  new: {}\n", new.summary()));
+        }
+        if diff.old.is_some() {
+            out.push_str(&format!(
+                "  records whose output changed: {}\n",
+                diff.changed
+            ));
+        }
+        if !diff.new_dead_letter_kinds.is_empty() {
+            out.push_str(&format!(
+                "  new dead-letter kinds: {}\n",
+                diff.new_dead_letter_kinds.join(", ")
+            ));
+        }
+        if !diff.fields_appeared.is_empty() {
+            out.push_str(&format!(
+                "  fields appeared: {}\n",
+                diff.fields_appeared.join(", ")
+            ));
+        }
+        if !diff.fields_vanished.is_empty() {
+            out.push_str(&format!(
+                "  fields vanished: {}\n",
+                diff.fields_vanished.join(", ")
+            ));
+        }
+        for example in &diff.examples {
+            let key = example
+                .key
+                .as_ref()
+                .map_or(String::new(), |k| format!(" (key {k:?})"));
+            out.push_str(&format!("  e.g.{key}: {}\n", example.input));
+            out.push_str(&format!("    old: {}\n", example.old.join(" | ")));
+            out.push_str(&format!("    new: {}\n", example.new.join(" | ")));
+        }
+    }
+    out
+}
+
+impl StepDiff {
+    fn change_word(&self) -> &'static str {
+        match self.change {
+            Change::Added => "added",
+            _ => "replaced",
+        }
+    }
+}
+
+impl Tally {
+    /// `40 passed, 10 filtered out, 2 dead-lettered (invalid-json 2)`.
+    pub fn summary(&self) -> String {
+        let dead: usize = self.dead_lettered.values().sum();
+        let mut text = format!(
+            "{} passed ({} outputs), {} filtered out, {dead} dead-lettered",
+            self.passed, self.outputs, self.filtered
+        );
+        if dead > 0 {
+            let kinds: Vec<String> = self
+                .dead_lettered
+                .iter()
+                .map(|(kind, n)| format!("{kind} {n}"))
+                .collect();
+            text.push_str(&format!(" ({})", kinds.join(", ")));
+        }
+        if self.failed > 0 {
+            text.push_str(&format!(", {} not run", self.failed));
+        }
+        text
+    }
+}

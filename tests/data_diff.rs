@@ -1,0 +1,129 @@
+//! `plumber plan --sample`: the data diff of a plan on a real broker (tansu unless
+//! `PLUMBER_TEST_BOOTSTRAP` names another). A pull request changes a jq filter; the plan
+//! runs the old and the new version on the same recent records of the live source and
+//! says what each passes, which records changed (examples with the masked fields hidden)
+//! and which output fields appeared, and the sampling reader commits nothing.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly
+
+mod common;
+
+use common::{TestRepo, run, write};
+use plumber_testkit::{Broker, TestRecord, unique};
+
+#[test]
+fn a_changed_jq_filter_shows_what_each_version_does_to_live_records() {
+    let broker = Broker::start();
+    let topic = unique("orders");
+    broker.create_topic(&topic, 2);
+    let mut records: Vec<TestRecord> = (0..40)
+        .map(|v| {
+            TestRecord::new(
+                &format!("k{v}"),
+                &format!(r#"{{"v":{v},"card":"4111-0000-{v:04}"}}"#),
+            )
+        })
+        .collect();
+    records.push(TestRecord::new("bad", "not json"));
+    broker.produce(&topic, &records);
+
+    let repo = TestRepo::new();
+    let step = |jq: &str| {
+        write(
+            "topologies/t/steps/big.yaml",
+            format!("kind: processor\ninput: orders\njq: '{jq}'\n"),
+        )
+    };
+    let old = repo.commit(
+        "main",
+        "big orders",
+        &[
+            write("plumber.yaml", "review:\n  maskFields: [card]\n"),
+            write(
+                "topologies/t/sources/orders.yaml",
+                format!("kind: source\ntopic: {topic}\n"),
+            ),
+            step("select(.v > 9)"),
+            write(
+                "topologies/t/sinks/out.yaml",
+                "kind: sink\ntopic: big-orders\ninput: big\n",
+            ),
+        ],
+    );
+    let new = repo.commit(
+        "main",
+        "bigger orders, doubled",
+        &[step("select(.v > 29) | . + {doubled: (.v * 2)}")],
+    );
+    let (code, out, err) = run(&[
+        "plan",
+        &repo.location(),
+        "--from",
+        &old.to_string(),
+        "--to",
+        &new.to_string(),
+        "--sample",
+        "100",
+        "--bootstrap",
+        broker.bootstrap(),
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    for line in [
+        "data diff of `big` in `t` (replaced):".to_owned(),
+        format!("  41 records sampled from `{topic}`"),
+        "  old: 30 passed (30 outputs), 10 filtered out, 1 dead-lettered (invalid-json 1)".into(),
+        "  new: 10 passed (10 outputs), 30 filtered out, 1 dead-lettered (invalid-json 1)".into(),
+        // 10..=29 are filtered out now, 30..=39 doubled.
+        "  records whose output changed: 30".into(),
+        "  fields appeared: doubled".into(),
+    ] {
+        assert!(out.contains(&line), "missing {line:?} in:\n{out}");
+    }
+    let examples: Vec<&str> = out.lines().filter(|l| l.starts_with("  e.g.")).collect();
+    assert_eq!(examples.len(), 3, "{out}");
+    assert!(
+        examples.iter().all(|e| e.contains(r#""card":"***""#)),
+        "{examples:#?}"
+    );
+    assert!(!out.contains("4111"), "a masked field is shown:\n{out}");
+
+    // As JSON, for the page and tools.
+    let (code, out, _) = run(&[
+        "plan",
+        &repo.location(),
+        "--from",
+        &old.to_string(),
+        "--to",
+        &new.to_string(),
+        "--sample",
+        "10",
+        "--bootstrap",
+        broker.bootstrap(),
+        "--format",
+        "json",
+    ]);
+    assert_eq!(code, 0, "{out}");
+    let json: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let diff = &json["dataDiff"][0];
+    assert_eq!(diff["step"], "big");
+    // Ten records, the most recent of each partition's share.
+    let sampled = diff["sampled"].as_u64().unwrap();
+    assert!((10..=11).contains(&sampled), "{diff}");
+    assert!(!out.contains("4111"), "{out}");
+
+    // Read without a group: nothing was committed.
+    assert_eq!(
+        broker.committed("plumber-plan-sample", &topic, 2),
+        Default::default()
+    );
+
+    // Sampling needs a cluster.
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_plumber"))
+        .args(["plan", &repo.location(), "--to", &new.to_string()])
+        .args(["--sample", "10"])
+        .env_remove("PLUMBER_BOOTSTRAP")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{err}");
+    assert!(err.contains("--bootstrap"), "{err}");
+}
