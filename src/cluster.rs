@@ -149,6 +149,10 @@ fn daemon_config(config: &Config) -> Result<DaemonConfig> {
     out.cutover.keep_topics = config.kafka.keep_topics;
     out.budget = config.commit_budget.budget();
     out.step_tests = config.step_tests.limits();
+    out.data_diff = config
+        .data_diff
+        .as_ref()
+        .map(plumber::daemon::config::DataDiff::limits);
     out.watch_refs = config.repository.watch_refs.clone();
     out.push_notes = config.repository.push_notes;
     out.forge = config.forge.clone();

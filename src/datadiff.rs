@@ -11,38 +11,14 @@
 //! shows of a record leaves out the fields `plumber.yaml` masks (`review.maskFields`).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::{Duration, Instant};
 
-use rdkafka::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer as _};
-use rdkafka::message::{Headers as _, Message as _};
-use rdkafka::{Offset, TopicPartitionList};
 use serde::Serialize;
 
 use crate::graph::{StepKind, Topology};
+pub use crate::kafka::SampleLimits;
+use crate::kafka::{Admin, Sampled};
 use crate::plan::{Change, Plan};
 use crate::steptest::{Actual, Job, Limits, Ran, execute};
-
-/// What sampling one step may read.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SampleLimits {
-    /// Records, over all of its inputs' partitions (the most recent of each).
-    pub records: usize,
-    /// Bytes of keys and values.
-    pub bytes: u64,
-    /// Time to read them.
-    pub time: Duration,
-}
-
-impl Default for SampleLimits {
-    fn default() -> SampleLimits {
-        SampleLimits {
-            records: 100,
-            bytes: 8 << 20,
-            time: Duration::from_secs(10),
-        }
-    }
-}
 
 /// How many examples of changed records a diff keeps.
 const EXAMPLES: usize = 3;
@@ -98,23 +74,18 @@ pub struct Example {
     pub new: Vec<String>,
 }
 
-/// A record read for the sample.
-struct Sampled {
-    /// The input step it feeds the processor from.
-    from: String,
-    key: Option<Vec<u8>>,
-    value: Vec<u8>,
-    headers: Vec<(String, String)>,
-}
+/// The Kafka client records of a topology are read with (of its cluster), or why none.
+pub type KafkaOf<'k> = dyn Fn(&Topology) -> Result<std::sync::Arc<dyn Admin>, String> + 'k;
 
 /// The data diffs of `plan`'s replaced and added processors: `old` is what runs (the
-/// plan's `from` side), `new` the planned graphs; records are read with `client` (its
-/// bootstrap servers and credentials).
+/// plan's `from` side), `new` the planned graphs; records are read through the client
+/// `kafka` gives for a topology (of its cluster).
+#[allow(clippy::too_many_arguments)]
 pub fn diff(
     plan: &Plan,
     old: &[Topology],
     new: &[Topology],
-    client: &ClientConfig,
+    kafka: &KafkaOf<'_>,
     sample: &SampleLimits,
     limits: &Limits,
     masked: &[String],
@@ -149,9 +120,12 @@ pub fn diff(
                 fields_vanished: Vec::new(),
                 note: None,
             };
-            if let Err(why) = fill(
-                &mut diff, graph, id, running, client, sample, limits, masked,
-            ) {
+            let filled = kafka(graph).and_then(|kafka| {
+                fill(
+                    &mut diff, graph, id, running, &*kafka, sample, limits, masked,
+                )
+            });
+            if let Err(why) = filled {
                 diff.note = Some(why);
             }
             diffs.push(diff);
@@ -166,7 +140,7 @@ fn fill(
     graph: &Topology,
     id: crate::graph::StepId,
     running: Option<&Topology>,
-    client: &ClientConfig,
+    kafka: &dyn Admin,
     sample: &SampleLimits,
     limits: &Limits,
     masked: &[String],
@@ -195,7 +169,9 @@ fn fill(
         inputs.push((name.clone(), topic));
     }
     diff.topics = inputs.iter().map(|(_, t)| t.clone()).collect();
-    let records = read(client, &inputs, sample).map_err(|why| format!("not sampled: {why}"))?;
+    let records = kafka
+        .recent_records(&inputs, sample)
+        .map_err(|why| format!("not sampled: {why}"))?;
     diff.sampled = records.len();
     let job = |template: &Job, record: &Sampled| {
         template.with_record(
@@ -221,105 +197,6 @@ fn fill(
         compare(diff, &records, old_ran, new_ran, masked);
     }
     Ok(())
-}
-
-/// Reads the most recent records of `inputs` (input step, topic), at most `limits`, without
-/// joining a group or committing anything.
-fn read(
-    client: &ClientConfig,
-    inputs: &[(String, String)],
-    limits: &SampleLimits,
-) -> Result<Vec<Sampled>, String> {
-    let consumer: BaseConsumer = client
-        .clone()
-        // Names the client only: partitions are assigned, never subscribed, and no offset is
-        // stored or committed.
-        .set("group.id", "plumber-plan-sample")
-        .set("enable.auto.commit", "false")
-        .set("enable.auto.offset.store", "false")
-        .set("isolation.level", "read_committed")
-        .set("enable.partition.eof", "false")
-        .create()
-        .map_err(|e| format!("cannot make a Kafka client: {e}"))?;
-    let timeout = limits.time;
-    let mut partitions: Vec<(String, String, i32, i64, i64)> = Vec::new();
-    for (from, topic) in inputs {
-        let metadata = consumer
-            .fetch_metadata(Some(topic), timeout)
-            .map_err(|e| format!("cannot read the partitions of `{topic}`: {e}"))?;
-        for partition in metadata.topics().iter().flat_map(|t| t.partitions()) {
-            let (low, high) = consumer
-                .fetch_watermarks(topic, partition.id(), timeout)
-                .map_err(|e| format!("cannot read the offsets of `{topic}`: {e}"))?;
-            partitions.push((from.clone(), topic.clone(), partition.id(), low, high));
-        }
-    }
-    if partitions.is_empty() {
-        return Err("its inputs have no partitions (do the topics exist?)".into());
-    }
-    let share = limits.records.div_ceil(partitions.len()) as i64;
-    let mut assignment = TopicPartitionList::new();
-    let mut ends: BTreeMap<(String, i32), (String, i64)> = BTreeMap::new();
-    for (from, topic, partition, low, high) in &partitions {
-        if high <= low {
-            continue;
-        }
-        let start = (*high - share).max(*low);
-        assignment
-            .add_partition_offset(topic, *partition, Offset::Offset(start))
-            .map_err(|e| e.to_string())?;
-        ends.insert((topic.clone(), *partition), (from.clone(), *high));
-    }
-    if ends.is_empty() {
-        return Ok(Vec::new());
-    }
-    consumer
-        .assign(&assignment)
-        .map_err(|e| format!("cannot read the inputs: {e}"))?;
-    let deadline = Instant::now() + limits.time;
-    let mut records = Vec::new();
-    let mut bytes = 0u64;
-    let mut open: BTreeSet<(String, i32)> = ends.keys().cloned().collect();
-    while !open.is_empty() && records.len() < limits.records && Instant::now() < deadline {
-        let Some(message) = consumer.poll(Duration::from_millis(100)) else {
-            continue;
-        };
-        let message = message.map_err(|e| format!("reading the inputs: {e}"))?;
-        let place = (message.topic().to_owned(), message.partition());
-        let Some((from, end)) = ends.get(&place) else {
-            continue;
-        };
-        if message.offset() + 1 >= *end {
-            open.remove(&place);
-        }
-        let key = message.key().map(<[u8]>::to_vec);
-        let value = message.payload().map(<[u8]>::to_vec).unwrap_or_default();
-        bytes += (key.as_ref().map_or(0, Vec::len) + value.len()) as u64;
-        if bytes > limits.bytes {
-            break;
-        }
-        let headers = message
-            .headers()
-            .map(|headers| {
-                headers
-                    .iter()
-                    .map(|h| {
-                        (
-                            h.key.to_owned(),
-                            String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned(),
-                        )
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
-        records.push(Sampled {
-            from: from.clone(),
-            key,
-            value,
-            headers,
-        });
-    }
-    Ok(records)
 }
 
 fn tally(ran: &[Ran]) -> Tally {
@@ -359,15 +236,16 @@ fn compare(diff: &mut StepDiff, records: &[Sampled], old: &[Ran], new: &[Ran], m
         }
         diff.changed += 1;
         if diff.examples.len() < EXAMPLES {
+            let mask = Mask::of(&record.value, masked);
             diff.examples.push(Example {
                 key: record
                     .key
                     .as_ref()
                     .filter(|_| !masked.iter().any(|m| m == "_key"))
                     .map(|k| String::from_utf8_lossy(k).into_owned()),
-                input: shown(&record.value, masked),
-                old: lines(old, masked),
-                new: lines(new, masked),
+                input: mask.shown(&record.value),
+                old: lines(old, &mask),
+                new: lines(new, &mask),
             });
         }
     }
@@ -411,13 +289,13 @@ fn fields_of(ran: &Ran, fields: &mut BTreeSet<String>) {
     }
 }
 
-fn lines(ran: &Ran, masked: &[String]) -> Vec<String> {
+fn lines(ran: &Ran, mask: &Mask<'_>) -> Vec<String> {
     match ran {
         Ran::Answered(Ok(Actual::Outputs(outputs))) if outputs.is_empty() => {
             vec!["(filtered out)".into()]
         }
         Ran::Answered(Ok(Actual::Outputs(outputs))) => {
-            outputs.iter().map(|o| shown(&o.value, masked)).collect()
+            outputs.iter().map(|o| mask.shown(&o.value)).collect()
         }
         Ran::Answered(Ok(Actual::DeadLetter { kind, .. })) => {
             vec![format!("(dead-lettered: {kind})")]
@@ -429,35 +307,95 @@ fn lines(ran: &Ran, masked: &[String]) -> Vec<String> {
     }
 }
 
-/// A value as a review shows it: JSON with the masked fields' values replaced, at any depth.
-/// A value that is not JSON cannot be masked field by field: with masked fields, only its
-/// size is shown.
-pub fn shown(value: &[u8], masked: &[String]) -> String {
-    match serde_json::from_slice::<serde_json::Value>(value) {
-        Ok(mut json) => {
-            mask(&mut json, masked);
-            json.to_string()
+/// What a review hides of one sampled record: the masked fields by name, at any depth, and
+/// in its outputs also the values those fields held (a step may copy a value to a field of
+/// another name).
+struct Mask<'m> {
+    fields: &'m [String],
+    /// The masked fields' values in the input: strings of 4 or more characters, and numbers.
+    values: Vec<serde_json::Value>,
+}
+
+impl<'m> Mask<'m> {
+    fn of(input: &[u8], fields: &'m [String]) -> Mask<'m> {
+        let mut values = Vec::new();
+        if !fields.is_empty()
+            && let Ok(json) = serde_json::from_slice::<serde_json::Value>(input)
+        {
+            collect(&json, fields, false, &mut values);
         }
-        Err(_) if masked.is_empty() => String::from_utf8_lossy(value).into_owned(),
-        Err(_) => format!(
-            "(not JSON, {} bytes: not shown, fields are masked)",
-            value.len()
-        ),
+        Mask { fields, values }
+    }
+
+    /// A value as a review shows it: JSON with what is masked replaced by `"***"`. A value
+    /// that is not JSON cannot be masked field by field: with masked fields, only its size is
+    /// shown.
+    fn shown(&self, value: &[u8]) -> String {
+        match serde_json::from_slice::<serde_json::Value>(value) {
+            Ok(mut json) => {
+                self.hide(&mut json);
+                json.to_string()
+            }
+            Err(_) if self.fields.is_empty() => String::from_utf8_lossy(value).into_owned(),
+            Err(_) => format!(
+                "(not JSON, {} bytes: not shown, fields are masked)",
+                value.len()
+            ),
+        }
+    }
+
+    fn hide(&self, value: &mut serde_json::Value) {
+        use serde_json::Value;
+        let hidden = match &*value {
+            Value::String(text) => self.values.iter().any(|v| match v {
+                Value::String(secret) => text.contains(secret.as_str()),
+                _ => false,
+            }),
+            Value::Number(_) => self.values.contains(value),
+            _ => false,
+        };
+        if hidden {
+            *value = Value::String("***".into());
+            return;
+        }
+        match value {
+            Value::Object(object) => {
+                for (key, value) in object.iter_mut() {
+                    if self.fields.iter().any(|m| m == key) {
+                        *value = Value::String("***".into());
+                    } else {
+                        self.hide(value);
+                    }
+                }
+            }
+            Value::Array(items) => items.iter_mut().for_each(|v| self.hide(v)),
+            _ => {}
+        }
     }
 }
 
-fn mask(value: &mut serde_json::Value, masked: &[String]) {
-    match value {
-        serde_json::Value::Object(object) => {
-            for (key, value) in object.iter_mut() {
-                if masked.iter().any(|m| m == key) {
-                    *value = serde_json::Value::String("***".into());
-                } else {
-                    mask(value, masked);
-                }
+/// The values under masked fields of `json` (`inside`: `json` is under one).
+fn collect(
+    json: &serde_json::Value,
+    fields: &[String],
+    inside: bool,
+    out: &mut Vec<serde_json::Value>,
+) {
+    use serde_json::Value;
+    match json {
+        Value::Object(object) => {
+            for (key, value) in object {
+                collect(
+                    value,
+                    fields,
+                    inside || fields.iter().any(|m| m == key),
+                    out,
+                );
             }
         }
-        serde_json::Value::Array(items) => items.iter_mut().for_each(|v| mask(v, masked)),
+        Value::Array(items) => items.iter().for_each(|v| collect(v, fields, inside, out)),
+        Value::String(text) if inside && text.chars().count() >= 4 => out.push(json.clone()),
+        Value::Number(_) if inside => out.push(json.clone()),
         _ => {}
     }
 }
@@ -528,6 +466,16 @@ pub fn text(diffs: &[StepDiff]) -> String {
     out
 }
 
+/// The diffs as a section of a review's markdown: the text in a code block.
+pub fn markdown(diffs: &[StepDiff]) -> String {
+    if diffs.is_empty() {
+        return String::new();
+    }
+    // Records are the topic's, not the author's: no fence in them closes this one.
+    let body = text(diffs).replace("```", "`\u{200b}``");
+    format!("\n### Data diff\n\n```\n{}```\n", body.trim_start())
+}
+
 impl StepDiff {
     fn change_word(&self) -> &'static str {
         match self.change {
@@ -557,5 +505,34 @@ impl Tally {
             text.push_str(&format!(", {} not run", self.failed));
         }
         text
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn masked_fields_are_hidden_by_name_and_their_values_wherever_a_step_copies_them() {
+        let fields = vec!["card".to_owned(), "pin".to_owned()];
+        let input = br#"{"v":1,"card":"4111-0000","pin":1234,"nested":{"card":"5500-1111"}}"#;
+        let mask = Mask::of(input, &fields);
+        assert_eq!(
+            mask.shown(input),
+            r#"{"card":"***","nested":{"card":"***"},"pin":"***","v":1}"#
+        );
+        // A step that moves the values under other names, or into a longer text.
+        let output = br#"{"leak":"4111-0000","note":"card 5500-1111 seen","code":1234,"v":1}"#;
+        assert_eq!(
+            mask.shown(output),
+            r#"{"code":"***","leak":"***","note":"***","v":1}"#
+        );
+        // Without masked fields a value is shown as it is; with them, a value that is not
+        // JSON only by its size.
+        assert_eq!(Mask::of(b"plain", &[]).shown(b"plain"), "plain");
+        assert_eq!(
+            mask.shown(b"4111-0000 as text"),
+            "(not JSON, 17 bytes: not shown, fields are masked)"
+        );
     }
 }

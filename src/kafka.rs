@@ -7,15 +7,16 @@
 //! while the group has no live member, which the engine guarantees by starting a processor
 //! only after its offsets are set and by setting offsets only on groups it has not started.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::error::KafkaError;
+use rdkafka::message::{Headers as _, Message as _};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 
@@ -99,6 +100,8 @@ pub enum Error {
         operation: &'static str,
         target: String,
     },
+    #[error("{message}")]
+    Sample { message: String },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -131,6 +134,18 @@ pub trait Admin: Send + Sync {
     /// Whether the cluster supports transactions (its processors then run exactly-once).
     /// No answer is an error, never a "no".
     fn supports_transactions(&self) -> Result<bool>;
+    /// The most recent records of `inputs` (the input step each topic feeds, the topic),
+    /// within `limits`, read without a group: partitions are assigned, nothing is committed,
+    /// so no group's offsets or lag move. A client that cannot read records says so.
+    fn recent_records(
+        &self,
+        _inputs: &[(String, String)],
+        _limits: &SampleLimits,
+    ) -> Result<Vec<Sampled>> {
+        Err(Error::Sample {
+            message: "this Kafka client does not read records".into(),
+        })
+    }
 
     /// How many members the group has; `None` when the broker does not say (it cannot
     /// describe groups). A stopped processor's group empties as its instances leave it.
@@ -236,6 +251,14 @@ impl Fenced {
 }
 
 impl Admin for Fenced {
+    // Reading writes nothing: a standby may sample too.
+    fn recent_records(
+        &self,
+        inputs: &[(String, String)],
+        limits: &SampleLimits,
+    ) -> Result<Vec<Sampled>> {
+        self.inner.recent_records(inputs, limits)
+    }
     fn create_topic(
         &self,
         topic: &str,
@@ -490,6 +513,13 @@ fn base(bootstrap: &str) -> ClientConfig {
 }
 
 impl Admin for KafkaAdmin {
+    fn recent_records(
+        &self,
+        inputs: &[(String, String)],
+        limits: &SampleLimits,
+    ) -> Result<Vec<Sampled>> {
+        read_recent(&self.client, inputs, limits).map_err(|message| Error::Sample { message })
+    }
     fn create_topic(
         &self,
         topic: &str,
@@ -759,6 +789,136 @@ impl Admin for KafkaAdmin {
         let client = self.group_client(group)?;
         client.commit(&list, CommitMode::Sync).map_err(commit_error)
     }
+}
+
+/// What sampling one step may read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SampleLimits {
+    /// Records, over all of its inputs' partitions (the most recent of each).
+    pub records: usize,
+    /// Bytes of keys and values.
+    pub bytes: u64,
+    /// Time to read them.
+    pub time: Duration,
+}
+
+impl Default for SampleLimits {
+    fn default() -> SampleLimits {
+        SampleLimits {
+            records: 100,
+            bytes: 8 << 20,
+            time: Duration::from_secs(10),
+        }
+    }
+}
+
+/// A record read for the sample.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sampled {
+    /// The input step it feeds the processor from.
+    pub from: String,
+    pub key: Option<Vec<u8>>,
+    pub value: Vec<u8>,
+    pub headers: Vec<(String, String)>,
+}
+
+/// Reads the most recent records of `inputs` (input step, topic), at most `limits`, without
+/// joining a group or committing anything.
+fn read_recent(
+    client: &ClientConfig,
+    inputs: &[(String, String)],
+    limits: &SampleLimits,
+) -> std::result::Result<Vec<Sampled>, String> {
+    let consumer: BaseConsumer = client
+        .clone()
+        // Names the client only: partitions are assigned, never subscribed, and no offset is
+        // stored or committed.
+        .set("group.id", "plumber-plan-sample")
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("isolation.level", "read_committed")
+        .set("enable.partition.eof", "false")
+        .create()
+        .map_err(|e| format!("cannot make a Kafka client: {e}"))?;
+    let timeout = limits.time;
+    let mut partitions: Vec<(String, String, i32, i64, i64)> = Vec::new();
+    for (from, topic) in inputs {
+        let metadata = consumer
+            .fetch_metadata(Some(topic), timeout)
+            .map_err(|e| format!("cannot read the partitions of `{topic}`: {e}"))?;
+        for partition in metadata.topics().iter().flat_map(|t| t.partitions()) {
+            let (low, high) = consumer
+                .fetch_watermarks(topic, partition.id(), timeout)
+                .map_err(|e| format!("cannot read the offsets of `{topic}`: {e}"))?;
+            partitions.push((from.clone(), topic.clone(), partition.id(), low, high));
+        }
+    }
+    if partitions.is_empty() {
+        return Err("its inputs have no partitions (do the topics exist?)".into());
+    }
+    let share = limits.records.div_ceil(partitions.len()) as i64;
+    let mut assignment = TopicPartitionList::new();
+    let mut ends: BTreeMap<(String, i32), (String, i64)> = BTreeMap::new();
+    for (from, topic, partition, low, high) in &partitions {
+        if high <= low {
+            continue;
+        }
+        let start = (*high - share).max(*low);
+        assignment
+            .add_partition_offset(topic, *partition, Offset::Offset(start))
+            .map_err(|e| e.to_string())?;
+        ends.insert((topic.clone(), *partition), (from.clone(), *high));
+    }
+    if ends.is_empty() {
+        return Ok(Vec::new());
+    }
+    consumer
+        .assign(&assignment)
+        .map_err(|e| format!("cannot read the inputs: {e}"))?;
+    let deadline = Instant::now() + limits.time;
+    let mut records = Vec::new();
+    let mut bytes = 0u64;
+    let mut open: BTreeSet<(String, i32)> = ends.keys().cloned().collect();
+    while !open.is_empty() && records.len() < limits.records && Instant::now() < deadline {
+        let Some(message) = consumer.poll(Duration::from_millis(100)) else {
+            continue;
+        };
+        let message = message.map_err(|e| format!("reading the inputs: {e}"))?;
+        let place = (message.topic().to_owned(), message.partition());
+        let Some((from, end)) = ends.get(&place) else {
+            continue;
+        };
+        if message.offset() + 1 >= *end {
+            open.remove(&place);
+        }
+        let key = message.key().map(<[u8]>::to_vec);
+        let value = message.payload().map(<[u8]>::to_vec).unwrap_or_default();
+        bytes += (key.as_ref().map_or(0, Vec::len) + value.len()) as u64;
+        if bytes > limits.bytes {
+            break;
+        }
+        let headers = message
+            .headers()
+            .map(|headers| {
+                headers
+                    .iter()
+                    .map(|h| {
+                        (
+                            h.key.to_owned(),
+                            String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned(),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        records.push(Sampled {
+            from: from.clone(),
+            key,
+            value,
+            headers,
+        });
+    }
+    Ok(records)
 }
 
 #[cfg(test)]

@@ -141,6 +141,11 @@ enum Command {
         /// Address of the HTTP API (status, history, metrics, webhook).
         #[arg(long, default_value = "127.0.0.1:7878", value_name = "ADDR")]
         listen: std::net::SocketAddr,
+        /// Add a data diff to each watched ref's plan: every replaced or added processor's
+        /// old and new version run on the N most recent records of what feeds it where the
+        /// topology runs (as `plumber plan --sample`).
+        #[arg(long, value_name = "N")]
+        sample: Option<usize>,
         #[command(flatten)]
         step_tests: TestLimitArgs,
         #[command(flatten)]
@@ -575,6 +580,7 @@ fn run(command: Command) -> Result<ExitCode> {
             state_dir,
             listen,
             listener,
+            sample,
             step_tests,
             poll_interval,
             keep_topics,
@@ -611,6 +617,10 @@ fn run(command: Command) -> Result<ExitCode> {
             config.listen = listen;
             config.listener = listener.into();
             config.step_tests = StepTestLimits::try_from(step_tests)?;
+            config.data_diff = sample.map(|records| plumber::datadiff::SampleLimits {
+                records,
+                ..Default::default()
+            });
             config.cutover.keep_topics = keep_topics;
             config.stalled_after = std::time::Duration::from_secs(stall_timeout.max(1));
             config.wedged_after = std::time::Duration::from_secs(wedged_after.max(1));
@@ -914,13 +924,23 @@ struct PlanSettings {
     /// The slug of the preview environment to show (`--preview`).
     preview: Option<String>,
     /// Where the data diff reads its sample, and how much (`--sample`).
-    sample: Option<(rdkafka::ClientConfig, plumber::datadiff::SampleLimits)>,
+    sample: Option<(
+        std::sync::Arc<dyn plumber::kafka::Admin>,
+        plumber::datadiff::SampleLimits,
+    )>,
     /// What the step tests, and the data diff's runs, may take.
     limits: StepTestLimits,
 }
 
 impl SampleArgs {
-    fn sampling(self) -> Result<Option<(rdkafka::ClientConfig, plumber::datadiff::SampleLimits)>> {
+    fn sampling(
+        self,
+    ) -> Result<
+        Option<(
+            std::sync::Arc<dyn plumber::kafka::Admin>,
+            plumber::datadiff::SampleLimits,
+        )>,
+    > {
         let Some(records) = self.sample else {
             return Ok(None);
         };
@@ -933,10 +953,9 @@ impl SampleArgs {
             .ok()
             .filter(|t| !t.is_zero())
             .ok_or_else(|| anyhow::anyhow!("--sample-time takes a positive number of seconds"))?;
-        let mut client = rdkafka::ClientConfig::new();
-        client.set("bootstrap.servers", bootstrap);
+        let kafka = plumber::kafka::KafkaAdmin::connect(&bootstrap)?;
         Ok(Some((
-            client,
+            std::sync::Arc::new(kafka),
             plumber::datadiff::SampleLimits {
                 records,
                 bytes: self.sample_bytes,
@@ -987,11 +1006,11 @@ fn plan_command(
     });
     let from_commit = from.as_ref().map(|(c, _)| c.as_str());
     let diffs = match (&settings.sample, &planned) {
-        (Some((client, sample)), Some(planned)) => Some(plumber::datadiff::diff(
+        (Some((kafka, sample)), Some(planned)) => Some(plumber::datadiff::diff(
             planned,
             from_graphs.unwrap_or_default(),
             to_graphs.unwrap_or_default(),
-            client,
+            &|_| Ok(kafka.clone()),
             sample,
             &settings.limits,
             &to.1.masked_fields,
@@ -1049,11 +1068,7 @@ fn plan_command(
                 text.push_str(&output::preview::markdown(previews, slug));
             }
             if let Some(diffs) = &diffs {
-                // Records are the topic's, not the author's: no fence of theirs closes ours.
-                let body = plumber::datadiff::text(diffs).replace("```", "`\u{200b}``");
-                text.push_str("\n### Data diff\n\n```\n");
-                text.push_str(body.trim_start());
-                text.push_str("```\n");
+                text.push_str(&plumber::datadiff::markdown(diffs));
             }
             text
         }

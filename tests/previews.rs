@@ -61,6 +61,17 @@ struct Daemon {
 impl Daemon {
     /// `plumber up --preview-label` on `repo`'s main, with `forge` as its GitHub.
     fn start(repo: &TestRepo, broker: &Broker, forge: &Server, state: &std::path::Path) -> Daemon {
+        Daemon::start_with(repo, broker, forge, state, &[])
+    }
+
+    /// [`Daemon::start`] with more arguments for `plumber up`.
+    fn start_with(
+        repo: &TestRepo,
+        broker: &Broker,
+        forge: &Server,
+        state: &std::path::Path,
+        more: &[&str],
+    ) -> Daemon {
         let token_file = state.join("token");
         std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
         let secret_file = state.join("webhook-secret");
@@ -85,6 +96,7 @@ impl Daemon {
             .arg("--webhook-secret-file")
             .arg(&secret_file)
             .args(["--preview-label", LABEL])
+            .args(more)
             .env("PLUMBER_PROCESSOR", processor_binary())
             .env("RUST_LOG", "info,librdkafka=warn")
             .stdin(Stdio::null())
@@ -487,4 +499,121 @@ fn code_pushed_after_the_label_never_runs_until_the_pull_request_is_labelled_aga
         marker.exists()
     });
     forge.assert_clean();
+}
+
+/// The data diff of a pull request's plan (`plumber up --sample`): a pull request, not
+/// labelled (nothing of it runs), changes the running step's jq filter. Its plan and its
+/// comment say how many of the source's recent records the old and the new version pass and
+/// show records whose output changed, with the field `plumber.yaml` masks hidden even where
+/// the new code copies it; the sample was read without a group (nothing committed under the
+/// sampler's name) and the running step's group still has read everything.
+#[test]
+fn a_pull_request_s_plan_shows_what_its_step_does_to_live_records() {
+    let broker = Broker::start();
+    let source = unique("diff-in");
+    let sink = unique("diff-out");
+    broker.create_topic(&source, 2);
+    broker.create_topic(&sink, 2);
+    let repo = TestRepo::new();
+    let step = |jq: &str| {
+        write(
+            "topologies/t/steps/clean.yaml",
+            format!("kind: processor\ninput: in\njq: '{jq}'\n"),
+        )
+    };
+    let mut files = topology(&source, &sink, "main");
+    // `clean` keeps the big ones instead.
+    files[1] = step("select(.v > 9)");
+    files.push(write("plumber.yaml", "review:\n  maskFields: [card]\n"));
+    let main = repo.commit("main", "t", &files);
+    let forge = Server::start(Kind::GitHub);
+    forge.seed(8, 0, None, "");
+    forge.set_pull_request(8, PullRequestState::Open, &[]);
+    let state = tempfile::tempdir().unwrap();
+    let daemon = Daemon::start_with(&repo, &broker, &forge, state.path(), &["--sample", "50"]);
+    let running = daemon.wait_topology("t", "t runs main", |t| {
+        t["commit"] == main.to_string().as_str()
+            && t["phase"] == "idle"
+            && running_group(t, "clean").is_some()
+    });
+    let group = running_group(&running, "clean").unwrap();
+    let produced: Vec<TestRecord> = (0..40)
+        .map(|v| {
+            TestRecord::new(
+                &format!("k{v}"),
+                &format!(r#"{{"v":{v},"card":"4111-0000-{v:04}"}}"#),
+            )
+        })
+        .collect();
+    broker.produce(&source, &produced);
+    wait_until("the running step read everything", PATIENCE, || {
+        broker.committed(&group, &source, 2).values().sum::<i64>() == 40
+    });
+
+    // The pull request: a stricter filter, and the card copied under another name.
+    repo.git
+        .reference("refs/heads/pr-8", main, true, "branch")
+        .unwrap();
+    let head = repo.commit(
+        "pr-8",
+        "stricter, with a copy",
+        &[step("select(.v > 29) | . + {copy: .card}")],
+    );
+    repo.git
+        .reference("refs/pull/8/head", head, true, "pull request")
+        .unwrap();
+    let mut plan = Value::Null;
+    wait_until("the plan has its data diff", PATIENCE, || {
+        // 404 until the ref is planned.
+        plan = ureq::get(&format!("{}/api/plans/refs%2Fpull%2F8%2Fhead", daemon.api))
+            .call()
+            .ok()
+            .and_then(|mut r| r.body_mut().read_json().ok())
+            .unwrap_or_default();
+        plan["head"] == head.to_string().as_str() && plan["dataDiff"].is_array()
+    });
+    let diff = &plan["dataDiff"][0];
+    assert_eq!(diff["step"], "clean", "{plan:#}");
+    assert_eq!(diff["sampled"], 40, "{diff:#}");
+    assert_eq!(diff["old"]["passed"], 30, "{diff:#}");
+    assert_eq!(diff["new"]["passed"], 10, "{diff:#}");
+    assert_eq!(diff["changed"], 30, "{diff:#}");
+    assert_eq!(
+        diff["fieldsAppeared"],
+        serde_json::json!(["copy"]),
+        "{diff:#}"
+    );
+    assert_eq!(diff["examples"].as_array().unwrap().len(), 3, "{diff:#}");
+    assert!(!plan.to_string().contains("4111"), "{plan:#}");
+    let mut comment = String::new();
+    wait_until("the comment shows the data diff", PATIENCE, || {
+        comment = forge
+            .comments(8)
+            .into_iter()
+            .find(|c| c.body.starts_with(MARKER))
+            .map(|c| c.body)
+            .unwrap_or_default();
+        comment.contains("### Data diff")
+    });
+    for line in [
+        "  old: 30 passed (30 outputs), 10 filtered out, 0 dead-lettered",
+        "  new: 10 passed (10 outputs), 30 filtered out, 0 dead-lettered",
+        "  records whose output changed: 30",
+    ] {
+        assert!(comment.contains(line), "missing {line:?} in:\n{comment}");
+    }
+    assert!(
+        !comment.contains("4111"),
+        "a masked value is shown:\n{comment}"
+    );
+
+    // Read without a group; the running step's group is where it was.
+    assert_eq!(
+        broker.committed("plumber-plan-sample", &source, 2),
+        Default::default()
+    );
+    assert_eq!(
+        broker.committed(&group, &source, 2).values().sum::<i64>(),
+        40
+    );
 }

@@ -141,6 +141,34 @@ pub struct Config {
     /// `--case-time` and `--test-memory`); absent keys keep their defaults.
     #[serde(default)]
     pub step_tests: StepTests,
+    /// The data diff of every watched ref's plan (as `plumber plan --sample`): absent, none.
+    #[serde(default)]
+    pub data_diff: Option<DataDiff>,
+}
+
+/// `dataDiff`: [`crate::datadiff::SampleLimits`], each key optional.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DataDiff {
+    /// The most recent records read of what feeds each replaced or added step (100).
+    pub records: Option<usize>,
+    /// Bytes of keys and values read per step (8 MiB).
+    pub bytes: Option<u64>,
+    /// Time to read one step's records (`10s`).
+    #[serde(default, deserialize_with = "some_duration")]
+    pub time: Option<Duration>,
+}
+
+impl DataDiff {
+    /// The limits, defaults where a key is absent.
+    pub fn limits(&self) -> crate::datadiff::SampleLimits {
+        let default = crate::datadiff::SampleLimits::default();
+        crate::datadiff::SampleLimits {
+            records: self.records.unwrap_or(default.records),
+            bytes: self.bytes.unwrap_or(default.bytes),
+            time: self.time.unwrap_or(default.time),
+        }
+    }
 }
 
 /// `stepTests`: [`crate::steptest::Limits`], each key optional.
@@ -549,6 +577,13 @@ impl Config {
                 self.step_tests.case_time.is_some_and(|t| t.is_zero()),
             ),
             ("stepTests.memory", self.step_tests.memory == Some(0)),
+            (
+                "dataDiff.time",
+                self.data_diff
+                    .as_ref()
+                    .and_then(|d| d.time)
+                    .is_some_and(|t| t.is_zero()),
+            ),
         ] {
             if zero {
                 return Err(invalid(field, "must be more than 0".into()));

@@ -121,6 +121,9 @@ pub struct DaemonConfig {
     /// What running a commit's step tests may take; a commit whose tests fail, or do not
     /// finish within it, is not applied ([`crate::steptest`]).
     pub step_tests: crate::steptest::Limits,
+    /// The data diff of every ref plan ([`crate::datadiff`]): how much of what feeds each
+    /// replaced or added step is read; `None`: no data diff.
+    pub data_diff: Option<crate::datadiff::SampleLimits>,
 }
 
 impl DaemonConfig {
@@ -167,6 +170,7 @@ impl DaemonConfig {
                 origin: "no Secret is allowed for steps".into(),
             },
             step_tests: crate::steptest::Limits::default(),
+            data_diff: None,
         }
     }
 }

@@ -328,6 +328,11 @@ impl TreeValidation {
         &self.settings.settings.clusters
     }
 
+    /// The record fields a review never shows (`plumber.yaml`'s `review.maskFields`).
+    pub fn masked_fields(&self) -> &[String] {
+        &self.settings.settings.masked_fields
+    }
+
     /// What [`crate::validate`] says of the tree's files.
     pub fn to_validation(&self) -> Validation {
         let mut diagnostics: Vec<Diagnostic> = self.settings.diagnostics.clone();

@@ -87,6 +87,10 @@ pub struct RefPlan {
     /// What [`RefPlan::markdown_within`] shortens (`None`: the ref cannot be planned).
     #[serde(skip)]
     review: Option<Review>,
+    /// What the change does to the records that feed its replaced and added steps (the
+    /// daemon's `dataDiff`; empty without it).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub data_diff: Vec<crate::datadiff::StepDiff>,
 }
 
 /// A topology of a ref's preview environment, as `GET /api/plans/{ref}` lists it.
@@ -173,6 +177,7 @@ impl RefPlan {
             preview_markdown: String::new(),
             fingerprint: String::new(),
             review: None,
+            data_diff: Vec::new(),
         }
     }
 
@@ -736,6 +741,7 @@ impl Planner {
             preview_markdown: String::new(),
             fingerprint: String::new(),
             review: None,
+            data_diff: Vec::new(),
         };
         let merged = match repository.merge_tree(inputs.base, inputs.head)? {
             MergeTree::Conflicts(paths) => {
@@ -823,10 +829,20 @@ impl Planner {
             "\n<sub>Merge preview of `{name}` into `{branch}` ({}), planned against what runs now.</sub>\n",
             crate::output::short_commit(&plan.base),
         );
-        plan.markdown = crate::output::plan::markdown(&whole, &new_graphs, &old_graphs) + &footer;
+        let base = trees.validate(&repository, repository.tree_of(inputs.base)?, inputs.base)?;
+        if let Some(sample) = &context.config.data_diff {
+            plan.data_diff = self.data_diff(context, &whole, &new_graphs, &old_graphs, sample, {
+                // The branch's masks hold whatever the change does to `plumber.yaml`.
+                let mut masked = base.masked_fields().to_vec();
+                masked.extend(merged.masked_fields().iter().cloned());
+                masked
+            });
+        }
+        plan.markdown = crate::output::plan::markdown(&whole, &new_graphs, &old_graphs)
+            + &crate::datadiff::markdown(&plan.data_diff)
+            + &footer;
         plan.topologies = whole.topologies;
         plan.keep_topics = whole.keep_topics;
-        let base = trees.validate(&repository, repository.tree_of(inputs.base)?, inputs.base)?;
         plan.review = Some(Review {
             new_graphs,
             old_graphs,
@@ -835,6 +851,37 @@ impl Planner {
             base_clusters: base.clusters().clone(),
         });
         Ok(plan)
+    }
+
+    /// The data diff of `whole`: records read where each topology runs now.
+    fn data_diff(
+        &self,
+        context: &Context,
+        whole: &Plan,
+        new_graphs: &[Topology],
+        old_graphs: &[Topology],
+        sample: &crate::datadiff::SampleLimits,
+        masked: Vec<String>,
+    ) -> Vec<crate::datadiff::StepDiff> {
+        let running = self.running.as_ref();
+        let kafka = |topology: &Topology| {
+            let bootstrap = running
+                .and_then(|r| r.topologies.get(&topology.name))
+                .and_then(|t| t.record.bootstrap.clone())
+                .ok_or_else(|| "not sampled: the topology runs nowhere yet".to_owned())?;
+            context
+                .admin(crate::daemon::AdminUse::Observe, &bootstrap)
+                .map_err(|e| format!("not sampled: {e}"))
+        };
+        crate::datadiff::diff(
+            whole,
+            old_graphs,
+            new_graphs,
+            &kafka,
+            sample,
+            &context.config.step_tests,
+            &masked,
+        )
     }
 
     /// The `CODEOWNERS` of `base`, read once per base.
