@@ -47,6 +47,9 @@ pub struct StepDiff {
     /// way round.
     pub fields_appeared: Vec<String>,
     pub fields_vanished: Vec<String>,
+    /// Milliseconds reading the sample took, and running both versions on it.
+    pub read_ms: u64,
+    pub run_ms: u64,
     /// Why the step was not sampled or not run, when it was not.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
@@ -118,6 +121,8 @@ pub fn diff(
                 new_dead_letter_kinds: Vec::new(),
                 fields_appeared: Vec::new(),
                 fields_vanished: Vec::new(),
+                read_ms: 0,
+                run_ms: 0,
                 note: None,
             };
             let filled = kafka(graph).and_then(|kafka| {
@@ -169,9 +174,11 @@ fn fill(
         inputs.push((name.clone(), topic));
     }
     diff.topics = inputs.iter().map(|(_, t)| t.clone()).collect();
+    let reading = std::time::Instant::now();
     let records = kafka
         .recent_records(&inputs, sample)
         .map_err(|why| format!("not sampled: {why}"))?;
+    let read = reading.elapsed();
     diff.sampled = records.len();
     let job = |template: &Job, record: &Sampled| {
         template.with_record(
@@ -188,7 +195,10 @@ fn fill(
     if let Some(old_job) = &old_job {
         jobs.extend(records.iter().map(|r| job(old_job, r)));
     }
+    let running = std::time::Instant::now();
     let ran = execute(&jobs, limits);
+    diff.read_ms = read.as_millis() as u64;
+    diff.run_ms = running.elapsed().as_millis() as u64;
     let (new_ran, old_ran) = ran.split_at(records.len());
     diff.new = Some(tally(new_ran));
     let old_ran = (old_job.is_some()).then_some(old_ran);

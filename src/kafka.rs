@@ -856,14 +856,19 @@ fn read_recent(
     if partitions.is_empty() {
         return Err("its inputs have no partitions (do the topics exist?)".into());
     }
-    let share = limits.records.div_ceil(partitions.len()) as i64;
+    // An even share of the records per partition; what a short partition leaves goes to
+    // the others.
+    partitions.retain(|(_, _, _, low, high)| high > low);
+    partitions.sort_by_key(|(_, _, _, low, high)| high - low);
+    let mut left = limits.records as i64;
     let mut assignment = TopicPartitionList::new();
     let mut ends: BTreeMap<(String, i32), (String, i64)> = BTreeMap::new();
-    for (from, topic, partition, low, high) in &partitions {
-        if high <= low {
-            continue;
-        }
-        let start = (*high - share).max(*low);
+    let count = partitions.len() as i64;
+    for (i, (from, topic, partition, low, high)) in partitions.iter().enumerate() {
+        let share = (left + (count - i as i64) - 1) / (count - i as i64);
+        let take = share.min(high - low);
+        left -= take;
+        let start = high - take;
         assignment
             .add_partition_offset(topic, *partition, Offset::Offset(start))
             .map_err(|e| e.to_string())?;

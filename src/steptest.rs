@@ -355,6 +355,11 @@ impl Job {
         })
     }
 
+    /// Whether `other` runs the same step (transform, env and inputs).
+    fn same_step(&self, other: &Job) -> bool {
+        self.transform == other.transform && self.env == other.env && self.inputs == other.inputs
+    }
+
     /// This job's step on one record, read from input step `from`.
     pub(crate) fn with_record(
         &self,
@@ -568,14 +573,34 @@ pub fn serve_worker(memory: u64, case_time: Duration) -> std::io::Result<()> {
         .spawn(move || -> std::io::Result<()> {
             let stdin = std::io::stdin().lock();
             let mut stdout = std::io::stdout().lock();
+            // The last step compiled, kept while the jobs are of the same step (a data diff
+            // runs one version on many records): the steps run here keep no state between
+            // records.
+            let mut compiled: Option<(Job, Box<dyn transform::Transform>)> = None;
             for line in stdin.lines() {
                 let answer: Answer = match serde_json::from_str::<Job>(&line?) {
-                    Ok(job) => apply(&job, case_time),
+                    Ok(job) => {
+                        let same = compiled.as_ref().is_some_and(|(of, _)| of.same_step(&job));
+                        if !same {
+                            compiled = match compile(&job) {
+                                Ok(transform) => Some((
+                                    job.with_record(String::new(), None, Vec::new(), Vec::new()),
+                                    transform,
+                                )),
+                                Err(why) => {
+                                    write_answer(&mut stdout, &Err(why))?;
+                                    continue;
+                                }
+                            };
+                        }
+                        match compiled.as_mut() {
+                            Some((_, transform)) => apply(transform.as_mut(), &job, case_time),
+                            None => Err("nothing compiled".into()),
+                        }
+                    }
                     Err(error) => Err(format!("an unreadable job: {error}")),
                 };
-                serde_json::to_writer(&mut stdout, &answer)?;
-                stdout.write_all(b"\n")?;
-                stdout.flush()?;
+                write_answer(&mut stdout, &answer)?;
             }
             Ok(())
         })?;
@@ -584,8 +609,14 @@ pub fn serve_worker(memory: u64, case_time: Duration) -> std::io::Result<()> {
         .unwrap_or_else(|_| Err(std::io::Error::other("the worker thread panicked")))
 }
 
-fn apply(job: &Job, case_time: Duration) -> Answer {
-    let mut transform: Box<dyn transform::Transform> = match &job.transform {
+fn write_answer(out: &mut impl std::io::Write, answer: &Answer) -> std::io::Result<()> {
+    serde_json::to_writer(&mut *out, answer)?;
+    out.write_all(b"\n")?;
+    out.flush()
+}
+
+fn compile(job: &Job) -> Result<Box<dyn transform::Transform>, String> {
+    Ok(match &job.transform {
         Transform::Jq { program } => Box::new(
             transform::jq::Jq::compile_with_env(program, job.env.clone())
                 .map_err(|e| e.to_string())?,
@@ -602,7 +633,10 @@ fn apply(job: &Job, case_time: Duration) -> Answer {
             )
         }
         other => return Err(format!("a {} step is not run here", other.kind())),
-    };
+    })
+}
+
+fn apply(transform: &mut dyn transform::Transform, job: &Job, case_time: Duration) -> Answer {
     let headers: Vec<(String, Vec<u8>)> = job
         .headers
         .iter()
