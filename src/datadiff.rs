@@ -320,14 +320,14 @@ fn lines(ran: &Ran, mask: &Mask<'_>) -> Vec<String> {
 /// What a review hides of one sampled record: the masked fields by name, at any depth, and
 /// in its outputs also the values those fields held (a step may copy a value to a field of
 /// another name).
-struct Mask<'m> {
+pub(crate) struct Mask<'m> {
     fields: &'m [String],
     /// The masked fields' values in the input: strings of 4 or more characters, and numbers.
     values: Vec<serde_json::Value>,
 }
 
 impl<'m> Mask<'m> {
-    fn of(input: &[u8], fields: &'m [String]) -> Mask<'m> {
+    pub(crate) fn of(input: &[u8], fields: &'m [String]) -> Mask<'m> {
         let mut values = Vec::new();
         if !fields.is_empty()
             && let Ok(json) = serde_json::from_slice::<serde_json::Value>(input)
@@ -340,7 +340,7 @@ impl<'m> Mask<'m> {
     /// A value as a review shows it: JSON with what is masked replaced by `"***"`. A value
     /// that is not JSON cannot be masked field by field: with masked fields, only its size is
     /// shown.
-    fn shown(&self, value: &[u8]) -> String {
+    pub(crate) fn shown(&self, value: &[u8]) -> String {
         match serde_json::from_slice::<serde_json::Value>(value) {
             Ok(mut json) => {
                 self.hide(&mut json);
@@ -352,6 +352,18 @@ impl<'m> Mask<'m> {
                 value.len()
             ),
         }
+    }
+
+    /// A text (a header's value) as a review shows it: `"***"` when it holds a masked value.
+    pub(crate) fn shown_text(&self, text: &str) -> String {
+        let mut value = serde_json::Value::String(text.to_owned());
+        self.hide(&mut value);
+        value.as_str().unwrap_or_default().to_owned()
+    }
+
+    /// Whether keys are masked (`_key` among the fields).
+    pub(crate) fn hides_keys(&self) -> bool {
+        self.fields.iter().any(|f| f == "_key")
     }
 
     fn hide(&self, value: &mut serde_json::Value) {

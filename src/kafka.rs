@@ -817,6 +817,11 @@ impl Default for SampleLimits {
 pub struct Sampled {
     /// The input step it feeds the processor from.
     pub from: String,
+    pub topic: String,
+    pub partition: i32,
+    pub offset: i64,
+    /// Milliseconds since the epoch, when the record has a timestamp.
+    pub timestamp: Option<i64>,
     pub key: Option<Vec<u8>>,
     pub value: Vec<u8>,
     pub headers: Vec<(String, String)>,
@@ -918,6 +923,10 @@ fn read_recent(
             .unwrap_or_default();
         records.push(Sampled {
             from: from.clone(),
+            topic: message.topic().to_owned(),
+            partition: message.partition(),
+            offset: message.offset(),
+            timestamp: message.timestamp().to_millis(),
             key,
             value,
             headers,

@@ -506,7 +506,9 @@ fn code_pushed_after_the_label_never_runs_until_the_pull_request_is_labelled_aga
 /// comment say how many of the source's recent records the old and the new version pass and
 /// show records whose output changed, with the field `plumber.yaml` masks hidden even where
 /// the new code copies it; the sample was read without a group (nothing committed under the
-/// sampler's name) and the running step's group still has read everything.
+/// sampler's name) and the running step's group still has read everything. Then
+/// `GET /api/records/t/clean` shows what the running step wrote lately and its dead letter
+/// with its reason, masked the same way.
 #[test]
 fn a_pull_request_s_plan_shows_what_its_step_does_to_live_records() {
     let broker = Broker::start();
@@ -615,5 +617,53 @@ fn a_pull_request_s_plan_shows_what_its_step_does_to_live_records() {
     assert_eq!(
         broker.committed(&group, &source, 2).values().sum::<i64>(),
         40
+    );
+
+    // What the running step wrote lately, and its dead letters with why, on demand.
+    broker.produce(&source, &[TestRecord::new("bad", "not json")]);
+    let mut tail = Value::Null;
+    wait_until("the dead letter is shown", PATIENCE, || {
+        tail = ureq::get(&format!("{}/api/records/t/clean?limit=5", daemon.api))
+            .call()
+            .ok()
+            .and_then(|mut r| r.body_mut().read_json().ok())
+            .unwrap_or_default();
+        tail["deadLetters"]
+            .as_array()
+            .is_some_and(|d| !d.is_empty())
+    });
+    assert_eq!(tail["topics"], serde_json::json!([sink]), "{tail:#}");
+    let records = tail["records"].as_array().unwrap();
+    assert_eq!(records.len(), 5, "{tail:#}");
+    assert!(
+        records
+            .iter()
+            .all(|r| r["value"].as_str().unwrap().contains(r#""card":"***""#)),
+        "{tail:#}"
+    );
+    let dead = &tail["deadLetters"][0];
+    assert!(
+        dead["headers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|h| h[0] == "plumber.error.kind" && h[1] == "invalid-json"),
+        "{tail:#}"
+    );
+    assert!(!tail.to_string().contains("4111"), "{tail:#}");
+    let missing = ureq::get(&format!("{}/api/records/t/nope", daemon.api)).call();
+    assert!(
+        matches!(missing, Err(ureq::Error::StatusCode(404))),
+        "{missing:?}"
+    );
+    let too_many = ureq::get(&format!("{}/api/records/t/clean?limit=1000", daemon.api)).call();
+    assert!(
+        matches!(too_many, Err(ureq::Error::StatusCode(400))),
+        "{too_many:?}"
+    );
+    // Still nothing committed by any reader but the step.
+    assert_eq!(
+        broker.committed("plumber-plan-sample", &source, 2),
+        Default::default()
     );
 }

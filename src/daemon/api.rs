@@ -1,5 +1,6 @@
 //! The daemon's HTTP API (SPEC §6): `GET /metrics`, `GET /api/status`, `GET /api/history`,
-//! `GET /api/plans`, `GET /api/plans/{ref}` (`?format=markdown[&limit=N]`), `GET /api/events`
+//! `GET /api/plans`, `GET /api/plans/{ref}` (`?format=markdown[&limit=N]`),
+//! `GET /api/records/{topology}/{step}` (`?limit=N`), `GET /api/events`
 //! (Server-Sent Events, gzipped event by event for clients that accept it), `POST /hooks/git`
 //! ([`super::hooks`]) and the web page. Every other response is gzipped for clients that
 //! accept it too. Handlers only read the status store, the plans and the state directory; the
@@ -38,6 +39,8 @@ struct Api {
     streams: Arc<Semaphore>,
     streams_warning: Arc<Throttle>,
     hooks: Arc<Hooks>,
+    /// One read of a step's records at a time (`GET /api/records/…`).
+    tails: Arc<Semaphore>,
 }
 
 impl Api {
@@ -84,6 +87,7 @@ impl Server {
             .route("/api/history", get(history))
             .route("/api/plans", get(plans))
             .route("/api/plans/{*name}", get(plan_of))
+            .route("/api/records/{topology}/{step}", get(records))
             .route("/api/events", get(events))
             .route("/hooks/git", post(hook))
             .merge(crate::web::routes())
@@ -96,6 +100,7 @@ impl Server {
                 stopping: stopping.clone(),
                 streams: Arc::new(Semaphore::new(limits.max_event_streams)),
                 streams_warning: Arc::default(),
+                tails: Arc::new(Semaphore::new(1)),
                 hooks: Arc::new(Hooks::new(limits.max_webhook_body, limits.header_timeout)),
             });
         let front = Arc::new(Front::new(
@@ -245,6 +250,66 @@ async fn plan_of(
             axum::Json(serde_json::json!({
                 "error": format!("unknown format `{other}`; use json or markdown"),
             })),
+        )
+            .into_response(),
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct RecordsQuery {
+    /// Records of each kind (written, dead letters); 10 by default.
+    limit: Option<usize>,
+}
+
+/// `GET /api/records/{topology}/{step}?limit=N` ([`super::tail`]): one read at a time.
+async fn records(
+    State(api): State<Api>,
+    Path((topology, step)): Path<(String, String)>,
+    Query(query): Query<RecordsQuery>,
+) -> Response {
+    use super::tail::{MAX_RECORDS, TailError};
+    let limit = query.limit.unwrap_or(10);
+    if limit == 0 || limit > MAX_RECORDS {
+        return (
+            StatusCode::BAD_REQUEST,
+            axum::Json(serde_json::json!({
+                "error": format!("`limit` is 1 to {MAX_RECORDS} records, not {limit}"),
+            })),
+        )
+            .into_response();
+    }
+    let Ok(permit) = api.tails.clone().try_acquire_owned() else {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(header::RETRY_AFTER, "1")],
+            axum::Json(serde_json::json!({
+                "error": "another read of records is in progress (one at a time); ask again",
+            })),
+        )
+            .into_response();
+    };
+    let context = api.context.clone();
+    // Kafka reads block: never on one of the listener's threads.
+    let read = tokio::task::spawn_blocking(move || {
+        let _permit = permit;
+        context.step_records(&topology, &step, limit)
+    });
+    match read.await {
+        Ok(Ok(records)) => axum::Json(records).into_response(),
+        Ok(Err(error @ TailError::NotFound(_))) => (
+            StatusCode::NOT_FOUND,
+            axum::Json(serde_json::json!({ "error": error.to_string() })),
+        )
+            .into_response(),
+        Ok(Err(error @ TailError::Unavailable(_))) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(header::RETRY_AFTER, "5")],
+            axum::Json(serde_json::json!({ "error": error.to_string() })),
+        )
+            .into_response(),
+        Err(error) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("reading the records failed: {error}"),
         )
             .into_response(),
     }

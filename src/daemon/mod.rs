@@ -26,6 +26,7 @@ mod resource;
 pub mod review;
 pub mod revisions;
 pub mod status;
+pub mod tail;
 pub mod watch;
 mod worker;
 

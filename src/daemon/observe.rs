@@ -766,6 +766,7 @@ mod tests {
             topologies: vec![new.clone()],
             clusters: BTreeMap::new(),
             checkout: state.path().join("c2"),
+            masked_fields: Vec::new(),
         });
         let old_life = deployed("t").deployment.lives.remove(0);
         let new_life = Deployment::of(&new).lives.remove(0);

@@ -24,6 +24,8 @@ pub struct Revision {
     pub topologies: Vec<Topology>,
     pub clusters: BTreeMap<String, ClusterSpec>,
     pub checkout: PathBuf,
+    /// The record fields a review never shows (`plumber.yaml`'s `review.maskFields`).
+    pub masked_fields: Vec<String>,
 }
 
 impl Revision {
@@ -173,6 +175,7 @@ impl Revisions {
             topologies,
             clusters: validation.clusters,
             checkout,
+            masked_fields: validation.masked_fields,
         });
         let mut cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
         // Any revision can be loaded again from git: the cache only saves work.

@@ -778,6 +778,7 @@ impl Previews {
             topologies: Vec::new(),
             clusters: clusters.clone(),
             checkout,
+            masked_fields: Vec::new(),
         };
         // Its cluster must resolve before the worker has it; its shadow topics are the
         // engine's to create, as the worker moves the preview.
@@ -873,6 +874,7 @@ impl Previews {
             topologies: Vec::new(),
             clusters: BTreeMap::new(),
             checkout: std::path::PathBuf::new(),
+            masked_fields: Vec::new(),
         }));
     }
 
