@@ -119,6 +119,10 @@ await page.goto(base + '#/plans');
 await page.waitForSelector('[data-plan]');
 ok(await page.locator('[data-plan]').count() === 2, 'two plans');
 ok((await page.locator('[data-plan="refs/heads/fix-fx-timeout"] [data-error]').first().textContent()).includes('topologies/billing/steps/fx.yaml:12'), 'invalid plan error with file:line');
+const diff = page.locator('[data-plan="refs/pull/42/head"] [data-diff-step="enrich"]');
+ok((await diff.locator('[data-version="new"]').textContent()) === 'new: 90 passed (90 outputs), 0 filtered out, 10 dead-lettered (invalid-json 3, jq-error 7)', 'data diff: the new version\'s tally');
+ok((await diff.locator('table.examples tbody tr').count()) === 1 && (await diff.textContent()).includes('new dead-letter kinds: jq-error'), 'data diff: an example and the new dead-letter kind');
+ok((await page.locator('[data-plan="refs/pull/42/head"] [data-diff-step="geo"]').textContent()).includes('not sampled'), 'data diff: why a step was not sampled');
 ok(await page.locator('[data-plan="refs/pull/42/head"] [data-change="added"]').count() === 1, 'plan diagram marks added steps');
 
 await page.goto(base + '#/topology/billing');

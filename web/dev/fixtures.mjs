@@ -220,6 +220,17 @@ export function plans() {
     {
       ref: 'refs/pull/42/head', head: C.pr42, base: C.base, from: C.next,
       valid: true, validAlone: true, conflicts: [], errors: [], preview: false, previews: [], pullRequest: 42, keepTopics: false,
+      dataDiff: [
+        {
+          topology: 'telemetry', step: 'enrich', change: 'replaced', topics: ['devices.registry'], sampled: 100,
+          old: { passed: 97, filtered: 0, outputs: 97, deadLettered: { 'invalid-json': 3 }, failed: 0 },
+          new: { passed: 90, filtered: 0, outputs: 90, deadLettered: { 'invalid-json': 3, 'jq-error': 7 }, failed: 0 },
+          changed: 97, newDeadLetterKinds: ['jq-error'], fieldsAppeared: ['cell'], fieldsVanished: [],
+          examples: [{ key: 'dev-7', input: '{"lat":52.5,"serial":"***"}', old: ['{"lat":52.5,"serial":"***"}'], new: ['{"cell":52,"lat":52.5,"serial":"***"}'] }],
+          readMs: 120, runMs: 15,
+        },
+        { topology: 'telemetry', step: 'geo', change: 'added', topics: [], sampled: 0, changed: 0, examples: [], newDeadLetterKinds: [], fieldsAppeared: [], fieldsVanished: [], readMs: 0, runMs: 0, note: 'not sampled: it reads `clean`, whose topic is new' },
+      ],
       topologies: [
         { name: 'billing', change: 'unchanged', cutover: 'parallel', cluster: 'main', steps: [], actions: [] },
         {

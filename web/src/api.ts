@@ -162,6 +162,32 @@ export interface TopologyPlan {
   keptTopics?: string[];
 }
 
+// What one version of a step did with a plan's sample (src/datadiff.rs `Tally`).
+export interface Tally {
+  passed: number;
+  filtered: number;
+  outputs: number;
+  deadLettered: Record<string, number>;
+  failed: number;
+}
+
+// The data diff of one replaced or added processor (src/datadiff.rs `StepDiff`).
+export interface StepDiff {
+  topology: string;
+  step: string;
+  change: string;
+  topics: string[];
+  sampled: number;
+  old?: Tally;
+  new?: Tally;
+  changed: number;
+  examples: { key: string | null; input: string; old: string[]; new: string[] }[];
+  newDeadLetterKinds: string[];
+  fieldsAppeared: string[];
+  fieldsVanished: string[];
+  note?: string;
+}
+
 export interface RefPlan {
   ref: string;
   head: string;
@@ -175,6 +201,7 @@ export interface RefPlan {
   preview?: boolean;
   pullRequest?: number | null;
   keepTopics?: boolean;
+  dataDiff?: StepDiff[];
 }
 
 async function getJson<T>(path: string): Promise<T> {

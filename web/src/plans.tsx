@@ -1,4 +1,4 @@
-import type { PlanStep, RefPlan, TopologyPlan } from './api';
+import type { PlanStep, RefPlan, StepDiff, Tally, TopologyPlan } from './api';
 import { Commit, PlaceLink, Text, slug } from './components';
 import { Dag } from './dag';
 import type { DagNode } from './dag';
@@ -45,6 +45,70 @@ export function planNodes(t: TopologyPlan): DagNode[] {
   });
 }
 
+// `30 passed (30 outputs), 10 filtered out, 1 dead-lettered (invalid-json 1)`, as
+// `plumber plan --sample` prints it (src/datadiff.rs `Tally::summary`).
+function tally(t: Tally): string {
+  const kinds = Object.entries(t.deadLettered ?? {});
+  const dead = kinds.reduce((n, [, c]) => n + c, 0);
+  let text = `${t.passed} passed (${t.outputs} outputs), ${t.filtered} filtered out, ${dead} dead-lettered`;
+  if (dead > 0) text += ` (${kinds.map(([k, c]) => `${k} ${c}`).join(', ')})`;
+  if (t.failed > 0) text += `, ${t.failed} not run`;
+  return text;
+}
+
+function DataDiffView(props: { d: StepDiff }) {
+  const { d } = props;
+  return (
+    <details class="data-diff" data-diff-step={d.step} open>
+      <summary>
+        Data diff of <code>{d.step}</code>
+        {d.note ? '' : `: ${d.sampled} records from ${d.topics.join(', ')}`}
+      </summary>
+      {d.note ? (
+        <p class="muted small">{d.note}</p>
+      ) : (
+        <>
+          <ul class="plain small">
+            {d.old ? <li data-version="old">old: {tally(d.old)}</li> : null}
+            {d.new ? <li data-version="new">new: {tally(d.new)}</li> : null}
+            {d.old ? <li>records whose output changed: {d.changed}</li> : null}
+            {d.newDeadLetterKinds.length ? <li>new dead-letter kinds: {d.newDeadLetterKinds.join(', ')}</li> : null}
+            {d.fieldsAppeared.length ? <li>fields appeared: {d.fieldsAppeared.join(', ')}</li> : null}
+            {d.fieldsVanished.length ? <li>fields vanished: {d.fieldsVanished.join(', ')}</li> : null}
+          </ul>
+          {d.examples.length ? (
+            <table class="examples small">
+              <thead>
+                <tr>
+                  <th scope="col">record</th>
+                  <th scope="col">old</th>
+                  <th scope="col">new</th>
+                </tr>
+              </thead>
+              <tbody>
+                {d.examples.map((e, i) => (
+                  <tr key={i}>
+                    <td>
+                      {e.key != null ? <span class="muted">{e.key}: </span> : null}
+                      <code>{e.input}</code>
+                    </td>
+                    <td>
+                      <code>{e.old.join('\n')}</code>
+                    </td>
+                    <td>
+                      <code>{e.new.join('\n')}</code>
+                    </td>
+                  </tr>
+                ))}
+              </tbody>
+            </table>
+          ) : null}
+        </>
+      )}
+    </details>
+  );
+}
+
 function TopologyPlanView(props: { t: TopologyPlan; plan: RefPlan; level: 3 | 4; link: boolean }) {
   const { t, plan } = props;
   const H = props.level === 3 ? 'h3' : 'h4';
@@ -80,6 +144,11 @@ function TopologyPlanView(props: { t: TopologyPlan; plan: RefPlan; level: 3 | 4;
           Kept (not deleted): {t.keptTopics.map((k) => <code key={k}>{k} </code>)}
         </p>
       ) : null}
+      {(plan.dataDiff ?? [])
+        .filter((d) => d.topology === t.name)
+        .map((d) => (
+          <DataDiffView key={d.step} d={d} />
+        ))}
     </div>
   );
 }
