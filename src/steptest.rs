@@ -8,9 +8,9 @@
 //! killed with its process after [`Limits::case_time`], one that takes all memory fails
 //! against the worker's address-space limit, and the whole run stops at [`Limits::time`].
 //!
-//! jq steps and per-record `sql` steps run. Stateful `sql` steps (GROUP BY, JOIN), exec and
-//! http steps are reported as not run, with why: they need state, a table, a child process or
-//! a server that a test of one record does not have yet.
+//! jq steps and `sql` steps run, a stateful one (GROUP BY) on a case's records in order from
+//! empty state. `sql` steps with JOIN, exec and http steps are reported as not run, with why:
+//! they need a table, a child process or a server that a case does not have yet.
 
 use std::io::{BufRead as _, BufReader, Read as _, Write as _};
 use std::path::PathBuf;
@@ -104,7 +104,7 @@ pub(crate) struct Produced {
     pub(crate) headers: Vec<(String, Vec<u8>)>,
 }
 
-/// One case as the worker runs it: the step's transform and one input record.
+/// One case as the worker runs it: the step's transform and its input records, in order.
 #[derive(Debug, Serialize, Deserialize)]
 pub(crate) struct Job {
     transform: Transform,
@@ -112,11 +112,19 @@ pub(crate) struct Job {
     env: Vec<(String, String)>,
     /// Its input steps, in name order; each read from a topic of its own name.
     inputs: Vec<String>,
-    /// The input the record comes from.
-    from: String,
-    key: Option<String>,
-    value: Vec<u8>,
-    headers: Vec<(String, String)>,
+    records: Vec<JobRecord>,
+}
+
+/// An input record of a job.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct JobRecord {
+    /// The input step it comes from.
+    pub(crate) from: String,
+    pub(crate) key: Option<String>,
+    pub(crate) value: Vec<u8>,
+    pub(crate) headers: Vec<(String, String)>,
+    /// Its Kafka timestamp, ms.
+    pub(crate) timestamp: Option<i64>,
 }
 
 /// What the worker answers for a job: what the record became, or why it could not run.
@@ -285,29 +293,33 @@ fn job(graph: &Topology, step: &str, case: &Case) -> Result<Job, Verdict> {
         why: format!("the topology has no step `{step}`"),
     })?;
     let template = Job::of_step(graph, id).map_err(|why| Verdict::NotRun {
-        why: format!("{why}: `plumber test` runs jq and per-record sql steps, not yet these"),
+        why: format!("{why}: `plumber test` does not run these yet"),
     })?;
-    let record = &case.input;
-    let from = record
-        .from
-        .clone()
-        .or_else(|| template.inputs.first().cloned())
-        .unwrap_or_default();
-    if !template.inputs.contains(&from) {
-        return Err(Verdict::Failed {
-            expected: vec![format!(
-                "an input from one of the step's inputs: {}",
-                template.inputs.join(", ")
-            )],
-            actual: vec![format!("`from: {from}`")],
+    let mut records = Vec::with_capacity(case.inputs.len());
+    for record in &case.inputs {
+        let from = record
+            .from
+            .clone()
+            .or_else(|| template.inputs.first().cloned())
+            .unwrap_or_default();
+        if !template.inputs.contains(&from) {
+            return Err(Verdict::Failed {
+                expected: vec![format!(
+                    "an input from one of the step's inputs: {}",
+                    template.inputs.join(", ")
+                )],
+                actual: vec![format!("`from: {from}`")],
+            });
+        }
+        records.push(JobRecord {
+            from,
+            key: record.key.clone(),
+            value: record.value.bytes(),
+            headers: record.headers.clone().unwrap_or_default(),
+            timestamp: record.timestamp,
         });
     }
-    Ok(template.with_record(
-        from,
-        record.key.clone(),
-        record.value.bytes(),
-        record.headers.clone().unwrap_or_default(),
-    ))
+    Ok(template.with_records(records))
 }
 
 impl Job {
@@ -319,13 +331,9 @@ impl Job {
         };
         match transform {
             Transform::Jq { .. } => {}
-            Transform::Sql {
-                state: None,
-                table: None,
-                ..
-            } => {}
+            Transform::Sql { table: None, .. } => {}
             Transform::Sql { .. } => {
-                return Err("a stateful sql step (GROUP BY or JOIN) keeps state or a table".into());
+                return Err("a sql step with JOIN reads a table".into());
             }
             Transform::Exec { .. } | Transform::Http { .. } => {
                 return Err(format!(
@@ -348,11 +356,13 @@ impl Job {
                 .into_iter()
                 .map(|i| graph.step(i).name.clone())
                 .collect(),
-            from: String::new(),
-            key: None,
-            value: Vec::new(),
-            headers: Vec::new(),
+            records: Vec::new(),
         })
+    }
+
+    /// Whether the step keeps state between records (`GROUP BY`): its records are one case.
+    pub(crate) fn stateful(&self) -> bool {
+        matches!(self.transform, Transform::Sql { state: Some(_), .. })
     }
 
     /// Whether `other` runs the same step (transform, env and inputs).
@@ -360,22 +370,13 @@ impl Job {
         self.transform == other.transform && self.env == other.env && self.inputs == other.inputs
     }
 
-    /// This job's step on one record, read from input step `from`.
-    pub(crate) fn with_record(
-        &self,
-        from: String,
-        key: Option<String>,
-        value: Vec<u8>,
-        headers: Vec<(String, String)>,
-    ) -> Job {
+    /// This job's step on `records`.
+    pub(crate) fn with_records(&self, records: Vec<JobRecord>) -> Job {
         Job {
             transform: self.transform.clone(),
             env: self.env.clone(),
             inputs: self.inputs.clone(),
-            from,
-            key,
-            value,
-            headers,
+            records,
         }
     }
 }
@@ -574,19 +575,18 @@ pub fn serve_worker(memory: u64, case_time: Duration) -> std::io::Result<()> {
             let stdin = std::io::stdin().lock();
             let mut stdout = std::io::stdout().lock();
             // The last step compiled, kept while the jobs are of the same step (a data diff
-            // runs one version on many records): the steps run here keep no state between
-            // records.
-            let mut compiled: Option<(Job, Box<dyn transform::Transform>)> = None;
+            // runs one version on many records). A stateful step starts each job from empty
+            // state, so it is compiled again for each.
+            let mut compiled: Option<(Job, Compiled)> = None;
             for line in stdin.lines() {
                 let answer: Answer = match serde_json::from_str::<Job>(&line?) {
                     Ok(job) => {
-                        let same = compiled.as_ref().is_some_and(|(of, _)| of.same_step(&job));
+                        let same = compiled
+                            .as_ref()
+                            .is_some_and(|(of, _)| of.same_step(&job) && !job.stateful());
                         if !same {
                             compiled = match compile(&job) {
-                                Ok(transform) => Some((
-                                    job.with_record(String::new(), None, Vec::new(), Vec::new()),
-                                    transform,
-                                )),
+                                Ok(step) => Some((job.with_records(Vec::new()), step)),
                                 Err(why) => {
                                     write_answer(&mut stdout, &Err(why))?;
                                     continue;
@@ -594,7 +594,7 @@ pub fn serve_worker(memory: u64, case_time: Duration) -> std::io::Result<()> {
                             };
                         }
                         match compiled.as_mut() {
-                            Some((_, transform)) => apply(transform.as_mut(), &job, case_time),
+                            Some((_, step)) => run_job(step, &job, case_time),
                             None => Err("nothing compiled".into()),
                         }
                     }
@@ -615,12 +615,51 @@ fn write_answer(out: &mut impl std::io::Write, answer: &Answer) -> std::io::Resu
     out.flush()
 }
 
-fn compile(job: &Job) -> Result<Box<dyn transform::Transform>, String> {
+/// A step as the worker runs it.
+enum Compiled {
+    /// The processor's transform of a step that takes each record alone.
+    Transform(Box<dyn transform::Transform>),
+    /// A `GROUP BY` query and the state of the one partition a case's records are on.
+    Stateful {
+        query: Box<plumber_sql::Aggregation>,
+        state: plumber_sql::PartitionState,
+        max_groups: usize,
+    },
+}
+
+fn compile(job: &Job) -> Result<Compiled, String> {
     Ok(match &job.transform {
-        Transform::Jq { program } => Box::new(
+        Transform::Jq { program } => Compiled::Transform(Box::new(
             transform::jq::Jq::compile_with_env(program, job.env.clone())
                 .map_err(|e| e.to_string())?,
-        ),
+        )),
+        Transform::Sql {
+            query,
+            state: Some(state),
+            ..
+        } => {
+            let aggregation = match plumber_sql::compile_any(query, None, true) {
+                Ok(plumber_sql::Compiled::Stateful(aggregation)) => aggregation,
+                Ok(_) => return Err("the query keeps no state".into()),
+                Err(problems) => return Err(plumber_sql::Problem::all(&problems)),
+            };
+            let emit = match state.emit {
+                crate::spec::Emit::Close => plumber_sql::Emit::Close,
+                crate::spec::Emit::Update => plumber_sql::Emit::Update,
+            };
+            Compiled::Stateful {
+                query: Box::new(
+                    aggregation
+                        .with_grace(i64::try_from(state.grace_ms).unwrap_or(i64::MAX))
+                        .with_emit(emit),
+                ),
+                state: plumber_sql::PartitionState::default(),
+                max_groups: state
+                    .max_groups
+                    .and_then(|n| usize::try_from(n).ok())
+                    .unwrap_or(plumber_processor::config::DEFAULT_STATE_MAX_GROUPS),
+            }
+        }
         Transform::Sql { query, .. } => {
             let topics = job.inputs.clone();
             let inputs: Vec<(String, String)> = if topics.len() > 1 {
@@ -628,42 +667,118 @@ fn compile(job: &Job) -> Result<Box<dyn transform::Transform>, String> {
             } else {
                 Vec::new()
             };
-            Box::new(
+            Compiled::Transform(Box::new(
                 transform::sql::Sql::compile(query, &inputs, &topics).map_err(|e| e.to_string())?,
-            )
+            ))
         }
         other => return Err(format!("a {} step is not run here", other.kind())),
     })
 }
 
-fn apply(transform: &mut dyn transform::Transform, job: &Job, case_time: Duration) -> Answer {
-    let headers: Vec<(String, Vec<u8>)> = job
-        .headers
-        .iter()
-        .map(|(n, v)| (n.clone(), v.clone().into_bytes()))
-        .collect();
-    let input = Input {
-        topic: &job.from,
-        partition: 0,
-        offset: 0,
-        timestamp: None,
-        key: job.key.as_deref().map(str::as_bytes),
-        value: Some(&job.value),
-        headers: headers
+/// A job's records through the step, in order: every output, or the first dead letter.
+fn run_job(step: &mut Compiled, job: &Job, case_time: Duration) -> Answer {
+    let deadline = Instant::now() + case_time;
+    let mut outputs = Vec::new();
+    for (offset, record) in job.records.iter().enumerate() {
+        let headers: Vec<(String, Vec<u8>)> = record
+            .headers
             .iter()
-            .map(|(n, v)| (n.as_str(), Some(v.as_slice())))
-            .collect(),
+            .map(|(n, v)| (n.clone(), v.clone().into_bytes()))
+            .collect();
+        let input = Input {
+            topic: &record.from,
+            partition: 0,
+            offset: i64::try_from(offset).unwrap_or(i64::MAX),
+            timestamp: record.timestamp,
+            key: record.key.as_deref().map(str::as_bytes),
+            value: Some(&record.value),
+            headers: headers
+                .iter()
+                .map(|(n, v)| (n.as_str(), Some(v.as_slice())))
+                .collect(),
+        };
+        let actual = match step {
+            Compiled::Transform(transform) => {
+                apply(transform.as_mut(), &input, &headers, deadline)?
+            }
+            Compiled::Stateful {
+                query,
+                state,
+                max_groups,
+            } => feed(query, state, *max_groups, &input),
+        };
+        match actual {
+            Actual::Outputs(more) => outputs.extend(more),
+            dead @ Actual::DeadLetter { .. } => return Ok(dead),
+        }
+    }
+    Ok(Actual::Outputs(outputs))
+}
+
+/// One record into a `GROUP BY` query's state, as the processor feeds it
+/// (`processor/src/transform/sql.rs`, `Aggregate`): what it emits.
+fn feed(
+    query: &plumber_sql::Aggregation,
+    state: &mut plumber_sql::PartitionState,
+    max_groups: usize,
+    input: &Input<'_>,
+) -> Actual {
+    let Some(timestamp) = input.timestamp else {
+        return Actual::DeadLetter {
+            kind: "sql-error".into(),
+            message: "the record has no timestamp; a stateful step keeps time by its records' \
+                      timestamps (give each input a `timestamp:`)"
+                .into(),
+        };
     };
+    let record = plumber_sql::Record {
+        value: input.value,
+        key: input.key,
+        headers: &input.headers,
+    };
+    match query.feed_within(state, &record, timestamp, max_groups) {
+        Ok(emitted) => {
+            let mut outputs = Vec::with_capacity(emitted.len());
+            for output in emitted {
+                match output.value {
+                    Ok(value) => outputs.push(Produced {
+                        key: output.key,
+                        value,
+                        headers: Vec::new(),
+                    }),
+                    Err(error) => {
+                        return Actual::DeadLetter {
+                            kind: error.kind.to_owned(),
+                            message: error.message,
+                        };
+                    }
+                }
+            }
+            Actual::Outputs(outputs)
+        }
+        Err(error) => Actual::DeadLetter {
+            kind: error.kind.to_owned(),
+            message: error.message,
+        },
+    }
+}
+
+fn apply(
+    transform: &mut dyn transform::Transform,
+    input: &Input<'_>,
+    headers: &[(String, Vec<u8>)],
+    deadline: Instant,
+) -> Answer {
     // A transform that watches its deadline gives up as in the processor; the worker's
     // parent kills the worker of one that does not (a jq program cannot be interrupted).
     let outcome = transform
-        .apply(&input, &Stop::default(), Instant::now() + case_time)
+        .apply(input, &Stop::default(), deadline)
         .map_err(|e| e.to_string())?;
     Ok(match outcome {
         Outcome::Outputs(outputs) => Actual::Outputs(
             outputs
                 .into_iter()
-                .map(|o| produced(o, &input, &headers))
+                .map(|o| produced(o, input, headers))
                 .collect(),
         ),
         Outcome::Rejected(rejection) => Actual::DeadLetter {

@@ -290,3 +290,88 @@ fn a_case_that_never_ends_or_takes_all_memory_fails_alone() {
         "{out}"
     );
 }
+
+/// A step that keeps state between records is tested with several: `inputs` run in order on
+/// one partition's state, each at its `timestamp`, and `output` is everything they made it
+/// emit. Here a window closes when a record past its end arrives.
+#[test]
+fn a_stateful_step_is_tested_with_a_case_of_several_records() {
+    let repo = TestRepo::new();
+    let per_minute = "kind: processor\ninput: cars\nsql: |\n  SELECT _key AS car, COUNT(*) AS readings, MAX(speed) AS top, window_start\n  FROM cars\n  GROUP BY _key, TUMBLE(_timestamp, INTERVAL '1' MINUTE)\n";
+    let tests = r#"cases:
+  - name: a minute's readings are counted when the minute is over
+    inputs:
+      - { key: car-1, value: { speed: 30 }, timestamp: 60000 }
+      - { key: car-1, value: { speed: 50 }, timestamp: 90000 }
+      - { key: car-1, value: { speed: 10 }, timestamp: 120000 }
+    output:
+      - { key: car-1, value: { car: car-1, readings: 2, top: 50, window_start: 60000 } }
+  - name: nothing is emitted while the minute is open
+    inputs:
+      - { key: car-2, value: { speed: 30 }, timestamp: 60000 }
+    output: []
+  - name: a record without a timestamp is dead-lettered
+    input: { key: car-3, value: { speed: 30 } }
+    deadLetter: sql-error
+  - name: a wrong count fails
+    inputs:
+      - { key: car-1, value: { speed: 30 }, timestamp: 60000 }
+      - { key: car-1, value: { speed: 10 }, timestamp: 120000 }
+    output:
+      - { value: { car: car-1, readings: 5, top: 30, window_start: 60000 } }
+"#;
+    let rev = commit(
+        &repo,
+        &[
+            ("topologies/t/steps/per-minute.yaml", per_minute),
+            ("topologies/t/steps/per-minute.test.yaml", tests),
+        ],
+    );
+    let (code, out, err) = run(&[
+        "test",
+        &repo.location(),
+        "--rev",
+        &rev,
+        "--step",
+        "per-minute",
+    ]);
+    assert_eq!(code, 1, "{out}{err}");
+    let file = "topologies/t/steps/per-minute.test.yaml";
+    for line in [
+        format!(
+            "{file}:2:5: per-minute: a minute's readings are counted when the minute is over: ok"
+        ),
+        format!("{file}:9:5: per-minute: nothing is emitted while the minute is open: ok"),
+        format!("{file}:13:5: per-minute: a record without a timestamp is dead-lettered: ok"),
+        format!("{file}:16:5: per-minute: a wrong count fails: FAILED"),
+        "4 cases: 3 passed, 1 failed, 0 not run".to_owned(),
+    ] {
+        assert!(out.contains(&line), "missing {line:?} in:\n{out}");
+    }
+    assert!(
+        out.contains(
+            r#"actual:   key "car-1" {"car":"car-1","readings":1,"top":30,"window_start":60000}"#
+        ),
+        "{out}"
+    );
+
+    // `input` and `inputs` together, or a timestamp that is no number, at their line.
+    let bad = commit(
+        &repo,
+        &[
+            ("topologies/t/steps/per-minute.yaml", per_minute),
+            (
+                "topologies/t/steps/per-minute.test.yaml",
+                "cases:\n  - name: both\n    input: { value: 1 }\n    inputs: [{ value: 1 }]\n    output: []\n  - name: when\n    inputs: [{ value: 1, timestamp: soon }]\n    output: []\n",
+            ),
+        ],
+    );
+    let (code, out, _) = run(&["validate", &repo.location(), "--rev", &bad]);
+    assert_eq!(code, 1, "{out}");
+    for line in [
+        "topologies/t/steps/per-minute.test.yaml:4:5: invalid-value: a case has `input` (one record) or `inputs` (a list), not both",
+        "topologies/t/steps/per-minute.test.yaml:7:26: invalid-value: `timestamp` is milliseconds since 1970",
+    ] {
+        assert!(out.contains(line), "missing {line:?} in:\n{out}");
+    }
+}

@@ -33,7 +33,9 @@ pub struct StepTests {
 pub struct Case {
     pub name: String,
     pub pos: Pos,
-    pub input: TestRecord,
+    /// Its input records, in order: one (`input:`) or several (`inputs:`, for a step that
+    /// keeps state between records).
+    pub inputs: Vec<TestRecord>,
     pub expect: Expect,
 }
 
@@ -56,6 +58,8 @@ pub struct TestRecord {
     /// The input step it comes from, for a step with several (`sql` with UNION ALL); `None`:
     /// the step's first input.
     pub from: Option<String>,
+    /// An input's Kafka timestamp, ms since the epoch: a stateful step keeps time by it.
+    pub timestamp: Option<i64>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -89,6 +93,9 @@ pub fn step_of(path: &str) -> &str {
 /// The most cases a file may hold: tests run in review, bounded like everything a commit
 /// makes the daemon do.
 pub const MAX_CASES: usize = 1_000;
+
+/// The most input records one case may hold.
+pub const MAX_CASE_INPUTS: usize = 1_000;
 
 /// Reads a test file's parsed YAML; `None` when it has errors (reported).
 pub fn read(file: &str, root: Option<&Node>, report: &mut Report) -> Option<StepTests> {
@@ -157,7 +164,11 @@ pub fn read(file: &str, root: Option<&Node>, report: &mut Report) -> Option<Step
 
 fn case(node: &Node, report: &mut Report) -> Option<Case> {
     let fields = Fields::of(node, "a case", node.pos, report)?;
-    fields.reject_unknown(&["name", "input", "output", "deadLetter"], "a case", report);
+    fields.reject_unknown(
+        &["name", "input", "inputs", "output", "deadLetter"],
+        "a case",
+        report,
+    );
     let name = match fields.get("name") {
         Some(entry) => fields::string(entry, report)?.value,
         None => {
@@ -165,13 +176,49 @@ fn case(node: &Node, report: &mut Report) -> Option<Case> {
             return None;
         }
     };
-    let input = match fields.get("input") {
-        Some(entry) => record(&entry.value, true, report)?,
-        None => {
+    let inputs = match (fields.get("input"), fields.get("inputs")) {
+        (Some(entry), None) => vec![record(&entry.value, true, report)?],
+        (None, Some(entry)) => {
+            let Value::Sequence(items) = &entry.value.value else {
+                report.error(
+                    Code::InvalidValue,
+                    entry.key_pos,
+                    format!(
+                        "`inputs` is a list of records, found {}",
+                        entry.value.type_name()
+                    ),
+                );
+                return None;
+            };
+            if items.is_empty() || items.len() > MAX_CASE_INPUTS {
+                report.error(
+                    Code::InvalidValue,
+                    entry.key_pos,
+                    format!(
+                        "`inputs` holds 1 to {MAX_CASE_INPUTS} records, not {}",
+                        items.len()
+                    ),
+                );
+                return None;
+            }
+            items
+                .iter()
+                .map(|item| record(item, true, report))
+                .collect::<Option<Vec<_>>>()?
+        }
+        (Some(_), Some(entry)) => {
+            report.error(
+                Code::InvalidValue,
+                entry.key_pos,
+                "a case has `input` (one record) or `inputs` (a list), not both",
+            );
+            return None;
+        }
+        (None, None) => {
             report.error(
                 Code::MissingField,
                 node.pos,
-                format!("case `{name}` needs an `input` record"),
+                format!("case `{name}` needs an `input` record (or `inputs`, a list)"),
             );
             return None;
         }
@@ -213,12 +260,12 @@ fn case(node: &Node, report: &mut Report) -> Option<Case> {
     Some(Case {
         name,
         pos: node.pos,
-        input,
+        inputs,
         expect,
     })
 }
 
-/// `{key, value | raw, headers, from}`; `from` only on an input.
+/// `{key, value | raw, headers, from, timestamp}`; `from` and `timestamp` only on an input.
 fn record(node: &Node, input: bool, report: &mut Report) -> Option<TestRecord> {
     let what = if input {
         "an input record"
@@ -227,7 +274,7 @@ fn record(node: &Node, input: bool, report: &mut Report) -> Option<TestRecord> {
     };
     let fields = Fields::of(node, what, node.pos, report)?;
     let allowed: &[&str] = if input {
-        &["key", "value", "raw", "headers", "from"]
+        &["key", "value", "raw", "headers", "from", "timestamp"]
     } else {
         &["key", "value", "raw", "headers"]
     };
@@ -271,11 +318,32 @@ fn record(node: &Node, input: bool, report: &mut Report) -> Option<TestRecord> {
         Some(entry) => Some(fields::string(entry, report)?.value),
         None => None,
     };
+    let timestamp = match fields.get("timestamp") {
+        Some(entry) => {
+            let text = fields::string(entry, report)?;
+            match text.value.parse::<i64>() {
+                Ok(ms) if ms >= 0 => Some(ms),
+                _ => {
+                    report.error(
+                        Code::InvalidValue,
+                        entry.key_pos,
+                        format!(
+                            "`timestamp` is milliseconds since 1970 (e.g. 1700000000000), not `{}`",
+                            text.value
+                        ),
+                    );
+                    return None;
+                }
+            }
+        }
+        None => None,
+    };
     Some(TestRecord {
         key,
         value,
         headers,
         from,
+        timestamp,
     })
 }
 
