@@ -76,6 +76,14 @@ await page.keyboard.press('Enter');
 const details = await page.locator('.details').textContent();
 ok(details.includes('topologies/telemetry/steps/parse.yaml') && details.includes('plumber.telemetry.parse.dlq'), 'Enter shows details (file, dead-letter topic)');
 ok((await page.locator('[data-step="parse"]').getAttribute('aria-label')).includes('running'), 'aria-label carries the state');
+// Records are read only when asked.
+const recordRequests = () => requests.filter((u) => u.includes('/api/records/')).length;
+ok(recordRequests() === 0, 'no record read before asking');
+await page.locator('[data-recent-records="parse"] button').click();
+await page.waitForSelector('[data-recent-records="parse"] [data-record="dead-letter"]');
+ok(recordRequests() === 1 && requests.some((u) => u.endsWith('/api/records/telemetry/parse?limit=10')), 'one read of the step\'s records, on asking');
+ok((await page.locator('[data-recent-records="parse"] [data-record="written"]').count()) === 2, 'the records the step wrote');
+ok((await page.locator('[data-recent-records="parse"] [data-record="dead-letter"]').textContent()).includes('invalid-json'), 'a dead letter with its kind');
 
 // A replaced step shows the life its move retires, in words, beside the new one.
 const enrich = page.locator('[data-step="enrich"]');

@@ -195,6 +195,16 @@ const server = createServer((req, res) => {
     const plan = plans.find((p) => p.ref === ref);
     return plan ? json(res, plan) : json(res, { error: `no plan of ${ref}` }, 404);
   }
+  if (path.startsWith('/api/records/')) {
+    const [topology, step] = path.slice('/api/records/'.length).split('/').map(decodeURIComponent);
+    const record = (topic, offset, value, headers = []) => ({ topic, partition: 0, offset, timestamp: 1764000000000 + offset, key: `dev-${offset}`, value, headers });
+    return json(res, {
+      topology, step, commit: status.commit, topics: [`${topology}.${step}.out`],
+      records: [record(`${topology}.${step}.out`, 41, '{"lat":52.5,"serial":"***"}'), record(`${topology}.${step}.out`, 42, '{"lat":48.1,"serial":"***"}')],
+      deadLetterTopic: `plumber.${topology}.${step}.dlq`,
+      deadLetters: [record(`plumber.${topology}.${step}.dlq`, 7, 'not json', [['plumber.error.kind', 'invalid-json'], ['plumber.error', 'expected value at line 1 column 1']])],
+    });
+  }
   if (path === '/api/events') {
     res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-store', connection: 'keep-alive' });
     res.write('retry: 2000\n\n');

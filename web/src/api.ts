@@ -212,6 +212,32 @@ async function getJson<T>(path: string): Promise<T> {
 }
 
 export const fetchStatus = () => getJson<Status>('api/status');
+
+// A record as `GET /api/records/{topology}/{step}` shows it (src/daemon/tail.rs).
+export interface ShownRecord {
+  topic: string;
+  partition: number;
+  offset: number;
+  timestamp?: number;
+  key: string | null;
+  value: string;
+  headers: [string, string][];
+}
+
+export interface StepRecords {
+  topology: string;
+  step: string;
+  commit: string;
+  topics: string[];
+  records: ShownRecord[];
+  deadLetterTopic?: string;
+  deadLetters: ShownRecord[];
+  notes?: string[];
+}
+
+// Read on demand only: the daemon reads the topics when asked.
+export const fetchRecords = (topology: string, step: string, limit = 10) =>
+  getJson<StepRecords>(`api/records/${encodeURIComponent(topology)}/${encodeURIComponent(step)}?limit=${limit}`);
 export const fetchHistory = () => getJson<HistoryEntry[]>('api/history');
 // A plan as the page uses it: lists never missing.
 export const normalizePlan = (p: RefPlan): RefPlan => ({

@@ -1,5 +1,6 @@
 import { useState } from 'preact/hooks';
-import type { Cutover, CutoverAction, HistoryEntry, KeptState, KeptTable, Life, RefPlan, Status, Step, TopologyStatus } from './api';
+import type { Cutover, CutoverAction, HistoryEntry, KeptState, KeptTable, Life, RefPlan, ShownRecord, Status, Step, StepRecords, TopologyStatus } from './api';
+import { fetchRecords } from './api';
 import { Commit, DaemonError, PhaseBadge, Text, When } from './components';
 import { Dag, Legend } from './dag';
 import type { DagNode } from './dag';
@@ -93,7 +94,70 @@ function Row(props: { term: string; value: string | number | null | undefined; c
   );
 }
 
-function StepDetails(props: { step: Step | null }) {
+function RecordList(props: { records: ShownRecord[]; empty: string; dead?: boolean }) {
+  if (props.records.length === 0) return <p class="muted small">{props.empty}</p>;
+  return (
+    <ol class="records plain small">
+      {props.records.map((r) => {
+        const why = props.dead ? r.headers.find(([name]) => name === 'plumber.error.kind')?.[1] : undefined;
+        return (
+          <li key={`${r.topic}/${r.partition}/${r.offset}`} data-record={props.dead ? 'dead-letter' : 'written'}>
+            <span class="muted">
+              {r.topic}/{r.partition}@{r.offset}
+              {r.key != null ? ` · ${r.key}` : ''}
+            </span>
+            {why ? <span class="pill tone-invalid">{why}</span> : null}
+            <code>{r.value}</code>
+          </li>
+        );
+      })}
+    </ol>
+  );
+}
+
+// What a step wrote lately and its dead letters: read only when asked (the button).
+function RecentRecords(props: { topology: string; step: string }) {
+  const [shown, setShown] = useState<StepRecords | null>(null);
+  const [problem, setProblem] = useState<string | null>(null);
+  const [reading, setReading] = useState(false);
+  const read = () => {
+    setReading(true);
+    fetchRecords(props.topology, props.step)
+      .then((r) => {
+        setShown(r);
+        setProblem(null);
+      })
+      .catch((e: unknown) => setProblem(e instanceof Error ? e.message : String(e)))
+      .finally(() => setReading(false));
+  };
+  return (
+    <div class="recent-records" data-recent-records={props.step}>
+      <button type="button" onClick={read} disabled={reading}>
+        {reading ? 'Reading…' : shown ? 'Read the latest records again' : 'Show the latest records'}
+      </button>
+      {problem ? <p class="error-title small">{problem}</p> : null}
+      {shown ? (
+        <>
+          <h4>Written</h4>
+          <RecordList records={shown.records} empty="No record written yet." />
+          {shown.deadLetterTopic ? (
+            <>
+              <h4>Dead letters</h4>
+              <RecordList records={shown.deadLetters} empty="No dead letter." dead />
+            </>
+          ) : null}
+          {shown.notes?.map((n) => (
+            <p key={n} class="muted small">
+              {n}
+            </p>
+          ))}
+        </>
+      ) : null}
+    </div>
+  );
+}
+
+function StepDetails(props: { step: Step | null; topology: string }) {
   const s = props.step;
   return (
     <aside class="details" aria-live="polite" aria-labelledby="step-details-title">
@@ -133,6 +197,7 @@ function StepDetails(props: { step: Step | null }) {
             <Row term="Reads" value={s.inputs?.join(', ')} />
           </dl>
           {s.retiring ? <RetiringDetails life={s.retiring} /> : null}
+          <RecentRecords key={s.name} topology={props.topology} step={s.name} />
         </>
       )}
     </aside>
@@ -429,7 +494,7 @@ export function TopologyPage(props: {
         </div>
         <div class="dag-layout">
           <Dag nodes={stepNodes(t)} label={`Steps of ${name}, left to right in data-flow order`} selected={selected} onSelect={setSelected} />
-          <StepDetails step={step} />
+          <StepDetails step={step} topology={name} />
         </div>
       </section>
       {t.cutover ? <CutoverView cutover={t.cutover} now={now} /> : null}
