@@ -152,8 +152,11 @@ fn fill(
 ) -> Result<(), String> {
     let new_job = Job::of_step(graph, id).map_err(|why| format!("not run: {why}"))?;
     if new_job.stateful() {
-        // Its outputs depend on the state the records before the sample built.
-        return Err("not run: a stateful step (GROUP BY) is not diffed on a sample yet".into());
+        // Its outputs depend on the state (or table) the records before the sample built.
+        return Err(
+            "not run: a step with state or a table (GROUP BY, JOIN) is not diffed on a sample yet"
+                .into(),
+        );
     }
     let old_id = running.and_then(|r| r.find(&diff.step).map(|old| (r, old)));
     let old_job = match old_id {

@@ -8,9 +8,10 @@
 //! killed with its process after [`Limits::case_time`], one that takes all memory fails
 //! against the worker's address-space limit, and the whole run stops at [`Limits::time`].
 //!
-//! jq steps and `sql` steps run, a stateful one (GROUP BY) on a case's records in order from
-//! empty state. `sql` steps with JOIN, exec and http steps are reported as not run, with why:
-//! they need a table, a child process or a server that a case does not have yet.
+//! jq steps and `sql` steps run: a stateful one (GROUP BY) on a case's records in order from
+//! empty state, a join with the case's records `from:` its table as the table's rows. exec and
+//! http steps are reported as not run, with why: they need a child process or a server that a
+//! case does not have yet.
 
 use std::io::{BufRead as _, BufReader, Read as _, Write as _};
 use std::path::PathBuf;
@@ -331,10 +332,7 @@ impl Job {
         };
         match transform {
             Transform::Jq { .. } => {}
-            Transform::Sql { table: None, .. } => {}
-            Transform::Sql { .. } => {
-                return Err("a sql step with JOIN reads a table".into());
-            }
+            Transform::Sql { .. } => {}
             Transform::Exec { .. } | Transform::Http { .. } => {
                 return Err(format!(
                     "an {} step runs a command or a server",
@@ -351,18 +349,32 @@ impl Job {
                     EnvValue::Secret { .. } => None,
                 })
                 .collect(),
-            inputs: graph
-                .inputs(id)
-                .into_iter()
-                .map(|i| graph.step(i).name.clone())
-                .collect(),
+            inputs: {
+                let mut inputs: Vec<String> = graph
+                    .inputs(id)
+                    .into_iter()
+                    .map(|i| graph.step(i).name.clone())
+                    .collect();
+                // A join's records come from its stream unless they say `from:` its table.
+                if let Transform::Sql {
+                    table: Some(table), ..
+                } = transform
+                {
+                    inputs.sort_by_key(|name| name == &table.step);
+                }
+                inputs
+            },
             records: Vec::new(),
         })
     }
 
-    /// Whether the step keeps state between records (`GROUP BY`): its records are one case.
+    /// Whether the step keeps state between records (`GROUP BY`, or a join's table): its
+    /// records are one case.
     pub(crate) fn stateful(&self) -> bool {
-        matches!(self.transform, Transform::Sql { state: Some(_), .. })
+        matches!(
+            self.transform,
+            Transform::Sql { state: Some(_), .. } | Transform::Sql { table: Some(_), .. }
+        )
     }
 
     /// Whether `other` runs the same step (transform, env and inputs).
@@ -619,6 +631,12 @@ fn write_answer(out: &mut impl std::io::Write, answer: &Answer) -> std::io::Resu
 enum Compiled {
     /// The processor's transform of a step that takes each record alone.
     Transform(Box<dyn transform::Transform>),
+    /// A join and its table, filled by the case's records `from:` the table's step.
+    Join {
+        join: Box<plumber_sql::Join>,
+        table: plumber_sql::Table,
+        table_step: String,
+    },
     /// A `GROUP BY` query and the state of the one partition a case's records are on.
     Stateful {
         query: Box<plumber_sql::Aggregation>,
@@ -633,6 +651,19 @@ fn compile(job: &Job) -> Result<Compiled, String> {
             transform::jq::Jq::compile_with_env(program, job.env.clone())
                 .map_err(|e| e.to_string())?,
         )),
+        Transform::Sql {
+            query,
+            table: Some(table),
+            ..
+        } => match plumber_sql::compile_any(query, None, true) {
+            Ok(plumber_sql::Compiled::Join(join)) => Compiled::Join {
+                join,
+                table: plumber_sql::Table::default(),
+                table_step: table.step.clone(),
+            },
+            Ok(_) => return Err("the query joins no table".into()),
+            Err(problems) => return Err(plumber_sql::Problem::all(&problems)),
+        },
         Transform::Sql {
             query,
             state: Some(state),
@@ -701,6 +732,18 @@ fn run_job(step: &mut Compiled, job: &Job, case_time: Duration) -> Answer {
             Compiled::Transform(transform) => {
                 apply(transform.as_mut(), &input, &headers, deadline)?
             }
+            Compiled::Join {
+                join,
+                table,
+                table_step,
+            } => {
+                if record.from == *table_step {
+                    // As in the processor, a table record that is no row is skipped.
+                    let _ = join.update_table(table, input.key, input.value);
+                    continue;
+                }
+                joined(join, table, &input, &headers)
+            }
             Compiled::Stateful {
                 query,
                 state,
@@ -713,6 +756,38 @@ fn run_job(step: &mut Compiled, job: &Job, case_time: Duration) -> Answer {
         }
     }
     Ok(Actual::Outputs(outputs))
+}
+
+/// A stream record joined to the table as it stands, as the processor joins it
+/// (`processor/src/transform/sql.rs`, `Joined`): each output keeps the record's key and
+/// headers.
+fn joined(
+    join: &plumber_sql::Join,
+    table: &plumber_sql::Table,
+    input: &Input<'_>,
+    headers: &[(String, Vec<u8>)],
+) -> Actual {
+    let record = plumber_sql::Record {
+        value: input.value,
+        key: input.key,
+        headers: &input.headers,
+    };
+    match join.feed(table, &record) {
+        Ok(values) => Actual::Outputs(
+            values
+                .into_iter()
+                .map(|value| Produced {
+                    key: input.key.map(<[u8]>::to_vec),
+                    value,
+                    headers: headers.to_vec(),
+                })
+                .collect(),
+        ),
+        Err(error) => Actual::DeadLetter {
+            kind: error.kind.to_owned(),
+            message: error.message,
+        },
+    }
 }
 
 /// One record into a `GROUP BY` query's state, as the processor feeds it

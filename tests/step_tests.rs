@@ -375,3 +375,48 @@ fn a_stateful_step_is_tested_with_a_case_of_several_records() {
         assert!(out.contains(line), "missing {line:?} in:\n{out}");
     }
 }
+
+/// A join is tested with its table in the case: records `from:` the table's step are its
+/// rows (the latest per key), the others are the stream's, joined to the table as it stands
+/// when each comes.
+#[test]
+fn a_join_is_tested_with_its_table_rows_in_the_case() {
+    let repo = TestRepo::new();
+    let named = "kind: processor\ninput: [cars, trucks]\nsql: SELECT c.id, t.name FROM cars c LEFT JOIN trucks t ON c.truck = t._key\n";
+    let tests = r#"cases:
+  - name: a car is named by the table as it stands
+    inputs:
+      - { from: trucks, key: t1, value: { name: Optimus } }
+      - { key: car-1, value: { id: 1, truck: t1 } }
+      - { from: trucks, key: t1, value: { name: Megatron } }
+      - { key: car-2, value: { id: 2, truck: t1 } }
+      - { key: car-3, value: { id: 3, truck: t9 } }
+    output:
+      - { key: car-1, value: { id: 1, name: Optimus } }
+      - { key: car-2, value: { id: 2, name: Megatron } }
+      - { key: car-3, value: { id: 3, name: null } }
+  - name: a wrong name fails
+    inputs:
+      - { from: trucks, key: t1, value: { name: Optimus } }
+      - { value: { id: 1, truck: t1 } }
+    output:
+      - { value: { id: 1, name: Bumblebee } }
+"#;
+    let rev = commit(
+        &repo,
+        &[
+            ("topologies/t/steps/named.yaml", named),
+            ("topologies/t/steps/named.test.yaml", tests),
+        ],
+    );
+    let (code, out, err) = run(&["test", &repo.location(), "--rev", &rev, "--step", "named"]);
+    assert_eq!(code, 1, "{out}{err}");
+    for line in [
+        "named: a car is named by the table as it stands: ok",
+        "named: a wrong name fails: FAILED",
+        r#"  actual:   no key {"id":1,"name":"Optimus"}"#,
+        "2 cases: 1 passed, 1 failed, 0 not run",
+    ] {
+        assert!(out.contains(line), "missing {line:?} in:\n{out}");
+    }
+}
