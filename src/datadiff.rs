@@ -11,6 +11,7 @@
 //! shows of a record leaves out the fields `plumber.yaml` masks (`review.maskFields`).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Instant;
 
 use serde::Serialize;
 
@@ -93,6 +94,9 @@ pub fn diff(
     limits: &Limits,
     masked: &[String],
 ) -> Vec<StepDiff> {
+    // The whole diff gets one step's time, whatever the plan holds: a pull request adding
+    // a thousand steps must not hold the planner (and its wedge limit) for a thousand.
+    let deadline = Instant::now() + sample.time + limits.time;
     let mut diffs = Vec::new();
     for topology in &plan.topologies {
         let Some(graph) = new.iter().find(|g| g.name == topology.name) else {
@@ -125,11 +129,27 @@ pub fn diff(
                 run_ms: 0,
                 note: None,
             };
-            let filled = kafka(graph).and_then(|kafka| {
-                fill(
-                    &mut diff, graph, id, running, &*kafka, sample, limits, masked,
-                )
-            });
+            let left = deadline.saturating_duration_since(Instant::now());
+            let filled = if left.is_zero() {
+                Err(format!(
+                    "not sampled: the plan's data diff took all its time ({} s: `dataDiff.time` and `stepTests.time` together)",
+                    (sample.time + limits.time).as_secs_f64()
+                ))
+            } else {
+                let sample = SampleLimits {
+                    time: sample.time.min(left),
+                    ..sample.clone()
+                };
+                let limits = Limits {
+                    time: limits.time.min(left),
+                    ..limits.clone()
+                };
+                kafka(graph).and_then(|kafka| {
+                    fill(
+                        &mut diff, graph, id, running, &*kafka, &sample, &limits, masked,
+                    )
+                })
+            };
             if let Err(why) = filled {
                 diff.note = Some(why);
             }
@@ -181,7 +201,7 @@ fn fill(
         inputs.push((name.clone(), topic));
     }
     diff.topics = inputs.iter().map(|(_, t)| t.clone()).collect();
-    let reading = std::time::Instant::now();
+    let reading = Instant::now();
     let records = kafka
         .recent_records(&inputs, sample)
         .map_err(|why| format!("not sampled: {why}"))?;
@@ -203,7 +223,7 @@ fn fill(
     if let Some(old_job) = &old_job {
         jobs.extend(records.iter().map(|r| job(old_job, r)));
     }
-    let running = std::time::Instant::now();
+    let running = Instant::now();
     let ran = execute(&jobs, limits);
     diff.read_ms = read.as_millis() as u64;
     diff.run_ms = running.elapsed().as_millis() as u64;
@@ -261,7 +281,8 @@ fn compare(diff: &mut StepDiff, records: &[Sampled], old: &[Ran], new: &[Ran], m
                     .as_ref()
                     .filter(|_| !masked.iter().any(|m| m == "_key"))
                     .map(|k| String::from_utf8_lossy(k).into_owned()),
-                input: mask.shown(&record.value),
+                input: crate::steptest::shown_lines(std::iter::once(mask.shown(&record.value)))
+                    .concat(),
                 old: lines(old, &mask),
                 new: lines(new, &mask),
             });
@@ -313,7 +334,7 @@ fn lines(ran: &Ran, mask: &Mask<'_>) -> Vec<String> {
             vec!["(filtered out)".into()]
         }
         Ran::Answered(Ok(Actual::Outputs(outputs))) => {
-            outputs.iter().map(|o| mask.shown(&o.value)).collect()
+            crate::steptest::shown_lines(outputs.iter().map(|o| mask.shown(&o.value)))
         }
         Ran::Answered(Ok(Actual::DeadLetter { kind, .. })) => {
             vec![format!("(dead-lettered: {kind})")]
@@ -541,6 +562,105 @@ impl Tally {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A Kafka client whose every read takes the whole time it is given, and counts.
+    #[derive(Default)]
+    struct Slow {
+        reads: std::sync::atomic::AtomicUsize,
+    }
+
+    impl Admin for Slow {
+        fn create_topic(
+            &self,
+            _: &str,
+            _: u32,
+            _: Option<u32>,
+            _: &BTreeMap<String, String>,
+        ) -> crate::kafka::Result<()> {
+            unreachable!("a data diff creates nothing")
+        }
+        fn delete_topic(&self, _: &str) -> crate::kafka::Result<()> {
+            unreachable!("a data diff deletes nothing")
+        }
+        fn partitions(&self, _: &str) -> crate::kafka::Result<i32> {
+            unreachable!()
+        }
+        fn watermarks(&self, _: &str) -> crate::kafka::Result<Vec<(i64, i64)>> {
+            unreachable!()
+        }
+        fn committed(
+            &self,
+            _: &str,
+            _: &[String],
+        ) -> crate::kafka::Result<Vec<crate::plan::PartitionOffset>> {
+            unreachable!()
+        }
+        fn commit(&self, _: &str, _: &[crate::plan::PartitionOffset]) -> crate::kafka::Result<()> {
+            unreachable!("a data diff commits nothing")
+        }
+        fn delete_group(&self, _: &str) -> crate::kafka::Result<()> {
+            unreachable!()
+        }
+        fn supports_transactions(&self) -> crate::kafka::Result<bool> {
+            unreachable!()
+        }
+        fn recent_records(
+            &self,
+            _: &[(String, String)],
+            limits: &SampleLimits,
+        ) -> crate::kafka::Result<Vec<Sampled>> {
+            self.reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            std::thread::sleep(limits.time);
+            Ok(Vec::new())
+        }
+    }
+
+    /// A plan adding many steps gets one step's time for its whole data diff: the steps past
+    /// it are not sampled, and say why.
+    #[test]
+    fn a_plan_of_many_steps_gets_one_step_s_time_for_its_whole_diff() {
+        let mut files = vec![crate::spec::SourceFile {
+            path: "topologies/t/sources/in.yaml".into(),
+            content: crate::spec::FileContent::Bytes(b"kind: source\ntopic: in\n".to_vec()),
+        }];
+        for i in 0..20 {
+            files.push(crate::spec::SourceFile {
+                path: format!("topologies/t/steps/s{i:02}.yaml"),
+                content: crate::spec::FileContent::Bytes(
+                    b"kind: processor\ninput: in\njq: '.'\n".to_vec(),
+                ),
+            });
+        }
+        let graphs = crate::validate(&files).topologies.unwrap();
+        let plan = crate::plan::plan(None, ("c", &graphs));
+        let slow = std::sync::Arc::new(Slow::default());
+        let sample = SampleLimits {
+            records: 10,
+            bytes: 1 << 20,
+            time: std::time::Duration::from_millis(100),
+        };
+        let limits = Limits {
+            time: std::time::Duration::from_millis(100),
+            ..Limits::default()
+        };
+        let kafka = {
+            let slow = slow.clone();
+            move |_: &Topology| Ok(slow.clone() as std::sync::Arc<dyn Admin>)
+        };
+        let diffs = diff(&plan, &[], &graphs, &kafka, &sample, &limits, &[]);
+        assert_eq!(diffs.len(), 20);
+        let reads = slow.reads.load(std::sync::atomic::Ordering::SeqCst);
+        assert!(reads <= 3, "{reads} reads of 100 ms within 200 ms");
+        let cut: Vec<&StepDiff> = diffs
+            .iter()
+            .filter(|d| {
+                d.note
+                    .as_deref()
+                    .is_some_and(|n| n.contains("the plan's data diff took all its time"))
+            })
+            .collect();
+        assert_eq!(cut.len(), 20 - reads, "{diffs:#?}");
+    }
 
     #[test]
     fn masked_fields_are_hidden_by_name_and_their_values_wherever_a_step_copies_them() {

@@ -81,7 +81,7 @@ pub enum Verdict {
         expected: Vec<String>,
         actual: Vec<String>,
     },
-    /// A case of a step `plumber test` cannot run yet (stateful sql, exec, http).
+    /// A case of a step `plumber test` cannot run yet (exec, http).
     NotRun {
         why: String,
     },
@@ -324,8 +324,8 @@ fn job(graph: &Topology, step: &str, case: &Case) -> Result<Job, Verdict> {
 }
 
 impl Job {
-    /// A job of processor `id` without its record yet; why not when the step is not one a
-    /// worker runs (stateful sql, exec, http).
+    /// A job of processor `id` without its records yet; why not when the step is not one a
+    /// worker runs (exec, http).
     pub(crate) fn of_step(graph: &Topology, id: crate::graph::StepId) -> Result<Job, String> {
         let StepKind::Processor { transform, env, .. } = &graph.step(id).kind else {
             return Err(format!("`{}` is no processor", graph.step(id).name));
@@ -416,13 +416,23 @@ const MAX_ANSWER_BYTES: u64 = 4 << 20;
 /// the jobs not done yet, and replaced when a job kills it or outlasts its time.
 pub(crate) fn execute(jobs: &[Job], limits: &Limits) -> Vec<Ran> {
     let started = Instant::now();
+    // Each job's line, made once: a worker that dies or is killed hands the rest to the next.
+    let lines: Vec<Vec<u8>> = jobs
+        .iter()
+        .map(|job| {
+            // A job is plain data: it always serializes.
+            let mut line = serde_json::to_vec(job).unwrap_or_default();
+            line.push(b'\n');
+            line
+        })
+        .collect();
     let mut ran: Vec<Ran> = Vec::with_capacity(jobs.len());
     while ran.len() < jobs.len() {
         let left = limits.time.saturating_sub(started.elapsed());
         if left.is_zero() {
             break;
         }
-        let mut worker = match Worker::start(&jobs[ran.len()..], limits) {
+        let mut worker = match Worker::start(&lines[ran.len()..], limits) {
             Ok(worker) => worker,
             Err(why) => {
                 while ran.len() < jobs.len() {
@@ -476,7 +486,7 @@ struct Worker {
 }
 
 impl Worker {
-    fn start(jobs: &[Job], limits: &Limits) -> Result<Worker, String> {
+    fn start(lines: &[Vec<u8>], limits: &Limits) -> Result<Worker, String> {
         let program = match &limits.program {
             Some(program) => program.clone(),
             None => std::env::current_exe()
@@ -499,13 +509,7 @@ impl Worker {
             let _ = child.wait();
             return Err("the worker process has no pipes".into());
         };
-        let mut input = Vec::new();
-        for job in jobs {
-            // A job is plain data: it always serializes.
-            if serde_json::to_writer(&mut input, job).is_ok() {
-                input.push(b'\n');
-            }
-        }
+        let input = lines.concat();
         // Written beside the reading: a worker that stops reading must not block us.
         std::thread::Builder::new()
             .name("step-test-input".into())
@@ -896,9 +900,32 @@ fn compare(expect: &Expect, actual: &Actual) -> Verdict {
                 vec![format!("dead-lettered: {kind}: {message}")]
             }
             Actual::Outputs(records) if records.is_empty() => vec!["no output".into()],
-            Actual::Outputs(records) => records.iter().map(actual_line).collect(),
+            Actual::Outputs(records) => shown_lines(records.iter().map(actual_line)),
         },
     }
+}
+
+/// The most lines a result shows of what a step gave, and of each line: a case (or a sampled
+/// record) may make megabytes of outputs, and a verdict is held in the daemon's validations
+/// and written into plans and comments.
+const SHOWN_LINES: usize = 10;
+const SHOWN_LINE_CHARS: usize = 1_000;
+
+/// `lines`, at most [`SHOWN_LINES`] of at most [`SHOWN_LINE_CHARS`] characters, saying what
+/// was left out.
+pub(crate) fn shown_lines(lines: impl ExactSizeIterator<Item = String>) -> Vec<String> {
+    let total = lines.len();
+    let mut shown: Vec<String> = lines
+        .take(SHOWN_LINES)
+        .map(|line| match line.char_indices().nth(SHOWN_LINE_CHARS) {
+            Some((cut, _)) => format!("{}… ({} bytes)", &line[..cut], line.len()),
+            None => line,
+        })
+        .collect();
+    if total > SHOWN_LINES {
+        shown.push(format!("… and {} more", total - SHOWN_LINES));
+    }
+    shown
 }
 
 fn expected_lines(expect: &Expect) -> Vec<String> {
@@ -1007,10 +1034,12 @@ pub fn text(results: &[CaseResult]) -> String {
 /// Whether no case failed or was left unfinished (cases of steps not run here do not fail
 /// a run; they are listed).
 pub fn all_passed(results: &[CaseResult]) -> bool {
-    !results.iter().any(|r| {
-        matches!(
-            r.verdict,
-            Verdict::Failed { .. } | Verdict::Unfinished { .. }
-        )
-    })
+    !results.iter().any(|r| r.verdict.fails())
+}
+
+impl Verdict {
+    /// Whether the case fails a run: it failed, or the run's time left it unfinished.
+    pub fn fails(&self) -> bool {
+        matches!(self, Verdict::Failed { .. } | Verdict::Unfinished { .. })
+    }
 }

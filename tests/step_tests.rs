@@ -420,3 +420,44 @@ fn a_join_is_tested_with_its_table_rows_in_the_case() {
         assert!(out.contains(line), "missing {line:?} in:\n{out}");
     }
 }
+
+/// What a failed case shows of a step's outputs is bounded: a program that answers one
+/// record with hundreds of large outputs fails with ten lines of at most a thousand
+/// characters, and a count of the rest (the verdict is held by the daemon and written into
+/// plans and comments).
+#[test]
+fn a_failed_case_shows_a_bounded_part_of_huge_outputs() {
+    let repo = TestRepo::new();
+    let flood =
+        "kind: processor\ninput: cars\njq: 'range(300) | {i: ., pad: ([range(300)] | tostring)}'\n";
+    let tests = "cases:\n  - name: floods\n    input: { value: {} }\n    output: []\n";
+    let rev = commit(
+        &repo,
+        &[
+            ("topologies/t/steps/flood.yaml", flood),
+            ("topologies/t/steps/flood.test.yaml", tests),
+        ],
+    );
+    let (code, out, err) = run(&[
+        "test",
+        &repo.location(),
+        "--rev",
+        &rev,
+        "--step",
+        "flood",
+        "--format",
+        "json",
+    ]);
+    assert_eq!(code, 1, "{err}");
+    let json: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let actual = json["cases"][0]["actual"].as_array().unwrap();
+    assert_eq!(actual.len(), 11, "{actual:#?}");
+    assert_eq!(actual[10], "… and 290 more");
+    assert!(
+        actual[..10]
+            .iter()
+            .all(|line| line.as_str().unwrap().chars().count() < 1_100),
+        "{actual:#?}"
+    );
+    assert!(out.len() < 50_000, "{} bytes of results", out.len());
+}

@@ -529,10 +529,7 @@ impl TreeCache {
             // invalid like a bad step file.
             let (results, finished) = crate::steptest::check_each(&mut validations, &self.tests);
             if !results.is_empty() {
-                let failed = results
-                    .iter()
-                    .filter(|r| !crate::steptest::all_passed(std::slice::from_ref(r)))
-                    .count();
+                let failed = results.iter().filter(|r| r.verdict.fails()).count();
                 tracing::info!(%commit, cases = results.len(), failed, "step tests run");
             }
             self.parsed
