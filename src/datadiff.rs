@@ -19,7 +19,7 @@ use crate::graph::{StepKind, Topology};
 pub use crate::kafka::SampleLimits;
 use crate::kafka::{Admin, Sampled};
 use crate::plan::{Change, Plan};
-use crate::steptest::{Actual, Job, JobRecord, Limits, Ran, execute};
+use crate::steptest::{Actual, Commands, Job, JobRecord, Limits, Ran, execute};
 
 /// How many examples of changed records a diff keeps.
 const EXAMPLES: usize = 3;
@@ -85,10 +85,28 @@ pub type KafkaOf<'k> = dyn Fn(&Topology) -> Result<std::sync::Arc<dyn Admin>, St
 /// plan's `from` side), `new` the planned graphs; records are read through the client
 /// `kafka` gives for a topology (of its cluster).
 #[allow(clippy::too_many_arguments)]
+/// One version of a plan: its graphs, and whether and from where the commands of its exec
+/// and http steps run.
+#[derive(Debug, Clone, Copy)]
+pub struct Side<'a> {
+    pub graphs: &'a [Topology],
+    pub commands: Commands<'a>,
+}
+
+impl<'a> Side<'a> {
+    /// Graphs whose commands do not run.
+    pub fn graphs(graphs: &'a [Topology]) -> Side<'a> {
+        Side {
+            graphs,
+            commands: Commands::Off,
+        }
+    }
+}
+
 pub fn diff(
     plan: &Plan,
-    old: &[Topology],
-    new: &[Topology],
+    old: Side<'_>,
+    new: Side<'_>,
     kafka: &KafkaOf<'_>,
     sample: &SampleLimits,
     limits: &Limits,
@@ -99,10 +117,10 @@ pub fn diff(
     let deadline = Instant::now() + sample.time + limits.time;
     let mut diffs = Vec::new();
     for topology in &plan.topologies {
-        let Some(graph) = new.iter().find(|g| g.name == topology.name) else {
+        let Some(graph) = new.graphs.iter().find(|g| g.name == topology.name) else {
             continue;
         };
-        let running = old.iter().find(|g| g.name == topology.name);
+        let running = old.graphs.iter().find(|g| g.name == topology.name);
         for step in &topology.steps {
             if !matches!(step.change, Change::Replaced | Change::Added)
                 || step.kind != crate::graph::Kind::Processor
@@ -146,7 +164,14 @@ pub fn diff(
                 };
                 kafka(graph).and_then(|kafka| {
                     fill(
-                        &mut diff, graph, id, running, &*kafka, &sample, &limits, masked,
+                        &mut diff,
+                        (graph, new.commands),
+                        id,
+                        running.map(|r| (r, old.commands)),
+                        &*kafka,
+                        &sample,
+                        &limits,
+                        masked,
                     )
                 })
             };
@@ -162,15 +187,15 @@ pub fn diff(
 #[allow(clippy::too_many_arguments)]
 fn fill(
     diff: &mut StepDiff,
-    graph: &Topology,
+    (graph, new_commands): (&Topology, Commands<'_>),
     id: crate::graph::StepId,
-    running: Option<&Topology>,
+    running: Option<(&Topology, Commands<'_>)>,
     kafka: &dyn Admin,
     sample: &SampleLimits,
     limits: &Limits,
     masked: &[String],
 ) -> Result<(), String> {
-    let new_job = Job::of_step(graph, id).map_err(|why| format!("not run: {why}"))?;
+    let new_job = Job::of_step(graph, id, new_commands).map_err(|why| format!("not run: {why}"))?;
     if new_job.stateful() {
         // Its outputs depend on the state (or table) the records before the sample built.
         return Err(
@@ -178,10 +203,13 @@ fn fill(
                 .into(),
         );
     }
+    let old_commands = running.map_or(Commands::Off, |(_, commands)| commands);
+    let running = running.map(|(r, _)| r);
     let old_id = running.and_then(|r| r.find(&diff.step).map(|old| (r, old)));
     let old_job = match old_id {
         Some((r, old)) if matches!(r.step(old).kind, StepKind::Processor { .. }) => Some(
-            Job::of_step(r, old).map_err(|why| format!("the running version is not run: {why}"))?,
+            Job::of_step(r, old, old_commands)
+                .map_err(|why| format!("the running version is not run: {why}"))?,
         ),
         _ => None,
     };
@@ -647,7 +675,15 @@ mod tests {
             let slow = slow.clone();
             move |_: &Topology| Ok(slow.clone() as std::sync::Arc<dyn Admin>)
         };
-        let diffs = diff(&plan, &[], &graphs, &kafka, &sample, &limits, &[]);
+        let diffs = diff(
+            &plan,
+            Side::graphs(&[]),
+            Side::graphs(&graphs),
+            &kafka,
+            &sample,
+            &limits,
+            &[],
+        );
         assert_eq!(diffs.len(), 20);
         let reads = slow.reads.load(std::sync::atomic::Ordering::SeqCst);
         assert!(reads <= 3, "{reads} reads of 100 ms within 200 ms");

@@ -12,7 +12,7 @@ use plumber::daemon::{DaemonConfig, ListenerConfig};
 use plumber::graph::Topology;
 use plumber::repo::{MergePreview, Repository};
 use plumber::spec::budget::Budget;
-use plumber::steptest::Limits as StepTestLimits;
+use plumber::steptest::{Commands, Limits as StepTestLimits};
 use plumber::{Validation, output, plan, validate};
 
 mod ask;
@@ -67,6 +67,10 @@ enum Command {
         format: TextOrJson,
         #[command(flatten)]
         limits: TestLimitArgs,
+        /// Do not run the cases of exec and http steps (their commands, from a checkout of
+        /// the commit): they are reported as not run.
+        #[arg(long)]
+        no_commands: bool,
     },
     /// Runs step-test cases for `plumber test`, `plan` and the daemon, isolated from them:
     /// jobs on stdin, answers on stdout.
@@ -122,6 +126,10 @@ enum Command {
         limits: TestLimitArgs,
         #[command(flatten)]
         sample: SampleArgs,
+        /// Also run the commands of exec and http steps (from checkouts of the commits) in
+        /// step tests and the data diff: code of the commit runs on this machine.
+        #[arg(long)]
+        run_commands: bool,
     },
     /// Run the daemon with the local runtime: follow a branch and apply every valid commit,
     /// running processors as local processes.
@@ -148,6 +156,12 @@ enum Command {
         sample: Option<usize>,
         #[command(flatten)]
         step_tests: TestLimitArgs,
+        /// Run the commands of exec and http steps in step tests (of the branch's commits,
+        /// from their checkouts) and in the data diff (of pull requests whose preview
+        /// environment runs, which a maintainer's label approved): their code runs on this
+        /// machine. Without it those cases are reported as not run.
+        #[arg(long)]
+        run_commands: bool,
         #[command(flatten)]
         listener: ListenerArgs,
         /// How often a remote repository is fetched, in seconds.
@@ -430,6 +444,7 @@ fn run(command: Command) -> Result<ExitCode> {
             step,
             format,
             limits,
+            no_commands,
         } => {
             let limits = StepTestLimits::try_from(limits)?;
             let repo = Repository::open(&repo)?;
@@ -442,8 +457,20 @@ fn run(command: Command) -> Result<ExitCode> {
                 eprint!("{}", output::validation_text(&commit, &validation));
                 return Ok(ExitCode::from(INVALID));
             };
-            let results =
-                plumber::steptest::run(topologies, topology.as_deref(), step.as_deref(), &limits);
+            let checkout = (!no_commands)
+                .then(|| checkout_for_commands(&repo, &commit, topologies))
+                .transpose()?;
+            let commands = match &checkout {
+                Some(dir) => Commands::From(dir.path()),
+                None => Commands::Refused("not with `--no-commands`"),
+            };
+            let results = plumber::steptest::run(
+                topologies,
+                topology.as_deref(),
+                step.as_deref(),
+                &limits,
+                commands,
+            );
             let passed = plumber::steptest::all_passed(&results);
             let text = match format {
                 TextOrJson::Json => json_line(&serde_json::json!({
@@ -508,6 +535,7 @@ fn run(command: Command) -> Result<ExitCode> {
             preview,
             limits,
             sample,
+            run_commands,
         } => {
             let limits = StepTestLimits::try_from(limits)?;
             let repo = Repository::open(&repo)?;
@@ -553,9 +581,18 @@ fn run(command: Command) -> Result<ExitCode> {
                 }
                 _ => anyhow::bail!("give --to REV, or --base BRANCH with --head REF"),
             };
+            // The commands of exec and http steps run from checkouts of each side's commit
+            // (for a merge preview, the head's: the code the pull request proposes).
+            let checkout_of = |side: Option<&(String, Validation)>| {
+                side.filter(|_| run_commands)
+                    .and_then(|(commit, v)| Some((commit, v.topologies.as_deref()?)))
+                    .map(|(commit, topologies)| checkout_for_commands(&repo, commit, topologies))
+                    .transpose()
+            };
+            let checkouts = (checkout_of(from.as_ref())?, checkout_of(Some(&to))?);
             // What is planned must pass its step tests, as the daemon requires.
             let mut to = to;
-            plumber::steptest::check(&mut to.1, &limits);
+            plumber::steptest::check(&mut to.1, &limits, commands_of(checkouts.1.as_ref()));
             // Owners as of the side the change is reviewed against (for a pull request, its
             // base, as GitHub does: a branch cannot name its own reviewers).
             let reviewed_against = from.as_ref().map_or(&to.0, |(commit, _)| commit);
@@ -570,6 +607,7 @@ fn run(command: Command) -> Result<ExitCode> {
                     preview,
                     sample: sample.sampling()?,
                     limits,
+                    checkouts,
                 },
             )
         }
@@ -582,6 +620,7 @@ fn run(command: Command) -> Result<ExitCode> {
             listener,
             sample,
             step_tests,
+            run_commands,
             poll_interval,
             keep_topics,
             stall_timeout,
@@ -617,6 +656,7 @@ fn run(command: Command) -> Result<ExitCode> {
             config.listen = listen;
             config.listener = listener.into();
             config.step_tests = StepTestLimits::try_from(step_tests)?;
+            config.run_commands = run_commands;
             config.data_diff = sample.map(|records| plumber::datadiff::SampleLimits {
                 records,
                 ..Default::default()
@@ -930,6 +970,35 @@ struct PlanSettings {
     )>,
     /// What the step tests, and the data diff's runs, may take.
     limits: StepTestLimits,
+    /// Checkouts of the running and the planned commit for the commands of exec and http
+    /// steps (`--run-commands`).
+    checkouts: (Option<tempfile::TempDir>, Option<tempfile::TempDir>),
+}
+
+/// A checkout of what the exec and http steps of `topologies` run, at `commit`, removed when
+/// dropped.
+fn checkout_for_commands(
+    repo: &Repository,
+    commit: &str,
+    topologies: &[Topology],
+) -> Result<tempfile::TempDir> {
+    let dir = tempfile::Builder::new()
+        .prefix("plumber-checkout-")
+        .tempdir()?;
+    repo.checkout(
+        git2::Oid::from_str(commit)?,
+        &plumber::graph::checkout_dirs(topologies),
+        dir.path(),
+    )?;
+    Ok(dir)
+}
+
+/// Whether commands run, from `checkout`, or why not.
+fn commands_of(checkout: Option<&tempfile::TempDir>) -> Commands<'_> {
+    match checkout {
+        Some(dir) => Commands::From(dir.path()),
+        None => Commands::Refused("`plumber plan` runs them with `--run-commands`"),
+    }
 }
 
 impl SampleArgs {
@@ -1008,8 +1077,14 @@ fn plan_command(
     let diffs = match (&settings.sample, &planned) {
         (Some((kafka, sample)), Some(planned)) => Some(plumber::datadiff::diff(
             planned,
-            from_graphs.unwrap_or_default(),
-            to_graphs.unwrap_or_default(),
+            plumber::datadiff::Side {
+                graphs: from_graphs.unwrap_or_default(),
+                commands: commands_of(settings.checkouts.0.as_ref()),
+            },
+            plumber::datadiff::Side {
+                graphs: to_graphs.unwrap_or_default(),
+                commands: commands_of(settings.checkouts.1.as_ref()),
+            },
             &|_| Ok(kafka.clone()),
             sample,
             &settings.limits,
@@ -1086,6 +1161,12 @@ fn plan_command(
             out
         }
     };
+    // Warnings (a step test not run) go beside the plan, which stays what it is.
+    if !matches!(format, PlanFormat::Json) {
+        for warning in to.1.warnings() {
+            eprintln!("{warning}");
+        }
+    }
     print(&text)?;
     Ok(exit_for(planned.is_some()))
 }

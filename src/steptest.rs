@@ -10,11 +10,15 @@
 //!
 //! jq steps and `sql` steps run: a stateful one (GROUP BY) on a case's records in order from
 //! empty state, a join with the case's records `from:` its table as the table's rows. exec and
-//! http steps are reported as not run, with why: they need a child process or a server that a
-//! case does not have yet.
+//! http steps run through the processor's own exec and http transforms, from their directory
+//! in a checkout of the commit ([`Commands`]) and with the environment a local processor gets;
+//! without a checkout they are reported as not run, with why. Their worker has no memory
+//! limit (a command's runtime, node or a JVM, reserves far more address space than it uses),
+//! only the case's time; it and everything it started are killed as one process group.
 
 use std::io::{BufRead as _, BufReader, Read as _, Write as _};
-use std::path::PathBuf;
+use std::os::unix::process::CommandExt as _;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::time::{Duration, Instant};
@@ -114,6 +118,44 @@ pub(crate) struct Job {
     /// Its input steps, in name order; each read from a topic of its own name.
     inputs: Vec<String>,
     records: Vec<JobRecord>,
+    /// Where a step that runs a command runs it: its worker is started there (the worker
+    /// itself never reads it).
+    #[serde(skip)]
+    sandbox: Option<Sandbox>,
+}
+
+/// Where and with what environment a worker runs the command of an exec or http step: its
+/// directory in a checkout of the commit, and what a local processor gets (the allowed
+/// variables of ours, then the step's own `env:` values).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Sandbox {
+    dir: PathBuf,
+    env: Vec<(String, String)>,
+}
+
+/// Whether steps that run a command (exec, http) run in tests and data diffs, and from where:
+/// the root of a checkout of the commit holding those steps' directories
+/// ([`crate::repo::Repository::checkout`]). Jq and sql steps always run.
+#[derive(Debug, Clone, Copy, Default)]
+pub enum Commands<'a> {
+    /// Not run: the case is reported as not run, and why.
+    #[default]
+    Off,
+    /// Not run, for the reason given (which says how to turn them on).
+    Refused(&'a str),
+    /// Run from this checkout.
+    From(&'a Path),
+}
+
+impl Commands<'_> {
+    fn refusal(&self) -> &str {
+        match self {
+            Commands::Refused(why) => why,
+            _ => {
+                "`plumber test` runs them (unless `--no-commands`), `plumber plan` with `--run-commands`"
+            }
+        }
+    }
 }
 
 /// An input record of a job.
@@ -137,6 +179,7 @@ pub fn run(
     topology: Option<&str>,
     step: Option<&str>,
     limits: &Limits,
+    commands: Commands<'_>,
 ) -> Vec<CaseResult> {
     let mut results = Vec::new();
     let mut jobs = Vec::new();
@@ -151,7 +194,7 @@ pub fn run(
             .filter(|t| step.is_none_or(|name| t.step == name))
         {
             for case in &tests.cases {
-                let verdict = match job(graph, &tests.step, case) {
+                let verdict = match job(graph, &tests.step, case, commands) {
                     Ok(job) => {
                         expects.push((results.len(), &case.expect));
                         jobs.push(job);
@@ -202,14 +245,22 @@ pub fn run(
 /// Runs the step tests of a valid commit's graphs and folds what failed into `validation`:
 /// each failed or unfinished case an error at its test file's line (the graphs go, as for
 /// any invalid commit), each case not run a warning. Returns the results.
-pub fn check(validation: &mut Validation, limits: &Limits) -> Vec<CaseResult> {
-    check_each(std::slice::from_mut(validation), limits).0
+pub fn check(
+    validation: &mut Validation,
+    limits: &Limits,
+    commands: Commands<'_>,
+) -> Vec<CaseResult> {
+    check_each(std::slice::from_mut(validation), limits, commands).0
 }
 
 /// [`check`] for the validations of several topologies, all their cases in one run (one
 /// worker, one time limit). Returns the results and, for each validation, whether every
 /// case of it finished (one the run's time cut short says nothing of its step).
-pub fn check_each(validations: &mut [Validation], limits: &Limits) -> (Vec<CaseResult>, Vec<bool>) {
+pub fn check_each(
+    validations: &mut [Validation],
+    limits: &Limits,
+    commands: Commands<'_>,
+) -> (Vec<CaseResult>, Vec<bool>) {
     let graphs: Vec<Topology> = validations
         .iter()
         .filter_map(|v| v.topologies.as_ref())
@@ -220,7 +271,7 @@ pub fn check_each(validations: &mut [Validation], limits: &Limits) -> (Vec<CaseR
     if graphs.is_empty() {
         return (Vec::new(), vec![true; validations.len()]);
     }
-    let results = run(&graphs, None, None, limits);
+    let results = run(&graphs, None, None, limits, commands);
     let finished = validations
         .iter_mut()
         .map(|validation| {
@@ -237,6 +288,49 @@ pub fn check_each(validations: &mut [Validation], limits: &Limits) -> (Vec<CaseR
         })
         .collect();
     (results, finished)
+}
+
+/// The cases of the steps of `validation` that run a command (exec, http), run from
+/// `checkout`: those a validation that refused [`Commands`] reports as not run. Folded in
+/// with [`fold_commands`].
+pub fn run_commands(validation: &Validation, limits: &Limits, checkout: &Path) -> Vec<CaseResult> {
+    let graphs: Vec<Topology> = validation
+        .topologies
+        .iter()
+        .flatten()
+        .filter_map(|graph| {
+            let mut graph = graph.clone();
+            let runs_command = |step: &str| {
+                graph
+                    .find(step)
+                    .is_some_and(|id| graph.step(id).checkout_dir().is_some())
+            };
+            let tests: Vec<_> = graph
+                .tests
+                .iter()
+                .filter(|t| runs_command(&t.step))
+                .cloned()
+                .collect();
+            graph.tests = tests;
+            (!graph.tests.is_empty()).then_some(graph)
+        })
+        .collect();
+    if graphs.is_empty() {
+        return Vec::new();
+    }
+    run(&graphs, None, None, limits, Commands::From(checkout))
+}
+
+/// Folds the results of [`run_commands`] into `validation`: each replaces the warning that
+/// said its case was not run. Whether all of them finished.
+pub fn fold_commands(validation: &mut Validation, results: &[CaseResult]) -> bool {
+    validation.diagnostics.retain(|d| {
+        d.code != Code::TestNotRun
+            || !results
+                .iter()
+                .any(|r| r.file == d.file && d.line == Some(r.line))
+    });
+    fold(validation, results.iter())
 }
 
 /// Folds `results` into `validation`; whether all of them finished.
@@ -289,13 +383,11 @@ fn fold<'r>(validation: &mut Validation, results: impl Iterator<Item = &'r CaseR
 }
 
 /// The case as a job for the worker, or its verdict when it cannot be one.
-fn job(graph: &Topology, step: &str, case: &Case) -> Result<Job, Verdict> {
+fn job(graph: &Topology, step: &str, case: &Case, commands: Commands<'_>) -> Result<Job, Verdict> {
     let id = graph.find(step).ok_or_else(|| Verdict::NotRun {
         why: format!("the topology has no step `{step}`"),
     })?;
-    let template = Job::of_step(graph, id).map_err(|why| Verdict::NotRun {
-        why: format!("{why}: `plumber test` does not run these yet"),
-    })?;
+    let template = Job::of_step(graph, id, commands).map_err(|why| Verdict::NotRun { why })?;
     let mut records = Vec::with_capacity(case.inputs.len());
     for record in &case.inputs {
         let from = record
@@ -325,30 +417,55 @@ fn job(graph: &Topology, step: &str, case: &Case) -> Result<Job, Verdict> {
 
 impl Job {
     /// A job of processor `id` without its records yet; why not when the step is not one a
-    /// worker runs (exec, http).
-    pub(crate) fn of_step(graph: &Topology, id: crate::graph::StepId) -> Result<Job, String> {
-        let StepKind::Processor { transform, env, .. } = &graph.step(id).kind else {
-            return Err(format!("`{}` is no processor", graph.step(id).name));
+    /// worker runs (a command, where `commands` does not allow it).
+    pub(crate) fn of_step(
+        graph: &Topology,
+        id: crate::graph::StepId,
+        commands: Commands<'_>,
+    ) -> Result<Job, String> {
+        let step = graph.step(id);
+        let StepKind::Processor { transform, env, .. } = &step.kind else {
+            return Err(format!("`{}` is no processor", step.name));
         };
-        match transform {
-            Transform::Jq { .. } => {}
-            Transform::Sql { .. } => {}
-            Transform::Exec { .. } | Transform::Http { .. } => {
-                return Err(format!(
-                    "an {} step runs a command or a server",
-                    transform.kind()
-                ));
+        let env: Vec<(String, String)> = env
+            .iter()
+            .filter_map(|(name, value)| match value {
+                EnvValue::Value(value) => Some((name.clone(), value.clone())),
+                EnvValue::Secret { .. } => None,
+            })
+            .collect();
+        let sandbox = match (transform, step.checkout_dir()) {
+            (Transform::Jq { .. } | Transform::Sql { .. }, _) => None,
+            (Transform::Http { command: None, .. }, _) => {
+                return Err(
+                    "an http step without `command:` runs only as its image's sidecar in Kubernetes: give it a `command:` to start its server locally"
+                        .into(),
+                );
             }
-        }
+            (_, Some(dir)) => match commands {
+                Commands::From(checkout) => Some(Sandbox {
+                    dir: checkout.join(dir),
+                    env: crate::runtime::local::inherited_env()
+                        .filter_map(|(name, value)| {
+                            Some((name.to_owned(), value.into_string().ok()?))
+                        })
+                        .chain(env.iter().cloned())
+                        .collect(),
+                }),
+                Commands::Off | Commands::Refused(_) => {
+                    return Err(format!(
+                        "an {} step runs a command of the commit: {}",
+                        transform.kind(),
+                        commands.refusal()
+                    ));
+                }
+            },
+            (_, None) => return Err("the step runs from no directory".into()),
+        };
         Ok(Job {
             transform: transform.clone(),
-            env: env
-                .iter()
-                .filter_map(|(name, value)| match value {
-                    EnvValue::Value(value) => Some((name.clone(), value.clone())),
-                    EnvValue::Secret { .. } => None,
-                })
-                .collect(),
+            env,
+            sandbox,
             inputs: {
                 let mut inputs: Vec<String> = graph
                     .inputs(id)
@@ -389,6 +506,7 @@ impl Job {
             env: self.env.clone(),
             inputs: self.inputs.clone(),
             records,
+            sandbox: self.sandbox.clone(),
         }
     }
 }
@@ -432,7 +550,26 @@ pub(crate) fn execute(jobs: &[Job], limits: &Limits) -> Vec<Ran> {
         if left.is_zero() {
             break;
         }
-        let mut worker = match Worker::start(&lines[ran.len()..], limits) {
+        // A worker runs the jobs that need the same place to run in (a command's directory
+        // and environment), so it is given only those.
+        let first = ran.len();
+        let sandbox = jobs[first].sandbox.as_ref();
+        let end = first
+            + jobs[first..]
+                .iter()
+                .take_while(|job| job.sandbox.as_ref() == sandbox)
+                .count();
+        if let Some(missing) = sandbox.filter(|s| !s.dir.is_dir()) {
+            let why = format!(
+                "its directory {} is not in the checkout",
+                missing.dir.display()
+            );
+            while ran.len() < end {
+                ran.push(Ran::Answered(Err(why.clone())));
+            }
+            continue;
+        }
+        let mut worker = match Worker::start(&lines[first..end], limits, sandbox) {
             Ok(worker) => worker,
             Err(why) => {
                 while ran.len() < jobs.len() {
@@ -441,7 +578,7 @@ pub(crate) fn execute(jobs: &[Job], limits: &Limits) -> Vec<Ran> {
                 return ran;
             }
         };
-        while ran.len() < jobs.len() {
+        while ran.len() < end {
             let left = limits.time.saturating_sub(started.elapsed());
             match worker
                 .answers
@@ -486,22 +623,34 @@ struct Worker {
 }
 
 impl Worker {
-    fn start(lines: &[Vec<u8>], limits: &Limits) -> Result<Worker, String> {
+    fn start(
+        lines: &[Vec<u8>],
+        limits: &Limits,
+        sandbox: Option<&Sandbox>,
+    ) -> Result<Worker, String> {
         let program = match &limits.program {
             Some(program) => program.clone(),
             None => std::env::current_exe()
                 .map_err(|e| format!("cannot find the plumber executable to run it: {e}"))?,
         };
-        let mut child = Command::new(&program)
+        let mut command = Command::new(&program);
+        command
             .arg("step-test-worker")
             .arg("--memory")
-            .arg(limits.memory.to_string())
+            // A command's runtime is not held to an address-space limit (see the module).
+            .arg(if sandbox.is_some() { 0 } else { limits.memory }.to_string())
             .arg("--case-time")
             .arg(limits.case_time.as_secs_f64().to_string())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .env_clear()
+            // Its own process group: killing it kills the commands it started too.
+            .process_group(0);
+        if let Some(sandbox) = sandbox {
+            command.current_dir(&sandbox.dir).envs(sandbox.env.clone());
+        }
+        let mut child = command
             .spawn()
             .map_err(|e| format!("cannot start `{} step-test-worker`: {e}", program.display()))?;
         let (Some(mut stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
@@ -567,7 +716,14 @@ impl Worker {
         }
     }
 
+    /// Kills the worker and whatever it started (an exec child, an http server).
     fn kill(mut self) {
+        if let Ok(pid) = i32::try_from(self.child.id()) {
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -581,8 +737,11 @@ pub fn serve_worker(memory: u64, case_time: Duration) -> std::io::Result<()> {
     let limit = memory
         .saturating_add(plumber_processor::pipeline::LOOP_STACK as u64)
         .saturating_add(PROGRAM_ROOM);
-    nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_AS, limit, limit)
-        .map_err(std::io::Error::from)?;
+    // 0: a command's worker, held to its time only.
+    if memory > 0 {
+        nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_AS, limit, limit)
+            .map_err(std::io::Error::from)?;
+    }
     // The processor's processing thread's stack: a case means what the step does.
     let worker = std::thread::Builder::new()
         .name("step-test-worker".into())
@@ -601,7 +760,7 @@ pub fn serve_worker(memory: u64, case_time: Duration) -> std::io::Result<()> {
                             .as_ref()
                             .is_some_and(|(of, _)| of.same_step(&job) && !job.stateful());
                         if !same {
-                            compiled = match compile(&job) {
+                            compiled = match compile(&job, case_time) {
                                 Ok(step) => Some((job.with_records(Vec::new()), step)),
                                 Err(why) => {
                                     write_answer(&mut stdout, &Err(why))?;
@@ -633,8 +792,13 @@ fn write_answer(out: &mut impl std::io::Write, answer: &Answer) -> std::io::Resu
 
 /// A step as the worker runs it.
 enum Compiled {
-    /// The processor's transform of a step that takes each record alone.
-    Transform(Box<dyn transform::Transform>),
+    /// The processor's transform of a step that takes each record alone, and the server an
+    /// http step calls, started for it.
+    Transform {
+        step: Box<dyn transform::Transform>,
+        /// Held for its life: dropping it stops the server.
+        _server: Option<Server>,
+    },
     /// A join and its table, filled by the case's records `from:` the table's step.
     Join {
         join: Box<plumber_sql::Join>,
@@ -649,12 +813,107 @@ enum Compiled {
     },
 }
 
-fn compile(job: &Job) -> Result<Compiled, String> {
+/// An http step's server, started by the worker as `plumber up` starts it; killed with the
+/// step (the worker's parent kills its whole process group besides).
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Server {
+    /// Starts `command` with `PORT` set to a free port, in the worker's directory and
+    /// environment (the step's), and waits until the port takes connections.
+    fn start(command: &[String], within: Duration) -> Result<(Server, u16), String> {
+        let (program, args) = command
+            .split_first()
+            .ok_or_else(|| "the http step's `command:` is empty".to_owned())?;
+        let port = crate::runtime::local::free_port()
+            .map_err(|e| format!("no free port for its server: {e}"))?;
+        let child = Command::new(program)
+            .args(args)
+            .env("PORT", port.to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("cannot run its server `{program}`: {e}"))?;
+        let mut server = Server(child);
+        let deadline = Instant::now() + within;
+        let address = std::net::SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, port));
+        loop {
+            if std::net::TcpStream::connect_timeout(&address, Duration::from_millis(200)).is_ok() {
+                return Ok((server, port));
+            }
+            if let Ok(Some(status)) = server.0.try_wait() {
+                return Err(format!(
+                    "its server `{}` exited ({status}) before it listened on $PORT",
+                    command.join(" ")
+                ));
+            }
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "its server `{}` did not listen on $PORT ({port}) within {} s",
+                    command.join(" "),
+                    within.as_secs_f64()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// How the worker's exec and http transforms try a record: as the processor does by default
+/// (its `--attempts`, and `--transform-timeout` per call), within the case's time.
+fn retries(case_time: Duration) -> transform::Retries {
+    transform::Retries {
+        call_timeout: case_time.min(Duration::from_secs(30)),
+        attempts: 4,
+        budget: case_time,
+    }
+}
+
+fn compile(job: &Job, case_time: Duration) -> Result<Compiled, String> {
     Ok(match &job.transform {
-        Transform::Jq { program } => Compiled::Transform(Box::new(
-            transform::jq::Jq::compile_with_env(program, job.env.clone())
+        Transform::Jq { program } => Compiled::Transform {
+            step: Box::new(
+                transform::jq::Jq::compile_with_env(program, job.env.clone())
+                    .map_err(|e| e.to_string())?,
+            ),
+            _server: None,
+        },
+        Transform::Exec { command, .. } => Compiled::Transform {
+            step: Box::new(
+                transform::exec::Exec::new(
+                    command.clone(),
+                    retries(case_time),
+                    plumber_processor::metrics::Metrics::new(),
+                )
                 .map_err(|e| e.to_string())?,
-        )),
+            ),
+            _server: None,
+        },
+        Transform::Http {
+            command: Some(command),
+            path,
+            ..
+        } => {
+            let (server, port) = Server::start(command, case_time)?;
+            Compiled::Transform {
+                step: Box::new(
+                    transform::http::Http::new(
+                        format!("http://127.0.0.1:{port}{path}"),
+                        retries(case_time),
+                        plumber_processor::metrics::Metrics::new(),
+                    )
+                    .map_err(|e| e.to_string())?,
+                ),
+                _server: Some(server),
+            }
+        }
         Transform::Sql {
             query,
             table: Some(table),
@@ -702,11 +961,17 @@ fn compile(job: &Job) -> Result<Compiled, String> {
             } else {
                 Vec::new()
             };
-            Compiled::Transform(Box::new(
-                transform::sql::Sql::compile(query, &inputs, &topics).map_err(|e| e.to_string())?,
-            ))
+            Compiled::Transform {
+                step: Box::new(
+                    transform::sql::Sql::compile(query, &inputs, &topics)
+                        .map_err(|e| e.to_string())?,
+                ),
+                _server: None,
+            }
         }
-        other => return Err(format!("a {} step is not run here", other.kind())),
+        Transform::Http { command: None, .. } => {
+            return Err("an http step without `command:` has no server to start here".into());
+        }
     })
 }
 
@@ -733,9 +998,7 @@ fn run_job(step: &mut Compiled, job: &Job, case_time: Duration) -> Answer {
                 .collect(),
         };
         let actual = match step {
-            Compiled::Transform(transform) => {
-                apply(transform.as_mut(), &input, &headers, deadline)?
-            }
+            Compiled::Transform { step, .. } => apply(step.as_mut(), &input, &headers, deadline)?,
             Compiled::Join {
                 join,
                 table,

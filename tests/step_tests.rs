@@ -61,11 +61,19 @@ const SCORE_TESTS: &str = r#"cases:
     output: [{ value: { id: 1, score: 1 } }]
 "#;
 
+/// `score.yaml`'s command: the exec protocol, one answer line per record.
+const SCORE_PY: &str = r#"import json, sys
+for line in sys.stdin:
+    record = json.loads(line)
+    print(json.dumps({"id": record["id"], "outputs": [{"value": {**record["value"], "score": 1}}]}), flush=True)
+"#;
+
 fn commit(repo: &TestRepo, extra: &[(&str, &str)]) -> String {
     let mut files: Vec<_> = SOURCES.iter().map(|(p, c)| write(p, *c)).collect();
     files.push(write("topologies/t/steps/fast.yaml", FAST));
     files.push(write("topologies/t/steps/both.yaml", BOTH));
     files.push(write("topologies/t/steps/score.yaml", SCORE));
+    files.push(write("topologies/t/steps/score.py", SCORE_PY));
     files.extend(extra.iter().map(|(p, c)| write(p, *c)));
     repo.commit("main", "steps and tests", &files).to_string()
 }
@@ -97,12 +105,20 @@ fn each_case_passes_or_fails_with_what_it_expected_and_what_came() {
         "  actual:   no key {\"id\":3,\"kmh\":144}".to_owned(),
         "topologies/t/steps/both.test.yaml:2:5: both: a truck is labelled: ok".to_owned(),
         "topologies/t/steps/both.test.yaml:6:5: both: a car is labelled: ok".to_owned(),
-        "7 cases: 5 passed, 1 failed, 1 not run".to_owned(),
+        "topologies/t/steps/score.test.yaml:2:5: score: scored: ok".to_owned(),
+        "7 cases: 6 passed, 1 failed, 0 not run".to_owned(),
     ] {
         assert!(out.contains(&line), "missing {line:?} in:\n{out}");
     }
+    // Without commands, the exec step's case is not run, and says why.
+    let (code, out, err) = run(&["test", &repo.location(), "--rev", &rev, "--no-commands"]);
+    assert_eq!(code, 1, "{out}{err}");
     assert!(
-        out.contains("score: scored: not run: an exec step runs a command"),
+        out.contains("score: scored: not run: an exec step runs a command of the commit: not with `--no-commands`"),
+        "{out}"
+    );
+    assert!(
+        out.contains("7 cases: 5 passed, 1 failed, 1 not run"),
         "{out}"
     );
 
@@ -171,7 +187,7 @@ fn the_example_repository_s_step_tests_pass() {
     let (code, out, err) = run(&["test", &repo.location(), "--rev", &rev]);
     assert_eq!(code, 0, "{out}{err}");
     assert!(
-        out.ends_with("11 cases: 11 passed, 0 failed, 0 not run\n"),
+        out.ends_with("15 cases: 15 passed, 0 failed, 0 not run\n"),
         "{out}"
     );
 }
@@ -460,4 +476,187 @@ fn a_failed_case_shows_a_bounded_part_of_huge_outputs() {
         "{actual:#?}"
     );
     assert!(out.len() < 50_000, "{} bytes of results", out.len());
+}
+
+/// An exec step's command and an http step's server, run from the commit's checkout through
+/// the processor's own exec and http transforms: an answer, an error answer dead-lettered
+/// `exec-error`, a child that crashes at every attempt `exec-failed`, one that hangs past
+/// the case's time `timeout` (and is killed with everything it started), a 4xx answer
+/// `http-error`. `plumber plan` runs them only with `--run-commands`.
+#[test]
+fn exec_and_http_steps_are_tested_through_the_processor_s_own_path() {
+    let repo = TestRepo::new();
+    let pids = tempfile::tempdir().unwrap();
+    let exec = format!(
+        "kind: processor\ninput: cars\nexec:\n  command: [python3, tag.py]\nenv: {{ PIDS: {} }}\n",
+        pids.path().display()
+    );
+    let tag_py = r#"import json, os, subprocess, sys, time
+# Each child notes its pid and that of a grandchild it starts, which never ends by itself.
+helper = subprocess.Popen(["sleep", "1000"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+with open(os.path.join(os.environ["PIDS"], str(os.getpid())), "w") as f:
+    f.write(f"{os.getpid()}\n{helper.pid}\n")
+for line in sys.stdin:
+    record = json.loads(line)
+    value = record["value"]
+    if value.get("crash"):
+        sys.exit(3)
+    if value.get("hang"):
+        time.sleep(1000)
+    if value.get("bad"):
+        print(json.dumps({"id": record["id"], "error": "bad reading"}), flush=True)
+        continue
+    print(json.dumps({"id": record["id"], "outputs": [{"value": {**value, "tag": os.environ["TAG"]}}]}), flush=True)
+"#;
+    let http = "kind: processor\ninput: cars\nhttp:\n  image: example/risk:1\n  port: 8080\n  path: /score\n  command: [python3, serve.py]\nenv: { FACTOR: \"2\" }\n";
+    let serve_py = r#"import json, os
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+class Score(BaseHTTPRequestHandler):
+    def do_POST(self):
+        record = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        value = record["value"]
+        if "speed" not in value:
+            self.send_response(422)
+            self.end_headers()
+            self.wfile.write(b"no speed")
+            return
+        body = json.dumps([{"value": {**value, "risk": value["speed"] * int(os.environ["FACTOR"])}}]).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+HTTPServer(("127.0.0.1", int(os.environ["PORT"])), Score).serve_forever()
+"#;
+    let exec_tests = r#"cases:
+  - name: tagged
+    input: { key: c1, value: { id: 1 } }
+    output: [{ key: c1, value: { id: 1, tag: blue } }]
+  - name: an error answer
+    input: { value: { bad: true } }
+    deadLetter: exec-error
+  - name: a crash at every attempt
+    input: { value: { crash: true } }
+    deadLetter: exec-failed
+  - name: a hang
+    input: { value: { hang: true } }
+    deadLetter: timeout
+  - name: tagged after all that
+    input: { value: { id: 2 } }
+    output: [{ value: { id: 2, tag: blue } }]
+  - name: a wrong expectation
+    input: { value: { id: 3 } }
+    output: [{ value: { id: 3, tag: red } }]
+"#;
+    let http_tests = r#"cases:
+  - name: scored
+    input: { value: { id: 1, speed: 21 } }
+    output: [{ value: { id: 1, speed: 21, risk: 42 } }]
+  - name: refused
+    input: { value: { id: 2 } }
+    deadLetter: http-status
+"#;
+    let exec = exec.replace("env: {", "env: { TAG: blue,");
+    let rev = commit(
+        &repo,
+        &[
+            ("topologies/t/steps/tag/tag.yaml", exec.as_str()),
+            ("topologies/t/steps/tag/tag.py", tag_py),
+            ("topologies/t/steps/tag/tag.test.yaml", exec_tests),
+            ("topologies/t/steps/risk/risk.yaml", http),
+            ("topologies/t/steps/risk/serve.py", serve_py),
+            ("topologies/t/steps/risk/risk.test.yaml", http_tests),
+        ],
+    );
+    let (code, out, err) = run(&[
+        "test",
+        &repo.location(),
+        "--rev",
+        &rev,
+        "--case-time",
+        "3",
+        "--format",
+        "json",
+    ]);
+    assert_eq!(code, 1, "{out}{err}");
+    let json: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let cases = json["cases"].as_array().unwrap();
+    let result = |name: &str| {
+        let case = cases.iter().find(|c| c["name"] == name).unwrap();
+        (
+            case["result"].as_str().unwrap().to_owned(),
+            case.to_string(),
+        )
+    };
+    for name in [
+        "tagged",
+        "an error answer",
+        "a crash at every attempt",
+        "a hang",
+        "tagged after all that",
+        "scored",
+        "refused",
+    ] {
+        let (result, case) = result(name);
+        assert_eq!(result, "passed", "{case}");
+    }
+    let (wrong, case) = result("a wrong expectation");
+    assert_eq!(wrong, "failed", "{case}");
+    assert!(case.contains("blue"), "what came is shown: {case}");
+    // Every child the cases started, and what each of them started, is gone.
+    let started: Vec<i32> = std::fs::read_dir(pids.path())
+        .unwrap()
+        .flat_map(|entry| {
+            std::fs::read_to_string(entry.unwrap().path())
+                .unwrap()
+                .lines()
+                .map(|pid| pid.parse().unwrap())
+                .collect::<Vec<i32>>()
+        })
+        .collect();
+    assert!(started.len() >= 4, "a child per crash or hang: {started:?}");
+    let gone = || started.iter().all(|&pid| zombie(pid));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !gone() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(gone(), "left running: {started:?}");
+
+    // `plumber plan` runs commands only when asked to.
+    let (code, out, err) = run(&["plan", &repo.location(), "--to", &rev, "--case-time", "3"]);
+    assert_eq!(code, 0, "cases not run only warn: {out}{err}");
+    assert!(
+        err.contains("test-not-run: step test `tagged` of `tag` is not run: an exec step runs a command of the commit: `plumber plan` runs them with `--run-commands`"),
+        "{err}"
+    );
+    let (code, out, err) = run(&[
+        "plan",
+        &repo.location(),
+        "--to",
+        &rev,
+        "--case-time",
+        "3",
+        "--run-commands",
+    ]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(
+        out.contains("topologies/t/steps/tag/tag.test.yaml:17:5: test-failed: step test `a wrong expectation` of `tag` failed"),
+        "{out}"
+    );
+    assert!(!out.contains("test-not-run"), "{out}");
+}
+
+/// Whether `pid` has exited (reaped, or not yet: its parent, killed, left it to init).
+fn zombie(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|stat| {
+            stat.rsplit(')')
+                .next()
+                .is_some_and(|rest| rest.trim_start().starts_with('Z'))
+        })
+        .unwrap_or(true)
 }

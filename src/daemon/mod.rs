@@ -125,6 +125,11 @@ pub struct DaemonConfig {
     /// The data diff of every ref plan ([`crate::datadiff`]): how much of what feeds each
     /// replaced or added step is read; `None`: no data diff.
     pub data_diff: Option<crate::datadiff::SampleLimits>,
+    /// Run the commands of exec and http steps in step tests (of the branch's commits) and in
+    /// the data diff (of pull requests whose preview environment runs): `plumber up
+    /// --run-commands`. The daemon in Kubernetes never does: those commands live in the
+    /// steps' images.
+    pub run_commands: bool,
 }
 
 impl DaemonConfig {
@@ -172,6 +177,7 @@ impl DaemonConfig {
             },
             step_tests: crate::steptest::Limits::default(),
             data_diff: None,
+            run_commands: false,
         }
     }
 }
@@ -418,6 +424,7 @@ impl Context {
                 config.step_secrets.clone(),
                 config.budget,
                 config.step_tests.clone(),
+                config.run_commands,
             ),
             config,
             state,

@@ -50,6 +50,11 @@ pub struct Revisions {
     pinned: Mutex<BTreeSet<String>>,
     /// Authors and messages of the commits history shows (they never change).
     commits: Mutex<BTreeMap<String, crate::repo::CommitInfo>>,
+    /// What running the step tests of exec and http steps may take, when the daemon runs
+    /// them (`plumber up --run-commands`): from a commit's checkout, once it is validated.
+    command_tests: Option<crate::steptest::Limits>,
+    /// Those tests' results per commit: an invalid head is loaded again at every look.
+    command_results: Mutex<BTreeMap<String, Arc<Vec<crate::steptest::CaseResult>>>>,
 }
 
 impl Revisions {
@@ -59,15 +64,54 @@ impl Revisions {
         secrets: StepSecrets,
         budget: Budget,
         tests: crate::steptest::Limits,
+        run_commands: bool,
     ) -> Self {
         Revisions {
             source,
             budget,
             checkouts: state.checkouts(),
             cache: Mutex::new(BTreeMap::new()),
+            command_tests: run_commands.then(|| tests.clone()),
             trees: Arc::new(TreeCache::new(secrets, tests)),
             pinned: Mutex::new(BTreeSet::new()),
             commits: Mutex::new(BTreeMap::new()),
+            command_results: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// The step tests of `validation`'s exec and http steps, run from `checkout` (a checkout
+    /// of `commit`) and folded into it, when the daemon runs commands.
+    fn test_commands(&self, commit: &str, validation: &mut Validation, checkout: &std::path::Path) {
+        let Some(limits) = &self.command_tests else {
+            return;
+        };
+        let known = self
+            .command_results
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(commit)
+            .cloned();
+        let results = match known {
+            Some(results) => results,
+            None => {
+                let results = Arc::new(crate::steptest::run_commands(validation, limits, checkout));
+                if !results.is_empty() {
+                    let failed = results.iter().filter(|r| r.verdict.fails()).count();
+                    tracing::info!(%commit, cases = results.len(), failed, "step tests of exec and http steps run");
+                }
+                results
+            }
+        };
+        // One cut short by the run's time is run again at the next load.
+        if crate::steptest::fold_commands(validation, &results) {
+            let mut cached = self
+                .command_results
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if cached.len() >= MAX_CACHED_REVISIONS {
+                cached.clear();
+            }
+            cached.insert(commit.to_owned(), results);
         }
     }
 
@@ -159,7 +203,12 @@ impl Revisions {
         let repository = self.open()?;
         let oid = repository.resolve(commit)?;
         let tree = repository.tree_of(oid)?;
-        let validation = self.trees.validate(&repository, tree, oid)?.to_validation();
+        let mut validation = self.trees.validate(&repository, tree, oid)?.to_validation();
+        let checkout = self.checkouts.join(oid.to_string());
+        if let Some(topologies) = &validation.topologies {
+            write_checkout(&repository, oid, topologies, &checkout)?;
+            self.test_commands(&oid.to_string(), &mut validation, &checkout);
+        }
         let Some(topologies) = validation.topologies else {
             let errors: Vec<String> = validation.errors().map(ToString::to_string).collect();
             return Err(Error::Invalid {
@@ -168,8 +217,6 @@ impl Revisions {
                 first: validation.errors().next().cloned().map(Box::new),
             });
         };
-        let checkout = self.checkouts.join(oid.to_string());
-        write_checkout(&repository, oid, &topologies, &checkout)?;
         let revision = Arc::new(Revision {
             commit: oid.to_string(),
             topologies,
@@ -223,11 +270,7 @@ fn write_checkout(
     topologies: &[Topology],
     checkout: &std::path::Path,
 ) -> Result<(), Error> {
-    let dirs: BTreeSet<String> = topologies
-        .iter()
-        .flat_map(|t| t.steps().filter_map(|(_, step)| step.checkout_dir()))
-        .collect();
-    match repository.checkout(commit, &dirs, checkout) {
+    match repository.checkout(commit, &crate::graph::checkout_dirs(topologies), checkout) {
         Err(error) => match error.diagnostic() {
             Some(diagnostic) => Err(Error::Invalid {
                 commit: commit.to_string(),
@@ -290,6 +333,10 @@ pub struct TreeCache {
 
 /// Validations whose topologies are kept in a full cache.
 const KEPT_VALIDATIONS: u64 = 64;
+
+/// Why a tree's validation does not run the cases of exec and http steps: they need a
+/// checkout of a commit, and the daemon runs them only where its configuration allows.
+const DAEMON_COMMANDS: &str = "the daemon runs them only with `plumber up --run-commands` (a branch's commits from their checkout; a pull request's while its preview environment runs)";
 
 /// A tree of a topology repository, validated.
 #[derive(Debug, Clone)]
@@ -527,7 +574,11 @@ impl TreeCache {
                 crate::validate_topologies(&settings.settings, &self.secrets, &files);
             // The step tests of what changed, in one run: a failed case makes its topology
             // invalid like a bad step file.
-            let (results, finished) = crate::steptest::check_each(&mut validations, &self.tests);
+            let (results, finished) = crate::steptest::check_each(
+                &mut validations,
+                &self.tests,
+                crate::steptest::Commands::Refused(DAEMON_COMMANDS),
+            );
             if !results.is_empty() {
                 let failed = results.iter().filter(|r| r.verdict.fails()).count();
                 tracing::info!(%commit, cases = results.len(), failed, "step tests run");
@@ -596,6 +647,7 @@ mod tests {
             StepSecrets::Unchecked,
             Budget::default(),
             crate::steptest::Limits::default(),
+            false,
         );
         for name in ["aaa", "bbb", "ccc.partial", "ddd"] {
             std::fs::create_dir_all(dir.path().join("checkouts").join(name).join("steps")).unwrap();

@@ -79,6 +79,15 @@ pub enum StepKind {
     },
 }
 
+/// The directories a checkout of a commit must hold for the processors of `topologies` that
+/// run commands there ([`Step::checkout_dir`]).
+pub fn checkout_dirs(topologies: &[Topology]) -> std::collections::BTreeSet<String> {
+    topologies
+        .iter()
+        .flat_map(|t| t.steps().filter_map(|(_, step)| step.checkout_dir()))
+        .collect()
+}
+
 impl Step {
     /// The directory of the step's file, when its processor runs a command there (`exec`,
     /// and `http` servers started locally): what a checkout of its commit must hold.

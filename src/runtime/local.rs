@@ -65,7 +65,7 @@ pub const INHERITED_ENV: [&str; 9] = [
 ];
 
 /// The daemon's values of [`INHERITED_ENV`].
-fn inherited_env() -> impl Iterator<Item = (&'static str, std::ffi::OsString)> {
+pub(crate) fn inherited_env() -> impl Iterator<Item = (&'static str, std::ffi::OsString)> {
     INHERITED_ENV
         .into_iter()
         .filter_map(|name| std::env::var_os(name).map(|value| (name, value)))
@@ -948,7 +948,7 @@ impl Shared {
     }
 }
 
-fn free_port() -> std::io::Result<u16> {
+pub(crate) fn free_port() -> std::io::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port())

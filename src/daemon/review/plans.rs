@@ -29,6 +29,19 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use crate::daemon::revisions::{TopologyKey, TreeValidation};
+use crate::datadiff::Side;
+use crate::steptest::Commands;
+
+/// Whether commands run from `checkout` in a ref plan's data diff, or why not.
+fn commands(checkout: Option<&tempfile::TempDir>) -> Commands<'_> {
+    match checkout {
+        Some(dir) => Commands::From(dir.path()),
+        None => Commands::Refused(PULL_REQUEST_COMMANDS),
+    }
+}
+
+/// Why a pull request's exec and http steps do not run in its step tests and data diff.
+const PULL_REQUEST_COMMANDS: &str = "the daemon runs a pull request's commands only with `plumber up --run-commands`, on a head a maintainer's preview label approved";
 use crate::daemon::watch::{NOTES_REF, ref_matches};
 use crate::daemon::{Context, Error};
 use crate::diagnostic::Diagnostic;
@@ -328,6 +341,10 @@ struct Inputs {
     head: Oid,
     base: Oid,
     running: u64,
+    /// Whether the commands of its exec and http steps run in its step tests and data diff:
+    /// the daemon runs commands (`--run-commands`) and a maintainer's preview label approved
+    /// this head, as for a preview environment.
+    commands: bool,
 }
 
 /// A plan that changed, for [`Plans::subscribe`].
@@ -366,6 +383,8 @@ pub struct Plans {
     /// new head's topologies are validated once, by the follower, never twice at once.
     followed: Mutex<Option<String>>,
     computed: AtomicU64,
+    /// Per pull request, the head its preview label approved ([`super::previews`] writes it).
+    approved: Mutex<BTreeMap<u64, String>>,
 }
 
 impl Default for Plans {
@@ -378,6 +397,7 @@ impl Default for Plans {
             settled: AtomicU64::new(0),
             followed: Mutex::new(None),
             computed: AtomicU64::new(0),
+            approved: Mutex::new(BTreeMap::new()),
         }
     }
 }
@@ -438,6 +458,34 @@ impl Plans {
         let (sender, receiver) = mpsc::channel();
         *self.wake.lock().unwrap_or_else(PoisonError::into_inner) = Some(sender);
         receiver
+    }
+
+    /// Pull request `number`'s preview label now approves `head` (`None`: nothing). Its plan
+    /// is computed again when that changes: the daemon that runs commands runs those of an
+    /// approved head in its step tests and data diff.
+    pub(crate) fn approve(&self, number: u64, head: Option<&str>) {
+        let changed = {
+            let mut approved = self.approved.lock().unwrap_or_else(PoisonError::into_inner);
+            let before = approved.get(&number).cloned();
+            match head {
+                Some(head) => approved.insert(number, head.to_owned()),
+                None => approved.remove(&number),
+            };
+            before.as_deref() != head
+        };
+        if changed {
+            self.look();
+        }
+    }
+
+    fn approves(&self, name: &str, head: Oid) -> bool {
+        crate::forge::pull_request_of_ref(name).is_some_and(|number| {
+            self.approved
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .get(&number)
+                .is_some_and(|approved| *approved == head.to_string())
+        })
     }
 
     /// Ref `name`'s preview environment now runs `shown` (`None`: none): its plan says so, and
@@ -598,6 +646,7 @@ impl Planner {
                 head,
                 base,
                 running: revision,
+                commands: context.config.run_commands && context.plans.approves(name, head),
             };
             if context.plans.inputs(name) == Some(inputs) {
                 continue;
@@ -755,7 +804,15 @@ impl Planner {
                 Some(merged)
             }
         };
-        let Some(merged) = merged.filter(TreeValidation::is_valid) else {
+        let merged = merged.filter(TreeValidation::is_valid);
+        // An approved head's exec and http steps: their step tests run from its checkout.
+        let checkouts = match (&merged, inputs.commands) {
+            (Some(merged), true) => {
+                Some(self.test_commands(context, &repository, &mut plan, merged)?)
+            }
+            _ => None,
+        };
+        let Some(merged) = merged.filter(|_| plan.errors.is_empty()) else {
             let alone =
                 trees.validate(&repository, repository.tree_of(inputs.head)?, inputs.head)?;
             plan.valid_alone = alone.is_valid();
@@ -831,12 +888,29 @@ impl Planner {
         );
         let base = trees.validate(&repository, repository.tree_of(inputs.base)?, inputs.base)?;
         if let Some(sample) = &context.config.data_diff {
-            plan.data_diff = self.data_diff(context, &whole, &new_graphs, &old_graphs, sample, {
-                // The branch's masks hold whatever the change does to `plumber.yaml`.
-                let mut masked = base.masked_fields().to_vec();
-                masked.extend(merged.masked_fields().iter().cloned());
-                masked
-            });
+            let (old_checkout, new_checkout) = match &checkouts {
+                Some((old, new)) => (old.as_ref(), Some(new)),
+                None => (None, None),
+            };
+            plan.data_diff = self.data_diff(
+                context,
+                &whole,
+                Side {
+                    graphs: &old_graphs,
+                    commands: commands(old_checkout),
+                },
+                Side {
+                    graphs: &new_graphs,
+                    commands: commands(new_checkout),
+                },
+                sample,
+                {
+                    // The branch's masks hold whatever the change does to `plumber.yaml`.
+                    let mut masked = base.masked_fields().to_vec();
+                    masked.extend(merged.masked_fields().iter().cloned());
+                    masked
+                },
+            );
         }
         plan.markdown = crate::output::plan::markdown(&whole, &new_graphs, &old_graphs)
             + &crate::datadiff::markdown(&plan.data_diff)
@@ -853,13 +927,63 @@ impl Planner {
         Ok(plan)
     }
 
+    /// Runs the step tests of the exec and http steps of `merged` (an approved head's) from
+    /// a checkout of the head, and makes the plan invalid if one fails. Returns checkouts for
+    /// the data diff: of the commit most topologies run (if any), and of the head.
+    fn test_commands(
+        &self,
+        context: &Context,
+        repository: &Repository,
+        plan: &mut RefPlan,
+        merged: &TreeValidation,
+    ) -> Result<(Option<tempfile::TempDir>, tempfile::TempDir), Error> {
+        let checkout = |commit: &str, graphs: &[Topology]| -> Result<tempfile::TempDir, Error> {
+            let dir = tempfile::Builder::new()
+                .prefix("plan-checkout-")
+                .tempdir_in(&context.config.state_dir)
+                .map_err(|source| crate::repo::Error::Checkout {
+                    path: context.config.state_dir.clone(),
+                    source,
+                })?;
+            repository.checkout(
+                repository.resolve(commit)?,
+                &crate::graph::checkout_dirs(graphs),
+                dir.path(),
+            )?;
+            Ok(dir)
+        };
+        let mut validation = merged.to_validation();
+        let graphs = validation.topologies.clone().unwrap_or_default();
+        let new = checkout(&plan.head, &graphs)?;
+        let results =
+            crate::steptest::run_commands(&validation, &context.config.step_tests, new.path());
+        crate::steptest::fold_commands(&mut validation, &results);
+        if !results.is_empty() {
+            let failed = results.iter().filter(|r| r.verdict.fails()).count();
+            tracing::info!(r#ref = %plan.name, cases = results.len(), failed, "step tests of exec and http steps of an approved head run");
+        }
+        plan.errors = validation.errors().cloned().collect();
+        let old = match (&plan.from, &self.running) {
+            (Some(from), Some(running)) => {
+                let graphs: Vec<Topology> = running
+                    .topologies
+                    .values()
+                    .filter_map(|t| t.graph.clone())
+                    .collect();
+                Some(checkout(from, &graphs)?)
+            }
+            _ => None,
+        };
+        Ok((old, new))
+    }
+
     /// The data diff of `whole`: records read where each topology runs now.
     fn data_diff(
         &self,
         context: &Context,
         whole: &Plan,
-        new_graphs: &[Topology],
-        old_graphs: &[Topology],
+        old: Side<'_>,
+        new: Side<'_>,
         sample: &crate::datadiff::SampleLimits,
         masked: Vec<String>,
     ) -> Vec<crate::datadiff::StepDiff> {
@@ -875,8 +999,8 @@ impl Planner {
         };
         crate::datadiff::diff(
             whole,
-            old_graphs,
-            new_graphs,
+            old,
+            new,
             &kafka,
             sample,
             &context.config.step_tests,

@@ -175,7 +175,12 @@ pub(crate) fn verdict(
         return (Verdict::Stop("its ref is gone"), None);
     };
     if !plan.valid {
-        return (Verdict::Stop("its merge is not valid"), None);
+        // The label's approval stands: the head it approved is still what it approved (the
+        // plan of an approved head that runs commands can be made invalid by their tests).
+        return (
+            Verdict::Stop("its merge is not valid"),
+            approval.approved.map(str::to_owned),
+        );
     }
     let pull = match pull() {
         Err(error) if error.is_retryable() => {
@@ -592,6 +597,8 @@ impl Previews {
             &approval,
         );
         tracing::debug!(pull_request = number, ?verdict, "preview decided");
+        // Plans run an approved head's commands (`--run-commands`).
+        self.context.plans.approve(number, approved.as_deref());
         match approved {
             Some(approved) => self.approvals.insert(number, approved),
             // Without the label (or closed, merged, gone) nothing is approved any more: a
