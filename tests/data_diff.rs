@@ -130,3 +130,93 @@ fn a_changed_jq_filter_shows_what_each_version_does_to_live_records() {
     assert_eq!(output.status.code(), Some(2), "{err}");
     assert!(err.contains("--bootstrap"), "{err}");
 }
+
+/// An exec step's data diff runs each version's own command, from a checkout of its own
+/// commit, on the same records, and only with `--run-commands` (its code runs here).
+#[test]
+fn a_changed_exec_step_is_diffed_with_each_version_s_command() {
+    let broker = Broker::start();
+    let topic = unique("readings");
+    broker.create_topic(&topic, 1);
+    let records: Vec<TestRecord> = (0..20)
+        .map(|v| TestRecord::new(&format!("k{v}"), &format!(r#"{{"v":{v}}}"#)))
+        .collect();
+    broker.produce(&topic, &records);
+
+    let repo = TestRepo::new();
+    let script = |keep: &str, extra: &str| {
+        write(
+            "topologies/t/steps/tag/tag.py",
+            format!(
+                "import json, sys\nfor line in sys.stdin:\n    r = json.loads(line)\n    v = r['value']\n    out = [{{'value': {{**v{extra}}}}}] if {keep} else []\n    print(json.dumps({{'id': r['id'], 'outputs': out}}), flush=True)\n"
+            ),
+        )
+    };
+    let old = repo.commit(
+        "main",
+        "tagging",
+        &[
+            write(
+                "topologies/t/sources/readings.yaml",
+                format!("kind: source\ntopic: {topic}\n"),
+            ),
+            write(
+                "topologies/t/steps/tag/tag.yaml",
+                "kind: processor\ninput: readings\nexec:\n  command: [python3, tag.py]\n",
+            ),
+            script("True", ""),
+            write(
+                "topologies/t/sinks/out.yaml",
+                "kind: sink\ntopic: tagged\ninput: tag\n",
+            ),
+        ],
+    );
+    let new = repo.commit(
+        "main",
+        "only the even ones, tagged",
+        &[
+            script("v['v'] % 2 == 0", ", 'even': True"),
+            // An exec step's identity is its file's: its image tag says the code changed.
+            write(
+                "topologies/t/steps/tag/tag.yaml",
+                "kind: processor\ninput: readings\nexec:\n  command: [python3, tag.py]\n  image: example/tag:2\n",
+            ),
+        ],
+    );
+    let plan = |extra: &[&str]| {
+        let mut args = vec![
+            "plan".to_owned(),
+            repo.location(),
+            "--from".into(),
+            old.to_string(),
+            "--to".into(),
+            new.to_string(),
+            "--sample".into(),
+            "100".into(),
+            "--bootstrap".into(),
+            broker.bootstrap().to_owned(),
+        ];
+        args.extend(extra.iter().map(|a| (*a).to_owned()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        run(&args)
+    };
+    let (code, out, err) = plan(&["--run-commands"]);
+    assert_eq!(code, 0, "{out}{err}");
+    for line in [
+        "data diff of `tag` in `t` (replaced):",
+        "  20 records sampled from",
+        "  old: 20 passed (20 outputs), 0 filtered out, 0 dead-lettered",
+        "  new: 10 passed (10 outputs), 10 filtered out, 0 dead-lettered",
+        "  records whose output changed: 20",
+        "  fields appeared: even",
+    ] {
+        assert!(out.contains(line), "missing {line:?} in:\n{out}");
+    }
+
+    let (code, out, err) = plan(&[]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("not run: an exec step runs a command of the commit: `plumber plan` runs them with `--run-commands`"),
+        "{out}"
+    );
+}

@@ -667,3 +667,104 @@ fn a_pull_request_s_plan_shows_what_its_step_does_to_live_records() {
         Default::default()
     );
 }
+
+/// A daemon that runs commands (`plumber up --run-commands --sample`): the data diff of a
+/// pull request whose preview label approved its head runs the exec step's old and new
+/// command, each from a checkout of its own commit. Once the label is taken off, nothing
+/// approves the head and the plan says the step is not run, and why.
+#[test]
+fn an_approved_pull_request_s_exec_step_is_diffed_with_its_own_command() {
+    let broker = Broker::start();
+    let source = unique("exec-diff-in");
+    let sink = unique("exec-diff-out");
+    broker.create_topic(&source, 1);
+    broker.create_topic(&sink, 1);
+    let repo = TestRepo::new();
+    let step = |keep: &str, image: &str| {
+        vec![
+            write(
+                "topologies/t/steps/clean/clean.py",
+                format!(
+                    "import json, sys\nfor line in sys.stdin:\n    r = json.loads(line)\n    out = [{{'value': r['value']}}] if {keep} else []\n    print(json.dumps({{'id': r['id'], 'outputs': out}}), flush=True)\n"
+                ),
+            ),
+            write(
+                "topologies/t/steps/clean/clean.yaml",
+                format!(
+                    "kind: processor\ninput: in\nexec:\n  command: [python3, clean.py]\n  image: example/clean:{image}\n"
+                ),
+            ),
+        ]
+    };
+    let mut files = topology(&source, &sink, "main");
+    files.remove(1);
+    files.extend(step("True", "1"));
+    let main = repo.commit("main", "t", &files);
+    let forge = Server::start(Kind::GitHub);
+    forge.seed(9, 0, None, "");
+    forge.set_pull_request(9, PullRequestState::Open, &[LABEL]);
+    let state = tempfile::tempdir().unwrap();
+    let daemon = Daemon::start_with(
+        &repo,
+        &broker,
+        &forge,
+        state.path(),
+        &["--sample", "50", "--run-commands"],
+    );
+    let running = daemon.wait_topology("t", "t runs main", |t| {
+        t["commit"] == main.to_string().as_str()
+            && t["phase"] == "idle"
+            && running_group(t, "clean").is_some()
+    });
+    let group = running_group(&running, "clean").unwrap();
+    broker.produce(&source, &records(0, 20));
+    wait_until("the running step read everything", PATIENCE, || {
+        broker.committed(&group, &source, 1).values().sum::<i64>() == 20
+    });
+
+    // The labelled pull request keeps the even records only.
+    repo.git
+        .reference("refs/heads/pr-9", main, true, "branch")
+        .unwrap();
+    let head = repo.commit("pr-9", "even only", &step("r['value']['v'] % 2 == 0", "2"));
+    repo.git
+        .reference("refs/pull/9/head", head, true, "pull request")
+        .unwrap();
+    let plan_of = |what: &str, condition: &dyn Fn(&Value) -> bool| {
+        let mut plan = Value::Null;
+        wait_until(what, PATIENCE, || {
+            plan = ureq::get(&format!("{}/api/plans/refs%2Fpull%2F9%2Fhead", daemon.api))
+                .call()
+                .ok()
+                .and_then(|mut r| r.body_mut().read_json().ok())
+                .unwrap_or_default();
+            plan["head"] == head.to_string().as_str() && condition(&plan["dataDiff"][0])
+        });
+        plan
+    };
+    let plan = plan_of("the approved head's exec step is diffed", &|diff| {
+        diff["new"].is_object()
+    });
+    let diff = &plan["dataDiff"][0];
+    assert_eq!(diff["step"], "clean", "{plan:#}");
+    assert_eq!(diff["sampled"], 20, "{diff:#}");
+    assert_eq!(diff["old"]["passed"], 20, "{diff:#}");
+    assert_eq!(diff["new"]["passed"], 10, "{diff:#}");
+    assert_eq!(diff["new"]["filtered"], 10, "{diff:#}");
+    assert_eq!(diff["changed"], 10, "{diff:#}");
+
+    // Unlabelled: nothing approves its head, so its command runs nowhere.
+    forge.set_pull_request(9, PullRequestState::Open, &[]);
+    assert_eq!(
+        daemon.hook("pull_request", r#"{"action":"unlabeled","number":9}"#),
+        202
+    );
+    let plan = plan_of("the step is no longer diffed", &|diff| {
+        diff["note"].is_string()
+    });
+    let note = plan["dataDiff"][0]["note"].as_str().unwrap();
+    assert!(
+        note.contains("on a head a maintainer's preview label approved"),
+        "{note}"
+    );
+}

@@ -660,3 +660,51 @@ fn zombie(pid: i32) -> bool {
         })
         .unwrap_or(true)
 }
+
+/// The daemon with `--run-commands` runs the step tests of a branch commit's exec and http
+/// steps from the commit's checkout once it validated: a failed case makes the commit
+/// invalid (never applied), at the case's line. Without it they are not run (a warning), and
+/// the commit is applied as before.
+#[test]
+fn a_daemon_that_runs_commands_applies_no_commit_whose_exec_step_test_fails() {
+    use plumber::daemon::{Error, Revisions, Source};
+    let repo = TestRepo::new();
+    let failing = r#"cases:
+  - name: scored twice
+    input: { value: { id: 1 } }
+    output: [{ value: { id: 1, score: 2 } }]
+"#;
+    let rev = commit(&repo, &[("topologies/t/steps/score.test.yaml", failing)]);
+    let state = tempfile::tempdir().unwrap();
+    let dir = plumber::store::StateDir::open(state.path()).unwrap();
+    let limits = plumber::steptest::Limits {
+        program: Some(common::plumber_bin().into()),
+        ..Default::default()
+    };
+    let revisions = |run_commands| {
+        Revisions::new(
+            Source::new(&repo.location(), state.path()),
+            &dir,
+            plumber::spec::StepSecrets::Unchecked,
+            plumber::spec::budget::Budget::default(),
+            limits.clone(),
+            run_commands,
+        )
+    };
+    match revisions(true).load(&rev) {
+        Err(Error::Invalid { errors, first, .. }) => {
+            assert!(
+                errors.contains("step test `scored twice` of `score` failed"),
+                "{errors}"
+            );
+            let first = first.unwrap();
+            assert_eq!(
+                (first.file.as_str(), first.line),
+                ("topologies/t/steps/score.test.yaml", Some(2))
+            );
+        }
+        Err(other) => panic!("not refused for its test: {other}"),
+        Ok(_) => panic!("a commit whose exec step test fails was accepted"),
+    }
+    assert!(revisions(false).load(&rev).is_ok());
+}
