@@ -737,6 +737,13 @@ pub fn serve_worker(memory: u64, case_time: Duration) -> std::io::Result<()> {
     let limit = memory
         .saturating_add(plumber_processor::pipeline::LOOP_STACK as u64)
         .saturating_add(PROGRAM_ROOM);
+    // Its own process group keeps a Ctrl-C meant for its parent from it, so it goes when
+    // its parent does (a jq program that never ends would spin on).
+    nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+        .map_err(std::io::Error::from)?;
+    if nix::unistd::getppid() == nix::unistd::Pid::from_raw(1) {
+        return Err(std::io::Error::other("its parent is gone"));
+    }
     // 0: a command's worker, held to its time only.
     if memory > 0 {
         nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_AS, limit, limit)
