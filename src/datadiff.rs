@@ -54,6 +54,9 @@ pub struct StepDiff {
     /// Why the step was not sampled or not run, when it was not.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
+    /// What the diff of a step with state or a table cannot show.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub caveat: Option<String>,
 }
 
 /// What one version did with the sample.
@@ -146,6 +149,7 @@ pub fn diff(
                 read_ms: 0,
                 run_ms: 0,
                 note: None,
+                caveat: None,
             };
             let left = deadline.saturating_duration_since(Instant::now());
             let filled = if left.is_zero() {
@@ -196,13 +200,6 @@ fn fill(
     masked: &[String],
 ) -> Result<(), String> {
     let new_job = Job::of_step(graph, id, new_commands).map_err(|why| format!("not run: {why}"))?;
-    if new_job.stateful() {
-        // Its outputs depend on the state (or table) the records before the sample built.
-        return Err(
-            "not run: a step with state or a table (GROUP BY, JOIN) is not diffed on a sample yet"
-                .into(),
-        );
-    }
     let old_commands = running.map_or(Commands::Off, |(_, commands)| commands);
     let running = running.map(|(r, _)| r);
     let old_id = running.and_then(|r| r.find(&diff.step).map(|old| (r, old)));
@@ -234,22 +231,23 @@ fn fill(
         .recent_records(&inputs, sample)
         .map_err(|why| format!("not sampled: {why}"))?;
     let read = reading.elapsed();
+    // A join's table rows fill its table before its stream records run; they are not
+    // records of the diff.
+    let table_step = new_job
+        .table_step()
+        .or_else(|| old_job.as_ref().and_then(Job::table_step))
+        .map(str::to_owned);
+    let (table, mut records): (Vec<Sampled>, Vec<Sampled>) = records
+        .into_iter()
+        .partition(|r| Some(&r.from) == table_step.as_ref());
+    // In each partition's order: a stateful step's state is the partition's.
+    records
+        .sort_by(|a, b| (&a.topic, a.partition, a.offset).cmp(&(&b.topic, b.partition, b.offset)));
     diff.sampled = records.len();
-    let job = |template: &Job, record: &Sampled| {
-        template.with_records(vec![JobRecord {
-            from: record.from.clone(),
-            key: record
-                .key
-                .as_ref()
-                .map(|k| String::from_utf8_lossy(k).into_owned()),
-            value: record.value.clone(),
-            headers: record.headers.clone(),
-            timestamp: record.timestamp,
-        }])
-    };
-    let mut jobs: Vec<Job> = records.iter().map(|r| job(&new_job, r)).collect();
+    diff.caveat = caveat(&new_job, old_job.as_ref(), &table, table_step.as_deref());
+    let mut jobs = jobs_of(&new_job, &records, &table);
     if let Some(old_job) = &old_job {
-        jobs.extend(records.iter().map(|r| job(old_job, r)));
+        jobs.extend(jobs_of(old_job, &records, &table));
     }
     let running = Instant::now();
     let ran = execute(&jobs, limits);
@@ -263,6 +261,70 @@ fn fill(
         compare(diff, &records, old_ran, new_ran, masked);
     }
     Ok(())
+}
+
+fn job_record(record: &Sampled) -> JobRecord {
+    JobRecord {
+        from: record.from.clone(),
+        key: record
+            .key
+            .as_ref()
+            .map(|k| String::from_utf8_lossy(k).into_owned()),
+        value: record.value.clone(),
+        headers: record.headers.clone(),
+        timestamp: record.timestamp,
+    }
+}
+
+/// One job per record of `records`, so each record's outputs are its own. A stateful step
+/// goes on from the state the record before it left: a `GROUP BY` from empty state at the
+/// first record of each partition, a join with its table filled by `table` before its first
+/// record.
+fn jobs_of(template: &Job, records: &[Sampled], table: &[Sampled]) -> Vec<Job> {
+    let joins = template.table_step().is_some();
+    records
+        .iter()
+        .enumerate()
+        .map(|(i, record)| {
+            let mut batch = Vec::new();
+            if joins && i == 0 {
+                batch.extend(
+                    table
+                        .iter()
+                        .filter(|row| Some(row.from.as_str()) == template.table_step())
+                        .map(job_record),
+                );
+            }
+            batch.push(job_record(record));
+            let job = template.with_records(batch);
+            let same_partition = i > 0
+                && (&records[i - 1].topic, records[i - 1].partition)
+                    == (&record.topic, record.partition);
+            if template.stateful() && (same_partition || (joins && i > 0)) {
+                job.carrying_state()
+            } else {
+                job
+            }
+        })
+        .collect()
+}
+
+/// What a diff of a step with state or a table cannot show: what came before the sample.
+fn caveat(
+    new: &Job,
+    old: Option<&Job>,
+    table: &[Sampled],
+    table_step: Option<&str>,
+) -> Option<String> {
+    if let Some(step) = table_step {
+        return Some(format!(
+            "its table `{step}` holds only the {} most recent rows sampled from it: a record whose row is older finds none in both versions",
+            table.len()
+        ));
+    }
+    (new.stateful() || old.is_some_and(Job::stateful)).then(|| {
+        "from empty state: groups and windows start with the sample, per partition (a window that opened before it counts only what the sample holds); a record that made the step emit nothing counts as filtered out".to_owned()
+    })
 }
 
 fn tally(ran: &[Ran]) -> Tally {
@@ -502,6 +564,9 @@ pub fn text(diffs: &[StepDiff]) -> String {
                 .collect::<Vec<_>>()
                 .join(", ")
         ));
+        if let Some(caveat) = &diff.caveat {
+            out.push_str(&format!("  ({caveat})\n"));
+        }
         if let Some(old) = &diff.old {
             out.push_str(&format!("  old: {}\n", old.summary()));
         }

@@ -118,6 +118,11 @@ pub(crate) struct Job {
     /// Its input steps, in name order; each read from a topic of its own name.
     inputs: Vec<String>,
     records: Vec<JobRecord>,
+    /// Whether the job goes on from the state (or table) the job before it left, when that
+    /// one ran the same step, rather than from empty: a data diff runs a stateful step's
+    /// sample record by record.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    carry_state: bool,
     /// Where a step that runs a command runs it: its worker is started there (the worker
     /// itself never reads it).
     #[serde(skip)]
@@ -466,6 +471,7 @@ impl Job {
             transform: transform.clone(),
             env,
             sandbox,
+            carry_state: false,
             inputs: {
                 let mut inputs: Vec<String> = graph
                     .inputs(id)
@@ -494,6 +500,22 @@ impl Job {
         )
     }
 
+    /// The input step a join reads as its table.
+    pub(crate) fn table_step(&self) -> Option<&str> {
+        match &self.transform {
+            Transform::Sql {
+                table: Some(table), ..
+            } => Some(&table.step),
+            _ => None,
+        }
+    }
+
+    /// This job, going on from the state the job before it left ([`Job::stateful`] steps).
+    pub(crate) fn carrying_state(mut self) -> Job {
+        self.carry_state = true;
+        self
+    }
+
     /// Whether `other` runs the same step (transform, env and inputs).
     fn same_step(&self, other: &Job) -> bool {
         self.transform == other.transform && self.env == other.env && self.inputs == other.inputs
@@ -507,6 +529,7 @@ impl Job {
             inputs: self.inputs.clone(),
             records,
             sandbox: self.sandbox.clone(),
+            carry_state: false,
         }
     }
 }
@@ -758,14 +781,14 @@ pub fn serve_worker(memory: u64, case_time: Duration) -> std::io::Result<()> {
             let mut stdout = std::io::stdout().lock();
             // The last step compiled, kept while the jobs are of the same step (a data diff
             // runs one version on many records). A stateful step starts each job from empty
-            // state, so it is compiled again for each.
+            // state, so it is compiled again for each, unless the job carries the state on.
             let mut compiled: Option<(Job, Compiled)> = None;
             for line in stdin.lines() {
                 let answer: Answer = match serde_json::from_str::<Job>(&line?) {
                     Ok(job) => {
-                        let same = compiled
-                            .as_ref()
-                            .is_some_and(|(of, _)| of.same_step(&job) && !job.stateful());
+                        let same = compiled.as_ref().is_some_and(|(of, _)| {
+                            of.same_step(&job) && (!job.stateful() || job.carry_state)
+                        });
                         if !same {
                             compiled = match compile(&job, case_time) {
                                 Ok(step) => Some((job.with_records(Vec::new()), step)),

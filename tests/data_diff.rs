@@ -220,3 +220,125 @@ fn a_changed_exec_step_is_diffed_with_each_version_s_command() {
         "{out}"
     );
 }
+
+/// A step with state, and a join, are diffed on the sample too: each version runs the
+/// sample's records in each partition's order, a `GROUP BY` from empty state carried from
+/// record to record, a join with its table filled by the rows sampled from the table's
+/// topic. Here the new count emits only past 3 readings of a key (4 of the 10 records, which
+/// only a state carried over the records can say), and the new join drops the records
+/// whose key has no row.
+#[test]
+fn a_stateful_step_and_a_join_are_diffed_from_the_state_the_sample_builds() {
+    let broker = Broker::start();
+    let readings = unique("readings");
+    let fleets = unique("fleets");
+    broker.create_topic(&readings, 1);
+    broker.create_topic(&fleets, 1);
+    let records: Vec<TestRecord> = (0..10)
+        .map(|i| {
+            let car = if i < 6 { "car-1" } else { "car-2" };
+            TestRecord::new(car, &format!(r#"{{"car":"{car}","speed":{i}}}"#))
+        })
+        .collect();
+    broker.produce(&readings, &records);
+    broker.produce(&fleets, &[TestRecord::new("car-1", r#"{"fleet":"north"}"#)]);
+
+    let repo = TestRepo::new();
+    let count = |having: &str| {
+        write(
+            "topologies/t/steps/count.yaml",
+            format!(
+                "kind: processor\ninput: readings\nemit: update\nsql: SELECT _key AS car, COUNT(*) AS n FROM readings GROUP BY _key{having}\n"
+            ),
+        )
+    };
+    let named = |join: &str| {
+        write(
+            "topologies/t/steps/named.yaml",
+            format!(
+                "kind: processor\ninput: [readings, fleets]\nsql: SELECT r.speed, f.fleet FROM readings r {join} fleets f ON r.car = f._key\n"
+            ),
+        )
+    };
+    let old = repo.commit(
+        "main",
+        "count and name",
+        &[
+            write(
+                "topologies/t/sources/readings.yaml",
+                format!("kind: source\ntopic: {readings}\n"),
+            ),
+            write(
+                "topologies/t/sources/fleets.yaml",
+                format!("kind: source\ntopic: {fleets}\n"),
+            ),
+            count(""),
+            named("LEFT JOIN"),
+            write(
+                "topologies/t/sinks/out.yaml",
+                "kind: sink\ntopic: counted\ninput: [count, named]\n",
+            ),
+        ],
+    );
+    let new = repo.commit(
+        "main",
+        "busy cars, named ones",
+        &[count(" HAVING COUNT(*) > 3"), named("JOIN")],
+    );
+    let (code, out, err) = run(&[
+        "plan",
+        &repo.location(),
+        "--from",
+        &old.to_string(),
+        "--to",
+        &new.to_string(),
+        "--sample",
+        "100",
+        "--bootstrap",
+        broker.bootstrap(),
+        "--format",
+        "json",
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    let json: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let diff = |step: &str| {
+        json["dataDiff"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|d| d["step"] == step)
+            .unwrap()
+            .clone()
+    };
+    let counted = diff("count");
+    assert!(counted["note"].is_null(), "{counted:#}");
+    assert_eq!(counted["sampled"], 10, "{counted:#}");
+    assert_eq!(counted["old"]["passed"], 10, "{counted:#}");
+    // car-1's 4th, 5th and 6th readings, car-2's 4th.
+    assert_eq!(counted["new"]["passed"], 4, "{counted:#}");
+    assert_eq!(counted["new"]["filtered"], 6, "{counted:#}");
+    assert!(
+        counted["caveat"]
+            .as_str()
+            .unwrap()
+            .starts_with("from empty state"),
+        "{counted:#}"
+    );
+
+    let joined = diff("named");
+    assert!(joined["note"].is_null(), "{joined:#}");
+    assert_eq!(
+        joined["sampled"], 10,
+        "the table's rows are not records of the diff: {joined:#}"
+    );
+    assert_eq!(joined["old"]["passed"], 10, "{joined:#}");
+    assert_eq!(joined["new"]["passed"], 6, "car-1 has its row: {joined:#}");
+    assert_eq!(joined["changed"], 4, "{joined:#}");
+    assert!(
+        joined["caveat"]
+            .as_str()
+            .unwrap()
+            .contains("holds only the 1 most recent rows"),
+        "{joined:#}"
+    );
+}

@@ -186,6 +186,8 @@ export interface StepDiff {
   fieldsAppeared: string[];
   fieldsVanished: string[];
   note?: string;
+  /** What the diff of a step with state or a table cannot show. */
+  caveat?: string;
 }
 
 export interface RefPlan {

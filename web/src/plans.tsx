@@ -68,6 +68,7 @@ function DataDiffView(props: { d: StepDiff }) {
         <p class="muted small">{d.note}</p>
       ) : (
         <>
+          {d.caveat ? <p class="muted small">{d.caveat}</p> : null}
           <ul class="plain small">
             {d.old ? <li data-version="old">old: {tally(d.old)}</li> : null}
             {d.new ? <li data-version="new">new: {tally(d.new)}</li> : null}
