@@ -28,6 +28,16 @@ crit() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['median
     printf '| %d | %.3f | %.3f | %.1f× |\n' "$n" "$base" "$full" "$(python3 -c "print($full/$base)")"
   done
   echo
+  echo "## a chain's plan (issue 28): a change at its head replaces every step, median seconds"
+  echo
+  echo "| steps | plan | × the 10-step chain |"
+  echo "|---:|---:|---:|"
+  base=$(crit "../plan-chain/10")
+  for n in 10 100; do
+    t=$(crit "../plan-chain/$n")
+    printf '| %d | %.4f | %.1f× |\n' "$n" "$t" "$(python3 -c "print($t/$base)")"
+  done
+  echo
   echo "## CLI \`plumber plan --from HEAD~1 --to HEAD --format json\`, median of $runs runs"
   echo
   echo "| topologies | steps | objects | wall s | peak RSS MB |"

@@ -51,5 +51,60 @@ fn bench(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench);
+/// Topology `chain`: a source, `steps` jq steps one after the other, a sink; the first
+/// step's program is `first`.
+fn chain(steps: usize, first: &str) -> Vec<plumber::spec::SourceFile> {
+    let file = |path: String, text: String| plumber::spec::SourceFile {
+        path,
+        content: plumber::spec::FileContent::Bytes(text.into_bytes()),
+    };
+    let mut files = vec![
+        file(
+            "topologies/chain/sources/in.yaml".into(),
+            "kind: source\ntopic: in\n".into(),
+        ),
+        file(
+            "topologies/chain/sinks/out.yaml".into(),
+            format!("kind: sink\ntopic: out\ninput: s{steps}\n"),
+        ),
+    ];
+    for i in 1..=steps {
+        let input = if i == 1 {
+            "in".to_owned()
+        } else {
+            format!("s{}", i - 1)
+        };
+        let program = if i == 1 { first } else { "." };
+        files.push(file(
+            format!("topologies/chain/steps/s{i}.yaml"),
+            format!("kind: processor\ninput: {input}\njq: '{program}'\n"),
+        ));
+    }
+    files
+}
+
+/// Planning a change at the head of a chain, which replaces every step below it: the
+/// plan's growth with the chain's length (issue 28: linear). The 10-step chain is the
+/// baseline of the ratio.
+fn bench_chain(c: &mut Criterion) {
+    let mut group = c.benchmark_group("plan-chain");
+    group.sample_size(10);
+    for steps in [10usize, 100] {
+        let graphs = |first: &str| {
+            plumber::validate(&chain(steps, first))
+                .topologies
+                .expect("a valid chain")
+        };
+        let (old, new) = (graphs("."), graphs(". + {x: 1}"));
+        group.bench_function(format!("{steps}"), |b| {
+            b.iter(|| {
+                let plan = plumber::plan::plan(Some(("from", &old)), ("to", &new));
+                black_box(plan.topologies[0].actions.len())
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench, bench_chain);
 criterion_main!(benches);

@@ -40,6 +40,63 @@ pub(super) struct Resolved {
     pub wanted: Vec<Wanted>,
     /// Indices of deployed lives the target does not keep, in deployed data-flow order.
     pub retiring: Vec<usize>,
+    /// [`Resolved::retiring`] by step: a step's retiring lives, in that order.
+    retiring_of: BTreeMap<String, Vec<usize>>,
+    /// Per step, the index in [`Resolved::wanted`] of its new life, if it gets one.
+    new_of: BTreeMap<String, usize>,
+}
+
+impl Resolved {
+    /// The retiring lives of `step`, in data-flow order.
+    fn retiring_of(&self, step: &str) -> &[usize] {
+        self.retiring_of.get(step).map_or(&[], Vec::as_slice)
+    }
+}
+
+/// Which deployed lives write and read each topic: built once per look at a deployment, so
+/// that asking it for every step costs no walk over every life.
+struct Topics<'d> {
+    writers: BTreeMap<&'d str, Vec<usize>>,
+    readers: BTreeMap<&'d str, Vec<usize>>,
+}
+
+impl<'d> Topics<'d> {
+    fn of(lives: &'d [Life]) -> Topics<'d> {
+        let mut writers: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+        let mut readers: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+        for (i, life) in lives.iter().enumerate() {
+            for topic in &life.start.outputs {
+                writers.entry(topic.as_str()).or_default().push(i);
+            }
+            for topic in life.inputs() {
+                readers.entry(topic).or_default().push(i);
+            }
+        }
+        for indices in writers.values_mut().chain(readers.values_mut()) {
+            indices.dedup();
+        }
+        Topics { writers, readers }
+    }
+
+    fn writers(&self, topic: &str) -> &[usize] {
+        self.writers.get(topic).map_or(&[], Vec::as_slice)
+    }
+
+    fn readers(&self, topic: &str) -> &[usize] {
+        self.readers.get(topic).map_or(&[], Vec::as_slice)
+    }
+
+    /// The first life (by index) that writes `topic`.
+    fn first_writer(&self, topic: &str) -> Option<usize> {
+        self.writers(topic).first().copied()
+    }
+
+    /// The first life (by index) that writes or reads `topic`.
+    fn first_user(&self, topic: &str) -> Option<usize> {
+        let writer = self.first_writer(topic);
+        let reader = self.readers(topic).first().copied();
+        writer.into_iter().chain(reader).min()
+    }
 }
 
 /// Names every target processor: a deployed life with the same step, identity and input
@@ -47,6 +104,14 @@ pub(super) struct Resolved {
 pub(super) fn resolve(deployment: &Deployment, target: Option<&Topology>) -> Resolved {
     let mut wanted: Vec<Wanted> = Vec::new();
     let mut topic_of: BTreeMap<StepId, String> = BTreeMap::new();
+    // The deployed lives of each step and identity, in index order.
+    let mut lives_of: BTreeMap<(&str, Identity), Vec<usize>> = BTreeMap::new();
+    for (i, life) in deployment.lives.iter().enumerate() {
+        lives_of
+            .entry((life.step(), life.identity()))
+            .or_default()
+            .push(i);
+    }
     if let Some(topology) = target {
         for (id, step) in topology.steps() {
             match &step.kind {
@@ -66,11 +131,16 @@ pub(super) fn resolve(deployment: &Deployment, target: Option<&Topology>) -> Res
                     inputs.sort();
                     inputs.dedup();
                     let base = base_name(&topology.name, &step.name, step.identity);
-                    let kept = deployment.lives.iter().position(|l| {
-                        l.step() == step.name
-                            && l.identity() == step.identity
-                            && l.inputs().eq(inputs.iter().map(|(t, _)| t.as_str()))
-                    });
+                    let kept = lives_of
+                        .get(&(step.name.as_str(), step.identity))
+                        .into_iter()
+                        .flatten()
+                        .copied()
+                        .find(|&l| {
+                            deployment.lives[l]
+                                .inputs()
+                                .eq(inputs.iter().map(|(t, _)| t.as_str()))
+                        });
                     let life = match kept {
                         Some(k) => deployment.lives[k].life,
                         None => deployment.lives_used.get(&base).copied().unwrap_or(0) + 1,
@@ -111,38 +181,67 @@ pub(super) fn resolve(deployment: &Deployment, target: Option<&Topology>) -> Res
         }
     }
     let kept: BTreeSet<usize> = wanted.iter().filter_map(|w| w.kept).collect();
-    let retiring = data_flow_order(&deployment.lives)
+    let retiring: Vec<usize> = data_flow_order(&deployment.lives)
         .into_iter()
         .filter(|i| !kept.contains(i))
         .collect();
-    Resolved { wanted, retiring }
+    let mut retiring_of: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+    for &r in &retiring {
+        retiring_of
+            .entry(deployment.lives[r].step().to_owned())
+            .or_default()
+            .push(r);
+    }
+    let mut new_of = BTreeMap::new();
+    for (i, w) in wanted.iter().enumerate().filter(|(_, w)| w.kept.is_none()) {
+        new_of.entry(w.step.clone()).or_insert(i);
+    }
+    Resolved {
+        wanted,
+        retiring,
+        retiring_of,
+        new_of,
+    }
 }
 
 /// Indices of `lives` so that a life comes after the lives whose topics it reads; ties by
 /// step name, then group.
 fn data_flow_order(lives: &[Life]) -> Vec<usize> {
-    let mut placed: Vec<usize> = Vec::with_capacity(lives.len());
-    let mut left: BTreeSet<(String, String, usize)> = lives
-        .iter()
-        .enumerate()
-        .map(|(i, l)| (l.step().to_owned(), l.group().to_owned(), i))
+    let topics = Topics::of(lives);
+    // Per life, the other lives that write what it reads; the lives waiting for each.
+    let mut waits_for: Vec<usize> = vec![0; lives.len()];
+    let mut waiting: Vec<Vec<usize>> = vec![Vec::new(); lives.len()];
+    for (i, life) in lives.iter().enumerate() {
+        let writers: BTreeSet<usize> = life
+            .inputs()
+            .flat_map(|t| topics.writers(t).iter().copied())
+            .filter(|&w| w != i)
+            .collect();
+        waits_for[i] = writers.len();
+        for w in writers {
+            waiting[w].push(i);
+        }
+    }
+    let key = |i: usize| (lives[i].step(), lives[i].group(), i);
+    let mut left: BTreeSet<(&str, &str, usize)> = (0..lives.len()).map(key).collect();
+    let mut ready: BTreeSet<(&str, &str, usize)> = (0..lives.len())
+        .filter(|&i| waits_for[i] == 0)
+        .map(key)
         .collect();
-    while !left.is_empty() {
-        let unplaced: BTreeSet<usize> = left.iter().map(|(_, _, i)| *i).collect();
-        let ready = left
-            .iter()
-            .find(|(_, _, i)| {
-                !lives[*i]
-                    .inputs()
-                    .any(|t| unplaced.iter().any(|u| u != i && lives[*u].writes(t)))
-            })
-            // Lives are acyclic by construction; should a state file say otherwise, any order
-            // is better than none.
-            .or_else(|| left.iter().next())
-            .cloned();
-        if let Some(entry) = ready {
-            placed.push(entry.2);
-            left.remove(&entry);
+    let mut placed: Vec<usize> = Vec::with_capacity(lives.len());
+    // Lives are acyclic by construction; should a state file say otherwise, any order is
+    // better than none: the first left.
+    while let Some(entry) = ready.pop_first().or_else(|| left.first().copied()) {
+        left.remove(&entry);
+        let i = entry.2;
+        placed.push(i);
+        for &d in &waiting[i] {
+            if left.contains(&key(d)) {
+                waits_for[d] -= 1;
+                if waits_for[d] == 0 {
+                    ready.insert(key(d));
+                }
+            }
         }
     }
     placed
@@ -240,11 +339,9 @@ impl Wanted {
     /// (its recorded positions keep its state); `None` for a new step.
     fn predecessor(&self, deployment: &Deployment, resolved: &Resolved) -> Option<Predecessor> {
         let running = resolved
-            .retiring
+            .retiring_of(&self.step)
             .iter()
-            .map(|&r| &deployment.lives[r])
-            .filter(|l| l.step() == self.step)
-            .map(|l| OldState::of(&l.start));
+            .map(|&r| OldState::of(&deployment.lives[r].start));
         let stopped = deployment
             .positions
             .get(&self.step)
@@ -273,10 +370,9 @@ fn start_position(
     resolved: &Resolved,
 ) -> StartPosition {
     let predecessor_reads = resolved
-        .retiring
+        .retiring_of(&wanted.step)
         .iter()
-        .map(|&r| &deployment.lives[r])
-        .any(|l| l.step() == wanted.step && l.reads(topic));
+        .any(|&r| deployment.lives[r].reads(topic));
     let recorded = deployment
         .positions
         .get(&wanted.step)
@@ -342,6 +438,7 @@ fn remaining_unheld(
     target: Option<&Topology>,
 ) -> Vec<Pending> {
     let resolved = resolve(deployment, target);
+    let topics = Topics::of(&deployment.lives);
     let mut out = Vec::new();
     let ready = |action| Pending {
         action,
@@ -352,8 +449,7 @@ fn remaining_unheld(
         retire(
             name,
             deployment,
-            None,
-            &resolved,
+            (None, &resolved, &topics),
             &BTreeSet::new(),
             &mut out,
         );
@@ -476,7 +572,7 @@ fn remaining_unheld(
         let blocked_by = if resume.is_some() {
             None
         } else {
-            start_blocked_by(wanted, &start, topology, deployment, &resolved)
+            start_blocked_by(wanted, &start, topology, deployment, (&resolved, &topics))
         };
         out.push(Pending {
             action: Action::StartProcessor(Box::new(start)),
@@ -488,8 +584,7 @@ fn remaining_unheld(
     retire(
         name,
         deployment,
-        Some(topology),
-        &resolved,
+        (Some(topology), &resolved, &topics),
         &wanted_shadows,
         &mut out,
     );
@@ -517,7 +612,7 @@ fn start_blocked_by(
     start: &StartProcessor,
     topology: &Topology,
     deployment: &Deployment,
-    resolved: &Resolved,
+    (resolved, topics): (&Resolved, &Topics<'_>),
 ) -> Option<String> {
     let missing = wanted
         .inputs
@@ -545,12 +640,7 @@ fn start_blocked_by(
         return Some(format!("topic {} to be created", state.topic));
     }
     let lives = &deployment.lives;
-    let predecessors: Vec<usize> = resolved
-        .retiring
-        .iter()
-        .copied()
-        .filter(|&r| lives[r].step() == wanted.step)
-        .collect();
+    let predecessors = resolved.retiring_of(&wanted.step);
     let mut gate: BTreeSet<usize> = predecessors
         .iter()
         .copied()
@@ -566,10 +656,11 @@ fn start_blocked_by(
             .filter(|(topic, step)| **step == wanted.step && **topic != wanted.group)
             .map(|(topic, _)| topic.as_str())
             .collect();
+        let retiring: BTreeSet<usize> = resolved.retiring.iter().copied().collect();
         gate.extend(
-            downstream(lives, &old_topics)
+            downstream(lives, topics, &old_topics)
                 .into_iter()
-                .filter(|d| resolved.retiring.contains(d)),
+                .filter(|d| retiring.contains(d)),
         );
     }
     gate.iter()
@@ -577,21 +668,20 @@ fn start_blocked_by(
         .map(|&g| format!("{} to stop", lives[g].group()))
 }
 
-/// Lives that read, directly or not, any of `topics`.
-fn downstream(lives: &[Life], topics: &[&str]) -> BTreeSet<usize> {
+/// Lives that read, directly or not, any of `of`.
+fn downstream(lives: &[Life], topics: &Topics<'_>, of: &[&str]) -> BTreeSet<usize> {
     let mut seen = BTreeSet::new();
-    let mut stack: Vec<usize> = lives
+    let mut stack: Vec<usize> = of
         .iter()
-        .enumerate()
-        .filter(|(_, l)| topics.iter().any(|t| l.reads(t)))
-        .map(|(i, _)| i)
+        .flat_map(|t| topics.readers(t).iter().copied())
         .collect();
     seen.extend(stack.iter().copied());
     while let Some(next) = stack.pop() {
-        let writer = &lives[next];
-        for (i, life) in lives.iter().enumerate() {
-            if life.inputs().any(|t| writer.writes(t)) && seen.insert(i) {
-                stack.push(i);
+        for output in &lives[next].start.outputs {
+            for &reader in topics.readers(output) {
+                if seen.insert(reader) {
+                    stack.push(reader);
+                }
             }
         }
     }
@@ -603,26 +693,22 @@ fn downstream(lives: &[Life], topics: &[&str]) -> BTreeSet<usize> {
 fn retire(
     name: &str,
     deployment: &Deployment,
-    target: Option<&Topology>,
-    resolved: &Resolved,
+    (target, resolved, topics): (Option<&Topology>, &Resolved, &Topics<'_>),
     shadows: &BTreeSet<&str>,
     out: &mut Vec<Pending>,
 ) {
     let lives = &deployment.lives;
+    let to_stop = |i: usize| format!("{} to stop", lives[i].group());
     for topic in &deployment.shadow_topics {
         // Only what is a shadow topic by its name is ever deleted: never a users' topic.
         if shadows.contains(topic.as_str()) || super::preview::shadow_of(name, topic).is_none() {
             continue;
         }
-        let writer = lives
-            .iter()
-            .find(|l| l.writes(topic))
-            .map(|l| format!("{} to stop", l.group()));
         out.push(Pending {
             action: Action::DeleteTopic {
                 topic: topic.clone(),
             },
-            blocked_by: writer,
+            blocked_by: topics.first_writer(topic).map(to_stop),
         });
     }
     let used: BTreeSet<&str> = resolved
@@ -635,15 +721,11 @@ fn retire(
         if used.contains(topic.as_str()) {
             continue;
         }
-        let user = lives
-            .iter()
-            .find(|l| l.writes(topic) || l.reads(topic))
-            .map(|l| format!("{} to stop", l.group()));
         out.push(Pending {
             action: Action::DeleteTopic {
                 topic: topic.clone(),
             },
-            blocked_by: user,
+            blocked_by: topics.first_user(topic).map(to_stop),
         });
     }
     let states: BTreeSet<String> = target
@@ -658,14 +740,17 @@ fn retire(
                 .collect()
         })
         .unwrap_or_default();
+    let mut keeper: BTreeMap<&str, usize> = BTreeMap::new();
+    for (i, life) in lives.iter().enumerate() {
+        if let Some(state) = &life.start.state {
+            keeper.entry(state.topic.as_str()).or_insert(i);
+        }
+    }
     for topic in &deployment.state_topics {
         if states.contains(topic) {
             continue;
         }
-        let user = lives
-            .iter()
-            .find(|l| l.start.state.as_ref().is_some_and(|s| &s.topic == topic))
-            .map(|l| format!("{} to stop", l.group()));
+        let user = keeper.get(topic.as_str()).map(|&i| to_stop(i));
         out.push(Pending {
             action: Action::DeleteTopic {
                 topic: topic.clone(),
@@ -684,9 +769,9 @@ fn retire(
             .collect();
         if drains.is_empty() {
             let successor = resolved
-                .wanted
-                .iter()
-                .find(|w| w.kept.is_none() && w.step == life.step());
+                .new_of
+                .get(life.step())
+                .map(|&w| &resolved.wanted[w]);
             let hand_over: Vec<String> = successor
                 .map(|w| {
                     life.inputs()
@@ -710,8 +795,8 @@ fn retire(
         } else {
             let writer = drains
                 .iter()
-                .find_map(|t| lives.iter().find(|l| l.writes(t)))
-                .map(|l| format!("{} to stop", l.group()));
+                .find_map(|t| topics.first_writer(t))
+                .map(to_stop);
             out.push(Pending {
                 action: Action::DrainProcessor {
                     step: life.step().to_owned(),
