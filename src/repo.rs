@@ -589,6 +589,28 @@ impl Repository {
     /// recorded complete only once all its files are (in `.plumber-checkout`): a crash never
     /// leaves a checkout that looks done, and directories asked for later are added.
     pub fn checkout(&self, commit: Oid, dirs: &BTreeSet<String>, dest: &Path) -> Result<()> {
+        self.checkout_of(commit, None, dirs, dest)
+    }
+
+    /// [`Repository::checkout`] of `tree`: a merge of `commit` that no commit has (its
+    /// objects in this handle). Errors name `commit`.
+    pub fn checkout_tree(
+        &self,
+        tree: Oid,
+        commit: Oid,
+        dirs: &BTreeSet<String>,
+        dest: &Path,
+    ) -> Result<()> {
+        self.checkout_of(commit, Some(tree), dirs, dest)
+    }
+
+    fn checkout_of(
+        &self,
+        commit: Oid,
+        tree: Option<Oid>,
+        dirs: &BTreeSet<String>,
+        dest: &Path,
+    ) -> Result<()> {
         let read = |what: &str, source| Error::Read {
             what: what.to_owned(),
             commit,
@@ -615,7 +637,13 @@ impl Repository {
         if wanted.is_empty() {
             return Ok(());
         }
-        let root = self.commit_root(commit)?;
+        let root = match tree {
+            Some(tree) => self
+                .git
+                .find_tree(tree)
+                .map_err(|e| read("the merged tree", e))?,
+            None => self.commit_root(commit)?,
+        };
         let odb = self.git.odb().map_err(|e| read("the object database", e))?;
         let mut blobs: Vec<(String, Oid, i32)> = Vec::new();
         let mut bytes: u64 = 0;

@@ -29,8 +29,19 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use crate::daemon::revisions::{TopologyKey, TreeValidation};
+use crate::daemon::watch::{NOTES_REF, ref_matches};
+use crate::daemon::{Context, Error};
 use crate::datadiff::Side;
+use crate::diagnostic::Diagnostic;
+use crate::graph::Topology;
+use crate::owners::CodeOwners;
+use crate::plan::{Change, Plan, TopologyPlan};
+use crate::repo::{MergeTree, Repository};
+use crate::spec::ClusterSpec;
 use crate::steptest::Commands;
+
+/// Why a pull request's exec and http steps do not run in its step tests and data diff.
+const PULL_REQUEST_COMMANDS: &str = "the daemon runs a pull request's commands only with `plumber up --run-commands`, on a head a maintainer's preview label approved";
 
 /// Whether commands run from `checkout` in a ref plan's data diff, or why not.
 fn commands(checkout: Option<&tempfile::TempDir>) -> Commands<'_> {
@@ -39,17 +50,6 @@ fn commands(checkout: Option<&tempfile::TempDir>) -> Commands<'_> {
         None => Commands::Refused(PULL_REQUEST_COMMANDS),
     }
 }
-
-/// Why a pull request's exec and http steps do not run in its step tests and data diff.
-const PULL_REQUEST_COMMANDS: &str = "the daemon runs a pull request's commands only with `plumber up --run-commands`, on a head a maintainer's preview label approved";
-use crate::daemon::watch::{NOTES_REF, ref_matches};
-use crate::daemon::{Context, Error};
-use crate::diagnostic::Diagnostic;
-use crate::graph::Topology;
-use crate::owners::CodeOwners;
-use crate::plan::{Change, Plan, TopologyPlan};
-use crate::repo::{MergeTree, Repository};
-use crate::spec::ClusterSpec;
 
 /// The plan of one watched ref: `GET /api/plans/{ref}`.
 #[derive(Debug, Clone, Serialize)]
@@ -806,11 +806,9 @@ impl Planner {
         };
         let merged = merged.filter(TreeValidation::is_valid);
         // An approved head's exec and http steps: their step tests run from its checkout.
-        let checkouts = match (&merged, inputs.commands) {
-            (Some(merged), true) => {
-                Some(self.test_commands(context, &repository, &mut plan, merged)?)
-            }
-            _ => None,
+        let (old_checkout, new_checkout) = match (&merged, inputs.commands) {
+            (Some(merged), true) => self.test_commands(context, &repository, &mut plan, merged),
+            _ => (None, None),
         };
         let Some(merged) = merged.filter(|_| plan.errors.is_empty()) else {
             let alone =
@@ -888,20 +886,16 @@ impl Planner {
         );
         let base = trees.validate(&repository, repository.tree_of(inputs.base)?, inputs.base)?;
         if let Some(sample) = &context.config.data_diff {
-            let (old_checkout, new_checkout) = match &checkouts {
-                Some((old, new)) => (old.as_ref(), Some(new)),
-                None => (None, None),
-            };
             plan.data_diff = self.data_diff(
                 context,
                 &whole,
                 Side {
                     graphs: &old_graphs,
-                    commands: commands(old_checkout),
+                    commands: commands(old_checkout.as_ref()),
                 },
                 Side {
                     graphs: &new_graphs,
-                    commands: commands(new_checkout),
+                    commands: commands(new_checkout.as_ref()),
                 },
                 sample,
                 {
@@ -927,34 +921,44 @@ impl Planner {
         Ok(plan)
     }
 
-    /// Runs the step tests of the exec and http steps of `merged` (an approved head's) from
-    /// a checkout of the head, and makes the plan invalid if one fails. Returns checkouts for
-    /// the data diff: of the commit most topologies run (if any), and of the head.
+    /// Runs the step tests of the exec and http steps of `merged` (the merge of an approved
+    /// head) from a checkout of the merge, and makes the plan invalid if one fails. Returns
+    /// checkouts for the data diff: of the commit most topologies run (if any), and of the
+    /// merge; `None` for one that cannot be written (its commands are then not run).
     fn test_commands(
         &self,
         context: &Context,
         repository: &Repository,
         plan: &mut RefPlan,
         merged: &TreeValidation,
-    ) -> Result<(Option<tempfile::TempDir>, tempfile::TempDir), Error> {
-        let checkout = |commit: &str, graphs: &[Topology]| -> Result<tempfile::TempDir, Error> {
-            let dir = tempfile::Builder::new()
-                .prefix("plan-checkout-")
-                .tempdir_in(&context.config.state_dir)
-                .map_err(|source| crate::repo::Error::Checkout {
-                    path: context.config.state_dir.clone(),
-                    source,
-                })?;
-            repository.checkout(
-                repository.resolve(commit)?,
-                &crate::graph::checkout_dirs(graphs),
-                dir.path(),
-            )?;
-            Ok(dir)
+    ) -> (Option<tempfile::TempDir>, Option<tempfile::TempDir>) {
+        let name = plan.name.clone();
+        let checkout = |commit: &str, tree: Option<Oid>, graphs: &[Topology]| {
+            let written = (|| -> Result<tempfile::TempDir, Error> {
+                let dir = tempfile::Builder::new()
+                    .prefix("plan-checkout-")
+                    .tempdir_in(&context.config.state_dir)
+                    .map_err(|source| crate::repo::Error::Checkout {
+                        path: context.config.state_dir.clone(),
+                        source,
+                    })?;
+                let commit = repository.resolve(commit)?;
+                let dirs = crate::graph::checkout_dirs(graphs);
+                match tree {
+                    Some(tree) => repository.checkout_tree(tree, commit, &dirs, dir.path())?,
+                    None => repository.checkout(commit, &dirs, dir.path())?,
+                }
+                Ok(dir)
+            })();
+            written
+                .map_err(|error| tracing::warn!(r#ref = %name, %commit, %error, "cannot check out what the commands of exec and http steps run from; they are not run"))
+                .ok()
         };
         let mut validation = merged.to_validation();
         let graphs = validation.topologies.clone().unwrap_or_default();
-        let new = checkout(&plan.head, &graphs)?;
+        let Some(new) = checkout(&plan.head, Some(merged.tree), &graphs) else {
+            return (None, None);
+        };
         let results =
             crate::steptest::run_commands(&validation, &context.config.step_tests, new.path());
         crate::steptest::fold_commands(&mut validation, &results);
@@ -970,11 +974,11 @@ impl Planner {
                     .values()
                     .filter_map(|t| t.graph.clone())
                     .collect();
-                Some(checkout(from, &graphs)?)
+                checkout(from, None, &graphs)
             }
             _ => None,
         };
-        Ok((old, new))
+        (old, Some(new))
     }
 
     /// The data diff of `whole`: records read where each topology runs now.
