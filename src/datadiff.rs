@@ -96,16 +96,6 @@ pub struct Side<'a> {
     pub commands: Commands<'a>,
 }
 
-impl<'a> Side<'a> {
-    /// Graphs whose commands do not run.
-    pub fn graphs(graphs: &'a [Topology]) -> Side<'a> {
-        Side {
-            graphs,
-            commands: Commands::Off,
-        }
-    }
-}
-
 pub fn diff(
     plan: &Plan,
     old: Side<'_>,
@@ -200,16 +190,15 @@ fn fill(
     masked: &[String],
 ) -> Result<(), String> {
     let new_job = Job::of_step(graph, id, new_commands).map_err(|why| format!("not run: {why}"))?;
-    let old_commands = running.map_or(Commands::Off, |(_, commands)| commands);
-    let running = running.map(|(r, _)| r);
-    let old_id = running.and_then(|r| r.find(&diff.step).map(|old| (r, old)));
+    let old_id = running.and_then(|(r, commands)| r.find(&diff.step).map(|old| (r, old, commands)));
     let old_job = match old_id {
-        Some((r, old)) if matches!(r.step(old).kind, StepKind::Processor { .. }) => Some(
-            Job::of_step(r, old, old_commands)
+        Some((r, old, commands)) if matches!(r.step(old).kind, StepKind::Processor { .. }) => Some(
+            Job::of_step(r, old, commands)
                 .map_err(|why| format!("the running version is not run: {why}"))?,
         ),
         _ => None,
     };
+    let running = running.map(|(r, _)| r);
     // What feeds it now: a source's topic, or the topic the running upstream writes.
     let mut inputs = Vec::new();
     for input in graph.inputs(id) {
@@ -740,10 +729,14 @@ mod tests {
             let slow = slow.clone();
             move |_: &Topology| Ok(slow.clone() as std::sync::Arc<dyn Admin>)
         };
+        let side = |graphs| Side {
+            graphs,
+            commands: Commands::Refused("not in this test"),
+        };
         let diffs = diff(
             &plan,
-            Side::graphs(&[]),
-            Side::graphs(&graphs),
+            side(&[]),
+            side(&graphs),
             &kafka,
             &sample,
             &limits,

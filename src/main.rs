@@ -982,15 +982,13 @@ fn checkout_for_commands(
     commit: &str,
     topologies: &[Topology],
 ) -> Result<tempfile::TempDir> {
-    let dir = tempfile::Builder::new()
-        .prefix("plumber-checkout-")
-        .tempdir()?;
-    repo.checkout(
+    Ok(plumber::steptest::checkout(
+        repo,
         git2::Oid::from_str(commit)?,
-        &plumber::graph::checkout_dirs(topologies),
-        dir.path(),
-    )?;
-    Ok(dir)
+        None,
+        topologies,
+        &std::env::temp_dir(),
+    )?)
 }
 
 /// Whether commands run, from `checkout`, or why not.

@@ -139,28 +139,40 @@ struct Sandbox {
 }
 
 /// Whether steps that run a command (exec, http) run in tests and data diffs, and from where:
-/// the root of a checkout of the commit holding those steps' directories
-/// ([`crate::repo::Repository::checkout`]). Jq and sql steps always run.
-#[derive(Debug, Clone, Copy, Default)]
+/// the root of a checkout of the commit holding those steps' directories ([`checkout`]). Jq
+/// and sql steps always run.
+#[derive(Debug, Clone, Copy)]
 pub enum Commands<'a> {
-    /// Not run: the case is reported as not run, and why.
-    #[default]
-    Off,
-    /// Not run, for the reason given (which says how to turn them on).
+    /// Not run, for the reason given (which says how to turn them on): the case is reported
+    /// as not run, and why.
     Refused(&'a str),
     /// Run from this checkout.
     From(&'a Path),
 }
 
-impl Commands<'_> {
-    fn refusal(&self) -> &str {
-        match self {
-            Commands::Refused(why) => why,
-            _ => {
-                "`plumber test` runs them (unless `--no-commands`), `plumber plan` with `--run-commands`"
-            }
-        }
+/// A checkout, in a new directory under `parent` removed when dropped, of what the exec and
+/// http steps of `topologies` run: their directories at `commit`, or in `tree` (a merge of
+/// `commit` that no commit has) when given.
+pub fn checkout(
+    repository: &crate::repo::Repository,
+    commit: git2::Oid,
+    tree: Option<git2::Oid>,
+    topologies: &[Topology],
+    parent: &Path,
+) -> crate::repo::Result<tempfile::TempDir> {
+    let dir = tempfile::Builder::new()
+        .prefix("plumber-checkout-")
+        .tempdir_in(parent)
+        .map_err(|source| crate::repo::Error::Checkout {
+            path: parent.to_path_buf(),
+            source,
+        })?;
+    let dirs = crate::graph::checkout_dirs(topologies);
+    match tree {
+        Some(tree) => repository.checkout_tree(tree, commit, &dirs, dir.path())?,
+        None => repository.checkout(commit, &dirs, dir.path())?,
     }
+    Ok(dir)
 }
 
 /// An input record of a job.
@@ -457,11 +469,10 @@ impl Job {
                         .chain(env.iter().cloned())
                         .collect(),
                 }),
-                Commands::Off | Commands::Refused(_) => {
+                Commands::Refused(why) => {
                     return Err(format!(
-                        "an {} step runs a command of the commit: {}",
+                        "an {} step runs a command of the commit: {why}",
                         transform.kind(),
-                        commands.refusal()
                     ));
                 }
             },
@@ -899,9 +910,10 @@ impl Server {
 /// How the worker's exec and http transforms try a record: as the processor does by default
 /// (its `--attempts`, and `--transform-timeout` per call), within the case's time.
 fn retries(case_time: Duration) -> transform::Retries {
+    use plumber_processor::config::{DEFAULT_ATTEMPTS, DEFAULT_TRANSFORM_TIMEOUT};
     transform::Retries {
-        call_timeout: case_time.min(Duration::from_secs(30)),
-        attempts: 4,
+        call_timeout: case_time.min(Duration::from_secs(DEFAULT_TRANSFORM_TIMEOUT)),
+        attempts: DEFAULT_ATTEMPTS,
         budget: case_time,
     }
 }

@@ -155,7 +155,7 @@ pub struct Args {
     #[arg(
         long,
         env = "PLUMBER_TRANSFORM_TIMEOUT",
-        default_value_t = 30,
+        default_value_t = DEFAULT_TRANSFORM_TIMEOUT,
         value_name = "SECS",
         value_parser = clap::value_parser!(u64).range(1..=86_400)
     )]
@@ -171,7 +171,7 @@ pub struct Args {
     )]
     pub record_timeout: u64,
     /// Attempts per record for exec crashes and http 5xx or timeouts before dead-lettering.
-    #[arg(long, env = "PLUMBER_ATTEMPTS", default_value_t = 4, value_name = "N",
+    #[arg(long, env = "PLUMBER_ATTEMPTS", default_value_t = DEFAULT_ATTEMPTS, value_name = "N",
           value_parser = clap::value_parser!(u32).range(1..=100))]
     pub attempts: u32,
     /// How the group hands partitions over when members come and go: `cooperative`
@@ -200,6 +200,12 @@ pub struct Args {
 
 /// `--state-max-groups` unless set: 200,000 groups is about 80 MB of memory.
 pub const DEFAULT_STATE_MAX_GROUPS: usize = 200_000;
+
+/// `--transform-timeout`'s default, seconds.
+pub const DEFAULT_TRANSFORM_TIMEOUT: u64 = 30;
+
+/// `--attempts`' default.
+pub const DEFAULT_ATTEMPTS: u32 = 4;
 
 /// `--table-max-bytes`: 256 MiB, a table of about a million rows of 200 bytes.
 pub const DEFAULT_TABLE_MAX_BYTES: usize = 256 << 20;

@@ -102,6 +102,15 @@ impl<'d> Topics<'d> {
 /// Names every target processor: a deployed life with the same step, identity and input
 /// topics is kept; any other gets a new life (the next number of its base name).
 pub(super) fn resolve(deployment: &Deployment, target: Option<&Topology>) -> Resolved {
+    resolve_with(deployment, target, &Topics::of(&deployment.lives))
+}
+
+/// [`resolve`], with the deployment's [`Topics`] at hand.
+fn resolve_with(
+    deployment: &Deployment,
+    target: Option<&Topology>,
+    topics: &Topics<'_>,
+) -> Resolved {
     let mut wanted: Vec<Wanted> = Vec::new();
     let mut topic_of: BTreeMap<StepId, String> = BTreeMap::new();
     // The deployed lives of each step and identity, in index order.
@@ -181,7 +190,7 @@ pub(super) fn resolve(deployment: &Deployment, target: Option<&Topology>) -> Res
         }
     }
     let kept: BTreeSet<usize> = wanted.iter().filter_map(|w| w.kept).collect();
-    let retiring: Vec<usize> = data_flow_order(&deployment.lives)
+    let retiring: Vec<usize> = data_flow_order(&deployment.lives, topics)
         .into_iter()
         .filter(|i| !kept.contains(i))
         .collect();
@@ -206,8 +215,7 @@ pub(super) fn resolve(deployment: &Deployment, target: Option<&Topology>) -> Res
 
 /// Indices of `lives` so that a life comes after the lives whose topics it reads; ties by
 /// step name, then group.
-fn data_flow_order(lives: &[Life]) -> Vec<usize> {
-    let topics = Topics::of(lives);
+fn data_flow_order(lives: &[Life], topics: &Topics<'_>) -> Vec<usize> {
     // Per life, the other lives that write what it reads; the lives waiting for each.
     let mut waits_for: Vec<usize> = vec![0; lives.len()];
     let mut waiting: Vec<Vec<usize>> = vec![Vec::new(); lives.len()];
@@ -437,8 +445,8 @@ fn remaining_unheld(
     deployment: &Deployment,
     target: Option<&Topology>,
 ) -> Vec<Pending> {
-    let resolved = resolve(deployment, target);
     let topics = Topics::of(&deployment.lives);
+    let resolved = resolve_with(deployment, target, &topics);
     let mut out = Vec::new();
     let ready = |action| Pending {
         action,

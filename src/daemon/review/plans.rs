@@ -934,23 +934,17 @@ impl Planner {
     ) -> (Option<tempfile::TempDir>, Option<tempfile::TempDir>) {
         let name = plan.name.clone();
         let checkout = |commit: &str, tree: Option<Oid>, graphs: &[Topology]| {
-            let written = (|| -> Result<tempfile::TempDir, Error> {
-                let dir = tempfile::Builder::new()
-                    .prefix("plan-checkout-")
-                    .tempdir_in(&context.config.state_dir)
-                    .map_err(|source| crate::repo::Error::Checkout {
-                        path: context.config.state_dir.clone(),
-                        source,
-                    })?;
-                let commit = repository.resolve(commit)?;
-                let dirs = crate::graph::checkout_dirs(graphs);
-                match tree {
-                    Some(tree) => repository.checkout_tree(tree, commit, &dirs, dir.path())?,
-                    None => repository.checkout(commit, &dirs, dir.path())?,
-                }
-                Ok(dir)
-            })();
-            written
+            repository
+                .resolve(commit)
+                .and_then(|oid| {
+                    crate::steptest::checkout(
+                        repository,
+                        oid,
+                        tree,
+                        graphs,
+                        &context.config.state_dir,
+                    )
+                })
                 .map_err(|error| tracing::warn!(r#ref = %name, %commit, %error, "cannot check out what the commands of exec and http steps run from; they are not run"))
                 .ok()
         };
