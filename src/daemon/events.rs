@@ -120,7 +120,7 @@ impl Events {
     }
 
     /// Sends `status` events as the store is written, at most one per `interval`, never the
-    /// same document twice. Runs until the store is gone or `stop` turns true.
+    /// same document twice in a row, and none while no client listens. Runs until the store is gone or `stop` turns true.
     pub async fn follow_status(
         &self,
         store: &Store,
@@ -130,16 +130,22 @@ impl Events {
         let mut writes = store.writes();
         let mut last = String::new();
         loop {
-            let document = match serde_json::to_string(&*store.read()) {
-                Ok(document) => document,
-                Err(error) => {
-                    tracing::warn!(%error, "cannot encode the status");
-                    String::new()
+            // Nobody listens: nothing is encoded (at 1,000 topologies the document is
+            // megabytes). A client that connects is sent the status as it is then.
+            if self.sender.receiver_count() == 0 {
+                last.clear();
+            } else {
+                let document = match serde_json::to_string(&*store.read()) {
+                    Ok(document) => document,
+                    Err(error) => {
+                        tracing::warn!(%error, "cannot encode the status");
+                        String::new()
+                    }
+                };
+                if !document.is_empty() && document != last {
+                    self.send("status", document.clone());
+                    last = document;
                 }
-            };
-            if !document.is_empty() && document != last {
-                self.send("status", document.clone());
-                last = document;
             }
             // Writes during the pause are coalesced: the next document has them all.
             tokio::select! {

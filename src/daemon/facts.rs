@@ -183,6 +183,18 @@ impl Store {
     pub fn apply(&self, fact: Fact) {
         reduce(&mut self.write(), fact);
     }
+
+    /// Applies several facts in one write (readers, the event stream among them, see one
+    /// change): what one look of the observer learnt. Nothing is written for none.
+    pub fn apply_all(&self, facts: Vec<Fact>) {
+        if facts.is_empty() {
+            return;
+        }
+        let mut status = self.write();
+        for fact in facts {
+            reduce(&mut status, fact);
+        }
+    }
 }
 
 /// Applies `fact` to `status`, then the daemon's overall phase.

@@ -76,6 +76,9 @@ fn observe(context: &Context, watchdog: &Watchdog, resume: &mut Option<String>) 
         })
         .map(|(name, _)| name.clone())
         .collect();
+    // The look's findings, written to the status in one write at its end: one event of the
+    // status stream per look, not one per topology read.
+    let mut facts = Vec::new();
     for name in gone {
         records.remove(&name);
         // One the previews thread starts again already says what it previews.
@@ -86,7 +89,7 @@ fn observe(context: &Context, watchdog: &Watchdog, resume: &mut Option<String>) 
             .iter()
             .any(|t| t.name == name && t.preview_of.is_some());
         if !started_again {
-            context.store.apply(Fact::Removed(name));
+            facts.push(Fact::Removed(name));
         }
     }
     // Lag is read group by group (committed offsets and watermarks): at 1,000 topologies of
@@ -104,17 +107,24 @@ fn observe(context: &Context, watchdog: &Watchdog, resume: &mut Option<String>) 
             Ok(record) => {
                 // The look's first topology is read whole, however long it takes.
                 let until = (index > 0).then_some(reads_until);
-                let read = observe_topology(context, watchdog, name, record, &running, until);
+                let read = observe_topology(
+                    context,
+                    (watchdog, &mut facts),
+                    (name, record),
+                    &running,
+                    until,
+                );
                 if !read && resume.is_none() {
                     *resume = Some(name.clone());
                 }
             }
-            Err(error) => context.store.apply(Fact::RecordUnreadable {
+            Err(error) => facts.push(Fact::RecordUnreadable {
                 topology: name.clone(),
                 message: error.to_string(),
             }),
         }
     }
+    context.store.apply_all(facts);
     watchdog.forget_all_but(records.values().flatten());
     if let Some(sink) = &context.status_sink
         && context.records.may_act()
@@ -130,12 +140,12 @@ fn observe(context: &Context, watchdog: &Watchdog, resume: &mut Option<String>) 
     }
 }
 
-/// Whether every group of the topology was read afresh (before `reads_until`, if any).
+/// Whether every group of the topology was read afresh (before `reads_until`, if any). What
+/// it finds goes to `facts`, for the look's one write.
 fn observe_topology(
     context: &Context,
-    watchdog: &Watchdog,
-    name: &str,
-    record: &TopologyRecord,
+    (watchdog, facts): (&Watchdog, &mut Vec<Fact>),
+    (name, record): (&str, &TopologyRecord),
     running: &BTreeMap<String, ProcessorStatus>,
     reads_until: Option<Instant>,
 ) -> bool {
@@ -345,13 +355,13 @@ fn observe_topology(
         });
     }
     if !context.records.may_act() {
-        context.store.apply(Fact::Recorded {
+        facts.push(Fact::Recorded {
             topology: name.to_owned(),
             commit: record.commit.clone(),
             moving: record.moving.clone(),
         });
     }
-    context.store.apply(Fact::Observed {
+    facts.push(Fact::Observed {
         topology: name.to_owned(),
         steps,
     });
@@ -830,6 +840,48 @@ mod tests {
         assert_eq!(group.as_deref(), Some(new_life.group()));
         assert_eq!(retiring, None, "a stopped life is gone from the step");
         assert!(json.get("retiring").is_none(), "and from its JSON: {json}");
+    }
+
+    #[test]
+    fn a_look_writes_the_status_once_whatever_the_number_of_topologies() {
+        let state = tempfile::tempdir().unwrap();
+        let config = DaemonConfig::new("unused", state.path().to_owned());
+        let connect: Box<crate::daemon::Connect> =
+            Box::new(|_| Ok(Arc::new(Lags::default()) as Arc<dyn Admin>));
+        let context = Context::with_admin(config, Arc::new(Restarts::default()), connect).unwrap();
+        let names: Vec<String> = (0..20).map(|n| format!("t{n:02}")).collect();
+        for name in &names {
+            context.records.save(name, &deployed(name)).unwrap();
+        }
+        // A record that cannot be read is a finding of the same look.
+        std::fs::write(state.path().join("topologies/broken.json"), "{").unwrap();
+        let writes = context.store.writes();
+        let watchdog = Watchdog::new(Duration::from_secs(3600));
+        for look in 1..=3u64 {
+            let before = *writes.borrow();
+            observe(&context, &watchdog, &mut None);
+            assert_eq!(
+                writes.borrow().wrapping_sub(before),
+                1,
+                "look {look}: one write for 21 topologies"
+            );
+        }
+        let status = context.store.read();
+        let shown: Vec<&str> = status.topologies.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(shown.len(), 21, "{shown:?}");
+        assert!(
+            status
+                .topologies
+                .iter()
+                .filter(|t| t.name != "broken")
+                .all(|t| t.steps.iter().any(|s| s.name == "step" && s.lag == Some(5))),
+            "every topology read in the one write"
+        );
+        let broken = status.topologies.iter().find(|t| t.name == "broken");
+        assert!(
+            broken.is_some_and(|t| t.last_error.is_some()),
+            "the unreadable record is shown as such: {broken:?}"
+        );
     }
 
     #[test]
