@@ -33,21 +33,32 @@ const BRANCHES: usize = 30;
 
 /// Commits `changes` (topology, processor, bump) on `parent` to `refname`.
 fn commit(git: &Repository, refname: &str, parent: Oid, changes: &[(usize, usize, usize)]) -> Oid {
+    let files: Vec<(String, String)> = changes
+        .iter()
+        .map(|&(topology, processor, bump)| {
+            let path = format!("topologies/t{topology:05}/steps/p{processor:02}.yaml");
+            let input = if processor == 0 {
+                "in".to_string()
+            } else {
+                format!("p{:02}", (processor - 1) / 2)
+            };
+            let content = format!(
+                "kind: processor\ninput: {input}\njq: 'select(.v > {}) | {{id, v}}'\nscale: {{ min: 1, max: 4 }}\n",
+                processor + bump
+            );
+            (path, content)
+        })
+        .collect();
+    commit_files(git, refname, parent, &files)
+}
+
+/// Commits `files` (path, content) on `parent` to `refname`.
+fn commit_files(git: &Repository, refname: &str, parent: Oid, files: &[(String, String)]) -> Oid {
     let signature = Signature::new("Bench", "bench@example.com", &Time::new(1_700_000_000, 0))
         .expect("signature");
     let parent = git.find_commit(parent).expect("parent");
     let mut update = TreeUpdateBuilder::new();
-    for &(topology, processor, bump) in changes {
-        let path = format!("topologies/t{topology:05}/steps/p{processor:02}.yaml");
-        let input = if processor == 0 {
-            "in".to_string()
-        } else {
-            format!("p{:02}", (processor - 1) / 2)
-        };
-        let content = format!(
-            "kind: processor\ninput: {input}\njq: 'select(.v > {}) | {{id, v}}'\nscale: {{ min: 1, max: 4 }}\n",
-            processor + bump
-        );
+    for (path, content) in files {
         let blob = git.blob(content.as_bytes()).expect("blob");
         update.upsert(path.as_str(), blob, FileMode::Blob);
     }
@@ -281,4 +292,94 @@ fn bench(n: usize, runs: usize) {
         );
     }
     println!("\nTopologies validated in all (tree cache misses): {parsed}.\n");
+    checkouts(&git, &context, head, n, runs);
+}
+
+/// The follower's checkout when every topology runs a command: `p00` of each becomes an exec
+/// step beside its script, so a checkout holds every topology's `steps/` (20 files each:
+/// 20,000 at 1,000 topologies). A push changes one script; the follower's load of it
+/// (validation and checkout) against a whole checkout of the same head written afresh, as
+/// every load wrote one before checkouts shared their directories, in the same run.
+fn checkouts(git: &Repository, context: &Context, head: Oid, n: usize, runs: usize) {
+    let exec = "kind: processor\ninput: in\nexec:\n  command: [python3, p00.py]\nscale: { min: 1, max: 4 }\n";
+    let script = |version: usize| format!("print('v{version}')\n");
+    let files: Vec<(String, String)> = (0..n)
+        .flat_map(|t| {
+            let dir = format!("topologies/t{t:05}/steps");
+            [
+                (format!("{dir}/p00.yaml"), exec.to_owned()),
+                (format!("{dir}/p00.py"), script(0)),
+            ]
+        })
+        .collect();
+    let mut head = commit_files(git, "refs/heads/main", head, &files);
+    let revision = context
+        .revisions
+        .load(&head.to_string())
+        .expect("exec head");
+    let dirs = plumber::graph::checkout_dirs(&revision.topologies);
+    let written = count_files(&revision.checkout);
+    let mut previous = head;
+    let mut version = 0;
+    let shared = measure(runs, || {
+        version += 1;
+        head = commit_files(
+            git,
+            "refs/heads/main",
+            head,
+            &[("topologies/t00000/steps/p00.py".into(), script(version))],
+        );
+        let started = Instant::now();
+        context.revisions.load(&head.to_string()).expect("load");
+        let took = started.elapsed();
+        // As the follower does after a load: the checkouts of the last two heads stay.
+        context
+            .revisions
+            .collect_checkouts(&[previous.to_string(), head.to_string()].into());
+        previous = head;
+        took
+    });
+    let repo = context.revisions.open().expect("open");
+    let whole = measure(runs, || {
+        let dest = tempfile::tempdir_in(&context.config.state_dir).expect("temp dir");
+        let started = Instant::now();
+        repo.checkout(head, &dirs, dest.path()).expect("checkout");
+        started.elapsed()
+    });
+    println!("### A checkout of {written} files: a push changes one\n");
+    println!("| measurement | median s | range s | × whole checkout |");
+    println!("|---|---:|---:|---:|");
+    for (name, (median, min, max)) in [
+        (
+            "**a whole checkout of the head** (every load before; the baseline)",
+            whole,
+        ),
+        (
+            "the follower's load of the head (validation + checkout)",
+            shared,
+        ),
+    ] {
+        println!(
+            "| {name} | {median:.3} | {min:.3}–{max:.3} | {:.3}× |",
+            median / whole.0
+        );
+    }
+    println!();
+}
+
+/// Regular files under `dir`, through its links.
+fn count_files(dir: &std::path::Path) -> usize {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|entry| {
+            let path = entry.path();
+            match std::fs::metadata(&path) {
+                Ok(meta) if meta.is_dir() => count_files(&path),
+                Ok(meta) if meta.is_file() => 1,
+                _ => 0,
+            }
+        })
+        .sum()
 }

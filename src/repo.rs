@@ -97,6 +97,9 @@ const MAX_TREE_BYTES: u64 = 4 * 1024 * 1024;
 /// Where the files of a checkout say which step directories are complete (written last).
 const CHECKOUT_INDEX: &str = ".plumber-checkout";
 
+/// A file a checkout writes: its path, blob and git file mode.
+type Blob = (String, Oid, i32);
+
 /// The outcome of merging a pull request's head into its base, in memory.
 #[derive(Debug, Clone)]
 pub enum MergePreview {
@@ -589,7 +592,21 @@ impl Repository {
     /// recorded complete only once all its files are (in `.plumber-checkout`): a crash never
     /// leaves a checkout that looks done, and directories asked for later are added.
     pub fn checkout(&self, commit: Oid, dirs: &BTreeSet<String>, dest: &Path) -> Result<()> {
-        self.checkout_of(commit, None, dirs, dest)
+        self.checkout_of(commit, None, dirs, dest, None)
+    }
+
+    /// [`Repository::checkout`], each directory written once into `trees` (named by its git
+    /// tree id, so a directory no commit changed is never written again) and linked from
+    /// `dest` by a symlink: a new commit writes only the directories it changed. Whoever
+    /// shares `trees` removes only what no checkout links to ([`linked_trees`]).
+    pub fn checkout_shared(
+        &self,
+        commit: Oid,
+        dirs: &BTreeSet<String>,
+        dest: &Path,
+        trees: &Path,
+    ) -> Result<()> {
+        self.checkout_of(commit, None, dirs, dest, Some(trees))
     }
 
     /// [`Repository::checkout`] of `tree`: a merge of `commit` that no commit has (its
@@ -601,7 +618,7 @@ impl Repository {
         dirs: &BTreeSet<String>,
         dest: &Path,
     ) -> Result<()> {
-        self.checkout_of(commit, Some(tree), dirs, dest)
+        self.checkout_of(commit, Some(tree), dirs, dest, None)
     }
 
     fn checkout_of(
@@ -610,6 +627,7 @@ impl Repository {
         tree: Option<Oid>,
         dirs: &BTreeSet<String>,
         dest: &Path,
+        trees: Option<&Path>,
     ) -> Result<()> {
         let read = |what: &str, source| Error::Read {
             what: what.to_owned(),
@@ -645,7 +663,8 @@ impl Repository {
             None => self.commit_root(commit)?,
         };
         let odb = self.git.odb().map_err(|e| read("the object database", e))?;
-        let mut blobs: Vec<(String, Oid, i32)> = Vec::new();
+        // Per wanted directory: its tree (`None` at the root), and the files to write.
+        let mut written: Vec<(&String, Option<Oid>, Vec<Blob>)> = Vec::new();
         let mut bytes: u64 = 0;
         for dir in &wanted {
             if let Some(name) = dir
@@ -677,6 +696,12 @@ impl Repository {
             } else {
                 format!("{dir}/")
             };
+            let shared = trees
+                .filter(|_| !dir.is_empty())
+                .map(|t| t.join(tree.id().to_string()));
+            // Measured all the same (the budget is the whole checkout's), but not written.
+            let stored = shared.as_deref().is_some_and(Path::exists);
+            let mut blobs = Vec::new();
             let mut failure = None;
             let walked = walk(&self.git, &tree, &start, |at, entry| {
                 let name = entry.name().unwrap_or_default();
@@ -712,24 +737,84 @@ impl Repository {
                     failure = Some(Error::OverBudget { commit, exceeded });
                     return TreeWalkResult::Abort;
                 }
-                blobs.push((format!("{at}{name}"), entry.id(), entry.filemode()));
+                if !stored {
+                    blobs.push((format!("{at}{name}"), entry.id(), entry.filemode()));
+                }
                 TreeWalkResult::Ok
             });
             if let Some(error) = failure {
                 return Err(error);
             }
             walked.map_err(|e| read("the tree", e))?;
+            written.push((dir, shared.is_some().then(|| tree.id()), blobs));
         }
+        for (dir, tree, blobs) in written {
+            let Some((tree, trees)) = tree.zip(trees) else {
+                self.write_blobs(dest, &blobs, commit)?;
+                continue;
+            };
+            let stored = trees.join(tree.to_string());
+            if !stored.exists() {
+                // Written whole beside it, then renamed into place: a directory in `trees`
+                // is always complete.
+                std::fs::create_dir_all(trees).map_err(|e| write(trees, e))?;
+                let staging = tempfile::Builder::new()
+                    .prefix(".writing-")
+                    .tempdir_in(trees)
+                    .map_err(|e| write(trees, e))?;
+                let prefix = format!("{dir}/");
+                let relative: Vec<Blob> = blobs
+                    .into_iter()
+                    .map(|(path, id, mode)| {
+                        (
+                            path.strip_prefix(&prefix).unwrap_or(&path).to_owned(),
+                            id,
+                            mode,
+                        )
+                    })
+                    .collect();
+                self.write_blobs(staging.path(), &relative, commit)?;
+                match std::fs::rename(staging.path(), &stored) {
+                    Ok(()) => {}
+                    // Another checkout wrote the same tree meanwhile.
+                    Err(_) if stored.exists() => {}
+                    Err(error) => return Err(write(&stored, error)),
+                }
+            }
+            link(
+                &std::path::absolute(&stored).map_err(|e| write(&stored, e))?,
+                &dest.join(dir),
+            )
+            .map_err(|e| write(&dest.join(dir), e))?;
+        }
+        done.extend(wanted);
+        let text: String = done.iter().map(|d| format!("{d}\n")).collect();
+        let mut file = tempfile::NamedTempFile::new_in(dest).map_err(|e| write(dest, e))?;
+        std::io::Write::write_all(&mut file, text.as_bytes()).map_err(|e| write(&index, e))?;
+        file.persist(&index).map_err(|e| write(&index, e.error))?;
+        Ok(())
+    }
+
+    /// Writes `blobs` (path under `dest`, blob, mode) of `commit`.
+    fn write_blobs(&self, dest: &Path, blobs: &[Blob], commit: Oid) -> Result<()> {
+        let write = |path: &Path, e: std::io::Error| Error::Checkout {
+            path: path.to_path_buf(),
+            source: e,
+        };
         for (path, id, mode) in blobs {
-            let blob = self.git.find_blob(id).map_err(|e| read(&path, e))?;
-            let target = dest.join(&path);
+            let blob = self.git.find_blob(*id).map_err(|source| Error::Read {
+                what: path.clone(),
+                commit,
+                source,
+            })?;
+            let target = dest.join(path);
             let parent = target.parent().unwrap_or(dest);
             std::fs::create_dir_all(parent).map_err(|e| write(parent, e))?;
             // Whole, then renamed: a process already running in this directory (another
             // step of the commit) never reads a half-written file.
             let mut file = tempfile::NamedTempFile::new_in(parent).map_err(|e| write(parent, e))?;
             std::io::Write::write_all(&mut file, blob.content()).map_err(|e| write(&target, e))?;
-            if mode == i32::from(git2::FileMode::BlobExecutable) {
+            if *mode == i32::from(git2::FileMode::BlobExecutable) {
                 use std::os::unix::fs::PermissionsExt as _;
                 file.as_file()
                     .set_permissions(std::fs::Permissions::from_mode(0o755))
@@ -737,11 +822,6 @@ impl Repository {
             }
             file.persist(&target).map_err(|e| write(&target, e.error))?;
         }
-        done.extend(wanted);
-        let text: String = done.iter().map(|d| format!("{d}\n")).collect();
-        let mut file = tempfile::NamedTempFile::new_in(dest).map_err(|e| write(dest, e))?;
-        std::io::Write::write_all(&mut file, text.as_bytes()).map_err(|e| write(&index, e))?;
-        file.persist(&index).map_err(|e| write(&index, e.error))?;
         Ok(())
     }
 
@@ -867,6 +947,40 @@ fn walk(
 }
 
 /// Whether directory `dir` is `ancestor` or below it (`""` is the root, above everything).
+/// Makes `at` a symlink to `to`, replacing what is there: a link of an older checkout, or a
+/// directory written for a step directory inside this one (`to` holds it too).
+fn link(to: &Path, at: &Path) -> std::io::Result<()> {
+    if let Some(parent) = at.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    match std::fs::symlink_metadata(at) {
+        Ok(meta) if meta.is_dir() => std::fs::remove_dir_all(at)?,
+        Ok(_) => std::fs::remove_file(at)?,
+        Err(_) => {}
+    }
+    std::os::unix::fs::symlink(to, at)
+}
+
+/// The trees (names in a [`Repository::checkout_shared`] store) that the checkouts in
+/// `checkouts` link to: what a collection of the store must keep.
+pub fn linked_trees(checkouts: &Path) -> BTreeSet<String> {
+    let mut linked = BTreeSet::new();
+    let Ok(entries) = std::fs::read_dir(checkouts) else {
+        return linked;
+    };
+    for checkout in entries.flatten().map(|e| e.path()) {
+        let index = std::fs::read_to_string(checkout.join(CHECKOUT_INDEX)).unwrap_or_default();
+        for dir in index.lines().filter(|d| !d.is_empty()) {
+            if let Ok(target) = std::fs::read_link(checkout.join(dir))
+                && let Some(name) = target.file_name()
+            {
+                linked.insert(name.to_string_lossy().into_owned());
+            }
+        }
+    }
+    linked
+}
+
 fn is_within(dir: &str, ancestor: &str) -> bool {
     ancestor.is_empty()
         || dir == ancestor

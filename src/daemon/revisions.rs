@@ -43,6 +43,12 @@ pub struct Revisions {
     /// What one commit may make the daemon read and write.
     budget: Budget,
     checkouts: PathBuf,
+    /// The directories checkouts link to, one per git tree: a new commit writes only the
+    /// directories it changed.
+    checkout_trees: PathBuf,
+    /// Held while a checkout is written or collected: a tree just written and not linked
+    /// yet is not collected.
+    checkout_lock: Mutex<()>,
     cache: Mutex<BTreeMap<String, Arc<Revision>>>,
     trees: Arc<TreeCache>,
     /// Checkouts [`Revisions::collect_checkouts`] keeps whatever it is told: the heads that
@@ -70,6 +76,8 @@ impl Revisions {
             source,
             budget,
             checkouts: state.checkouts(),
+            checkout_trees: state.checkout_trees(),
+            checkout_lock: Mutex::new(()),
             cache: Mutex::new(BTreeMap::new()),
             command_tests: run_commands.then(|| tests.clone()),
             trees: Arc::new(TreeCache::new(secrets, tests)),
@@ -157,7 +165,7 @@ impl Revisions {
         let repository = self.open()?;
         let oid = repository.resolve(commit)?;
         let checkout = self.checkouts.join(oid.to_string());
-        write_checkout(&repository, oid, topologies, &checkout)?;
+        self.write_checkout(&repository, oid, topologies, &checkout)?;
         Ok(checkout)
     }
 
@@ -206,7 +214,7 @@ impl Revisions {
         let mut validation = self.trees.validate(&repository, tree, oid)?.to_validation();
         let checkout = self.checkouts.join(oid.to_string());
         if let Some(topologies) = &validation.topologies {
-            write_checkout(&repository, oid, topologies, &checkout)?;
+            self.write_checkout(&repository, oid, topologies, &checkout)?;
             self.test_commands(&oid.to_string(), &mut validation, &checkout);
         }
         let Some(topologies) = validation.topologies else {
@@ -234,8 +242,30 @@ impl Revisions {
     }
 
     /// Removes the checkouts of commits not in `keep` (processors of those commits still run
-    /// there, or may run there next), so they do not pile up with every commit.
+    /// there, or may run there next), so they do not pile up with every commit; then the
+    /// directories no checkout left links to.
     pub fn collect_checkouts(&self, keep: &BTreeSet<String>) {
+        let _writing = self
+            .checkout_lock
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        self.collect_commits(keep);
+        let linked = crate::repo::linked_trees(&self.checkouts);
+        let Ok(trees) = std::fs::read_dir(&self.checkout_trees) else {
+            return;
+        };
+        for tree in trees.flatten() {
+            // Partly written ones too (`.writing-*`): nothing writes while the lock is held.
+            if linked.contains(&*tree.file_name().to_string_lossy()) {
+                continue;
+            }
+            if let Err(error) = std::fs::remove_dir_all(tree.path()) {
+                tracing::warn!(%error, path = %tree.path().display(), "cannot remove an unused checkout directory");
+            }
+        }
+    }
+
+    fn collect_commits(&self, keep: &BTreeSet<String>) {
         let Ok(entries) = std::fs::read_dir(&self.checkouts) else {
             return;
         };
@@ -259,18 +289,32 @@ impl Revisions {
             }
         }
     }
+
+    /// Writes what the processors of `topologies` run from (the directories of their `exec`
+    /// and `http` steps) into `checkout`, each directory linked to its tree's one copy. A
+    /// commit whose checkout is over budget, or whose tree holds a name that cannot be a file
+    /// name, is invalid: it says so like any other invalid commit.
+    fn write_checkout(
+        &self,
+        repository: &Repository,
+        commit: Oid,
+        topologies: &[Topology],
+        checkout: &std::path::Path,
+    ) -> Result<(), Error> {
+        let _writing = self
+            .checkout_lock
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let dirs = crate::graph::checkout_dirs(topologies);
+        let written = repository.checkout_shared(commit, &dirs, checkout, &self.checkout_trees);
+        checkout_result(commit, written)
+    }
 }
 
-/// Writes what the processors of `topologies` run from (the directories of their `exec` and
-/// `http` steps) into `checkout`. A commit whose checkout is over budget, or whose tree holds
-/// a name that cannot be a file name, is invalid: it says so like any other invalid commit.
-fn write_checkout(
-    repository: &Repository,
-    commit: Oid,
-    topologies: &[Topology],
-    checkout: &std::path::Path,
-) -> Result<(), Error> {
-    match repository.checkout(commit, &crate::graph::checkout_dirs(topologies), checkout) {
+/// A checkout's outcome as a revision's error: a checkout the commit's content refuses makes
+/// the commit invalid.
+fn checkout_result(commit: Oid, written: crate::repo::Result<()>) -> Result<(), Error> {
+    match written {
         Err(error) => match error.diagnostic() {
             Some(diagnostic) => Err(Error::Invalid {
                 commit: commit.to_string(),
@@ -659,5 +703,101 @@ mod tests {
             .collect();
         left.sort();
         assert_eq!(left, ["aaa", "ccc.partial"]);
+    }
+
+    /// Commits `files` (path, content) over the branch's last commit.
+    fn commit(git: &git2::Repository, files: &[(&str, &str)]) -> String {
+        let parent = git.head().ok().and_then(|h| h.peel_to_commit().ok());
+        let base = match &parent {
+            Some(commit) => commit.tree().unwrap(),
+            None => git
+                .find_tree(git.treebuilder(None).unwrap().write().unwrap())
+                .unwrap(),
+        };
+        let mut update = git2::build::TreeUpdateBuilder::new();
+        for (path, content) in files {
+            let blob = git.blob(content.as_bytes()).unwrap();
+            update.upsert(*path, blob, git2::FileMode::Blob);
+        }
+        let tree = git
+            .find_tree(update.create_updated(git, &base).unwrap())
+            .unwrap();
+        let signature = git2::Signature::now("t", "t@example.com").unwrap();
+        let parents: Vec<&git2::Commit> = parent.iter().collect();
+        git.commit(Some("HEAD"), &signature, &signature, "c", &tree, &parents)
+            .unwrap()
+            .to_string()
+    }
+
+    /// A new head writes only the step directories it changed: the others link to the copy
+    /// an earlier checkout wrote, and a collection keeps what a kept checkout links to.
+    #[test]
+    fn a_checkout_writes_only_the_directories_its_commit_changed() {
+        use std::os::unix::fs::MetadataExt as _;
+        let repo = tempfile::tempdir().unwrap();
+        let git = git2::Repository::init(repo.path()).unwrap();
+        let exec = |script: &str| {
+            format!("kind: processor\ninput: in\nexec:\n  command: [python3, {script}]\n")
+        };
+        let (pa, pb) = (exec("a.py"), exec("b.py"));
+        let first = commit(
+            &git,
+            &[
+                ("topologies/t/in.yaml", "kind: source\ntopic: in\n"),
+                (
+                    "topologies/t/out.yaml",
+                    "kind: sink\ntopic: out\ninput: [pa, pb]\n",
+                ),
+                ("topologies/t/a/pa.yaml", &pa),
+                ("topologies/t/a/a.py", "print('a1')\n"),
+                ("topologies/t/b/pb.yaml", &pb),
+                ("topologies/t/b/b.py", "print('b')\n"),
+            ],
+        );
+        let second = commit(&git, &[("topologies/t/a/a.py", "print('a2')\n")]);
+        let state_dir = tempfile::tempdir().unwrap();
+        let state = StateDir::open(state_dir.path()).unwrap();
+        let revisions = Revisions::new(
+            Source::new(&repo.path().display().to_string(), state_dir.path()),
+            &state,
+            StepSecrets::Unchecked,
+            Budget::default(),
+            crate::steptest::Limits::default(),
+            false,
+        );
+        let first = revisions.load(&first).unwrap();
+        let second = revisions.load(&second).unwrap();
+        let file =
+            |revision: &Revision, path: &str| revision.checkout.join("topologies/t").join(path);
+        let read = |revision: &Revision, path: &str| {
+            std::fs::read_to_string(file(revision, path)).unwrap()
+        };
+        assert_eq!(read(&first, "a/a.py"), "print('a1')\n");
+        assert_eq!(read(&second, "a/a.py"), "print('a2')\n");
+        assert_eq!(read(&second, "b/b.py"), "print('b')\n");
+        let inode = |revision: &Revision, path: &str| {
+            std::fs::metadata(file(revision, path)).unwrap().ino()
+        };
+        assert_eq!(
+            inode(&first, "b/pb.yaml"),
+            inode(&second, "b/pb.yaml"),
+            "the unchanged directory was written once"
+        );
+        assert_ne!(inode(&first, "a/pa.yaml"), inode(&second, "a/pa.yaml"));
+        let stored = || {
+            let mut names: Vec<String> = std::fs::read_dir(state.checkout_trees())
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            names.sort();
+            names
+        };
+        assert_eq!(stored().len(), 3, "a twice, b once: {:?}", stored());
+
+        revisions.collect_checkouts(&BTreeSet::from([second.commit.clone()]));
+        assert!(!first.checkout.exists());
+        assert_eq!(stored().len(), 2, "the first a is gone: {:?}", stored());
+        assert_eq!(read(&second, "a/a.py"), "print('a2')\n");
+        assert_eq!(read(&second, "b/b.py"), "print('b')\n");
     }
 }

@@ -51,6 +51,12 @@ impl StateDir {
         checkouts_dir(&self.root)
     }
 
+    /// Where the checkouts' directories are written, once per git tree: a checkout's step
+    /// directories link there ([`crate::repo::Repository::checkout_shared`]).
+    pub fn checkout_trees(&self) -> PathBuf {
+        self.root.join("checkout-trees")
+    }
+
     /// Takes the directory for this process until the lock is dropped (or the process dies):
     /// two daemons on one state directory would both adopt and restart the same processors.
     pub fn lock(&self) -> Result<StateLock> {
