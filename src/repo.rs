@@ -946,7 +946,6 @@ fn walk(
     Ok(())
 }
 
-/// Whether directory `dir` is `ancestor` or below it (`""` is the root, above everything).
 /// Makes `at` a symlink to `to`, replacing what is there: a link of an older checkout, or a
 /// directory written for a step directory inside this one (`to` holds it too).
 fn link(to: &Path, at: &Path) -> std::io::Result<()> {
@@ -981,6 +980,7 @@ pub fn linked_trees(checkouts: &Path) -> BTreeSet<String> {
     linked
 }
 
+/// Whether directory `dir` is `ancestor` or below it (`""` is the root, above everything).
 fn is_within(dir: &str, ancestor: &str) -> bool {
     ancestor.is_empty()
         || dir == ancestor

@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use plumber::graph::{Identity, Kind, Topology};
-use plumber::plan::{Action, Plan, StartPosition, plan};
+use plumber::plan::{Action, Deployment, Effect, Plan, StartPosition, moves, plan};
 use plumber::spec::{FileContent, SourceFile};
 use proptest::prelude::*;
 
@@ -217,6 +217,33 @@ proptest! {
         prop_assert!(is_scale);
     }
 
+    /// From a deployment half-way through a move (a newer commit takes over), towards a
+    /// third graph and towards nothing: the plan is the engine's actions one by one.
+    #[test]
+    fn a_plan_is_the_next_action_applied_until_none_remains(
+        a in dag(),
+        b in dag(),
+        c in dag(),
+        seed in any::<u64>(),
+        cut in any::<prop::sample::Index>(),
+    ) {
+        let layout = || Layout { seed };
+        let (a, b, c) = (build(&a, layout()), build(&b, layout()), build(&c, layout()));
+        let name = a[0].name.clone();
+        let mut deployment = Deployment::of(&a[0]);
+        let towards_b = moves::plan(&name, &deployment, Some(&b[0]));
+        prop_assert_eq!(&towards_b, &stepwise(&name, &deployment, Some(&b[0])));
+        for action in towards_b.iter().take(cut.index(towards_b.len() + 1)) {
+            deployment.apply(action, effect_of(action));
+        }
+        for target in [Some(&c[0]), Some(&b[0]), Some(&a[0]), None] {
+            prop_assert_eq!(
+                moves::plan(&name, &deployment, target),
+                stepwise(&name, &deployment, target)
+            );
+        }
+    }
+
     #[test]
     fn every_plan_orders_its_actions_safely(old in dag(), new in dag(), seed in any::<u64>()) {
         let before = build(&old, Layout { seed });
@@ -224,6 +251,30 @@ proptest! {
         check_plan(&before, &after);
         check_plan(&after, &before);
         check_plan(&[], &after);
+    }
+}
+
+/// What [`moves::plan`] stands for: [`moves::next`] applied to a simulated deployment until
+/// nothing remains (each stop recording no offsets), as the engine runs a move when nothing
+/// waits.
+fn stepwise(name: &str, deployment: &Deployment, target: Option<&Topology>) -> Vec<Action> {
+    let mut simulated = deployment.clone();
+    let mut actions = Vec::new();
+    while let Some(action) = moves::next(name, &simulated, target, &|_| false) {
+        assert!(
+            actions.len() < 10_000,
+            "the plan does not end: {actions:#?}"
+        );
+        simulated.apply(&action, effect_of(&action));
+        actions.push(action);
+    }
+    actions
+}
+
+fn effect_of(action: &Action) -> Effect {
+    match action {
+        Action::StopProcessor { .. } => Effect::Stopped(Vec::new()),
+        _ => Effect::Done,
     }
 }
 
