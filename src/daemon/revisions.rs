@@ -794,6 +794,37 @@ mod tests {
         };
         assert_eq!(stored().len(), 3, "a twice, b once: {:?}", stored());
 
+        // A head whose directories are all stored still counts them against the budget (the
+        // whole checkout's): one over it is refused, though it would write nothing.
+        let third = commit(
+            &git,
+            &[(
+                "topologies/t/out.yaml",
+                "kind: sink\ntopic: out2\ninput: [pa, pb]\n",
+            )],
+        );
+        let bytes = (pa.len() + pb.len() + "print('a2')\n".len() + "print('b')\n".len()) as u64;
+        let budgeted = |checkout_bytes| {
+            Revisions::new(
+                Source::new(&repo.path().display().to_string(), state_dir.path()),
+                &state,
+                StepSecrets::Unchecked,
+                Budget {
+                    checkout_bytes,
+                    ..Budget::default()
+                },
+                crate::steptest::Limits::default(),
+                false,
+            )
+        };
+        match budgeted(bytes - 1).load(&third) {
+            Err(Error::Invalid { errors, .. }) => assert!(errors.contains("checkout"), "{errors}"),
+            Err(other) => panic!("refused for another reason: {other}"),
+            Ok(_) => panic!("a checkout over its budget was written"),
+        }
+        assert!(budgeted(bytes).load(&third).is_ok());
+        assert_eq!(stored().len(), 3, "nothing new written: {:?}", stored());
+
         revisions.collect_checkouts(&BTreeSet::from([second.commit.clone()]));
         assert!(!first.checkout.exists());
         assert_eq!(stored().len(), 2, "the first a is gone: {:?}", stored());
