@@ -185,6 +185,12 @@ pub struct Args {
     /// A restarted instance with the same id fences its predecessor.
     #[arg(long, env = "PLUMBER_INSTANCE")]
     pub instance: Option<String>,
+    /// A warm start: join the group and hold every partition it gives, unread, until its
+    /// start is known: the group's committed offset, else the one this group (written by the
+    /// cutover engine, never joined) holds for it. So a successor is connected and assigned
+    /// before its predecessor stops, and starts exactly where the predecessor stopped.
+    #[arg(long, env = "PLUMBER_HANDOFF_GROUP", value_name = "GROUP")]
+    pub handoff_group: Option<String>,
     /// Extra librdkafka property for every client, e.g. -X security.protocol=SSL.
     #[arg(short = 'X', long = "kafka", value_name = "KEY=VALUE", value_parser = parse_property)]
     pub kafka: Vec<(String, String)>,
@@ -336,6 +342,8 @@ pub struct Config {
     pub assignor: Assignor,
     pub instance: String,
     pub kafka: Vec<(String, String)>,
+    /// `--handoff-group`.
+    pub handoff_group: Option<String>,
 }
 
 impl DeliveryMode {
@@ -478,6 +486,7 @@ impl TryFrom<Args> for Config {
             record_timeout: Duration::from_secs(args.record_timeout),
             attempts: args.attempts,
             assignor: args.assignor,
+            handoff_group: args.handoff_group,
             instance,
             kafka: {
                 let mut kafka = args.kafka;

@@ -181,6 +181,8 @@ impl RdProducerContext for ProducerContext {
 pub struct ConsumerContext {
     committer: Arc<Committer>,
     books: Arc<Books>,
+    /// A warm start: assigned partitions are held until the hand-off.
+    handoff: Option<Arc<crate::handoff::HandOff>>,
 }
 
 impl ClientContext for ConsumerContext {
@@ -241,6 +243,11 @@ impl rdkafka::consumer::ConsumerContext for ConsumerContext {
                 };
                 let owned = consumer.assignment().map_or(0, |a| a.count());
                 tracing::info!(partitions = count, owned, protocol, "partitions assigned");
+                // A warm start holds them until the hand-off names their start.
+                let result = match &self.handoff {
+                    Some(handoff) => result.and_then(|()| handoff.assigned(consumer, partitions)),
+                    None => result,
+                };
                 ("assign", result)
             }
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
@@ -259,6 +266,9 @@ impl rdkafka::consumer::ConsumerContext for ConsumerContext {
                     protocol,
                     "partitions revoked"
                 );
+                if let Some(handoff) = &self.handoff {
+                    handoff.revoked(partitions);
+                }
                 self.committer.revoke(consumer, partitions, lost);
                 let result = if incremental {
                     consumer.incremental_unassign(partitions)
@@ -362,6 +372,7 @@ pub fn consumer(
     config: &Config,
     committer: Arc<Committer>,
     books: Arc<Books>,
+    handoff: Option<Arc<crate::handoff::HandOff>>,
     with_stats: bool,
 ) -> Result<BaseConsumer<ConsumerContext>, KafkaError> {
     let mut client = common(config);
@@ -394,7 +405,11 @@ pub fn consumer(
     if with_stats {
         client.set("statistics.interval.ms", "5000");
     }
-    with_overrides(client, config).create_with_context(ConsumerContext { committer, books })
+    with_overrides(client, config).create_with_context(ConsumerContext {
+        committer,
+        books,
+        handoff,
+    })
 }
 
 /// Connection settings (bootstrap, security, `-X` overrides) for a consumer outside the

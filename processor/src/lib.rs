@@ -15,6 +15,7 @@
 
 pub mod config;
 pub mod delivery;
+pub mod handoff;
 pub mod kafka;
 pub mod metrics;
 pub mod overseer;

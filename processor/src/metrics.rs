@@ -74,6 +74,9 @@ pub struct Metrics {
     pub table_loading: Gauge,
     /// Table records that are no row (no key, not a JSON object): skipped.
     pub table_skipped: Counter,
+    /// A warm start's partitions assigned and held unread until the hand-off names their
+    /// start (`--handoff-group`).
+    pub handoff_waiting: Gauge,
     heartbeat: Arc<AtomicU64>,
     registry: Arc<Registry>,
 }
@@ -122,9 +125,15 @@ impl Metrics {
             table_bytes: Gauge::default(),
             table_loading: Gauge::default(),
             table_skipped: Counter::default(),
+            handoff_waiting: Gauge::default(),
             heartbeat: Arc::new(AtomicU64::new(now_millis())),
             registry: Arc::new(Registry::default()),
         };
+        registry.register(
+            "handoff_waiting_partitions",
+            "A warm start's partitions held unread until the hand-off names their start",
+            metrics.handoff_waiting.clone(),
+        );
         registry.register(
             "records_consumed",
             "Input records consumed",

@@ -116,6 +116,8 @@ pub enum Error {
     },
     #[error(transparent)]
     Delivery(#[from] delivery::Error),
+    #[error(transparent)]
+    HandOff(#[from] crate::handoff::Error),
     #[error(
         "the final commit could not be made ({0}); the records since the last commit will be processed again by the group's next owner"
     )]
@@ -353,10 +355,12 @@ fn run_here(
         Some(stores) => committer.with_state(stores.clone()),
         None => committer,
     });
+    let handoff = crate::handoff::HandOff::of(config, metrics)?.map(Arc::new);
     let consumer = kafka::consumer(
         config,
         committer.clone(),
         books.clone(),
+        handoff.clone(),
         config.metrics.is_some(),
     )
     .map_err(|source| Error::Client {
@@ -424,6 +428,7 @@ fn run_here(
             transform: transform.as_mut(),
             poisoned: Vec::new(),
             stores: stores.as_deref(),
+            handoff: handoff.as_deref(),
         };
         pipeline.process(stop)?;
         pipeline.resend_refused()
@@ -841,6 +846,7 @@ struct Pipeline<'a> {
     transform: &'a mut dyn Transform,
     poisoned: Vec<Poisoned>,
     stores: Option<&'a Stores>,
+    handoff: Option<&'a crate::handoff::HandOff>,
 }
 
 impl Pipeline<'_> {
@@ -856,6 +862,9 @@ impl Pipeline<'_> {
             }
             if self.committer.needs_recovery() {
                 self.recover("a commit found the transaction abortable", None)?;
+            }
+            if let Some(handoff) = self.handoff {
+                handoff.start_held(consumer)?;
             }
             let message = match consumer.poll(POLL) {
                 None => {

@@ -379,3 +379,114 @@ fn a_running_processor_commits_what_it_finished() {
     process.signal(Signal::SIGTERM);
     assert!(process.wait_exit(STOP_PROMISE).expect("exits").success());
 }
+
+/// Commits `offsets` (partition, offset) of `topic` to `group` from outside it, as the
+/// cutover engine hands a warm successor its start.
+fn hand_off(broker: &Broker, group: &str, topic: &str, offsets: &[(i32, i64)]) {
+    use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer as _};
+    let consumer: BaseConsumer = broker
+        .client()
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .create()
+        .expect("hand-off client");
+    let mut list = rdkafka::TopicPartitionList::new();
+    for (partition, offset) in offsets {
+        list.add_partition_offset(topic, *partition, rdkafka::Offset::Offset(*offset))
+            .expect("offset");
+    }
+    consumer
+        .commit(&list, CommitMode::Sync)
+        .expect("the hand-off is committed");
+}
+
+/// A warm start (`--handoff-group`), the successor's half of a cutover users do not notice:
+/// it joins its group and holds its partitions while the hand-off group names no start, then
+/// starts exactly where the hand-off says (never from where a group without offsets would
+/// begin), leaves its group's committed offsets there for whoever owns a partition next, and
+/// once it has them a restart does not wait again.
+#[test]
+fn a_warm_start_reads_nothing_before_the_hand_off_and_starts_exactly_there() {
+    let broker = Broker::start();
+    let (input, output) = (unique("in"), unique("out"));
+    broker.create_topic(&input, 2);
+    broker.create_topic(&output, 2);
+    // Partition p holds ids p*1000 + i at offset i.
+    let fill = |partition: i32, range: std::ops::Range<u32>| {
+        let entries: Vec<(Vec<u8>, Option<Vec<u8>>)> = range
+            .map(|i| {
+                let id = partition as u32 * 1000 + i;
+                (
+                    format!("k{id}").into_bytes(),
+                    Some(format!(r#"{{"id":{id}}}"#).into_bytes()),
+                )
+            })
+            .collect();
+        broker.produce_keyed(&input, partition, &entries);
+    };
+    fill(0, 0..100);
+    fill(1, 0..100);
+    let group = unique("warm");
+    let handoff = format!("{group}.handoff");
+    let step = Step::new(&group, &input, &output).args(&[
+        "--jq",
+        ".",
+        "--delivery",
+        "at-least-once",
+        "--handoff-group",
+        &handoff,
+    ]);
+    let mut process = start_assigned(&broker, &step);
+    wait_until("both partitions held", PATIENCE, || {
+        step.log().lines().any(|l| {
+            l.contains("partitions held until their start is known") && l.contains(r#""held":2"#)
+        })
+    });
+    // More records while it holds them: a reader would have plenty.
+    fill(0, 100..150);
+    fill(1, 100..150);
+    assert!(
+        !step.log().contains("held partitions started"),
+        "started without a hand-off; log:\n{}",
+        step.log()
+    );
+
+    hand_off(&broker, &handoff, &input, &[(0, 40), (1, 70)]);
+    let expected: BTreeSet<u32> = (40..150).chain((70..150).map(|i| 1000 + i)).collect();
+    broker.wait_for_records(&output, "every record from the hand-off on", |records| {
+        ids(records).into_iter().collect::<BTreeSet<u32>>().len() >= expected.len()
+    });
+    let log = step.log();
+    assert!(log.contains("the hand-off came"), "{log}");
+    assert!(log.contains(r#""from_handoff":2"#), "{log}");
+    process.signal(Signal::SIGTERM);
+    assert!(process.wait_exit(STOP_PROMISE).expect("exits").success());
+    let outputs = ids(&broker.read_all(&output));
+    let before: Vec<&u32> = outputs.iter().filter(|id| !expected.contains(id)).collect();
+    assert!(
+        before.is_empty(),
+        "read before the hand-off's offsets: {before:?}"
+    );
+    assert_eq!(
+        counts(&outputs).values().filter(|n| **n > 1).count(),
+        0,
+        "a graceful stop repeats nothing"
+    );
+    assert_eq!(
+        broker.committed(&group, &input, 2),
+        BTreeMap::from([(0, 150), (1, 150)])
+    );
+
+    // Started again with the same flag: its group has offsets, so nothing is held for long
+    // and nothing is read twice.
+    let mut again = start_assigned(&broker, &step);
+    fill(0, 150..160);
+    fill(1, 150..160);
+    broker.wait_for_records(&output, "the new records", |records| {
+        ids(records).contains(&1159) && ids(records).contains(&159)
+    });
+    again.signal(Signal::SIGTERM);
+    assert!(again.wait_exit(STOP_PROMISE).expect("exits").success());
+    let outputs = ids(&broker.read_all(&output));
+    assert_eq!(outputs.len(), expected.len() + 20, "each record once");
+}
