@@ -380,6 +380,21 @@ fn a_running_processor_commits_what_it_finished() {
     assert!(process.wait_exit(STOP_PROMISE).expect("exits").success());
 }
 
+/// Writes ids `partition * 1000 + i` for `i` in `range` to `topic`'s `partition`: on a
+/// partition filled from 0, id `p * 1000 + i` is at offset `i`.
+fn fill(broker: &Broker, topic: &str, partition: i32, range: std::ops::Range<u32>) {
+    let entries: Vec<(Vec<u8>, Option<Vec<u8>>)> = range
+        .map(|i| {
+            let id = partition as u32 * 1000 + i;
+            (
+                format!("k{id}").into_bytes(),
+                Some(format!(r#"{{"id":{id}}}"#).into_bytes()),
+            )
+        })
+        .collect();
+    broker.produce_keyed(topic, partition, &entries);
+}
+
 /// Commits `offsets` (partition, offset) of `topic` to `group` from outside it, as the
 /// cutover engine hands a warm successor its start.
 fn hand_off(broker: &Broker, group: &str, topic: &str, offsets: &[(i32, i64)]) {
@@ -411,19 +426,7 @@ fn a_warm_start_reads_nothing_before_the_hand_off_and_starts_exactly_there() {
     let (input, output) = (unique("in"), unique("out"));
     broker.create_topic(&input, 2);
     broker.create_topic(&output, 2);
-    // Partition p holds ids p*1000 + i at offset i.
-    let fill = |partition: i32, range: std::ops::Range<u32>| {
-        let entries: Vec<(Vec<u8>, Option<Vec<u8>>)> = range
-            .map(|i| {
-                let id = partition as u32 * 1000 + i;
-                (
-                    format!("k{id}").into_bytes(),
-                    Some(format!(r#"{{"id":{id}}}"#).into_bytes()),
-                )
-            })
-            .collect();
-        broker.produce_keyed(&input, partition, &entries);
-    };
+    let fill = |partition, range| fill(&broker, &input, partition, range);
     fill(0, 0..100);
     fill(1, 0..100);
     let group = unique("warm");
@@ -489,4 +492,71 @@ fn a_warm_start_reads_nothing_before_the_hand_off_and_starts_exactly_there() {
     assert!(again.wait_exit(STOP_PROMISE).expect("exits").success());
     let outputs = ids(&broker.read_all(&output));
     assert_eq!(outputs.len(), expected.len() + 20, "each record once");
+}
+
+/// Two warm instances of one successor (its `scale.min`): the partitions the group spreads
+/// over them are all held until the hand-off, then each starts exactly there, whichever
+/// instance owns it.
+#[test]
+fn warm_instances_share_the_hand_off_whoever_owns_a_partition() {
+    let broker = Broker::start();
+    let (input, output) = (unique("in"), unique("out"));
+    broker.create_topic(&input, 4);
+    broker.create_topic(&output, 2);
+    for partition in 0..4 {
+        fill(&broker, &input, partition, 0..50);
+    }
+    let group = unique("warm2");
+    let handoff = format!("{group}.handoff");
+    let steps: Vec<Step> = (0..2)
+        .map(|n| {
+            Step::new(&group, &input, &output)
+                .args(&["--jq", ".", "--delivery", "at-least-once"])
+                .args(&["--handoff-group", &handoff])
+                .log_as(&format!("{group}.{n}"))
+        })
+        .collect();
+    let held = |step: &Step| {
+        step.log()
+            .lines()
+            .filter(|l| l.contains("partitions held until their start is known"))
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter_map(|l| l["held"].as_u64())
+            .last()
+            .unwrap_or(0)
+    };
+    let mut first = start_assigned(&broker, &steps[0]);
+    let mut second = steps[1].start(&broker);
+    wait_until("the group's 4 partitions held over both", PATIENCE, || {
+        let (a, b) = (held(&steps[0]), held(&steps[1]));
+        a > 0 && b > 0 && a + b == 4
+    });
+    let handed: Vec<(i32, i64)> = vec![(0, 10), (1, 20), (2, 30), (3, 40)];
+    hand_off(&broker, &handoff, &input, &handed);
+    let expected: BTreeSet<u32> = handed
+        .iter()
+        .flat_map(|&(p, from)| (from as u32..50).map(move |i| p as u32 * 1000 + i))
+        .collect();
+    broker.wait_for_records(&output, "every record from the hand-off on", |records| {
+        ids(records).into_iter().collect::<BTreeSet<u32>>().len() >= expected.len()
+    });
+    for (process, step) in [(&mut second, &steps[1]), (&mut first, &steps[0])] {
+        process.signal(Signal::SIGTERM);
+        assert!(
+            process.wait_exit(STOP_PROMISE).expect("exits").success(),
+            "{}",
+            step.log()
+        );
+    }
+    let outputs = ids(&broker.read_all(&output));
+    let outside: Vec<&u32> = outputs.iter().filter(|id| !expected.contains(id)).collect();
+    assert!(
+        outside.is_empty(),
+        "read before the hand-off's offsets: {outside:?}"
+    );
+    assert_eq!(outputs.len(), expected.len(), "each record once");
+    assert_eq!(
+        broker.committed(&group, &input, 4),
+        BTreeMap::from([(0, 50), (1, 50), (2, 50), (3, 50)])
+    );
 }
