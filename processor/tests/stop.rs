@@ -519,10 +519,10 @@ fn warm_instances_share_the_hand_off_whoever_owns_a_partition() {
     let held = |step: &Step| {
         step.log()
             .lines()
+            .rev()
             .filter(|l| l.contains("partitions held until their start is known"))
             .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-            .filter_map(|l| l["held"].as_u64())
-            .last()
+            .find_map(|l| l["held"].as_u64())
             .unwrap_or(0)
     };
     let mut first = start_assigned(&broker, &steps[0]);
