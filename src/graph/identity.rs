@@ -31,28 +31,37 @@ pub struct Identity([u8; 32]);
 impl Identity {
     /// The first [`SHORT_LEN`] hex digits.
     pub fn short(&self) -> String {
-        // Only the bytes shown: every plan names every processor by it, many times over.
+        self.hex()[..SHORT_LEN].to_owned()
+    }
+
+    /// All 64 hex digits, without the formatting machinery: every plan, status and API answer
+    /// names every processor by it (`write!` per byte made a large plan's JSON several times
+    /// slower).
+    fn hex(&self) -> HexDigits {
         const DIGITS: &[u8; 16] = b"0123456789abcdef";
-        self.0
-            .iter()
-            .flat_map(|byte| {
-                [
-                    DIGITS[usize::from(byte >> 4)],
-                    DIGITS[usize::from(byte & 15)],
-                ]
-            })
-            .take(SHORT_LEN)
-            .map(char::from)
-            .collect()
+        let mut digits = [0u8; 64];
+        for (i, byte) in self.0.iter().enumerate() {
+            digits[2 * i] = DIGITS[usize::from(byte >> 4)];
+            digits[2 * i + 1] = DIGITS[usize::from(byte & 15)];
+        }
+        HexDigits(digits)
+    }
+}
+
+/// An identity's hex digits, on the stack.
+struct HexDigits([u8; 64]);
+
+impl std::ops::Deref for HexDigits {
+    type Target = str;
+    fn deref(&self) -> &str {
+        // Only ASCII digits are ever written.
+        std::str::from_utf8(&self.0).unwrap_or_default()
     }
 }
 
 impl fmt::Display for Identity {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for byte in self.0 {
-            write!(f, "{byte:02x}")?;
-        }
-        Ok(())
+        f.write_str(&self.hex())
     }
 }
 
@@ -64,7 +73,7 @@ impl fmt::Debug for Identity {
 
 impl Serialize for Identity {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(self)
+        serializer.serialize_str(&self.hex())
     }
 }
 
@@ -296,6 +305,10 @@ mod tests {
         assert!(hex.chars().all(|c| c.is_ascii_hexdigit()));
         assert!(hex.starts_with(&id.short()));
         assert_eq!(id.short().len(), SHORT_LEN);
+        let byte_by_byte: String = id.0.iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(hex, byte_by_byte);
+        assert_eq!(serde_json::to_string(&id).unwrap(), format!("\"{hex}\""));
+        assert_eq!(hex.parse::<Identity>(), Ok(id));
     }
 
     #[test]
