@@ -247,7 +247,14 @@ impl RefPlan {
             .map(|s| format!("\n{}", s.markdown))
             .unwrap_or_default();
         plan.markdown.push_str(&plan.preview_markdown);
-        plan.fingerprint = plan.meaning();
+        // The meaning is a digest of the whole plan's JSON (every topology's): made again
+        // only when what the preview shows changed it.
+        let same = plan.previews == self.previews
+            && plan.preview_markdown == self.preview_markdown
+            && !self.fingerprint.is_empty();
+        if !same {
+            plan.fingerprint = plan.meaning();
+        }
         plan
     }
 
