@@ -120,7 +120,8 @@ impl Events {
     }
 
     /// Sends `status` events as the store is written, at most one per `interval`, never the
-    /// same document twice in a row, and none while no client listens. Runs until the store is gone or `stop` turns true.
+    /// same document twice in a row, and none while no client listens. Runs until the store
+    /// is gone or `stop` turns true.
     pub async fn follow_status(
         &self,
         store: &Store,
