@@ -92,6 +92,12 @@ impl HandOff {
         }))
     }
 
+    fn show_held(&self, waiting: &Waiting) {
+        self.metrics
+            .handoff_waiting
+            .set(waiting.partitions.len() as i64);
+    }
+
     fn waiting(&self) -> std::sync::MutexGuard<'_, Waiting> {
         self.waiting.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -118,9 +124,7 @@ impl HandOff {
             handoff_known = waiting.offsets.is_some(),
             "partitions held until their start is known"
         );
-        self.metrics
-            .handoff_waiting
-            .set(waiting.partitions.len() as i64);
+        self.show_held(&waiting);
         Ok(())
     }
 
@@ -132,9 +136,7 @@ impl HandOff {
                 .partitions
                 .remove(&(element.topic().to_owned(), element.partition()));
         }
-        self.metrics
-            .handoff_waiting
-            .set(waiting.partitions.len() as i64);
+        self.show_held(&waiting);
     }
 
     /// From the loop, after each poll: starts the partitions held whose start is known.
@@ -204,9 +206,7 @@ impl HandOff {
             still_held = waiting.partitions.len(),
             "held partitions started"
         );
-        self.metrics
-            .handoff_waiting
-            .set(waiting.partitions.len() as i64);
+        self.show_held(&waiting);
         Ok(())
     }
 
