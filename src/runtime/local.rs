@@ -1154,6 +1154,18 @@ mod tests {
         // Another runtime's instance, and a stranger.
         let mut foreign = sleeper(Some(&other), true);
         let mut stranger = sleeper(None, true);
+        // A killed daemon's instance has long been running; this one has just been spawned,
+        // so wait until /proc shows it as such (tagged, leading its group) before opening.
+        let pid = unrecorded.id() as i32;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !(is_tagged(pid, &processes) && process_group(pid) == Some(pid)) {
+            assert!(
+                Instant::now() < deadline,
+                "the unrecorded instance shows its tag and group in /proc: {:?}",
+                fs::read(format!("/proc/{pid}/environ")).map(|e| e.len())
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
 
         let config = LocalConfig {
             stop_timeout: Duration::from_secs(20),
