@@ -402,6 +402,8 @@ fn action_kind(action: &Action) -> &'static str {
     match action {
         Action::CreateTopic { .. } => "create-topic",
         Action::StartProcessor(_) => "start-processor",
+        Action::StartWarm(_) => "start-warm",
+        Action::HandOff { .. } => "hand-off",
         Action::UpdateProcessor { .. } => "update-processor",
         Action::DrainProcessor { .. } => "drain-processor",
         Action::StopProcessor { .. } => "stop-processor",

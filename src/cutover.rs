@@ -20,7 +20,10 @@
 //!   does nothing.
 //! - A group's offsets are set only before its life first starts (the life is saved as
 //!   prepared, not running, in between), so a resumed move never rewinds or skips a running
-//!   processor.
+//!   processor. A warm life's are not set at all: it holds every partition until its own
+//!   group has an offset there, which its instances commit from the hand-off group the
+//!   engine writes once the predecessor stopped (redone after a crash with the same offsets,
+//!   which an instance that took them already ignores).
 //! - A stopped life's committed offsets are read only after all its instances exited and its
 //!   group has no members, and saved in the same write that forgets the life: its step's next
 //!   life starts exactly there, whichever commit that life belongs to.
@@ -44,7 +47,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::kafka::{self, Admin};
-use crate::plan::deployment::{TopicKind, life_name};
+use crate::plan::deployment::{TopicKind, handoff_group, life_name};
 use crate::plan::{
     Action, Deployment, Effect, PartitionOffset, StartPosition, StartProcessor, moves, preview,
 };
@@ -636,8 +639,50 @@ impl Engine<'_> {
                 self.drained(group, topics)?;
                 Effect::Done
             }
-            Action::StopProcessor { group, .. } => {
+            Action::StopProcessor {
+                group, successor, ..
+            } => {
+                // A predecessor stops only once its warm successor holds every partition:
+                // one that never gets there (a crash loop, a refused start) leaves the old
+                // life running, and the wait says why.
+                if let Some(successor) = successor
+                    .as_deref()
+                    .and_then(|s| record.deployment.life(s))
+                    .filter(|l| l.held)
+                {
+                    let inputs: Vec<String> = successor.inputs().map(str::to_owned).collect();
+                    self.warm(successor.group(), &inputs)?;
+                }
                 Effect::Stopped(self.stop(group, &record.deployment)?)
+            }
+            Action::StartWarm(start) => {
+                let Some(cluster) = target.cluster else {
+                    return Err(NotYet::Failed("no cluster to start it on".into()));
+                };
+                if record.deployment.life(&start.group).is_none() {
+                    // Recorded before it runs, so that a newer commit that does not want it
+                    // finds it to stop.
+                    self.topics_exist(start.inputs.iter().map(|i| &i.topic))?;
+                    self.topics_exist(start.outputs.iter().chain([&start.dlq]))?;
+                    record.deployment.apply(action, Effect::Prepared);
+                    self.save(record).map_err(|e| failed(&e))?;
+                }
+                let spec = ProcessorSpec::starting(self.topology, start, cluster, target).warm();
+                self.runtime.start(&spec).map_err(|e| failed(&e))?;
+                Effect::Done
+            }
+            Action::HandOff { group, .. } => {
+                let Some(life) = record.deployment.life(group).filter(|l| l.held) else {
+                    return Ok(());
+                };
+                let start = life.start.clone();
+                let offsets = self.start_offsets(&start, &record.deployment)?;
+                self.hand_off(group, &offsets)?;
+                let taken = handovers(&start, &record.deployment, &offsets);
+                if let Some(m) = &mut record.moving {
+                    m.handovers.extend(taken);
+                }
+                Effect::Done
             }
             Action::StartProcessor(start) => {
                 let Some(cluster) = target.cluster else {
@@ -801,6 +846,91 @@ impl Engine<'_> {
         Ok(offsets)
     }
 
+    /// Whether every input partition of the warm life of `group` has an owner ready to read
+    /// it: held for the hand-off, or started already (a crash after the hand-off redoes the
+    /// stop before it). Looked at again after [`CutoverConfig::poll`] while not. A runtime
+    /// that cannot tell lets the stop go on: the successor still takes over exactly, later.
+    fn warm(&self, group: &str, inputs: &[String]) -> Result<(), NotYet> {
+        let failed = |e: &dyn std::fmt::Display| NotYet::Failed(e.to_string());
+        let held = match self.runtime.held(group).map_err(|e| failed(&e))? {
+            Some(held) => held,
+            None => return Ok(()),
+        };
+        let mut partitions = 0;
+        for topic in inputs {
+            partitions +=
+                u64::try_from(self.admin.partitions(topic).map_err(|e| failed(&e))?).unwrap_or(0);
+        }
+        let started = self
+            .admin
+            .committed(group, inputs)
+            .map_err(|e| failed(&e))?
+            .len() as u64;
+        if held + started >= partitions {
+            return Ok(());
+        }
+        Err(NotYet::Waiting(
+            format!(
+                "{group} to start warm: its instances hold {held} of its {partitions} input partitions"
+            ),
+            self.config.poll,
+        ))
+    }
+
+    /// Hands a warm life its start through its hand-off group, and waits until its group
+    /// has committed one on every input partition: its instances commit the hand-off before
+    /// they read, so from then on the group's offsets say where it is, whoever owns each
+    /// partition next. Redone after a crash, it commits the same start again, which an
+    /// instance that has one already ignores.
+    fn hand_off(&self, group: &str, offsets: &[PartitionOffset]) -> Result<(), NotYet> {
+        let failed = |e: &dyn std::fmt::Display| NotYet::Failed(e.to_string());
+        self.admin
+            .commit(&handoff_group(group), offsets)
+            .map_err(|e| failed(&e))?;
+        let mut topics: Vec<String> = offsets.iter().map(|p| p.topic.clone()).collect();
+        topics.dedup();
+        let committed = self
+            .admin
+            .committed(group, &topics)
+            .map_err(|e| failed(&e))?;
+        let waiting = offsets
+            .iter()
+            .filter(|p| {
+                !committed
+                    .iter()
+                    .any(|c| c.topic == p.topic && c.partition == p.partition)
+            })
+            .count();
+        if waiting == 0 {
+            tracing::info!(topology = self.topology, group, offsets = ?offsets, "handed off: the warm life reads");
+            return Ok(());
+        }
+        Err(NotYet::Waiting(
+            format!(
+                "{group} to take its hand-off: {waiting} of its {} input partitions not started yet",
+                offsets.len()
+            ),
+            self.config.poll,
+        ))
+    }
+
+    /// Waits until every one of `topics` exists: the processor refuses to start without one.
+    fn topics_exist<'t>(&self, topics: impl Iterator<Item = &'t String>) -> Result<(), NotYet> {
+        for topic in topics {
+            match self.admin.partitions(topic) {
+                Ok(_) => {}
+                Err(kafka::Error::NoSuchTopic { topic }) => {
+                    return Err(NotYet::Waiting(
+                        format!("topic {topic} does not exist yet; the step starts once it does"),
+                        self.config.topic_poll,
+                    ));
+                }
+                Err(e) => return Err(NotYet::Failed(e.to_string())),
+            }
+        }
+        Ok(())
+    }
+
     /// Waits (without blocking the engine) until `group` consumed everything on `topics`.
     fn drained(&self, group: &str, topics: &[String]) -> Result<(), NotYet> {
         let failed = |e: kafka::Error| NotYet::Failed(e.to_string());
@@ -824,18 +954,7 @@ impl Engine<'_> {
         // The processor refuses to start without every topic it writes (it never creates
         // one) or reads as a join's table: a sink the data engineers have not made yet is
         // waited for, like a source.
-        for topic in start.outputs.iter().chain([&start.dlq]).chain(&start.table) {
-            match self.admin.partitions(topic) {
-                Ok(_) => {}
-                Err(kafka::Error::NoSuchTopic { topic }) => {
-                    return Err(NotYet::Waiting(
-                        format!("topic {topic} does not exist yet; the step starts once it does"),
-                        self.config.topic_poll,
-                    ));
-                }
-                Err(e) => return Err(NotYet::Failed(e.to_string())),
-            }
-        }
+        self.topics_exist(start.outputs.iter().chain([&start.dlq]).chain(&start.table))?;
         let mut offsets = Vec::new();
         for input in &start.inputs {
             let marks = match self.admin.watermarks(&input.topic) {
@@ -951,6 +1070,10 @@ pub fn describe(action: &Action) -> String {
         Action::DrainProcessor { group, topics, .. } => {
             format!("drain-processor {group} on {}", topics.join(","))
         }
+        Action::StartWarm(start) => {
+            format!("start-warm {} as {}", start.step, start.group)
+        }
+        Action::HandOff { group, .. } => format!("hand-off {group}"),
         Action::StopProcessor { group, .. } => format!("stop-processor {group}"),
         Action::DeleteTopic { topic } => format!("delete-topic {topic}"),
         Action::DeleteGroups { base, lives } => {

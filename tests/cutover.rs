@@ -194,6 +194,56 @@ struct Inner {
 }
 
 impl Inner {
+    /// Whether `spec` may read `topic`/`partition`: a warm processor holds a partition until
+    /// its group has an offset there, which it takes from its hand-off group, as the
+    /// processor does, once the engine put one there (checking that it starts where the
+    /// step's last life stopped, and that no other life of the step reads the topic).
+    fn take_hand_off(&mut self, spec: &ProcessorSpec, topic: &str, partition: i32) -> bool {
+        let Some(handoff) = &spec.handoff_group else {
+            return true;
+        };
+        let key = (topic.to_owned(), partition);
+        if self
+            .committed
+            .get(&spec.group)
+            .is_some_and(|c| c.contains_key(&key))
+        {
+            return true;
+        }
+        let Some(start) = self
+            .committed
+            .get(handoff)
+            .and_then(|c| c.get(&key))
+            .copied()
+        else {
+            return false;
+        };
+        for other in self.running.values() {
+            assert!(
+                other.group == spec.group
+                    || other.step != spec.step
+                    || !other.inputs.iter().any(|i| i == topic),
+                "{} reads {topic} handed off while {} of step {} runs",
+                spec.group,
+                other.group,
+                spec.step
+            );
+        }
+        let stopped_at = (spec.step.clone(), topic.to_owned(), partition);
+        if let Some(stopped) = self.stopped_at.get(&stopped_at) {
+            assert_eq!(
+                start, *stopped,
+                "{} takes {topic}/{partition} at {start}, its step stopped at {stopped}",
+                spec.group
+            );
+        }
+        self.committed
+            .entry(spec.group.clone())
+            .or_default()
+            .insert(key, start);
+        true
+    }
+
     /// Running processors consume what is there, and write what they consumed onward.
     fn consume(&mut self) {
         loop {
@@ -208,6 +258,9 @@ impl Inner {
                 for input in &spec.inputs {
                     let ends = self.topics.get(input).cloned().unwrap_or_default();
                     for (partition, end) in ends.into_iter().enumerate() {
+                        if !self.take_hand_off(&spec, input, partition as i32) {
+                            continue;
+                        }
                         let at = self
                             .committed
                             .entry(group.clone())
@@ -394,7 +447,9 @@ impl Runtime for World {
                 "{} started twice: a new life reuses an old group",
                 spec.group
             );
-            for other in w.running.values().filter(|o| o.step == spec.step) {
+            // A warm one reads nothing before its hand-off (checked then).
+            let reads = spec.handoff_group.is_none();
+            for other in w.running.values().filter(|o| reads && o.step == spec.step) {
                 for input in &spec.inputs {
                     assert!(
                         !other.inputs.contains(input),
@@ -454,6 +509,27 @@ impl Runtime for World {
     }
     fn runs(&self, group: &str) -> runtime::Result<bool> {
         Ok(self.snapshot().running.contains_key(group))
+    }
+    fn held(&self, group: &str) -> runtime::Result<Option<u64>> {
+        let world = self.snapshot();
+        let Some(spec) = world
+            .running
+            .get(group)
+            .filter(|s| s.handoff_group.is_some())
+        else {
+            return Ok(Some(0));
+        };
+        let committed = world.committed.get(group);
+        let held = spec
+            .inputs
+            .iter()
+            .flat_map(|t| {
+                let partitions = world.topics.get(t).map_or(0, Vec::len);
+                (0..partitions as i32).map(move |p| (t.clone(), p))
+            })
+            .filter(|key| !committed.is_some_and(|c| c.contains_key(key)))
+            .count();
+        Ok(Some(held as u64))
     }
 }
 
@@ -939,9 +1015,10 @@ fn sink_counts(world: &World) -> [(&'static str, i64); 3] {
 
 /// The runtime refuses to start `a`'s new life (a retryable error, the daemon lives on): the
 /// engine tries it again at every look, and meanwhile `c`'s replacement, which does not
-/// depend on it, runs to its end. Once the runtime starts it, the move ends as the same move
-/// without the failure ends, and records written while `a` could not start are read by its
-/// new life: none lost, none read twice.
+/// depend on it, runs to its end. `a`'s new life starts warm, so its old life stops only once
+/// the new one runs: until then the old one goes on, and status says what its stop waits
+/// for. Once the runtime starts it, the move ends as the same move without the failure ends:
+/// none lost, none read twice.
 #[test]
 fn a_failing_start_is_retried_while_the_other_actions_go_on() {
     let (one, two) = (branches(1, 1), branches(2, 2));
@@ -955,7 +1032,7 @@ fn a_failing_start_is_retried_while_the_other_actions_go_on() {
         assert!(daemon(&world, &state, &r2, &mut 0));
         world.produce("in", 5);
         assert_eq!(sink_counts(&world), [("in", 45), ("out", 45), ("out2", 45)]);
-        ending(&world, &state)
+        ending(&world, &state).1
     };
 
     let (world, _dir, state) = deployed(&one);
@@ -988,7 +1065,7 @@ fn a_failing_start_is_retried_while_the_other_actions_go_on() {
             }
         };
         // `c` moved on after `a`'s start first failed: its new life runs, its old one is
-        // gone; `a` runs no life.
+        // gone; `a`'s old life still runs.
         let new_c = groups_of("c");
         assert_eq!(new_c.len(), 1);
         assert!(!old_c.contains(&new_c[0]), "{new_c:?}");
@@ -997,19 +1074,25 @@ fn a_failing_start_is_retried_while_the_other_actions_go_on() {
             looks[c_started].1 >= 1,
             "c started only after a's start failed: {looks:#?}"
         );
-        assert!(groups_of("a").is_empty(), "old a: {old_a:?}");
-        let [start_a] = &waiting_for[..] else {
-            panic!("only a's start waits: {waiting_for:#?}");
+        assert_eq!(groups_of("a"), old_a, "the old a runs on");
+        let [start_a, stop_a] = &waiting_for[..] else {
+            panic!("only a's start and its old life's stop wait: {waiting_for:#?}");
         };
         assert!(
-            start_a.action.starts_with("start-processor a as ")
+            start_a.action.starts_with("start-warm a as ")
                 && start_a.failures >= 2
                 && start_a.reason.contains("injected: the runtime refuses"),
             "{start_a:#?}"
         );
-        // Records keep coming while `a` cannot start: `c` writes them on, `a`'s sink waits.
+        assert!(
+            stop_a.action == format!("stop-processor {}", old_a[0])
+                && stop_a.reason.ends_with("to start warm")
+                && stop_a.failures == 0,
+            "{stop_a:#?}"
+        );
+        // Records keep coming while `a` cannot start: the old `a` and `c` write them on.
         world.produce("in", 5);
-        assert_eq!(sink_counts(&world), [("in", 45), ("out", 30), ("out2", 45)]);
+        assert_eq!(sink_counts(&world), [("in", 45), ("out", 45), ("out2", 45)]);
         // The engine keeps trying, once per look, and status counts the failures.
         let before = refused();
         for look in 1..=3 {
@@ -1018,7 +1101,7 @@ fn a_failing_start_is_retried_while_the_other_actions_go_on() {
                 panic!("a started while refused");
             };
             assert_eq!(refused(), before + look);
-            assert_eq!(now.len(), 1, "{now:#?}");
+            assert_eq!(now.len(), 2, "{now:#?}");
             assert_eq!(now[0].failures, start_a.failures + look, "{now:#?}");
         }
         // The runtime starts it again: the move ends.
@@ -1035,7 +1118,8 @@ fn a_failing_start_is_retried_while_the_other_actions_go_on() {
         [("in", 45), ("out", 45), ("out2", 45)],
         "every record of `in` reaches each sink once"
     );
-    assert_eq!(ending(&world, &state), reference);
+    // The same lives and commit (the offsets handed over are later: the old `a` read on).
+    assert_eq!(ending(&world, &state).1, reference);
 }
 
 #[test]
@@ -1118,6 +1202,51 @@ fn a_newer_commit_takes_over_a_move_half_way_and_survives_a_crash_anywhere() {
             crashes > 10,
             "only {crashes} crashes injected back at {taken}"
         );
+    }
+}
+
+/// A newer commit replaces `a` again while its warm life waits for its hand-off, at each
+/// point of the warm start (started, its predecessor stopped, handed off): the warm life is
+/// stopped without a position of its own unless it read (its step's recorded one stands),
+/// and the next life takes over exactly where `a` stood, whatever crashes on the way.
+#[test]
+fn a_warm_life_replaced_before_its_hand_off_survives_a_crash_anywhere() {
+    let (one, two, three) = (
+        revision(1, 1, false),
+        revision(2, 1, false),
+        revision(3, 1, false),
+    );
+    BATCH.set(1);
+    let plan = moves::plan(&one.name, &plumber::plan::Deployment::of(&one), Some(&two));
+    let at = |verb: &str| {
+        plan.iter()
+            .position(|a| plumber::cutover::describe(a).starts_with(verb))
+            .unwrap_or_else(|| panic!("no {verb} in {plan:#?}"))
+    };
+    let (warm, stop, hand_off) = (
+        at("start-warm a "),
+        at(&format!(
+            "stop-processor {}",
+            one.internal_name(one.find("a").unwrap())
+        )),
+        at("hand-off "),
+    );
+    assert!(warm < stop && stop < hand_off, "{plan:#?}");
+    for taken in [warm + 1, stop + 1] {
+        let steps = [
+            Step {
+                commit: "r2",
+                topology: &two,
+                actions: Some(taken),
+            },
+            Step {
+                commit: "r3",
+                topology: &three,
+                actions: None,
+            },
+        ];
+        let crashes = every_crash_ends_like_no_crash(&one, &steps);
+        assert!(crashes > 10, "only {crashes} crashes injected at {taken}");
     }
 }
 

@@ -93,6 +93,7 @@ fn spec(transform: Transform) -> ProcessorSpec {
         settings: Settings::default(),
         state: None,
         table: None,
+        handoff_group: None,
     }
 }
 
@@ -243,6 +244,53 @@ fn the_scaled_object_scales_the_statefulset_on_its_groups_lag_per_input_topic() 
     let so = serde_json::to_value(&objects.scaled_object).unwrap();
     assert!(so["spec"]["triggers"][0].get("authenticationRef").is_none());
     assert!(so["spec"]["triggers"][0]["metadata"].get("sasl").is_none());
+}
+
+/// A warm start (`start-warm`) runs the same processor holding its partitions: it is told its
+/// hand-off group, and KEDA, finding no committed offsets before the hand-off, counts 1 per
+/// partition (so a step scaled to zero still gets an instance to be warm) rather than every
+/// record of the topic.
+#[test]
+fn a_warm_start_names_its_hand_off_group_and_is_not_scaled_on_a_guess() {
+    let cold = spec(jq());
+    let warm = cold.clone().warm();
+    let policy = |spec: &ProcessorSpec| -> Vec<String> {
+        let so = serde_json::to_value(&rendered(spec).scaled_object).unwrap();
+        so["spec"]["triggers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| {
+                t["metadata"]["offsetResetPolicy"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned()
+            })
+            .collect()
+    };
+    assert_eq!(policy(&cold), ["earliest", "earliest"]);
+    assert_eq!(policy(&warm), ["latest", "latest"]);
+    let args = |spec: &ProcessorSpec| -> Vec<String> {
+        let workload = rendered(spec).workload;
+        let processor = containers(&workload)
+            .into_iter()
+            .find(|c| c.name == "processor")
+            .unwrap();
+        processor.args.unwrap_or_default()
+    };
+    let handoff = format!("{}.handoff", cold.group);
+    assert!(
+        args(&warm)
+            .windows(2)
+            .any(|w| w[0] == "--handoff-group" && w[1] == handoff),
+        "{:?}",
+        args(&warm)
+    );
+    assert!(!args(&cold).iter().any(|a| a == "--handoff-group"));
+    assert_valid(
+        &keda(KEDA_SCALED_OBJECT_CRD),
+        &serde_json::to_value(&rendered(&warm).scaled_object).unwrap(),
+    );
 }
 
 #[test]

@@ -106,6 +106,7 @@ fn spec(step: &str, id: &str) -> ProcessorSpec {
         settings: Settings::default(),
         state: None,
         table: None,
+        handoff_group: None,
     }
 }
 

@@ -137,6 +137,7 @@ impl Setup {
             settings: Settings::default(),
             state: None,
             table: None,
+            handoff_group: None,
             transform: if sidecar {
                 Transform::Http {
                     image: "unused".into(),

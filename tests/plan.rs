@@ -49,7 +49,8 @@ fn script(plan: &Plan) -> Vec<String> {
         .flat_map(|t| &t.actions)
         .map(|action| match action {
             Action::CreateTopic { topic, .. } => format!("create {}", abbreviate(topic)),
-            Action::StartProcessor(s) => {
+            Action::HandOff { step, .. } => format!("hand-off {step}"),
+            Action::StartProcessor(s) | Action::StartWarm(s) => {
                 let inputs: Vec<String> = s
                     .inputs
                     .iter()
@@ -62,7 +63,12 @@ fn script(plan: &Plan) -> Vec<String> {
                         format!("{}@{from}", abbreviate(&i.topic))
                     })
                     .collect();
-                format!("start {} [{}]", s.step, inputs.join(" "))
+                let verb = if matches!(action, Action::StartWarm(_)) {
+                    "start-warm"
+                } else {
+                    "start"
+                };
+                format!("{verb} {} [{}]", s.step, inputs.join(" "))
             }
             Action::UpdateProcessor { step, scale, .. } => {
                 format!("scale {step} {}..{}", scale.min, scale.max)
@@ -262,8 +268,11 @@ fn replacing_a_source_connected_step_hands_over_offsets_and_drains_the_old_subtr
         vec![
             format!("create {new_a}"),
             format!("start b [{new_a}@earliest]"),
+            // The new `a` joins its group before the old one stops, and reads from where
+            // the old one stopped once it is handed its offsets.
+            "start-warm a [in@cutover]".to_string(),
             "stop a hand-over [in]".to_string(),
-            "start a [in@cutover]".to_string(),
+            "hand-off a".to_string(),
             format!("drain b [{old_a}]"),
             "stop b".to_string(),
             format!("delete {old_a}"),
@@ -289,11 +298,13 @@ fn ordered_cutover_holds_new_steps_until_the_old_subtree_drained() {
         script(&p),
         vec![
             format!("create {new_a}"),
+            // Warm at once; handed off only once the old subtree stopped.
+            "start-warm a [in@cutover]".to_string(),
             "stop a hand-over [in]".to_string(),
             format!("drain b [{old_a}]"),
             "stop b".to_string(),
             format!("start b [{new_a}@earliest]"),
-            "start a [in@cutover]".to_string(),
+            "hand-off a".to_string(),
             format!("delete {old_a}"),
         ]
     );
@@ -316,8 +327,9 @@ fn replacing_a_leaf_touches_nothing_upstream() {
     assert_eq!(
         script(&p),
         vec![
+            format!("start-warm b [{a}@cutover]"),
             format!("stop b hand-over [{a}]"),
-            format!("start b [{a}@cutover]"),
+            "hand-off b".to_string(),
         ]
     );
     assert_eq!(changes(&p)[1], ("a".to_string(), Change::Unchanged));

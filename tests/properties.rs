@@ -319,13 +319,36 @@ fn check_plan(old: &[Topology], new: &[Topology]) {
     let mut stopped: BTreeSet<String> = BTreeSet::new();
     let mut started: BTreeSet<String> = BTreeSet::new();
     let mut handed_over: BTreeSet<String> = BTreeSet::new();
+    // Started warm and not handed off yet; handed off (they read).
+    let mut warm: BTreeSet<String> = BTreeSet::new();
+    let mut reading: BTreeSet<String> = BTreeSet::new();
     let actions: Vec<&Action> = plan.topologies.iter().flat_map(|t| &t.actions).collect();
+    let starts_warm: BTreeSet<&String> = actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::StartWarm(s) => Some(&s.group),
+            _ => None,
+        })
+        .collect();
     for action in &actions {
         match action {
             Action::CreateTopic { topic, .. } => {
                 existing_topics.insert(topic.clone());
             }
-            Action::StartProcessor(s) => {
+            Action::HandOff { group, .. } => {
+                assert!(warm.remove(group), "{group} handed off but not warm");
+                assert!(
+                    handed_over.contains(group),
+                    "{group} handed off before its predecessor stopped"
+                );
+                reading.insert(group.clone());
+            }
+            Action::StartProcessor(s) | Action::StartWarm(s) => {
+                if matches!(action, Action::StartWarm(_)) {
+                    warm.insert(s.group.clone());
+                } else {
+                    reading.insert(s.group.clone());
+                }
                 assert!(
                     starting.contains(&s.group),
                     "only new identities start: {}",
@@ -344,7 +367,7 @@ fn check_plan(old: &[Topology], new: &[Topology]) {
                             input.topic
                         );
                     }
-                    if input.from == StartPosition::Cutover {
+                    if input.from == StartPosition::Cutover && !warm.contains(&s.group) {
                         assert!(
                             handed_over.contains(&s.group),
                             "{} starts at cutover offsets never handed over",
@@ -363,8 +386,12 @@ fn check_plan(old: &[Topology], new: &[Topology]) {
                 assert!(stopped.insert(group.clone()), "stopped twice: {group}");
                 if let Some(successor) = successor {
                     assert!(
-                        !started.contains(successor),
-                        "{successor} started before {group} handed over"
+                        !reading.contains(successor),
+                        "{successor} reads before {group} handed over"
+                    );
+                    assert!(
+                        !starts_warm.contains(successor) || warm.contains(successor),
+                        "{group} stops before its successor {successor} is warm"
                     );
                     handed_over.insert(successor.clone());
                 }
@@ -403,6 +430,7 @@ fn check_plan(old: &[Topology], new: &[Topology]) {
             }
         }
     }
+    assert!(warm.is_empty(), "never handed off: {warm:?}");
     assert_eq!(
         stopped.iter().collect::<BTreeSet<_>>(),
         retiring,

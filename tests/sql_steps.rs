@@ -350,6 +350,7 @@ fn the_local_runtime_passes_the_query_and_the_topics_of_its_input_steps() {
         settings: Default::default(),
         state: None,
         table: None,
+        handoff_group: None,
     };
     runtime.start(&spec).unwrap();
     plumber_testkit::wait_until(

@@ -233,6 +233,7 @@ fn the_local_runtime_starts_nothing_once_every_processor_was_stopped() {
         settings: Settings::default(),
         state: None,
         table: None,
+        handoff_group: None,
     };
     let error = runtime.start(&spec).unwrap_err();
     assert!(error.is_retryable(), "{error}");

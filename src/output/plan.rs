@@ -108,6 +108,38 @@ pub fn describe(action: &Action) -> String {
                 }
             )
         }
+        Action::StartWarm(start) => {
+            let outputs: Vec<String> = start.outputs.iter().map(|t| format!("`{t}`")).collect();
+            format!(
+                "start `{}` ({}) warm, running {}: it joins its group and holds {} unread until \
+                 its hand-off; writing {}",
+                start.step,
+                start.identity.short(),
+                transform(&start.transform),
+                quoted(
+                    &start
+                        .inputs
+                        .iter()
+                        .map(|i| i.topic.clone())
+                        .collect::<Vec<_>>()
+                ),
+                if outputs.is_empty() {
+                    "nothing".to_owned()
+                } else {
+                    outputs.join(", ")
+                }
+            )
+        }
+        Action::HandOff {
+            step,
+            identity,
+            group,
+        } => format!(
+            "hand `{step}` ({}) its start through `{}`: where its predecessor stopped, or the \
+             beginning of a topic created in this move; it reads once its group committed them",
+            identity.short(),
+            crate::plan::deployment::handoff_group(group)
+        ),
         Action::UpdateProcessor {
             step,
             identity,

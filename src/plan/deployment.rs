@@ -83,8 +83,12 @@ pub struct Life {
     pub start: StartProcessor,
     /// 1 for an identity's first life; its names carry the number from the second on.
     pub life: u32,
-    /// False between setting its group's offsets and starting it.
+    /// False between setting its group's offsets (or, warm, recording it) and starting it.
     pub running: bool,
+    /// Started warm and not handed off yet: its instances hold their partitions unread, and
+    /// its group has no offsets of its own (`hand-off` gives them).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub held: bool,
     /// Inputs whose writers stopped and which it has read to their end.
     #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
     pub drained: BTreeSet<String>,
@@ -133,6 +137,12 @@ pub fn life_name(base: &str, life: u32) -> String {
     }
 }
 
+/// The group a warm life's start is handed to (`hand-off`): nobody joins it, so offsets can
+/// be committed to it while the life's own group has members. No life is ever named so.
+pub fn handoff_group(group: &str) -> String {
+    format!("{group}.handoff")
+}
+
 /// What an action did, as far as the deployment must remember it.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Effect {
@@ -170,6 +180,7 @@ impl Deployment {
                 start,
                 life: wanted.life,
                 running: true,
+                held: false,
                 drained: BTreeSet::new(),
             });
         }
@@ -235,18 +246,13 @@ impl Deployment {
                     life.drained.extend(topics.iter().cloned());
                 }
             }
-            Action::StartProcessor(start) => {
+            Action::StartProcessor(start) | Action::StartWarm(start) => {
+                let warm = matches!(action, Action::StartWarm(_));
                 if self.life(&start.group).is_none() {
-                    // The step's recorded positions on these inputs are taken now.
-                    if let Some(positions) = self.positions.get_mut(&start.step) {
-                        for input in &start.inputs {
-                            if input.from == StartPosition::Cutover {
-                                positions.remove(&input.topic);
-                            }
-                        }
-                        if positions.is_empty() {
-                            self.positions.remove(&start.step);
-                        }
+                    // A cold start takes the step's recorded positions on these inputs now,
+                    // a warm one at its hand-off.
+                    if !warm {
+                        self.take_positions(start);
                     }
                     let base = base_name_of(&start.group, start.life);
                     self.lives_used.insert(base, start.life);
@@ -254,6 +260,7 @@ impl Deployment {
                         start: (**start).clone(),
                         life: start.life,
                         running: false,
+                        held: warm,
                         drained: BTreeSet::new(),
                     });
                 }
@@ -261,6 +268,16 @@ impl Deployment {
                     && let Some(life) = self.life_mut(&start.group)
                 {
                     life.running = true;
+                }
+            }
+            Action::HandOff { group, .. } => {
+                let Some(start) = self.life(group).filter(|l| l.held).map(|l| l.start.clone())
+                else {
+                    return;
+                };
+                self.take_positions(&start);
+                if let Some(life) = self.life_mut(group) {
+                    life.held = false;
                 }
             }
             Action::StopProcessor { group, .. } => {
@@ -279,6 +296,26 @@ impl Deployment {
                         .filter(|p| p.topic == topic)
                         .cloned()
                         .collect();
+                    if life.held {
+                        // Stopped before its hand-off was recorded: it read at most from the
+                        // hand-off on, so where it committed it is further than the step's
+                        // recorded position, and where it did not, that position stands.
+                        if on_topic.is_empty() {
+                            continue;
+                        }
+                        let recorded = positions.entry(topic.to_owned()).or_insert(Recorded {
+                            group: life.group().to_owned(),
+                            offsets: Vec::new(),
+                            state: None,
+                        });
+                        recorded.group = life.group().to_owned();
+                        for offset in on_topic {
+                            recorded.offsets.retain(|p| p.partition != offset.partition);
+                            recorded.offsets.push(offset);
+                        }
+                        recorded.offsets.sort();
+                        continue;
+                    }
                     positions.insert(
                         topic.to_owned(),
                         Recorded {
@@ -288,6 +325,24 @@ impl Deployment {
                         },
                     );
                 }
+                if positions.is_empty() {
+                    self.positions.remove(life.step());
+                }
+            }
+        }
+    }
+
+    /// A starting life takes its step's recorded positions on the inputs it starts on from
+    /// them: they are its offsets now, no other life's.
+    fn take_positions(&mut self, start: &StartProcessor) {
+        if let Some(positions) = self.positions.get_mut(&start.step) {
+            for input in &start.inputs {
+                if input.from == StartPosition::Cutover {
+                    positions.remove(&input.topic);
+                }
+            }
+            if positions.is_empty() {
+                self.positions.remove(&start.step);
             }
         }
     }

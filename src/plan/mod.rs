@@ -16,12 +16,14 @@
 //! 2. create the internal topics of starting processors (and the dead-letter topic of new step
 //!    names);
 //! 3. start every starting processor that waits for nothing (downstream first, so consumers
-//!    are ready before data arrives);
+//!    are ready before data arrives), and **warm** every stateless successor that shares an
+//!    input with its running predecessor: it joins its group and holds its partitions unread;
 //! 4. retire old lives in data-flow order: a life that reads a topic whose writer retired
-//!    first **drains** it (its writer has stopped, so lag 0 is final), then **stops**, and its
-//!    committed offsets are recorded: the *cutover offsets* of its step's next life. After each
-//!    stop, a successor whose predecessor has stopped starts from them; an old topic whose
-//!    writer and readers have all stopped is deleted.
+//!    first **drains** it (its writer has stopped, so lag 0 is final), then **stops** (once
+//!    its warm successor holds every partition), and its committed offsets are recorded: the
+//!    *cutover offsets* of its step's next life. After each stop, a successor whose
+//!    predecessor has stopped starts from them, or a warm one is **handed** them; an old topic
+//!    whose writer and readers have all stopped is deleted.
 //!
 //! A successor waits for its predecessor only when they share an input topic (otherwise no
 //! record can be seen by both). With `cutover: ordered` it also waits until the predecessor's
@@ -184,6 +186,20 @@ pub enum Action {
     /// Set the group's offsets on each input as given, then run the processor.
     #[serde(rename_all = "camelCase")]
     StartProcessor(Box<StartProcessor>),
+    /// Run a replaced step's next life before its predecessor stops, *warm*: its instances
+    /// connect, join the group and hold every partition they are given, unread, until
+    /// `hand-off` says where each starts. No offsets are set: the predecessor still runs.
+    #[serde(rename_all = "camelCase")]
+    StartWarm(Box<StartProcessor>),
+    /// Give a warm life its start (what `start-processor` would have set: its predecessor's
+    /// recorded offsets, or where a new topic begins) through its hand-off group
+    /// ([`deployment::handoff_group`]), and wait until its group has committed a start on
+    /// every input partition: from then on it reads.
+    HandOff {
+        step: String,
+        identity: Identity,
+        group: String,
+    },
     /// Change the replica bounds and resources of a running identity in place.
     UpdateProcessor {
         step: String,

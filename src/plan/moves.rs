@@ -42,7 +42,8 @@ pub(super) struct Resolved {
     pub retiring: Vec<usize>,
     /// [`Resolved::retiring`] by step: a step's retiring lives, in that order.
     retiring_of: BTreeMap<String, Vec<usize>>,
-    /// Per step, the index in [`Resolved::wanted`] of its new life, if it gets one.
+    /// Per step, the index in [`Resolved::wanted`] of its new life (not started, or warm and
+    /// not handed off yet), if it gets one.
     new_of: BTreeMap<String, usize>,
 }
 
@@ -201,8 +202,13 @@ fn resolve_with(
             .or_default()
             .push(r);
     }
+    // A life started warm is kept, but its predecessor still hands over to it.
     let mut new_of = BTreeMap::new();
-    for (i, w) in wanted.iter().enumerate().filter(|(_, w)| w.kept.is_none()) {
+    for (i, w) in wanted
+        .iter()
+        .enumerate()
+        .filter(|(_, w)| w.kept.is_none_or(|k| deployment.lives[k].held))
+    {
         new_of.entry(w.step.clone()).or_insert(i);
     }
     Resolved {
@@ -458,7 +464,7 @@ fn remaining_unheld(
             name,
             deployment,
             (None, &resolved, &topics),
-            &BTreeSet::new(),
+            (&BTreeSet::new(), &BTreeMap::new()),
             &mut out,
         );
         if lives.is_empty() && super::preview::is_preview(name) {
@@ -567,25 +573,58 @@ fn remaining_unheld(
             }));
         }
     }
-    // 3. Starts, downstream first, so readers are ready before data arrives.
+    // 3. Starts, downstream first, so readers are ready before data arrives. A step's next
+    // life that takes over from a running predecessor starts warm (stateless steps: a
+    // stateful one builds its state from the cutover offsets, so it starts once they are
+    // known), and its predecessor stops only once it is: the hand-off follows the stop.
+    let mut warming: BTreeMap<&str, &str> = BTreeMap::new();
     for wanted in resolved.wanted.iter().rev() {
-        let resume = wanted.kept.map(|k| &lives[k]).filter(|l| !l.running);
-        if wanted.kept.is_some() && resume.is_none() {
+        if let Some(life) = wanted.kept.map(|k| &lives[k]) {
+            if !life.running {
+                let start = Box::new(life.start.clone());
+                let action = if life.held {
+                    warming.insert(&wanted.step, &wanted.group);
+                    Action::StartWarm(start)
+                } else {
+                    Action::StartProcessor(start)
+                };
+                out.push(ready(action));
+            } else if life.held {
+                out.push(Pending {
+                    action: Action::HandOff {
+                        step: wanted.step.clone(),
+                        identity: wanted.identity,
+                        group: wanted.group.clone(),
+                    },
+                    blocked_by: predecessor_gate(
+                        wanted,
+                        topology,
+                        deployment,
+                        (&resolved, &topics),
+                    ),
+                });
+            }
             continue;
         }
-        let start = match resume {
-            Some(life) => life.start.clone(),
-            None => wanted.start(topology, deployment, &resolved),
-        };
-        let blocked_by = if resume.is_some() {
-            None
+        let start = wanted.start(topology, deployment, &resolved);
+        let missing = missing_topic(wanted, &start, topology, deployment);
+        let warm = start.state.is_none()
+            && start.table.is_none()
+            && resolved
+                .retiring_of(&wanted.step)
+                .iter()
+                .any(|&p| wanted.inputs.iter().any(|(t, _)| lives[p].reads(t)));
+        let (action, blocked_by) = if warm {
+            warming.insert(&wanted.step, &wanted.group);
+            (Action::StartWarm(Box::new(start)), missing)
         } else {
-            start_blocked_by(wanted, &start, topology, deployment, (&resolved, &topics))
+            let gate = || predecessor_gate(wanted, topology, deployment, (&resolved, &topics));
+            (
+                Action::StartProcessor(Box::new(start)),
+                missing.or_else(gate),
+            )
         };
-        out.push(Pending {
-            action: Action::StartProcessor(Box::new(start)),
-            blocked_by,
-        });
+        out.push(Pending { action, blocked_by });
     }
     // 4 and 5.
     let wanted_shadows = shadows.keys().copied().collect();
@@ -593,7 +632,7 @@ fn remaining_unheld(
         name,
         deployment,
         (Some(topology), &resolved, &topics),
-        &wanted_shadows,
+        (&wanted_shadows, &warming),
         &mut out,
     );
     out
@@ -612,15 +651,12 @@ fn shadow_sinks(topology: &Topology) -> BTreeMap<&str, &str> {
         .collect()
 }
 
-/// What keeps a new life from starting: a topic not created yet, or a retiring life of the
-/// same step that must stop first (it shares an input, or `cutover: ordered` holds the new
-/// life until the old subtree below it stopped).
-fn start_blocked_by(
+/// What keeps a new life from starting at all: a topic it uses not created yet.
+fn missing_topic(
     wanted: &Wanted,
     start: &StartProcessor,
     topology: &Topology,
     deployment: &Deployment,
-    (resolved, topics): (&Resolved, &Topics<'_>),
 ) -> Option<String> {
     let missing = wanted
         .inputs
@@ -647,6 +683,18 @@ fn start_blocked_by(
     {
         return Some(format!("topic {} to be created", state.topic));
     }
+    None
+}
+
+/// What keeps a new life from reading: a retiring life of the same step that must stop first
+/// (it shares an input, or `cutover: ordered` holds the new life until the old subtree below
+/// it stopped).
+fn predecessor_gate(
+    wanted: &Wanted,
+    topology: &Topology,
+    deployment: &Deployment,
+    (resolved, topics): (&Resolved, &Topics<'_>),
+) -> Option<String> {
     let lives = &deployment.lives;
     let predecessors = resolved.retiring_of(&wanted.step);
     let mut gate: BTreeSet<usize> = predecessors
@@ -697,12 +745,13 @@ fn downstream(lives: &[Life], topics: &Topics<'_>, of: &[&str]) -> BTreeSet<usiz
 }
 
 /// Deletions of internal and shadow topics nothing in the target uses (`shadows`: the
-/// target's), then the retirement of old lives.
+/// target's), then the retirement of old lives (one whose successor is still to start warm,
+/// `warming` by step, waits for it).
 fn retire(
     name: &str,
     deployment: &Deployment,
     (target, resolved, topics): (Option<&Topology>, &Resolved, &Topics<'_>),
-    shadows: &BTreeSet<&str>,
+    (shadows, warming): (&BTreeSet<&str>, &BTreeMap<&str, &str>),
     out: &mut Vec<Pending>,
 ) {
     let lives = &deployment.lives;
@@ -788,6 +837,10 @@ fn retire(
                         .collect()
                 })
                 .unwrap_or_default();
+            let blocked_by = warming
+                .get(life.step())
+                .filter(|_| !hand_over.is_empty())
+                .map(|group| format!("{group} to start warm"));
             out.push(Pending {
                 action: Action::StopProcessor {
                     step: life.step().to_owned(),
@@ -798,7 +851,7 @@ fn retire(
                         .map(|w| w.group.clone()),
                     hand_over,
                 },
-                blocked_by: None,
+                blocked_by,
             });
         } else {
             let writer = drains

@@ -56,6 +56,9 @@ pub fn processor_args(spec: &ProcessorSpec, placement: &Placement<'_>) -> Vec<St
     if let Some(assignor) = spec.settings.assignor {
         flag("assignor", assignor.as_str());
     }
+    if let Some(group) = &spec.handoff_group {
+        flag("handoff-group", group);
+    }
     for (key, value) in &spec.cluster.properties {
         flag("kafka", &format!("{key}={value}"));
     }
@@ -189,6 +192,7 @@ mod tests {
             },
             state: None,
             table: None,
+            handoff_group: None,
         }
     }
 

@@ -8,6 +8,7 @@
 pub mod args;
 pub mod kube;
 pub mod local;
+pub mod metrics;
 mod start;
 
 pub use start::Target;
@@ -195,6 +196,9 @@ pub struct ProcessorSpec {
     /// A join's table topic, read whole by each instance.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub table: Option<String>,
+    /// Started warm: where its partitions start comes through this group (`hand-off`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handoff_group: Option<String>,
 }
 
 /// What a runtime observes about one processor.
@@ -251,6 +255,17 @@ pub trait Runtime: Send + Sync {
     /// `None` once it has: the daemon is not ready (`/readyz`) before.
     fn unsynced(&self) -> Option<String> {
         None
+    }
+    /// How many input partitions the running instances of `group`, started warm, hold for
+    /// their hand-off (summed over instances: 0 when none runs); `None` when the runtime
+    /// cannot tell (it knows no `/metrics` of any processor), and the engine then stops the
+    /// predecessor without waiting for it. Read from each instance's page.
+    fn held(&self, group: &str) -> Result<Option<u64>> {
+        let endpoints = self.metrics_endpoints()?;
+        if endpoints.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(endpoints.get(group).map_or(0, |e| metrics::held(e))))
     }
     /// Where the running instances of each processor serve `/metrics`, by group; cheap (the
     /// observer asks at every look). An instance that serves none, or that the runtime cannot

@@ -7,7 +7,7 @@ use std::path::Path;
 use super::{Cluster, ProcessorSpec, Settings};
 use crate::graph::{StepKind, Topology};
 use crate::plan::StartProcessor;
-use crate::plan::deployment::base_name;
+use crate::plan::deployment::{base_name, handoff_group};
 use crate::spec::Transform;
 
 /// The target of a move: a commit's graph of the topology (`None`: the topology is gone).
@@ -58,7 +58,15 @@ impl ProcessorSpec {
             settings: target.settings,
             state: start.state.clone(),
             table: start.table.clone(),
+            handoff_group: None,
         }
+    }
+
+    /// The same processor started warm (`start-warm`): it holds its partitions until the
+    /// engine hands it their start through its hand-off group.
+    pub fn warm(mut self) -> ProcessorSpec {
+        self.handoff_group = Some(handoff_group(&self.group));
+        self
     }
 }
 

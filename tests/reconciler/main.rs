@@ -109,6 +109,13 @@ fn every_record_follows_one_revision_through_a_series_of_cutovers() {
     revisions.push(m);
     plumber.wait_applied("t", r2);
     load.wait_for(load.sent() + 200);
+    // The new `a` started warm and was handed the old one's offsets.
+    assert!(
+        world
+            .daemon_log()
+            .contains("handed off: the warm life reads"),
+        "no warm hand-off in the daemon's log"
+    );
 
     // Replace one branch only.
     let m = revisions[1].clone().replace("c", 2);

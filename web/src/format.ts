@@ -54,6 +54,14 @@ export function describeAction(a: PlanAction): string {
       const outputs = list(a.outputs) || 'nothing';
       return `start ${str(a.step)} running ${transformName(a.transform)} reading ${inputs}; writing ${outputs}`;
     }
+    case 'start-warm': {
+      const inputs = Array.isArray(a.inputs)
+        ? a.inputs.map((i: { topic?: unknown }) => str(i.topic)).join(', ')
+        : '';
+      return `start ${str(a.step)} warm, running ${transformName(a.transform)}: it holds ${inputs} unread until its hand-off`;
+    }
+    case 'hand-off':
+      return `hand ${str(a.step)} (${str(a.group)}) its start offsets; it reads once its group committed them`;
     case 'update-processor': {
       const scale = a.scale as { min?: number; max?: number } | undefined;
       return `update ${str(a.step)} in place: ${scale?.min ?? '?'}..${scale?.max ?? '?'} replicas`;

@@ -375,8 +375,18 @@ fn trigger_metadata(spec: &ProcessorSpec, topic: &str) -> BTreeMap<String, Strin
             spec.scale.lag_threshold.to_string(),
         ),
         // The engine sets every group's offsets before it starts: a group without any has
-        // not started yet and should not be scaled on a guess.
-        ("offsetResetPolicy".to_owned(), "earliest".to_owned()),
+        // not started yet and should not be scaled on a guess. A warm one has none until its
+        // hand-off: with `latest` KEDA counts 1 per partition (activating a step scaled to
+        // zero, so that it can be warm) instead of every record of the topic.
+        (
+            "offsetResetPolicy".to_owned(),
+            if spec.handoff_group.is_some() {
+                "latest"
+            } else {
+                "earliest"
+            }
+            .to_owned(),
+        ),
         // More replicas than partitions only idle.
         ("allowIdleConsumers".to_owned(), "false".to_owned()),
     ]);

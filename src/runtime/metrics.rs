@@ -1,0 +1,75 @@
+//! What the engine reads of a processor's own `/metrics` page while it decides: how many
+//! partitions a warm start holds for its hand-off. (The daemon's rates read the same pages on
+//! their own schedule, `daemon::rates`.)
+
+use std::time::Duration;
+
+use super::MetricsEndpoint;
+
+/// The gauge a warm start shows its held partitions in (`plumber-processor`'s metrics).
+pub const HANDOFF_WAITING: &str = "plumber_processor_handoff_waiting_partitions";
+
+/// How long one instance's page may take: the engine waits on it.
+const TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The most of a page read.
+const MAX_PAGE: u64 = 4 << 20;
+
+/// The partitions the instances at `endpoints` hold for their hand-off, summed. An instance
+/// whose page cannot be read holds none as far as anyone can tell: the engine waits longer,
+/// never less.
+pub fn held(endpoints: &[MetricsEndpoint]) -> u64 {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .timeout_global(Some(TIMEOUT))
+        .max_redirects(0)
+        .build()
+        .into();
+    endpoints
+        .iter()
+        .map(|endpoint| {
+            let url = format!("http://{}/metrics", endpoint.addr);
+            let page = agent.get(&url).call().and_then(|mut response| {
+                response
+                    .body_mut()
+                    .with_config()
+                    .limit(MAX_PAGE)
+                    .read_to_string()
+            });
+            match page {
+                Ok(page) => gauge(&page, HANDOFF_WAITING).unwrap_or(0.0) as u64,
+                Err(error) => {
+                    tracing::debug!(instance = %endpoint.instance, address = %endpoint.addr, %error, "cannot read a warm instance's /metrics");
+                    0
+                }
+            }
+        })
+        .sum()
+}
+
+/// The value of the unlabelled metric `name` on a Prometheus text page.
+fn gauge(page: &str, name: &str) -> Option<f64> {
+    page.lines().find_map(|line| {
+        let value = line.strip_prefix(name)?.strip_prefix(' ')?;
+        value.split_whitespace().next()?.parse().ok()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_held_gauge_is_read_by_its_exact_name() {
+        let page = "# HELP plumber_processor_handoff_waiting_partitions A warm start's…\n\
+                    plumber_processor_handoff_waiting_partitions_other 9\n\
+                    plumber_processor_handoff_waiting_partitions 3\n";
+        assert_eq!(gauge(page, HANDOFF_WAITING), Some(3.0));
+        assert_eq!(
+            gauge(
+                "plumber_processor_records_consumed_total 5\n",
+                HANDOFF_WAITING
+            ),
+            None
+        );
+    }
+}
