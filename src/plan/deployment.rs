@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use super::state::OldState;
 use super::{Action, StartPosition, StartProcessor};
-use crate::graph::{Identity, Topology};
+use crate::graph::Identity;
 
 /// One partition's offset: a group's committed offset, or where a group starts.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -156,37 +156,6 @@ pub enum Effect {
 }
 
 impl Deployment {
-    /// A topology's graph as if it were fully deployed, every processor in its first life:
-    /// how `plumber plan` sees a commit it plans from.
-    pub fn of(topology: &Topology) -> Deployment {
-        let mut deployment = Deployment::default();
-        let target = super::moves::resolve(&deployment, Some(topology));
-        for wanted in &target.wanted {
-            let start = wanted.start(topology, &deployment, &target);
-            let group = start.group.clone();
-            if wanted.writes_internal {
-                deployment
-                    .internal_topics
-                    .insert(group.clone(), wanted.step.clone());
-            }
-            deployment.dead_letter_topics.insert(start.dlq.clone());
-            if let Some(state) = &start.state {
-                deployment.state_topics.insert(state.topic.clone());
-            }
-            deployment
-                .lives_used
-                .insert(wanted.base.clone(), wanted.life);
-            deployment.lives.push(Life {
-                start,
-                life: wanted.life,
-                running: true,
-                held: false,
-                drained: BTreeSet::new(),
-            });
-        }
-        deployment
-    }
-
     pub fn is_empty(&self) -> bool {
         self.lives.is_empty() && self.internal_topics.is_empty() && self.shadow_topics.is_empty()
     }

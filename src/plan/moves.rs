@@ -100,6 +100,41 @@ impl<'d> Topics<'d> {
     }
 }
 
+// Here rather than beside the rest of `Deployment`: it is what the planner resolves, so the
+// deployment's own module needs nothing of the planner.
+impl Deployment {
+    /// A topology's graph as if it were fully deployed, every processor in its first life:
+    /// how `plumber plan` sees a commit it plans from.
+    pub fn of(topology: &Topology) -> Deployment {
+        let mut deployment = Deployment::default();
+        let target = resolve(&deployment, Some(topology));
+        for wanted in &target.wanted {
+            let start = wanted.start(topology, &deployment, &target);
+            let group = start.group.clone();
+            if wanted.writes_internal {
+                deployment
+                    .internal_topics
+                    .insert(group.clone(), wanted.step.clone());
+            }
+            deployment.dead_letter_topics.insert(start.dlq.clone());
+            if let Some(state) = &start.state {
+                deployment.state_topics.insert(state.topic.clone());
+            }
+            deployment
+                .lives_used
+                .insert(wanted.base.clone(), wanted.life);
+            deployment.lives.push(Life {
+                start,
+                life: wanted.life,
+                running: true,
+                held: false,
+                drained: BTreeSet::new(),
+            });
+        }
+        deployment
+    }
+}
+
 /// Names every target processor: a deployed life with the same step, identity and input
 /// topics is kept; any other gets a new life (the next number of its base name).
 pub(super) fn resolve(deployment: &Deployment, target: Option<&Topology>) -> Resolved {
