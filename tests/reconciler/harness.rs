@@ -21,7 +21,7 @@ pub use crate::common::processor_binary;
 use crate::common::{Change, TestRepo, remove, write};
 
 /// How long a cutover or a drain may take on a slow broker and a busy machine.
-const PATIENCE: Duration = Duration::from_secs(180);
+pub const PATIENCE: Duration = Duration::from_secs(180);
 
 /// One processor: `jq` appends `name@version` to the record's `path`.
 #[derive(Debug, Clone)]

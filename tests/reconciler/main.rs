@@ -660,6 +660,37 @@ fn a_remote_repository_is_polled() {
     plumber.wait_applied("t", r2);
 }
 
+/// A successor that never gets warm (its command does not exist, so its processor exits
+/// before it joins its group, again and again) leaves the old life running: the old `a` goes
+/// on consuming, status says what its stop waits for, and a fixing commit then cuts over
+/// from where it got to, nothing lost.
+#[test]
+fn a_successor_that_never_gets_warm_leaves_the_old_life_running() {
+    let (world, plumber, load, mut revisions) = deployed("never-warm", 200);
+    let old_a = world.internal_topic(&revisions[0], "a");
+    world.commit_raw(
+        "a: a command that does not exist",
+        "topologies/t/steps/a.yaml",
+        "kind: processor\ninput: src\nexec:\n  command: [plumber-test-no-such-command]\n",
+    );
+    plumber.wait_until("the old a's stop waits for its warm successor", |status| {
+        waits_for(status, "t", "to start warm")
+    });
+    let source = [world.source_topic().to_owned()];
+    let consumed = |offsets: &harness::Offsets| offsets.values().sum::<i64>();
+    let before = consumed(&world.committed(&old_a, &source));
+    load.wait_for(load.sent() + 200);
+    plumber_testkit::wait_until("the old a goes on consuming", harness::PATIENCE, || {
+        consumed(&world.committed(&old_a, &source)) >= before + 200
+    });
+    let m = revisions[0].clone().replace("a", 2);
+    let fixed = world.commit("a v2", &m);
+    revisions.push(m);
+    plumber.wait_applied("t", fixed);
+    let (sent, final_from) = load.finish(200);
+    world.assert_oracle(&revisions, sent, final_from);
+}
+
 /// Topology `x` whose second step never answers (an exec child that hangs), so any cutover
 /// that must drain it cannot finish.
 fn stuck_topology(world: &World, p1_version: u32, sink: &str) -> Vec<(String, String)> {
