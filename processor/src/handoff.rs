@@ -10,6 +10,12 @@
 //! instance, its owner, before anything is read: so whoever owns it next starts there too,
 //! and the group's committed offsets end up what the hand-off said. Until the hand-off
 //! comes, a partition without a committed offset is never read from anywhere.
+//!
+//! The engine commits the hand-off of every input partition in one request, which a group
+//! coordinator writes whole, so a hand-off read is complete: a partition it does not name was
+//! added to its topic after it was written, nothing read it before the cutover, and it
+//! starts from its beginning (as any processor reads a partition without a committed
+//! offset).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Mutex, PoisonError};
@@ -161,21 +167,26 @@ impl HandOff {
             }
         }
         let mut to_commit = TopicPartitionList::new();
-        let mut starts: Vec<(Partition, i64)> = Vec::new();
+        let mut starts: Vec<(Partition, Offset)> = Vec::new();
+        let mut newer = 0;
         for partition in &held {
-            let start = match committed.get(partition) {
-                Some(&offset) => offset,
-                None => match waiting.offsets.as_ref().and_then(|o| o.get(partition)) {
+            let start = match (committed.get(partition), &waiting.offsets) {
+                (Some(&offset), _) => Offset::Offset(offset),
+                (None, Some(handed)) => match handed.get(partition) {
                     Some(&offset) => {
                         let (topic, number) = partition;
                         to_commit
                             .add_partition_offset(topic, *number, Offset::Offset(offset))
                             .map_err(|source| start_error(partition, source))?;
-                        offset
+                        Offset::Offset(offset)
                     }
-                    // Neither yet: it waits.
-                    None => continue,
+                    None => {
+                        newer += 1;
+                        Offset::Beginning
+                    }
                 },
+                // Neither yet: it waits.
+                (None, None) => continue,
             };
             starts.push((partition.clone(), start));
         }
@@ -191,7 +202,7 @@ impl HandOff {
         for ((topic, number), offset) in &starts {
             let partition = (topic.clone(), *number);
             consumer
-                .seek(topic, *number, Offset::Offset(*offset), KAFKA_CALL_TIMEOUT)
+                .seek(topic, *number, *offset, KAFKA_CALL_TIMEOUT)
                 .map_err(|source| start_error(&partition, source))?;
             let mut one = TopicPartitionList::new();
             one.add_partition(topic, *number);
@@ -203,6 +214,7 @@ impl HandOff {
         tracing::info!(
             partitions = starts.len(),
             from_handoff = to_commit.count(),
+            newer_than_handoff = newer,
             still_held = waiting.partitions.len(),
             "held partitions started"
         );
@@ -229,7 +241,7 @@ impl HandOff {
         Ok(offsets_of(&committed))
     }
 
-    /// The hand-off, if it names every partition of every input.
+    /// The hand-off, once it is written: it names a partition of every input.
     fn read_handoff(&self, consumer: &Consumer) -> Result<Option<BTreeMap<Partition, i64>>, Error> {
         let client_error = |source| Error::Read {
             group: self.group.clone(),
@@ -246,14 +258,17 @@ impl HandOff {
                 }
             }
         }
-        let wanted = list.count();
         let offsets = offsets_of(
             &self
                 .probe
                 .committed_offsets(list, KAFKA_CALL_TIMEOUT)
                 .map_err(client_error)?,
         );
-        Ok((wanted > 0 && offsets.len() == wanted).then_some(offsets))
+        let written = self
+            .inputs
+            .iter()
+            .all(|input| offsets.keys().any(|(topic, _)| topic == input));
+        Ok(written.then_some(offsets))
     }
 }
 

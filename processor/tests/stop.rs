@@ -494,6 +494,53 @@ fn a_warm_start_reads_nothing_before_the_hand_off_and_starts_exactly_there() {
     assert_eq!(outputs.len(), expected.len() + 20, "each record once");
 }
 
+/// A hand-off names the partitions its inputs had when the engine wrote it (in one commit,
+/// written whole): a partition it does not name came to the topic later, nobody read it
+/// before the cutover, and it starts from its beginning rather than wait for a hand-off that
+/// never names it. (tansu cannot add partitions: a hand-off that leaves one out stands in.)
+#[test]
+fn a_partition_newer_than_the_hand_off_starts_from_its_beginning() {
+    let broker = Broker::start();
+    let (input, output) = (unique("in"), unique("out"));
+    broker.create_topic(&input, 2);
+    broker.create_topic(&output, 2);
+    fill(&broker, &input, 0, 0..30);
+    fill(&broker, &input, 1, 0..30);
+    let group = unique("warm-new");
+    let handoff = format!("{group}.handoff");
+    let step = Step::new(&group, &input, &output).args(&[
+        "--jq",
+        ".",
+        "--delivery",
+        "at-least-once",
+        "--handoff-group",
+        &handoff,
+    ]);
+    let mut process = start_assigned(&broker, &step);
+    hand_off(&broker, &handoff, &input, &[(0, 10)]);
+    let expected: BTreeSet<u32> = (10..30).chain((0..30).map(|i| 1000 + i)).collect();
+    broker.wait_for_records(
+        &output,
+        "partition 0 from 10, partition 1 whole",
+        |records| ids(records).into_iter().collect::<BTreeSet<u32>>().len() >= expected.len(),
+    );
+    process.signal(Signal::SIGTERM);
+    assert!(process.wait_exit(STOP_PROMISE).expect("exits").success());
+    let log = step.log();
+    assert!(log.contains(r#""newer_than_handoff":1"#), "{log}");
+    let outputs = ids(&broker.read_all(&output));
+    assert_eq!(
+        outputs.iter().copied().collect::<BTreeSet<u32>>(),
+        expected,
+        "partition 0 from the hand-off, the newer partition from its beginning"
+    );
+    assert_eq!(outputs.len(), expected.len(), "each record once");
+    assert_eq!(
+        broker.committed(&group, &input, 2),
+        BTreeMap::from([(0, 30), (1, 30)])
+    );
+}
+
 /// Two warm instances of one successor (its `scale.min`): the partitions the group spreads
 /// over them are all held until the hand-off, then each starts exactly there, whichever
 /// instance owns it.
