@@ -17,33 +17,40 @@ const MAX_PAGE: u64 = 4 << 20;
 
 /// The partitions the instances at `endpoints` hold for their hand-off, summed. An instance
 /// whose page cannot be read holds none as far as anyone can tell: the engine waits longer,
-/// never less.
+/// never less. The pages are read at once, so the engine waits one [`TIMEOUT`] at most
+/// however many instances a step runs.
 pub fn held(endpoints: &[MetricsEndpoint]) -> u64 {
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .timeout_global(Some(TIMEOUT))
         .max_redirects(0)
         .build()
         .into();
-    endpoints
-        .iter()
-        .map(|endpoint| {
-            let url = format!("http://{}/metrics", endpoint.addr);
-            let page = agent.get(&url).call().and_then(|mut response| {
-                response
-                    .body_mut()
-                    .with_config()
-                    .limit(MAX_PAGE)
-                    .read_to_string()
-            });
-            match page {
-                Ok(page) => gauge(&page, HANDOFF_WAITING).unwrap_or(0.0) as u64,
-                Err(error) => {
-                    tracing::debug!(instance = %endpoint.instance, address = %endpoint.addr, %error, "cannot read a warm instance's /metrics");
-                    0
-                }
-            }
-        })
-        .sum()
+    std::thread::scope(|scope| {
+        let reads: Vec<_> = endpoints
+            .iter()
+            .map(|endpoint| scope.spawn(|| held_by(&agent, endpoint)))
+            .collect();
+        reads.into_iter().map(|read| read.join().unwrap_or(0)).sum()
+    })
+}
+
+/// What one instance's page says it holds; 0 when it cannot be read.
+fn held_by(agent: &ureq::Agent, endpoint: &MetricsEndpoint) -> u64 {
+    let url = format!("http://{}/metrics", endpoint.addr);
+    let page = agent.get(&url).call().and_then(|mut response| {
+        response
+            .body_mut()
+            .with_config()
+            .limit(MAX_PAGE)
+            .read_to_string()
+    });
+    match page {
+        Ok(page) => gauge(&page, HANDOFF_WAITING).unwrap_or(0.0) as u64,
+        Err(error) => {
+            tracing::debug!(instance = %endpoint.instance, address = %endpoint.addr, %error, "cannot read a warm instance's /metrics");
+            0
+        }
+    }
 }
 
 /// The value of the unlabelled metric `name` on a Prometheus text page.
@@ -57,6 +64,45 @@ fn gauge(page: &str, name: &str) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::{Read as _, Write as _};
+
+    /// An instance's `/metrics` page, served once.
+    fn serving(page: &'static str) -> MetricsEndpoint {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        std::thread::spawn(move || {
+            let (mut stream, _) = listener.accept().unwrap();
+            let mut request = [0u8; 1024];
+            let _ = stream.read(&mut request);
+            let _ = write!(
+                stream,
+                "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{page}",
+                page.len()
+            );
+        });
+        MetricsEndpoint {
+            instance: addr.to_string(),
+            addr,
+        }
+    }
+
+    #[test]
+    fn the_instances_holds_are_summed_and_an_unreadable_page_holds_none() {
+        let closed = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let endpoints = vec![
+            serving("plumber_processor_handoff_waiting_partitions 2\n"),
+            serving("plumber_processor_records_consumed_total 7\n"),
+            MetricsEndpoint {
+                instance: "gone".into(),
+                addr: closed,
+            },
+            serving("plumber_processor_handoff_waiting_partitions 3\n"),
+        ];
+        assert_eq!(held(&endpoints), 5);
+    }
 
     #[test]
     fn the_held_gauge_is_read_by_its_exact_name() {
