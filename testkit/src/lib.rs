@@ -36,7 +36,7 @@ pub const PATIENCE: Duration = Duration::from_secs(60);
 pub struct Broker {
     bootstrap: String,
     tansu: Option<Child>,
-    _data: Option<tempfile::TempDir>,
+    data: Option<tempfile::TempDir>,
 }
 
 impl Broker {
@@ -55,7 +55,7 @@ impl Broker {
         let broker = Broker {
             bootstrap,
             tansu: None,
-            _data: None,
+            data: None,
         };
         broker.wait_ready();
         broker
@@ -68,7 +68,7 @@ impl Broker {
         let broker = Broker {
             bootstrap: format!("127.0.0.1:{port}"),
             tansu: Some(child),
-            _data: Some(data),
+            data: Some(data),
         };
         broker.wait_ready();
         broker
@@ -86,7 +86,7 @@ impl Broker {
     /// Kills the harness's tansu (kill -9: a crash) and starts it again on the same port and
     /// data; returns once it answers. Does nothing for an external cluster.
     pub fn restart(&mut self) {
-        let (Some(child), Some(data)) = (&mut self.tansu, &self._data) else {
+        let (Some(child), Some(data)) = (&mut self.tansu, &self.data) else {
             return;
         };
         let _ = child.kill();
@@ -164,11 +164,12 @@ impl Broker {
 
     /// The names of the topics the broker lists with partitions and no error. Listing all
     /// topics (asking for one by name may create it); a failed metadata request is retried
-    /// until `PATIENCE`, since tansu drops connections while it deletes topics.
+    /// until `PATIENCE`, since tansu drops connections while it deletes topics; by a new
+    /// client each time, so that one whose connection broke is not waited on again.
     pub fn topic_names(&self) -> BTreeSet<String> {
-        let consumer: BaseConsumer = self.client().create().expect("metadata client");
         let deadline = Instant::now() + PATIENCE;
         loop {
+            let consumer: BaseConsumer = self.client().create().expect("metadata client");
             match consumer.fetch_metadata(None, Duration::from_secs(10)) {
                 Ok(metadata) => {
                     return metadata
@@ -397,6 +398,12 @@ impl Drop for Broker {
         if let Some(child) = &mut self.tansu {
             let _ = child.kill();
             let _ = child.wait();
+        }
+        // A failed test keeps the broker's log and data: the broker may be what failed.
+        if std::thread::panicking()
+            && let Some(data) = self.data.take()
+        {
+            eprintln!("broker log and data kept in {}", data.keep().display());
         }
     }
 }
