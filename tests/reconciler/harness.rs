@@ -905,10 +905,8 @@ impl Load {
         let producer: BaseProducer = broker
             .client()
             .set("enable.idempotence", "true")
-            // Batches of several records: tansu stores and fetches batch by batch, one SQL
-            // query each, and a record per batch (50 a second, 5 ms apart) made each reader
-            // of the source cost it a query per record; with every step's readers behind it,
-            // processors fell minutes behind the load and drains outlasted the tests' waits.
+            // A produce request every 100 ms, not one per record: tansu serves every
+            // request of every client in turn (docs/tansu.md).
             .set("linger.ms", "100")
             .create()
             .unwrap();
