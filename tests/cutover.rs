@@ -1250,6 +1250,43 @@ fn a_warm_life_replaced_before_its_hand_off_survives_a_crash_anywhere() {
     }
 }
 
+/// `c` is replaced (its next life starts warm on `a`'s topic) and, before the hand-off, a
+/// newer commit replaces `a`: the warm `c` now reads a retiring topic and will never be
+/// handed off. It read nothing, so it drains nothing (its predecessor drains `a`'s old
+/// topic): it only stops, and the move finishes, whatever crashes on the way.
+#[test]
+fn a_warm_life_whose_input_retires_before_its_hand_off_only_stops() {
+    let (one, two, three) = (
+        revision(1, 1, false),
+        revision(1, 2, false),
+        revision(2, 2, false),
+    );
+    BATCH.set(1);
+    let plan = moves::plan(&one.name, &plumber::plan::Deployment::of(&one), Some(&two));
+    let at = |verb: &str| {
+        plan.iter()
+            .position(|a| plumber::cutover::describe(a).starts_with(verb))
+            .unwrap_or_else(|| panic!("no {verb} in {plan:#?}"))
+    };
+    let (warm, hand_off) = (at("start-warm c "), at("hand-off "));
+    for taken in [warm + 1, hand_off] {
+        let steps = [
+            Step {
+                commit: "r2",
+                topology: &two,
+                actions: Some(taken),
+            },
+            Step {
+                commit: "r3",
+                topology: &three,
+                actions: None,
+            },
+        ];
+        let crashes = every_crash_ends_like_no_crash(&one, &steps);
+        assert!(crashes > 10, "only {crashes} crashes injected at {taken}");
+    }
+}
+
 #[test]
 fn a_stuck_drain_waits_without_holding_up_the_rest_or_a_newer_commit() {
     let (one, two, three) = (
