@@ -173,7 +173,9 @@ fn observe_topology(
             match admin.progress(life.group(), &inputs) {
                 Ok(p) => {
                     watchdog.read(life.group(), p);
-                    if running.contains_key(life.group()) {
+                    // A warm life holds its partitions unread until its hand-off: its lag is
+                    // the wait, not a stall.
+                    if running.contains_key(life.group()) && !life.held {
                         watchdog.watch(context, admin.as_ref(), life.group(), &inputs, p);
                     }
                     progress.insert(life.group(), p);
