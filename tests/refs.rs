@@ -162,10 +162,11 @@ fn a_branch_gets_a_plan_against_what_runs_that_follows_its_moves_until_it_is_del
         "payments runs as it is"
     );
     let orders = actions(&plan, "orders");
+    // clean reads the source its old life reads: its new life starts warm.
     assert!(
         orders
             .iter()
-            .any(|a| matches!(a, Action::StartProcessor(s) if s.step == "clean"))
+            .any(|a| matches!(a, Action::StartWarm(s) if s.step == "clean"))
             && orders
                 .iter()
                 .any(|a| matches!(a, Action::StopProcessor { step, .. } if step == "clean")),
