@@ -205,7 +205,7 @@ fn a_step_scaled_and_replaced_under_the_cooperative_assignor_delivers_exactly_on
 /// retired topic is gone (the world's broker is its own: no other test's topics go too).
 #[test]
 fn a_retired_internal_topic_is_deleted_once_its_lives_have_stopped() {
-    let world = World::new("delete");
+    let mut world = World::new("delete");
     let mut revisions = vec![first()];
     let r1 = world.commit("first", &revisions[0]);
     let plumber = Plumber::deleting_topics(&world);
@@ -231,6 +231,22 @@ fn a_retired_internal_topic_is_deleted_once_its_lives_have_stopped() {
     let r2 = world.commit("a v2", &m);
     revisions.push(m);
     plumber.wait_applied("t", r2);
+    if tansu {
+        // A client asking tansu for the offsets of a topic it has just deleted panics its
+        // storage task ("more or less than one row"), and it answers nothing more until it
+        // restarts (docs/tansu.md). The new lives ask all the time: once the cutover with
+        // the deletion has finished, the broker is restarted on its data.
+        plumber_testkit::wait_until(
+            "the cutover that deletes the retired topic has finished",
+            plumber_testkit::PATIENCE,
+            || {
+                let log = world.daemon_log();
+                log.find(&format!("delete-topic {retired}"))
+                    .is_some_and(|at| log[at..].contains("cutover finished"))
+            },
+        );
+        world.broker.restart();
+    }
     plumber_testkit::wait_until(
         &format!("{retired} is deleted"),
         std::time::Duration::from_secs(60),
