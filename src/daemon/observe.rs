@@ -618,6 +618,80 @@ mod tests {
         }
     }
 
+    /// Runs every life of `groups`; counts the restarts of each.
+    struct Runs {
+        groups: Vec<String>,
+        restarted: Mutex<Vec<String>>,
+    }
+
+    impl Runtime for Runs {
+        fn start(&self, _: &ProcessorSpec) -> RuntimeResult<()> {
+            unreachable!("the watchdog only restarts")
+        }
+        fn stop(&self, _: &str) -> RuntimeResult<()> {
+            unreachable!("the watchdog only restarts")
+        }
+        fn restart(&self, group: &str) -> RuntimeResult<()> {
+            self.restarted.lock().unwrap().push(group.to_owned());
+            Ok(())
+        }
+        fn update(
+            &self,
+            _: &str,
+            _: &crate::spec::Scale,
+            _: Option<&crate::spec::Resources>,
+        ) -> RuntimeResult<()> {
+            unreachable!("the watchdog only restarts")
+        }
+        fn processors(&self) -> RuntimeResult<Vec<ProcessorStatus>> {
+            Ok(self
+                .groups
+                .iter()
+                .map(|group| ProcessorStatus {
+                    topology: "t".into(),
+                    step: "step".into(),
+                    identity: String::new(),
+                    group: group.clone(),
+                    replicas: 1,
+                    running: 1,
+                    restarts: 0,
+                    commit: None,
+                })
+                .collect())
+        }
+    }
+
+    /// A warm life holds its partitions unread until its hand-off, its lag never moving: the
+    /// watchdog leaves it alone, and restarts the running life beside it that does the same.
+    #[test]
+    fn a_warm_life_waiting_for_its_hand_off_is_not_stalled() {
+        let state = tempfile::tempdir().unwrap();
+        let config = DaemonConfig::new("unused", state.path().to_owned());
+        let mut record = deployed("t");
+        let mut warm = Deployment::of(&graph("t", ".a")).lives.remove(0);
+        warm.held = true;
+        record.deployment.lives.push(warm.clone());
+        let old = record.deployment.lives[0].group().to_owned();
+        let runtime = Arc::new(Runs {
+            groups: vec![old.clone(), warm.group().to_owned()],
+            restarted: Mutex::default(),
+        });
+        let connect: Box<crate::daemon::Connect> =
+            Box::new(|_| Ok(Arc::new(Lags::default()) as Arc<dyn Admin>));
+        let context = Context::with_admin(config, runtime.clone(), connect).unwrap();
+        context.records.save("t", &record).unwrap();
+        let watchdog = Watchdog::new(Duration::ZERO);
+        for _ in 0..3 {
+            observe(&context, &watchdog, &mut None);
+        }
+        let restarted = runtime.restarted.lock().unwrap().clone();
+        assert!(restarted.contains(&old), "{restarted:?}");
+        assert!(
+            !restarted.iter().any(|g| g == warm.group()),
+            "the warm life was restarted: {restarted:?}"
+        );
+    }
+
     /// A group whose lag never moves: records it cannot read, or only transaction markers.
     struct Behind {
         only_markers: bool,
