@@ -17,7 +17,7 @@ const MAX_PAGE: u64 = 4 << 20;
 
 /// The partitions the instances at `endpoints` hold for their hand-off, summed. An instance
 /// whose page cannot be read holds none as far as anyone can tell: the engine waits longer,
-/// never less. The pages are read at once, so the engine waits one [`TIMEOUT`] at most
+/// never less. The pages are read at once, so the engine waits one timeout (1 s) at most
 /// however many instances a step runs.
 pub fn held(endpoints: &[MetricsEndpoint]) -> u64 {
     let agent: ureq::Agent = ureq::Agent::config_builder()
