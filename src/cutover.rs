@@ -636,7 +636,20 @@ impl Engine<'_> {
                 Effect::Done
             }
             Action::DrainProcessor { group, topics, .. } => {
-                self.drained(group, topics)?;
+                // A warm life reads nothing until its hand-off group names its start. A
+                // retiring one is handed nothing more: with no hand-off written it never
+                // reads, and has nothing to drain (its group would show the whole topic as
+                // lag for good). With one written (a crash after the hand-off's commit and
+                // before its record) it reads, or will, and drains like any other.
+                let never_reads = record.deployment.life(group).is_some_and(|l| l.held)
+                    && self
+                        .admin
+                        .committed(&handoff_group(group), topics)
+                        .map_err(|e| failed(&e))?
+                        .is_empty();
+                if !never_reads {
+                    self.drained(group, topics)?;
+                }
                 Effect::Done
             }
             Action::StopProcessor {

@@ -1250,12 +1250,14 @@ fn a_warm_life_replaced_before_its_hand_off_survives_a_crash_anywhere() {
     }
 }
 
-/// `c` is replaced (its next life starts warm on `a`'s topic) and, before the hand-off, a
-/// newer commit replaces `a`: the warm `c` now reads a retiring topic and will never be
-/// handed off. It read nothing, so it drains nothing (its predecessor drains `a`'s old
-/// topic): it only stops, and the move finishes, whatever crashes on the way.
+/// `c` is replaced (its next life starts warm on `a`'s topic) and, before the hand-off is
+/// recorded, a newer commit replaces `a`: the warm `c` now reads a retiring topic and is
+/// handed nothing more. Without a hand-off written it never reads, so its drain is done at
+/// once and it stops; with one written (a crash after the hand-off's commit) it reads from
+/// there and drains `a`'s old topic. Either way the move finishes, nothing lost, whatever
+/// crashes on the way.
 #[test]
-fn a_warm_life_whose_input_retires_before_its_hand_off_only_stops() {
+fn a_warm_life_whose_input_retires_before_its_hand_off_is_recorded_loses_nothing() {
     let (one, two, three) = (
         revision(1, 1, false),
         revision(1, 2, false),
@@ -1269,7 +1271,7 @@ fn a_warm_life_whose_input_retires_before_its_hand_off_only_stops() {
             .unwrap_or_else(|| panic!("no {verb} in {plan:#?}"))
     };
     let (warm, hand_off) = (at("start-warm c "), at("hand-off "));
-    for taken in [warm + 1, hand_off] {
+    for taken in [warm + 1, hand_off, hand_off + 1] {
         let steps = [
             Step {
                 commit: "r2",

@@ -852,12 +852,9 @@ fn retire(
     }
     for &r in &resolved.retiring {
         let life = &lives[r];
-        // Old topics nobody in the target writes: this life is their last reader. A warm
-        // life not handed off yet reads nothing, and never will: it drains nothing (its
-        // predecessor does), it only stops.
+        // Old topics nobody in the target writes: this life is their last reader.
         let drains: Vec<String> = life
             .inputs()
-            .filter(|_| !life.held)
             .filter(|t| deployment.internal_topics.contains_key(*t) && !used.contains(*t))
             .filter(|t| !life.drained.contains(*t))
             .map(str::to_owned)
