@@ -639,13 +639,18 @@ fn advance_until(
     waits: &mut Waits,
     done: impl Fn(&Advance) -> bool,
 ) -> Advance {
+    let mut last = None;
     for _ in 0..1000 {
         let advance = engine.advance(target, waits).unwrap();
         if done(&advance) {
             return advance;
         }
+        last = Some(advance);
     }
-    panic!("no end after 1000 steps towards {}", target.commit);
+    panic!(
+        "no end after 1000 steps towards {}; the last: {last:#?}",
+        target.commit
+    );
 }
 
 /// One commit to move to, and how many actions to run towards it before the next one
@@ -1287,6 +1292,92 @@ fn a_warm_life_whose_input_retires_before_its_hand_off_is_recorded_loses_nothing
         let crashes = every_crash_ends_like_no_crash(&one, &steps);
         assert!(crashes > 10, "only {crashes} crashes injected at {taken}");
     }
+}
+
+/// The daemon crashes after the hand-off's commit and before its record, and the next one
+/// finds a newer commit that retires the topic the warm life reads: that life reads from
+/// the hand-off meanwhile, so it is drained like any other before it stops, and every
+/// record reaches the sink once.
+#[test]
+fn a_warm_life_handed_off_unrecorded_drains_the_topic_it_retires() {
+    let (one, two, three) = (
+        revision(1, 1, false),
+        revision(1, 2, false),
+        revision(2, 2, false),
+    );
+    BATCH.set(1);
+    let plan = moves::plan(&one.name, &plumber::plan::Deployment::of(&one), Some(&two));
+    let hand_off = plan
+        .iter()
+        .position(|a| plumber::cutover::describe(a).starts_with("hand-off "))
+        .unwrap_or_else(|| panic!("no hand-off in {plan:#?}"));
+    let (world, _dir, state) = deployed(&one);
+    world.produce("in", 5);
+    let before = [Step {
+        commit: "r2",
+        topology: &two,
+        actions: Some(hand_off),
+    }];
+    assert!(daemon(&world, &state, &before, &mut 0));
+    let record = state.load("t").unwrap();
+    let warm = record
+        .deployment
+        .lives
+        .iter()
+        .find(|l| l.held)
+        .unwrap_or_else(|| panic!("no warm life: {record:#?}"))
+        .group()
+        .to_owned();
+    // What the crashed engine had committed: where the old `c` stopped.
+    let handed: BTreeMap<(String, i32), i64> = world
+        .snapshot()
+        .stopped_at
+        .into_iter()
+        .filter(|((step, _, _), _)| step == "c")
+        .map(|((_, topic, partition), offset)| ((topic, partition), offset))
+        .collect();
+    assert!(!handed.is_empty(), "the old c has stopped");
+    // `c` reads nothing for a while: the warm life does not take its hand-off yet.
+    world.inner.lock().unwrap().stuck.insert("c".into());
+    world
+        .inner
+        .lock()
+        .unwrap()
+        .committed
+        .insert(plumber::plan::deployment::handoff_group(&warm), handed);
+    world.produce("in", 5);
+    with_engine(&world, &state, |engine| {
+        let mut waits = Waits::default();
+        let r3 = target("r3", Some(&three));
+        let Advance::Waiting {
+            waits: waiting_for, ..
+        } = advance_until(engine, &r3, &mut waits, |a| {
+            matches!(a, Advance::Waiting { .. })
+        })
+        else {
+            unreachable!()
+        };
+        assert!(
+            waiting_for.iter().any(
+                |w| w.action.starts_with(&format!("drain-processor {warm} "))
+                    && w.reason.contains("records left")
+            ),
+            "the warm life, handed off, drains before it stops: {waiting_for:#?}"
+        );
+        assert!(world.snapshot().running.contains_key(&warm));
+        world.inner.lock().unwrap().stuck.clear();
+        advance_until(engine, &r3, &mut waits, |a| {
+            matches!(a, Advance::Settled { .. })
+        });
+    });
+    let inner = world.snapshot();
+    let sent: i64 = inner.topics["in"].iter().sum();
+    assert_eq!(
+        inner.topics["out2"][0], sent,
+        "every record through c to out2 once: {:#?}",
+        inner.committed
+    );
+    assert!(!inner.running.contains_key(&warm), "the warm life stopped");
 }
 
 #[test]
