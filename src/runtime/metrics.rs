@@ -15,23 +15,35 @@ const TIMEOUT: Duration = Duration::from_secs(1);
 /// The most of a page read.
 const MAX_PAGE: u64 = 4 << 20;
 
+/// Pages read at the same time: a step may run up to 1,000 instances (`scale.max`), and
+/// each read is a thread.
+const AT_ONCE: usize = 32;
+
 /// The partitions the instances at `endpoints` hold for their hand-off, summed. An instance
 /// whose page cannot be read holds none as far as anyone can tell: the engine waits longer,
-/// never less. The pages are read at once, so the engine waits one timeout (1 s) at most
-/// however many instances a step runs.
+/// never less. The pages are read 32 at a time, so the engine waits one timeout (1 s) per 32
+/// instances at most.
 pub fn held(endpoints: &[MetricsEndpoint]) -> u64 {
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .timeout_global(Some(TIMEOUT))
         .max_redirects(0)
         .build()
         .into();
-    std::thread::scope(|scope| {
-        let reads: Vec<_> = endpoints
-            .iter()
-            .map(|endpoint| scope.spawn(|| held_by(&agent, endpoint)))
-            .collect();
-        reads.into_iter().map(|read| read.join().unwrap_or(0)).sum()
-    })
+    endpoints
+        .chunks(AT_ONCE)
+        .map(|some| {
+            std::thread::scope(|scope| {
+                let reads: Vec<_> = some
+                    .iter()
+                    .map(|endpoint| scope.spawn(|| held_by(&agent, endpoint)))
+                    .collect();
+                reads
+                    .into_iter()
+                    .map(|read| read.join().unwrap_or(0))
+                    .sum::<u64>()
+            })
+        })
+        .sum()
 }
 
 /// What one instance's page says it holds; 0 when it cannot be read.
@@ -102,6 +114,14 @@ mod tests {
             serving("plumber_processor_handoff_waiting_partitions 3\n"),
         ];
         assert_eq!(held(&endpoints), 5);
+    }
+
+    #[test]
+    fn more_instances_than_are_read_at_once_are_all_counted() {
+        let endpoints: Vec<MetricsEndpoint> = (0..AT_ONCE + 8)
+            .map(|_| serving("plumber_processor_handoff_waiting_partitions 1\n"))
+            .collect();
+        assert_eq!(held(&endpoints), (AT_ONCE + 8) as u64);
     }
 
     #[test]
