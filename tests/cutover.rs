@@ -1210,6 +1210,34 @@ fn a_newer_commit_takes_over_a_move_half_way_and_survives_a_crash_anywhere() {
     }
 }
 
+/// Where the first action that `describe`s as starting with `verb` stands in the plan from
+/// `from` to `to`.
+fn plan_position(from: &Topology, to: &Topology, verb: &str) -> usize {
+    let plan = moves::plan(&from.name, &plumber::plan::Deployment::of(from), Some(to));
+    plan.iter()
+        .position(|a| plumber::cutover::describe(a).starts_with(verb))
+        .unwrap_or_else(|| panic!("no {verb} in {plan:#?}"))
+}
+
+/// The move from `one` to `two`, taken over by `three` once `taken` of its actions are
+/// recorded, ends like no crash whatever crashes on the way.
+fn taken_over_after(one: &Topology, two: &Topology, three: &Topology, taken: usize) {
+    let steps = [
+        Step {
+            commit: "r2",
+            topology: two,
+            actions: Some(taken),
+        },
+        Step {
+            commit: "r3",
+            topology: three,
+            actions: None,
+        },
+    ];
+    let crashes = every_crash_ends_like_no_crash(one, &steps);
+    assert!(crashes > 10, "only {crashes} crashes injected at {taken}");
+}
+
 /// A newer commit replaces `a` again while its warm life waits for its hand-off, at each
 /// point of the warm start (started, its predecessor stopped, handed off): the warm life is
 /// stopped without a position of its own unless it read (its step's recorded one stands),
@@ -1222,12 +1250,7 @@ fn a_warm_life_replaced_before_its_hand_off_survives_a_crash_anywhere() {
         revision(3, 1, false),
     );
     BATCH.set(1);
-    let plan = moves::plan(&one.name, &plumber::plan::Deployment::of(&one), Some(&two));
-    let at = |verb: &str| {
-        plan.iter()
-            .position(|a| plumber::cutover::describe(a).starts_with(verb))
-            .unwrap_or_else(|| panic!("no {verb} in {plan:#?}"))
-    };
+    let at = |verb: &str| plan_position(&one, &two, verb);
     let (warm, stop, hand_off) = (
         at("start-warm a "),
         at(&format!(
@@ -1236,22 +1259,12 @@ fn a_warm_life_replaced_before_its_hand_off_survives_a_crash_anywhere() {
         )),
         at("hand-off "),
     );
-    assert!(warm < stop && stop < hand_off, "{plan:#?}");
+    assert!(
+        warm < stop && stop < hand_off,
+        "start-warm at {warm}, stop at {stop}, hand-off at {hand_off}"
+    );
     for taken in [warm + 1, stop + 1] {
-        let steps = [
-            Step {
-                commit: "r2",
-                topology: &two,
-                actions: Some(taken),
-            },
-            Step {
-                commit: "r3",
-                topology: &three,
-                actions: None,
-            },
-        ];
-        let crashes = every_crash_ends_like_no_crash(&one, &steps);
-        assert!(crashes > 10, "only {crashes} crashes injected at {taken}");
+        taken_over_after(&one, &two, &three, taken);
     }
 }
 
@@ -1269,28 +1282,10 @@ fn a_warm_life_whose_input_retires_before_its_hand_off_is_recorded_loses_nothing
         revision(2, 2, false),
     );
     BATCH.set(1);
-    let plan = moves::plan(&one.name, &plumber::plan::Deployment::of(&one), Some(&two));
-    let at = |verb: &str| {
-        plan.iter()
-            .position(|a| plumber::cutover::describe(a).starts_with(verb))
-            .unwrap_or_else(|| panic!("no {verb} in {plan:#?}"))
-    };
-    let (warm, hand_off) = (at("start-warm c "), at("hand-off "));
+    let warm = plan_position(&one, &two, "start-warm c ");
+    let hand_off = plan_position(&one, &two, "hand-off ");
     for taken in [warm + 1, hand_off, hand_off + 1] {
-        let steps = [
-            Step {
-                commit: "r2",
-                topology: &two,
-                actions: Some(taken),
-            },
-            Step {
-                commit: "r3",
-                topology: &three,
-                actions: None,
-            },
-        ];
-        let crashes = every_crash_ends_like_no_crash(&one, &steps);
-        assert!(crashes > 10, "only {crashes} crashes injected at {taken}");
+        taken_over_after(&one, &two, &three, taken);
     }
 }
 
@@ -1306,11 +1301,7 @@ fn a_warm_life_handed_off_unrecorded_drains_the_topic_it_retires() {
         revision(2, 2, false),
     );
     BATCH.set(1);
-    let plan = moves::plan(&one.name, &plumber::plan::Deployment::of(&one), Some(&two));
-    let hand_off = plan
-        .iter()
-        .position(|a| plumber::cutover::describe(a).starts_with("hand-off "))
-        .unwrap_or_else(|| panic!("no hand-off in {plan:#?}"));
+    let hand_off = plan_position(&one, &two, "hand-off ");
     let (world, _dir, state) = deployed(&one);
     world.produce("in", 5);
     let before = [Step {

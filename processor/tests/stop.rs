@@ -415,6 +415,20 @@ fn hand_off(broker: &Broker, group: &str, topic: &str, offsets: &[(i32, i64)]) {
         .expect("the hand-off is committed");
 }
 
+/// A `--jq .` step of `group` started warm: its hand-off group is `<group>.handoff`.
+fn warm_step(group: &str, input: &str, output: &str) -> (Step, String) {
+    let handoff = format!("{group}.handoff");
+    let step = Step::new(group, input, output).args(&[
+        "--jq",
+        ".",
+        "--delivery",
+        "at-least-once",
+        "--handoff-group",
+        &handoff,
+    ]);
+    (step, handoff)
+}
+
 /// A warm start (`--handoff-group`), the successor's half of a cutover users do not notice:
 /// it joins its group and holds its partitions while the hand-off group names no start, then
 /// starts exactly where the hand-off says (never from where a group without offsets would
@@ -430,15 +444,7 @@ fn a_warm_start_reads_nothing_before_the_hand_off_and_starts_exactly_there() {
     fill(0, 0..100);
     fill(1, 0..100);
     let group = unique("warm");
-    let handoff = format!("{group}.handoff");
-    let step = Step::new(&group, &input, &output).args(&[
-        "--jq",
-        ".",
-        "--delivery",
-        "at-least-once",
-        "--handoff-group",
-        &handoff,
-    ]);
+    let (step, handoff) = warm_step(&group, &input, &output);
     let mut process = start_assigned(&broker, &step);
     wait_until("both partitions held", PATIENCE, || {
         step.log().lines().any(|l| {
@@ -507,15 +513,7 @@ fn a_partition_newer_than_the_hand_off_starts_from_its_beginning() {
     fill(&broker, &input, 0, 0..30);
     fill(&broker, &input, 1, 0..30);
     let group = unique("warm-new");
-    let handoff = format!("{group}.handoff");
-    let step = Step::new(&group, &input, &output).args(&[
-        "--jq",
-        ".",
-        "--delivery",
-        "at-least-once",
-        "--handoff-group",
-        &handoff,
-    ]);
+    let (step, handoff) = warm_step(&group, &input, &output);
     let mut process = start_assigned(&broker, &step);
     hand_off(&broker, &handoff, &input, &[(0, 10)]);
     let expected: BTreeSet<u32> = (10..30).chain((0..30).map(|i| 1000 + i)).collect();

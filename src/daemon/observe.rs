@@ -582,49 +582,21 @@ impl Stall {
 mod tests {
     #![allow(clippy::unwrap_used)]
 
-    use std::sync::atomic::{AtomicU32, Ordering};
-
     use super::*;
     use crate::daemon::DaemonConfig;
     use crate::kafka::Result as KafkaResult;
     use crate::plan::PartitionOffset;
     use crate::runtime::{ProcessorSpec, Result as RuntimeResult, Runtime};
 
-    /// Counts restarts; nothing else is called by the watchdog.
+    /// Runs every life of `groups` and records which it restarts; nothing else is called by
+    /// the watchdog.
     #[derive(Default)]
-    struct Restarts(AtomicU32);
-
-    impl Runtime for Restarts {
-        fn start(&self, _: &ProcessorSpec) -> RuntimeResult<()> {
-            unreachable!("the watchdog only restarts")
-        }
-        fn stop(&self, _: &str) -> RuntimeResult<()> {
-            unreachable!("the watchdog only restarts")
-        }
-        fn restart(&self, _: &str) -> RuntimeResult<()> {
-            self.0.fetch_add(1, Ordering::SeqCst);
-            Ok(())
-        }
-        fn update(
-            &self,
-            _: &str,
-            _: &crate::spec::Scale,
-            _: Option<&crate::spec::Resources>,
-        ) -> RuntimeResult<()> {
-            unreachable!("the watchdog only restarts")
-        }
-        fn processors(&self) -> RuntimeResult<Vec<ProcessorStatus>> {
-            Ok(Vec::new())
-        }
-    }
-
-    /// Runs every life of `groups`; counts the restarts of each.
-    struct Runs {
+    struct Restarts {
         groups: Vec<String>,
         restarted: Mutex<Vec<String>>,
     }
 
-    impl Runtime for Runs {
+    impl Runtime for Restarts {
         fn start(&self, _: &ProcessorSpec) -> RuntimeResult<()> {
             unreachable!("the watchdog only restarts")
         }
@@ -672,7 +644,7 @@ mod tests {
         warm.held = true;
         record.deployment.lives.push(warm.clone());
         let old = record.deployment.lives[0].group().to_owned();
-        let runtime = Arc::new(Runs {
+        let runtime = Arc::new(Restarts {
             groups: vec![old.clone(), warm.group().to_owned()],
             restarted: Mutex::default(),
         });
@@ -762,7 +734,7 @@ mod tests {
         for _ in 0..3 {
             watchdog.watch(&context, &idle, "g", &inputs, unmoved);
         }
-        assert_eq!(runtime.0.load(Ordering::SeqCst), 0);
+        assert_eq!(runtime.restarted.lock().unwrap().len(), 0);
 
         let stalled = Behind {
             only_markers: false,
@@ -770,7 +742,7 @@ mod tests {
         for _ in 0..2 {
             watchdog.watch(&context, &stalled, "g", &inputs, unmoved);
         }
-        assert_eq!(runtime.0.load(Ordering::SeqCst), 2);
+        assert_eq!(runtime.restarted.lock().unwrap().len(), 2);
     }
 
     /// Every group 5 records behind; records which groups' offsets were read.
