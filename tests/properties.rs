@@ -431,6 +431,15 @@ fn check_plan(old: &[Topology], new: &[Topology]) {
         }
     }
     assert!(warm.is_empty(), "never handed off: {warm:?}");
+    // Deletions run last: a rollback cannot undo them.
+    let deletion = |a: &&&Action| matches!(a, Action::DeleteTopic { .. });
+    if let Some(first) = actions.iter().position(|a| deletion(&a)) {
+        assert!(
+            actions[first..].iter().all(|a| deletion(&a)),
+            "an action after a deletion: {:?}",
+            &actions[first..]
+        );
+    }
     assert_eq!(
         stopped.iter().collect::<BTreeSet<_>>(),
         retiring,

@@ -453,9 +453,9 @@ pub struct Pending {
 
 /// Every action that remains between topology `name`'s `deployment` and `target`, in the
 /// order the engine prefers them: in-place scaling, topic creation, starts (downstream
-/// first), deletions of topics nothing uses any more, then retiring old lives in data-flow
-/// order (each drains the topics whose writers stopped, then stops); a retired preview's
-/// consumer groups are deleted last.
+/// first), then retiring old lives in data-flow order (each drains the topics whose writers
+/// stopped, then stops); deletions of topics nothing uses any more (and a retired preview's
+/// consumer groups) wait until nothing else remains.
 pub fn remaining(name: &str, deployment: &Deployment, target: Option<&Topology>) -> Vec<Pending> {
     let mut out = remaining_unheld(name, deployment, target);
     // A stateful step whose state cannot be carried over holds the whole move: nothing is
@@ -486,6 +486,29 @@ fn remaining_unheld(
     deployment: &Deployment,
     target: Option<&Topology>,
 ) -> Vec<Pending> {
+    let mut out = every_action(name, deployment, target);
+    prune_last(&mut out);
+    out
+}
+
+/// Deletions are the one part of a move a rollback cannot undo, so they wait until everything
+/// else in it has run (like Argo CD's `PruneLast`): the new graph runs whole, hand-offs
+/// included, before anything old is gone.
+fn prune_last(out: &mut [Pending]) {
+    let deletion =
+        |a: &Action| matches!(a, Action::DeleteTopic { .. } | Action::DeleteGroups { .. });
+    if out.iter().all(|p| deletion(&p.action)) {
+        return;
+    }
+    for pending in out.iter_mut().filter(|p| deletion(&p.action)) {
+        pending
+            .blocked_by
+            .get_or_insert_with(|| "the rest of the move (deletions run last)".to_owned());
+    }
+}
+
+/// [`remaining_unheld`] before deletions are put last.
+fn every_action(name: &str, deployment: &Deployment, target: Option<&Topology>) -> Vec<Pending> {
     let topics = Topics::of(&deployment.lives);
     let resolved = resolve_with(deployment, target, &topics);
     let mut out = Vec::new();
