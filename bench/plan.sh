@@ -30,12 +30,18 @@ crit() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['median
   echo
   echo "## a chain's plan (issue 28): a change at its head replaces every step, median seconds"
   echo
-  echo "| steps | plan | × the 10-step chain |"
-  echo "|---:|---:|---:|"
+  echo "| steps | plan | × the 10-step chain | look by look (baseline) | look by look ÷ plan |"
+  echo "|---:|---:|---:|---:|---:|"
   base=$(crit "../plan-chain/10")
-  for n in 10 100; do
+  for n in 10 100 1000; do
     t=$(crit "../plan-chain/$n")
-    printf '| %d | %.4f | %.1f× |\n' "$n" "$t" "$(python3 -c "print($t/$base)")"
+    if [ "$n" -le 100 ]; then
+      l=$(crit "../plan-chain/look-by-look_$n")
+      look=$(printf '%.4f | %.0f×' "$l" "$(python3 -c "print($l/$t)")")
+    else
+      look="not run (minutes) | "
+    fi
+    printf '| %d | %.4f | %.1f× | %s |\n' "$n" "$t" "$(python3 -c "print($t/$base)")" "$look"
   done
   echo
   echo "## CLI \`plumber plan --from HEAD~1 --to HEAD --format json\`, median of $runs runs"

@@ -85,21 +85,40 @@ fn chain(steps: usize, first: &str) -> Vec<plumber::spec::SourceFile> {
 
 /// Planning a change at the head of a chain, which replaces every step below it: the
 /// plan's growth with the chain's length (issue 28: linear). The 10-step chain is the
-/// baseline of the ratio.
+/// baseline of the ratio, and the same plan worked out look by look (`moves::next` applied
+/// until nothing remains, what the plan stands for) the baseline of the simulation.
 fn bench_chain(c: &mut Criterion) {
+    use plumber::plan::{Action, Deployment, Effect, moves};
     let mut group = c.benchmark_group("plan-chain");
     group.sample_size(10);
-    for steps in [10usize, 100] {
+    for steps in [10usize, 100, 1000] {
         let graphs = |first: &str| {
             plumber::validate(&chain(steps, first))
                 .topologies
                 .expect("a valid chain")
         };
         let (old, new) = (graphs("."), graphs(". + {x: 1}"));
+        let deployed = Deployment::of(&old[0]);
+        let name = old[0].name.clone();
         group.bench_function(format!("{steps}"), |b| {
+            b.iter(|| black_box(moves::plan(&name, &deployed, Some(&new[0])).len()))
+        });
+        if steps > 100 {
+            continue; // look by look, 1,000 steps take minutes
+        }
+        group.bench_function(format!("look-by-look/{steps}"), |b| {
             b.iter(|| {
-                let plan = plumber::plan::plan(Some(("from", &old)), ("to", &new));
-                black_box(plan.topologies[0].actions.len())
+                let mut simulated = deployed.clone();
+                let mut actions = 0;
+                while let Some(action) = moves::next(&name, &simulated, Some(&new[0]), &|_| false) {
+                    let effect = match action {
+                        Action::StopProcessor { .. } => Effect::Stopped(Vec::new()),
+                        _ => Effect::Done,
+                    };
+                    simulated.apply(&action, effect);
+                    actions += 1;
+                }
+                black_box(actions)
             })
         });
     }

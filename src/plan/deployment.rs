@@ -164,12 +164,43 @@ impl Deployment {
         self.lives.iter().find(|l| l.group() == group)
     }
 
-    fn life_mut(&mut self, group: &str) -> Option<&mut Life> {
-        self.lives.iter_mut().find(|l| l.group() == group)
-    }
-
     /// Records that `action` took effect with `effect`.
     pub fn apply(&mut self, action: &Action, effect: Effect) {
+        self.apply_with(action, effect, false, None);
+    }
+
+    /// [`Deployment::apply`], except that a stopped life stays in `lives` and a started one
+    /// goes last: every life keeps its index (the planner's simulation, which forgets the
+    /// stopped lives itself and knows where the life an action names is: `at`).
+    pub(super) fn apply_keeping_lives(
+        &mut self,
+        action: &Action,
+        effect: Effect,
+        at: Option<usize>,
+    ) {
+        self.apply_with(action, effect, true, at);
+    }
+
+    /// The index of the life of `group`. A `hint` is where it is, or would be once started
+    /// (the simulation knows): nothing is searched.
+    fn find(&self, group: &str, hint: Option<usize>) -> Option<usize> {
+        match hint {
+            Some(i) => self
+                .lives
+                .get(i)
+                .is_some_and(|l| l.group() == group)
+                .then_some(i),
+            None => self.lives.iter().position(|l| l.group() == group),
+        }
+    }
+
+    fn apply_with(
+        &mut self,
+        action: &Action,
+        effect: Effect,
+        keep_lives: bool,
+        hint: Option<usize>,
+    ) {
         match action {
             Action::CreateTopic {
                 topic, step, kind, ..
@@ -205,19 +236,19 @@ impl Deployment {
                 resources,
                 ..
             } => {
-                if let Some(life) = self.life_mut(group) {
+                if let Some(life) = self.find(group, hint).map(|i| &mut self.lives[i]) {
                     life.start.scale = *scale;
                     life.start.resources = resources.clone();
                 }
             }
             Action::DrainProcessor { group, topics, .. } => {
-                if let Some(life) = self.life_mut(group) {
+                if let Some(life) = self.find(group, hint).map(|i| &mut self.lives[i]) {
                     life.drained.extend(topics.iter().cloned());
                 }
             }
             Action::StartProcessor(start) | Action::StartWarm(start) => {
                 let warm = matches!(action, Action::StartWarm(_));
-                if self.life(&start.group).is_none() {
+                if self.find(&start.group, hint).is_none() {
                     // A cold start takes the step's recorded positions on these inputs now,
                     // a warm one at its hand-off.
                     if !warm {
@@ -225,35 +256,48 @@ impl Deployment {
                     }
                     let base = base_name_of(&start.group, start.life);
                     self.lives_used.insert(base, start.life);
-                    self.lives.push(Life {
+                    let life = Life {
                         start: (**start).clone(),
                         life: start.life,
                         running: false,
                         held: warm,
                         drained: BTreeSet::new(),
-                    });
+                    };
+                    if keep_lives {
+                        self.lives.push(life);
+                    } else {
+                        self.insert_in_data_flow_order(life);
+                    }
                 }
                 if effect != Effect::Prepared
-                    && let Some(life) = self.life_mut(&start.group)
+                    && let Some(life) = self.find(&start.group, hint).map(|i| &mut self.lives[i])
                 {
                     life.running = true;
                 }
             }
             Action::HandOff { group, .. } => {
-                let Some(start) = self.life(group).filter(|l| l.held).map(|l| l.start.clone())
+                let Some(start) = self
+                    .find(group, hint)
+                    .map(|i| &self.lives[i])
+                    .filter(|l| l.held)
+                    .map(|l| l.start.clone())
                 else {
                     return;
                 };
                 self.take_positions(&start);
-                if let Some(life) = self.life_mut(group) {
+                if let Some(life) = self.find(group, hint).map(|i| &mut self.lives[i]) {
                     life.held = false;
                 }
             }
             Action::StopProcessor { group, .. } => {
-                let Some(at) = self.lives.iter().position(|l| l.group() == group) else {
+                let Some(at) = self.find(group, hint) else {
                     return;
                 };
-                let life = self.lives.remove(at);
+                let life = if keep_lives {
+                    self.lives[at].clone()
+                } else {
+                    self.lives.remove(at)
+                };
                 let Effect::Stopped(offsets) = effect else {
                     return;
                 };

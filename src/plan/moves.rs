@@ -4,7 +4,8 @@
 //! Everything here is a function of the deployment and the target, so the plan is the same
 //! whether it is computed before a move, after a crash in the middle of one, or when a newer
 //! commit takes over a move that is stuck: the engine asks [`next`] after every action, and
-//! [`plan`] is [`next`] applied to a simulated deployment until nothing remains.
+//! [`plan`] is [`next`] applied to a simulated deployment until nothing remains (worked out
+//! by `simulation`, which looks again only at what each action touched).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -14,6 +15,8 @@ use crate::spec::{CutoverMode, StartFrom};
 use super::deployment::{Deployment, Effect, Life, TopicKind, base_name, life_name};
 use super::state::{OldState, Predecessor};
 use super::{Action, Carry, StartInput, StartPosition, StartProcessor};
+
+mod simulation;
 
 /// A target processor, with the names it runs under.
 #[derive(Debug, Clone)]
@@ -45,6 +48,8 @@ pub(super) struct Resolved {
     /// Per step, the index in [`Resolved::wanted`] of its new life (not started, or warm and
     /// not handed off yet), if it gets one.
     new_of: BTreeMap<String, usize>,
+    /// The internal topics the target writes.
+    used: BTreeSet<String>,
 }
 
 impl Resolved {
@@ -54,29 +59,52 @@ impl Resolved {
     }
 }
 
-/// Which deployed lives write and read each topic: built once per look at a deployment, so
-/// that asking it for every step costs no walk over every life.
-struct Topics<'d> {
-    writers: BTreeMap<&'d str, Vec<usize>>,
-    readers: BTreeMap<&'d str, Vec<usize>>,
+/// Which deployed lives write and read each topic (by index, ascending): built once per look
+/// at a deployment, so that asking it for every step costs no walk over every life.
+#[derive(Debug, Clone, Default)]
+struct Topics {
+    writers: BTreeMap<String, Vec<usize>>,
+    readers: BTreeMap<String, Vec<usize>>,
 }
 
-impl<'d> Topics<'d> {
-    fn of(lives: &'d [Life]) -> Topics<'d> {
-        let mut writers: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
-        let mut readers: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+impl Topics {
+    fn of(lives: &[Life]) -> Topics {
+        let mut topics = Topics::default();
         for (i, life) in lives.iter().enumerate() {
-            for topic in &life.start.outputs {
-                writers.entry(topic.as_str()).or_default().push(i);
-            }
-            for topic in life.inputs() {
-                readers.entry(topic).or_default().push(i);
-            }
+            topics.add(i, life);
         }
-        for indices in writers.values_mut().chain(readers.values_mut()) {
-            indices.dedup();
+        topics
+    }
+
+    /// Life `i`.
+    fn add(&mut self, i: usize, life: &Life) {
+        let at = |map: &mut BTreeMap<String, Vec<usize>>, topic: &str| {
+            let indices = map.entry(topic.to_owned()).or_default();
+            if let Err(place) = indices.binary_search(&i) {
+                indices.insert(place, i);
+            }
+        };
+        for topic in &life.start.outputs {
+            at(&mut self.writers, topic);
         }
-        Topics { writers, readers }
+        for topic in life.inputs() {
+            at(&mut self.readers, topic);
+        }
+    }
+
+    /// Forgets life `i` (which stopped).
+    fn remove(&mut self, i: usize, life: &Life) {
+        let at = |map: &mut BTreeMap<String, Vec<usize>>, topic: &str| {
+            if let Some(indices) = map.get_mut(topic) {
+                indices.retain(|&j| j != i);
+            }
+        };
+        for topic in &life.start.outputs {
+            at(&mut self.writers, topic);
+        }
+        for topic in life.inputs() {
+            at(&mut self.readers, topic);
+        }
     }
 
     fn writers(&self, topic: &str) -> &[usize] {
@@ -103,6 +131,35 @@ impl<'d> Topics<'d> {
 // Here rather than beside the rest of `Deployment`: it is what the planner resolves, so the
 // deployment's own module needs nothing of the planner.
 impl Deployment {
+    /// Whether every life comes after the lives that write what it reads: the engine keeps
+    /// them so ([`Deployment::apply`]), and the planner needs it to plan without a whole
+    /// look per action.
+    pub fn in_data_flow_order(&self) -> bool {
+        in_data_flow_order(&self.lives, &Topics::of(&self.lives))
+    }
+
+    /// Adds a started life so that lives stay in data-flow order: before the first life that
+    /// reads what it writes, or last; should a life it reads from come later, all are sorted.
+    pub(super) fn insert_in_data_flow_order(&mut self, life: Life) {
+        let first_reader = self
+            .lives
+            .iter()
+            .position(|l| l.inputs().any(|t| life.writes(t)));
+        let at = first_reader.unwrap_or(self.lives.len());
+        let writer_after = self.lives[at..]
+            .iter()
+            .any(|l| life.inputs().any(|t| l.writes(t)));
+        self.lives.insert(at, life);
+        if writer_after {
+            let order = data_flow_order(&self.lives, &Topics::of(&self.lives));
+            let mut lives: Vec<Option<Life>> = std::mem::take(&mut self.lives)
+                .into_iter()
+                .map(Some)
+                .collect();
+            self.lives = order.into_iter().filter_map(|i| lives[i].take()).collect();
+        }
+    }
+
     /// A topology's graph as if it were fully deployed, every processor in its first life:
     /// how `plumber plan` sees a commit it plans from.
     pub fn of(topology: &Topology) -> Deployment {
@@ -142,11 +199,7 @@ pub(super) fn resolve(deployment: &Deployment, target: Option<&Topology>) -> Res
 }
 
 /// [`resolve`], with the deployment's [`Topics`] at hand.
-fn resolve_with(
-    deployment: &Deployment,
-    target: Option<&Topology>,
-    topics: &Topics<'_>,
-) -> Resolved {
+fn resolve_with(deployment: &Deployment, target: Option<&Topology>, topics: &Topics) -> Resolved {
     let mut wanted: Vec<Wanted> = Vec::new();
     let mut topic_of: BTreeMap<StepId, String> = BTreeMap::new();
     // The deployed lives of each step and identity, in index order.
@@ -246,17 +299,28 @@ fn resolve_with(
     {
         new_of.entry(w.step.clone()).or_insert(i);
     }
+    let used = wanted
+        .iter()
+        .filter(|w| w.writes_internal)
+        .map(|w| w.group.clone())
+        .collect();
     Resolved {
         wanted,
         retiring,
         retiring_of,
         new_of,
+        used,
     }
 }
 
 /// Indices of `lives` so that a life comes after the lives whose topics it reads; ties by
-/// step name, then group.
-fn data_flow_order(lives: &[Life], topics: &Topics<'_>) -> Vec<usize> {
+/// index. The engine keeps lives in that order ([`Deployment::apply`] starts a life after
+/// its writers and before its readers), so it is their index order, and stays so as lives
+/// stop; an older record's order is sorted here.
+fn data_flow_order(lives: &[Life], topics: &Topics) -> Vec<usize> {
+    if in_data_flow_order(lives, topics) {
+        return (0..lives.len()).collect();
+    }
     // Per life, the other lives that write what it reads; the lives waiting for each.
     let mut waits_for: Vec<usize> = vec![0; lives.len()];
     let mut waiting: Vec<Vec<usize>> = vec![Vec::new(); lives.len()];
@@ -271,29 +335,32 @@ fn data_flow_order(lives: &[Life], topics: &Topics<'_>) -> Vec<usize> {
             waiting[w].push(i);
         }
     }
-    let key = |i: usize| (lives[i].step(), lives[i].group(), i);
-    let mut left: BTreeSet<(&str, &str, usize)> = (0..lives.len()).map(key).collect();
-    let mut ready: BTreeSet<(&str, &str, usize)> = (0..lives.len())
-        .filter(|&i| waits_for[i] == 0)
-        .map(key)
-        .collect();
+    let mut left: BTreeSet<usize> = (0..lives.len()).collect();
+    let mut ready: BTreeSet<usize> = (0..lives.len()).filter(|&i| waits_for[i] == 0).collect();
     let mut placed: Vec<usize> = Vec::with_capacity(lives.len());
     // Lives are acyclic by construction; should a state file say otherwise, any order is
     // better than none: the first left.
-    while let Some(entry) = ready.pop_first().or_else(|| left.first().copied()) {
-        left.remove(&entry);
-        let i = entry.2;
+    while let Some(i) = ready.pop_first().or_else(|| left.first().copied()) {
+        left.remove(&i);
         placed.push(i);
         for &d in &waiting[i] {
-            if left.contains(&key(d)) {
+            if left.contains(&d) {
                 waits_for[d] -= 1;
                 if waits_for[d] == 0 {
-                    ready.insert(key(d));
+                    ready.insert(d);
                 }
             }
         }
     }
     placed
+}
+
+/// Whether every life comes after the lives that write what it reads.
+fn in_data_flow_order(lives: &[Life], topics: &Topics) -> bool {
+    lives.iter().enumerate().all(|(i, life)| {
+        life.inputs()
+            .all(|t| topics.writers(t).iter().all(|&w| w <= i))
+    })
 }
 
 impl Wanted {
@@ -507,193 +574,230 @@ fn prune_last(out: &mut [Pending]) {
     }
 }
 
-/// [`remaining_unheld`] before deletions are put last.
+/// Where an action stands in the order the engine prefers: its section (1 in place, 2 topics,
+/// 3 starts, 4 deletions, 5 retirements, 6 a retired preview's groups), then its place there.
+type Key = (u8, usize, usize);
+
+/// One look at a deployment: the target resolved against it, and who uses each topic.
+struct Look<'a> {
+    deployment: &'a Deployment,
+    resolved: &'a Resolved,
+    topics: &'a Topics,
+}
+
+/// [`remaining_unheld`] before deletions are put last: every unit's actions, in key order.
 fn every_action(name: &str, deployment: &Deployment, target: Option<&Topology>) -> Vec<Pending> {
     let topics = Topics::of(&deployment.lives);
     let resolved = resolve_with(deployment, target, &topics);
-    let mut out = Vec::new();
-    let ready = |action| Pending {
-        action,
-        blocked_by: None,
+    let look = Look {
+        deployment,
+        resolved: &resolved,
+        topics: &topics,
     };
-    let lives = &deployment.lives;
-    let Some(topology) = target else {
-        retire(
-            name,
-            deployment,
-            (None, &resolved, &topics),
-            (&BTreeSet::new(), &BTreeMap::new()),
-            &mut out,
-        );
-        if lives.is_empty() && super::preview::is_preview(name) {
-            // Only groups under its own names, whatever a record says.
-            let own = format!("plumber.{name}.");
-            for (base, last) in &deployment.lives_used {
-                if base.starts_with(&own) && !deployment.groups_deleted.contains(base) {
-                    out.push(ready(Action::DeleteGroups {
-                        base: base.clone(),
-                        lives: *last,
-                    }));
-                }
+    let mut keyed: Vec<(Key, Pending)> = Vec::new();
+    let mut warming: BTreeSet<&str> = BTreeSet::new();
+    if let Some(topology) = target {
+        for w in 0..resolved.wanted.len() {
+            if wanted_actions(&look, topology, w, &mut keyed) {
+                warming.insert(&resolved.wanted[w].step);
             }
         }
-        return out;
-    };
-    let shadows = shadow_sinks(topology);
+        for (j, (topic, step)) in shadow_sinks(topology).into_iter().enumerate() {
+            if let Some(create) = shadow_create(deployment, topology, topic, step) {
+                keyed.push(((2, resolved.wanted.len() + j, 0), create));
+            }
+        }
+    }
+    for (i, deletion) in deletions(name, &look, target).into_iter().enumerate() {
+        keyed.push(((4, i, 0), deletion));
+    }
+    for (place, &r) in resolved.retiring.iter().enumerate() {
+        let warm = warming.contains(deployment.lives[r].step());
+        keyed.push(((5, place, 0), retire_life(&look, r, warm)));
+    }
+    if target.is_none() && deployment.lives.is_empty() && super::preview::is_preview(name) {
+        // Only groups under its own names, whatever a record says.
+        let own = format!("plumber.{name}.");
+        for (i, (base, last)) in deployment.lives_used.iter().enumerate() {
+            if base.starts_with(&own) && !deployment.groups_deleted.contains(base) {
+                let action = Action::DeleteGroups {
+                    base: base.clone(),
+                    lives: *last,
+                };
+                keyed.push(((6, i, 0), ready(action)));
+            }
+        }
+    }
+    keyed.sort_by_key(|(key, _)| *key);
+    keyed.into_iter().map(|(_, pending)| pending).collect()
+}
 
-    // 1. In place.
-    for wanted in &resolved.wanted {
-        if let Some(k) = wanted.kept
-            && let StepKind::Processor {
-                scale, resources, ..
-            } = &topology.step(wanted.id).kind
-            && (lives[k].start.scale != *scale || lives[k].start.resources != *resources)
-        {
-            out.push(ready(Action::UpdateProcessor {
+fn ready(action: Action) -> Pending {
+    Pending {
+        action,
+        blocked_by: None,
+    }
+}
+
+/// What target processor `w` has left to do, keyed: its in-place update, the topics its new
+/// life needs, and its start (cold or warm) or hand-off. Whether it starts warm.
+fn wanted_actions(
+    look: &Look<'_>,
+    topology: &Topology,
+    w: usize,
+    out: &mut Vec<(Key, Pending)>,
+) -> bool {
+    let Look {
+        deployment,
+        resolved,
+        topics,
+    } = *look;
+    let wanted = &resolved.wanted[w];
+    let StepKind::Processor {
+        scale,
+        resources,
+        partitions,
+        ..
+    } = &topology.step(wanted.id).kind
+    else {
+        return false;
+    };
+    // Starts downstream first, so readers are ready before data arrives.
+    let start_key = (3, resolved.wanted.len() - 1 - w, 0);
+    if let Some(life) = wanted.kept.map(|k| &deployment.lives[k]) {
+        if life.start.scale != *scale || life.start.resources != *resources {
+            let action = Action::UpdateProcessor {
                 step: wanted.step.clone(),
                 identity: wanted.identity,
                 group: wanted.group.clone(),
                 scale: *scale,
                 resources: resources.clone(),
-            }));
+            };
+            out.push(((1, w, 0), ready(action)));
         }
-    }
-    // 2. Topics of new lives.
-    for wanted in resolved.wanted.iter().filter(|w| w.kept.is_none()) {
-        let StepKind::Processor { partitions, .. } = &topology.step(wanted.id).kind else {
-            continue;
-        };
-        if wanted.writes_internal && !deployment.internal_topics.contains_key(&wanted.group) {
-            out.push(ready(Action::CreateTopic {
-                topic: wanted.group.clone(),
-                step: wanted.step.clone(),
-                partitions: *partitions,
-                replication: topology.replication,
-                config: topology.topic_config.clone(),
-                kind: TopicKind::Internal,
-                like: None,
-            }));
-        }
-        let dlq = topology.dlq_topic(wanted.id);
-        if !deployment.dead_letter_topics.contains(&dlq) {
-            out.push(ready(Action::CreateTopic {
-                topic: dlq,
-                step: wanted.step.clone(),
-                partitions: 1,
-                replication: topology.replication,
-                config: topology.topic_config.clone(),
-                kind: TopicKind::DeadLetter,
-                like: None,
-            }));
-        }
-        if let Some(state) = wanted.state_topic(topology, deployment, &resolved)
-            && !deployment.state_topics.contains(&state)
-        {
-            // One changelog partition per input partition: the input's count, read when the
-            // topic is created when the input is a source.
-            let (input, internal) = wanted.inputs.first().cloned().unwrap_or_default();
-            let upstream = internal
-                .then(|| {
-                    resolved
-                        .wanted
-                        .iter()
-                        .find(|w| w.group == input)
-                        .and_then(|w| match &topology.step(w.id).kind {
-                            StepKind::Processor { partitions, .. } => Some(*partitions),
-                            _ => None,
-                        })
-                })
-                .flatten();
-            let mut config = topology.topic_config.clone();
-            config.insert("cleanup.policy".into(), "compact".into());
-            out.push(ready(Action::CreateTopic {
-                topic: state,
-                step: wanted.step.clone(),
-                partitions: upstream.unwrap_or(0),
-                replication: topology.replication,
-                config,
-                kind: TopicKind::State,
-                like: upstream.is_none().then_some(input),
-            }));
-        }
-    }
-    // A preview's shadow topics, before anything writes them.
-    for (topic, step) in &shadows {
-        if !deployment.shadow_topics.contains(*topic) {
-            out.push(ready(Action::CreateTopic {
-                topic: (*topic).to_owned(),
-                step: (*step).to_owned(),
-                partitions: 0,
-                replication: topology.replication,
-                config: topology.topic_config.clone(),
-                kind: TopicKind::Shadow,
-                like: None,
-            }));
-        }
-    }
-    // 3. Starts, downstream first, so readers are ready before data arrives. A step's next
-    // life that takes over from a running predecessor starts warm (stateless steps: a
-    // stateful one builds its state from the cutover offsets, so it starts once they are
-    // known), and its predecessor stops only once it is: the hand-off follows the stop.
-    let mut warming: BTreeMap<&str, &str> = BTreeMap::new();
-    for wanted in resolved.wanted.iter().rev() {
-        if let Some(life) = wanted.kept.map(|k| &lives[k]) {
-            if !life.running {
-                let start = Box::new(life.start.clone());
-                let action = if life.held {
-                    warming.insert(&wanted.step, &wanted.group);
-                    Action::StartWarm(start)
-                } else {
-                    Action::StartProcessor(start)
-                };
-                out.push(ready(action));
-            } else if life.held {
-                out.push(Pending {
-                    action: Action::HandOff {
-                        step: wanted.step.clone(),
-                        identity: wanted.identity,
-                        group: wanted.group.clone(),
-                    },
-                    blocked_by: predecessor_gate(
-                        wanted,
-                        topology,
-                        deployment,
-                        (&resolved, &topics),
-                    ),
-                });
+        if !life.running {
+            let start = Box::new(life.start.clone());
+            if life.held {
+                out.push((start_key, ready(Action::StartWarm(start))));
+                return true;
             }
-            continue;
+            out.push((start_key, ready(Action::StartProcessor(start))));
+        } else if life.held {
+            let hand_off = Pending {
+                action: Action::HandOff {
+                    step: wanted.step.clone(),
+                    identity: wanted.identity,
+                    group: wanted.group.clone(),
+                },
+                blocked_by: predecessor_gate(wanted, topology, deployment, (resolved, topics)),
+            };
+            out.push((start_key, hand_off));
         }
-        let start = wanted.start(topology, deployment, &resolved);
-        let missing = missing_topic(wanted, &start, topology, deployment);
-        let warm = start.state.is_none()
-            && start.table.is_none()
-            && resolved
-                .retiring_of(&wanted.step)
-                .iter()
-                .any(|&p| wanted.inputs.iter().any(|(t, _)| lives[p].reads(t)));
-        let (action, blocked_by) = if warm {
-            warming.insert(&wanted.step, &wanted.group);
-            (Action::StartWarm(Box::new(start)), missing)
-        } else {
-            let gate = || predecessor_gate(wanted, topology, deployment, (&resolved, &topics));
-            (
-                Action::StartProcessor(Box::new(start)),
-                missing.or_else(gate),
-            )
-        };
-        out.push(Pending { action, blocked_by });
+        return false;
     }
-    // 4 and 5.
-    let wanted_shadows = shadows.keys().copied().collect();
-    retire(
-        name,
-        deployment,
-        (Some(topology), &resolved, &topics),
-        (&wanted_shadows, &warming),
-        &mut out,
-    );
-    out
+    // The topics of the new life.
+    if wanted.writes_internal && !deployment.internal_topics.contains_key(&wanted.group) {
+        let action = Action::CreateTopic {
+            topic: wanted.group.clone(),
+            step: wanted.step.clone(),
+            partitions: *partitions,
+            replication: topology.replication,
+            config: topology.topic_config.clone(),
+            kind: TopicKind::Internal,
+            like: None,
+        };
+        out.push(((2, w, 0), ready(action)));
+    }
+    let dlq = topology.dlq_topic(wanted.id);
+    if !deployment.dead_letter_topics.contains(&dlq) {
+        let action = Action::CreateTopic {
+            topic: dlq,
+            step: wanted.step.clone(),
+            partitions: 1,
+            replication: topology.replication,
+            config: topology.topic_config.clone(),
+            kind: TopicKind::DeadLetter,
+            like: None,
+        };
+        out.push(((2, w, 1), ready(action)));
+    }
+    if let Some(state) = wanted.state_topic(topology, deployment, resolved)
+        && !deployment.state_topics.contains(&state)
+    {
+        // One changelog partition per input partition: the input's count, read when the
+        // topic is created when the input is a source.
+        let (input, internal) = wanted.inputs.first().cloned().unwrap_or_default();
+        let upstream = internal
+            .then(|| {
+                resolved
+                    .wanted
+                    .iter()
+                    .find(|w| w.group == input)
+                    .and_then(|w| match &topology.step(w.id).kind {
+                        StepKind::Processor { partitions, .. } => Some(*partitions),
+                        _ => None,
+                    })
+            })
+            .flatten();
+        let mut config = topology.topic_config.clone();
+        config.insert("cleanup.policy".into(), "compact".into());
+        let action = Action::CreateTopic {
+            topic: state,
+            step: wanted.step.clone(),
+            partitions: upstream.unwrap_or(0),
+            replication: topology.replication,
+            config,
+            kind: TopicKind::State,
+            like: upstream.is_none().then_some(input),
+        };
+        out.push(((2, w, 2), ready(action)));
+    }
+    // A step's next life that takes over from a running predecessor starts warm (stateless
+    // steps: a stateful one builds its state from the cutover offsets, so it starts once they
+    // are known), and its predecessor stops only once it is: the hand-off follows the stop.
+    let start = wanted.start(topology, deployment, resolved);
+    let missing = missing_topic(wanted, &start, topology, deployment);
+    let lives = &deployment.lives;
+    let warm = start.state.is_none()
+        && start.table.is_none()
+        && resolved
+            .retiring_of(&wanted.step)
+            .iter()
+            .any(|&p| wanted.inputs.iter().any(|(t, _)| lives[p].reads(t)));
+    let pending = if warm {
+        Pending {
+            action: Action::StartWarm(Box::new(start)),
+            blocked_by: missing,
+        }
+    } else {
+        let gate = || predecessor_gate(wanted, topology, deployment, (resolved, topics));
+        Pending {
+            action: Action::StartProcessor(Box::new(start)),
+            blocked_by: missing.or_else(gate),
+        }
+    };
+    out.push((start_key, pending));
+    warm
+}
+
+/// A preview's shadow topic, created before anything writes it.
+fn shadow_create(
+    deployment: &Deployment,
+    topology: &Topology,
+    topic: &str,
+    step: &str,
+) -> Option<Pending> {
+    (!deployment.shadow_topics.contains(topic)).then(|| {
+        ready(Action::CreateTopic {
+            topic: topic.to_owned(),
+            step: step.to_owned(),
+            partitions: 0,
+            replication: topology.replication,
+            config: topology.topic_config.clone(),
+            kind: TopicKind::Shadow,
+            like: None,
+        })
+    })
 }
 
 /// A preview's shadow topics (its sinks' topics, [`super::preview::shadow_of`]), with the
@@ -751,7 +855,7 @@ fn predecessor_gate(
     wanted: &Wanted,
     topology: &Topology,
     deployment: &Deployment,
-    (resolved, topics): (&Resolved, &Topics<'_>),
+    (resolved, topics): (&Resolved, &Topics),
 ) -> Option<String> {
     let lives = &deployment.lives;
     let predecessors = resolved.retiring_of(&wanted.step);
@@ -783,7 +887,7 @@ fn predecessor_gate(
 }
 
 /// Lives that read, directly or not, any of `of`.
-fn downstream(lives: &[Life], topics: &Topics<'_>, of: &[&str]) -> BTreeSet<usize> {
+fn downstream(lives: &[Life], topics: &Topics, of: &[&str]) -> BTreeSet<usize> {
     let mut seen = BTreeSet::new();
     let mut stack: Vec<usize> = of
         .iter()
@@ -802,21 +906,22 @@ fn downstream(lives: &[Life], topics: &Topics<'_>, of: &[&str]) -> BTreeSet<usiz
     seen
 }
 
-/// Deletions of internal and shadow topics nothing in the target uses (`shadows`: the
-/// target's), then the retirement of old lives (one whose successor is still to start warm,
-/// `warming` by step, waits for it).
-fn retire(
-    name: &str,
-    deployment: &Deployment,
-    (target, resolved, topics): (Option<&Topology>, &Resolved, &Topics<'_>),
-    (shadows, warming): (&BTreeSet<&str>, &BTreeMap<&str, &str>),
-    out: &mut Vec<Pending>,
-) {
+/// Deletions of internal, state and shadow topics nothing in the target uses, each once
+/// nothing that runs uses it.
+fn deletions(name: &str, look: &Look<'_>, target: Option<&Topology>) -> Vec<Pending> {
+    let Look {
+        deployment,
+        resolved,
+        topics,
+    } = *look;
     let lives = &deployment.lives;
     let to_stop = |i: usize| format!("{} to stop", lives[i].group());
+    let mut out = Vec::new();
+    let shadows = target.map(shadow_sinks).unwrap_or_default();
     for topic in &deployment.shadow_topics {
         // Only what is a shadow topic by its name is ever deleted: never a users' topic.
-        if shadows.contains(topic.as_str()) || super::preview::shadow_of(name, topic).is_none() {
+        if shadows.contains_key(topic.as_str()) || super::preview::shadow_of(name, topic).is_none()
+        {
             continue;
         }
         out.push(Pending {
@@ -826,14 +931,8 @@ fn retire(
             blocked_by: topics.first_writer(topic).map(to_stop),
         });
     }
-    let used: BTreeSet<&str> = resolved
-        .wanted
-        .iter()
-        .filter(|w| w.writes_internal)
-        .map(|w| w.group.as_str())
-        .collect();
     for topic in deployment.internal_topics.keys() {
-        if used.contains(topic.as_str()) {
+        if resolved.used.contains(topic) {
             continue;
         }
         out.push(Pending {
@@ -865,66 +964,73 @@ fn retire(
         if states.contains(topic) {
             continue;
         }
-        let user = keeper.get(topic.as_str()).map(|&i| to_stop(i));
         out.push(Pending {
             action: Action::DeleteTopic {
                 topic: topic.clone(),
             },
-            blocked_by: user,
+            blocked_by: keeper.get(topic.as_str()).map(|&i| to_stop(i)),
         });
     }
-    for &r in &resolved.retiring {
-        let life = &lives[r];
-        // Old topics nobody in the target writes: this life is their last reader.
-        let drains: Vec<String> = life
-            .inputs()
-            .filter(|t| deployment.internal_topics.contains_key(*t) && !used.contains(*t))
-            .filter(|t| !life.drained.contains(*t))
-            .map(str::to_owned)
-            .collect();
-        if drains.is_empty() {
-            let successor = resolved
-                .new_of
-                .get(life.step())
-                .map(|&w| &resolved.wanted[w]);
-            let hand_over: Vec<String> = successor
-                .map(|w| {
-                    life.inputs()
-                        .filter(|t| w.inputs.iter().any(|(i, _)| i == t))
-                        .map(str::to_owned)
-                        .collect()
-                })
-                .unwrap_or_default();
-            let blocked_by = warming
-                .get(life.step())
-                .filter(|_| !hand_over.is_empty())
-                .map(|group| format!("{group} to start warm"));
-            out.push(Pending {
-                action: Action::StopProcessor {
-                    step: life.step().to_owned(),
-                    identity: life.identity(),
-                    group: life.group().to_owned(),
-                    successor: successor
-                        .filter(|_| !hand_over.is_empty())
-                        .map(|w| w.group.clone()),
-                    hand_over,
-                },
-                blocked_by,
-            });
-        } else {
-            let writer = drains
-                .iter()
-                .find_map(|t| topics.first_writer(t))
-                .map(to_stop);
-            out.push(Pending {
-                action: Action::DrainProcessor {
-                    step: life.step().to_owned(),
-                    identity: life.identity(),
-                    group: life.group().to_owned(),
-                    topics: drains,
-                },
-                blocked_by: writer,
-            });
+    out
+}
+
+/// The retirement of old life `r`: it drains the old topics whose writers stopped (it is their
+/// last reader), then stops. A life whose successor is still to start warm (`warm`) waits
+/// for it.
+fn retire_life(look: &Look<'_>, r: usize, warm: bool) -> Pending {
+    let Look {
+        deployment,
+        resolved,
+        topics,
+    } = *look;
+    let life = &deployment.lives[r];
+    let drains: Vec<String> = life
+        .inputs()
+        .filter(|t| deployment.internal_topics.contains_key(*t) && !resolved.used.contains(*t))
+        .filter(|t| !life.drained.contains(*t))
+        .map(str::to_owned)
+        .collect();
+    if drains.is_empty() {
+        let successor = resolved
+            .new_of
+            .get(life.step())
+            .map(|&w| &resolved.wanted[w]);
+        let hand_over: Vec<String> = successor
+            .map(|w| {
+                life.inputs()
+                    .filter(|t| w.inputs.iter().any(|(i, _)| i == t))
+                    .map(str::to_owned)
+                    .collect()
+            })
+            .unwrap_or_default();
+        let successor = successor.filter(|_| !hand_over.is_empty());
+        // The successor that starts warm is the step's new life.
+        let blocked_by = successor
+            .filter(|_| warm)
+            .map(|w| format!("{} to start warm", w.group));
+        Pending {
+            action: Action::StopProcessor {
+                step: life.step().to_owned(),
+                identity: life.identity(),
+                group: life.group().to_owned(),
+                successor: successor.map(|w| w.group.clone()),
+                hand_over,
+            },
+            blocked_by,
+        }
+    } else {
+        let writer = drains
+            .iter()
+            .find_map(|t| topics.first_writer(t))
+            .map(|i| format!("{} to stop", deployment.lives[i].group()));
+        Pending {
+            action: Action::DrainProcessor {
+                step: life.step().to_owned(),
+                identity: life.identity(),
+                group: life.group().to_owned(),
+                topics: drains,
+            },
+            blocked_by: writer,
         }
     }
 }
@@ -955,9 +1061,37 @@ fn action_bound(deployment: &Deployment, target: Option<&Topology>) -> usize {
 /// The whole plan of topology `name`: the actions in the order the engine runs them when
 /// nothing has to wait.
 pub fn plan(name: &str, deployment: &Deployment, target: Option<&Topology>) -> Vec<Action> {
-    let mut simulated = deployment.clone();
-    let mut actions = Vec::new();
-    for _ in 0..action_bound(deployment, target) {
+    let bound = action_bound(deployment, target);
+    let simulation = target.and_then(|topology| simulation::Simulation::new(deployment, topology));
+    let Some(simulation) = simulation else {
+        return stepwise(name, deployment.clone(), target, Vec::new(), bound);
+    };
+    let (mut actions, mut simulated) = simulation.run(bound);
+    // Deletions are left (or what waits for something): they hold up no other deletion and
+    // free nothing, so one look lists them in the order they run.
+    let last: Vec<Action> = remaining_unheld(name, &simulated, target)
+        .into_iter()
+        .filter(|p| p.blocked_by.is_none())
+        .map(|p| p.action)
+        .collect();
+    if last.iter().all(|a| matches!(a, Action::DeleteTopic { .. })) {
+        for action in last {
+            simulated.apply(&action, Effect::Done);
+            actions.push(action);
+        }
+    }
+    stepwise(name, simulated, target, actions, bound)
+}
+
+/// The rest of a plan, one whole look per action.
+fn stepwise(
+    name: &str,
+    mut simulated: Deployment,
+    target: Option<&Topology>,
+    mut actions: Vec<Action>,
+    bound: usize,
+) -> Vec<Action> {
+    while actions.len() < bound {
         // As the move will run once a reviewer's choice it waits for is made: the plan shows
         // the start that waits for it, and says why.
         let Some(action) = remaining_unheld(name, &simulated, target)
