@@ -285,6 +285,42 @@ proptest! {
     }
 }
 
+/// A record from before the engine kept lives in data-flow order (a start went last) is
+/// sorted at its next start; until then it is planned look by look, the same plan.
+#[test]
+fn a_record_s_lives_are_put_in_data_flow_order_at_its_next_start() {
+    let chain = |program| Dag {
+        sources: 1,
+        processors: (0..4)
+            .map(|i| Proc {
+                inputs: vec![i],
+                program,
+                partitions: 1,
+                sink: i == 3,
+                min: 1,
+            })
+            .collect(),
+        ordered: false,
+    };
+    let layout = Layout { seed: 0 };
+    let (a, b) = (build(&chain(0), layout), build(&chain(1), layout));
+    let name = a[0].name.clone();
+    let mut deployment = Deployment::of(&a[0]);
+    assert!(deployment.in_data_flow_order());
+    deployment.lives.reverse();
+    assert!(!deployment.in_data_flow_order());
+    let plan = moves::plan(&name, &deployment, Some(&b[0]));
+    assert_eq!(plan, stepwise(&name, &deployment, Some(&b[0])));
+    let first_start = plan
+        .iter()
+        .position(|a| matches!(a, Action::StartProcessor(_) | Action::StartWarm(_)))
+        .expect("every step is replaced");
+    for action in &plan[..=first_start] {
+        deployment.apply(action, effect_of(action));
+    }
+    assert!(deployment.in_data_flow_order());
+}
+
 /// What [`moves::plan`] stands for: [`moves::next`] applied to a simulated deployment until
 /// nothing remains (each stop recording no offsets), as the engine runs a move when nothing
 /// waits.

@@ -139,19 +139,18 @@ impl Deployment {
     }
 
     /// Adds a started life so that lives stay in data-flow order: before the first life that
-    /// reads what it writes, or last; should a life it reads from come later, all are sorted.
+    /// reads what it writes, or last; should a life it reads from come later (or a record
+    /// from before the engine kept this order), all are sorted.
     pub(super) fn insert_in_data_flow_order(&mut self, life: Life) {
         let first_reader = self
             .lives
             .iter()
             .position(|l| l.inputs().any(|t| life.writes(t)));
-        let at = first_reader.unwrap_or(self.lives.len());
-        let writer_after = self.lives[at..]
-            .iter()
-            .any(|l| life.inputs().any(|t| l.writes(t)));
-        self.lives.insert(at, life);
-        if writer_after {
-            let order = data_flow_order(&self.lives, &Topics::of(&self.lives));
+        self.lives
+            .insert(first_reader.unwrap_or(self.lives.len()), life);
+        let topics = Topics::of(&self.lives);
+        if !in_data_flow_order(&self.lives, &topics) {
+            let order = data_flow_order(&self.lives, &topics);
             let mut lives: Vec<Option<Life>> = std::mem::take(&mut self.lives)
                 .into_iter()
                 .map(Some)
