@@ -148,9 +148,8 @@ impl Deployment {
             .position(|l| l.inputs().any(|t| life.writes(t)));
         self.lives
             .insert(first_reader.unwrap_or(self.lives.len()), life);
-        let topics = Topics::of(&self.lives);
-        if !in_data_flow_order(&self.lives, &topics) {
-            let order = data_flow_order(&self.lives, &topics);
+        let order = data_flow_order(&self.lives, &Topics::of(&self.lives));
+        if order.iter().enumerate().any(|(i, &j)| i != j) {
             let mut lives: Vec<Option<Life>> = std::mem::take(&mut self.lives)
                 .into_iter()
                 .map(Some)
@@ -1082,6 +1081,14 @@ pub fn plan(name: &str, deployment: &Deployment, target: Option<&Topology>) -> V
     stepwise(name, simulated, target, actions, bound)
 }
 
+/// What an action does to a simulated deployment: a stop records no offsets.
+fn simulated_effect(action: &Action) -> Effect {
+    match action {
+        Action::StopProcessor { .. } => Effect::Stopped(Vec::new()),
+        _ => Effect::Done,
+    }
+}
+
 /// The rest of a plan, one whole look per action.
 fn stepwise(
     name: &str,
@@ -1100,11 +1107,7 @@ fn stepwise(
         else {
             break;
         };
-        let effect = match &action {
-            Action::StopProcessor { .. } => Effect::Stopped(Vec::new()),
-            _ => Effect::Done,
-        };
-        simulated.apply(&action, effect);
+        simulated.apply(&action, simulated_effect(&action));
         actions.push(action);
     }
     actions

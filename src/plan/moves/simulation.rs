@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::graph::Topology;
 use crate::plan::Action;
-use crate::plan::deployment::{Deployment, Effect};
+use crate::plan::deployment::Deployment;
 use crate::spec::CutoverMode;
 
 use super::{
@@ -137,6 +137,30 @@ impl<'t> Simulation<'t> {
         (actions, deployment)
     }
 
+    fn look(&self) -> Look<'_> {
+        Look {
+            deployment: &self.deployment,
+            resolved: &self.resolved,
+            topics: &self.topics,
+        }
+    }
+
+    /// The index of retiring life `group` of `step`; `None` once it stopped.
+    fn retiring_index(&self, step: &str, group: &str) -> Option<usize> {
+        let lives = &self.deployment.lives;
+        self.resolved
+            .retiring_of(step)
+            .iter()
+            .copied()
+            .find(|&r| lives[r].group() == group)
+    }
+
+    /// The index of the life that is `step`'s target processor, once started.
+    fn kept_index(&self, step: &str) -> Option<usize> {
+        let w = self.wanted_of_step.get(step)?;
+        self.resolved.wanted[*w].kept
+    }
+
     fn put(&mut self, key: Key, pending: Pending) {
         if pending.blocked_by.is_none() {
             self.ready.insert(key);
@@ -156,12 +180,7 @@ impl<'t> Simulation<'t> {
             self.take(&key);
         }
         let mut out = Vec::new();
-        let look = Look {
-            deployment: &self.deployment,
-            resolved: &self.resolved,
-            topics: &self.topics,
-        };
-        let warm = wanted_actions(&look, self.topology, w, &mut out);
+        let warm = wanted_actions(&self.look(), self.topology, w, &mut out);
         for (key, pending) in out {
             self.keys_of_wanted[w].push(key);
             self.put(key, pending);
@@ -183,14 +202,7 @@ impl<'t> Simulation<'t> {
             return;
         };
         self.take(&key);
-        let lives = &self.deployment.lives;
-        let Some(r) = self
-            .resolved
-            .retiring_of(&step)
-            .iter()
-            .copied()
-            .find(|&r| lives[r].group() == group)
-        else {
+        let Some(r) = self.retiring_index(&step, group) else {
             // Stopped.
             self.retiring.remove(group);
             return;
@@ -199,12 +211,7 @@ impl<'t> Simulation<'t> {
             .wanted_of_step
             .get(&step)
             .is_some_and(|&w| self.warm[w]);
-        let look = Look {
-            deployment: &self.deployment,
-            resolved: &self.resolved,
-            topics: &self.topics,
-        };
-        let pending = retire_life(&look, r, warm);
+        let pending = retire_life(&self.look(), r, warm);
         self.put(key, pending);
     }
 
@@ -219,10 +226,7 @@ impl<'t> Simulation<'t> {
     /// Applies `action` to the simulated deployment, and works out again the actions of
     /// every unit it may have changed.
     fn apply(&mut self, action: &Action) {
-        let effect = match action {
-            Action::StopProcessor { .. } => Effect::Stopped(Vec::new()),
-            _ => Effect::Done,
-        };
+        let effect = super::simulated_effect(action);
         let mut wanted: BTreeSet<usize> = BTreeSet::new();
         let mut retiring: BTreeSet<String> = BTreeSet::new();
         let mut shadows: Vec<usize> = Vec::new();
@@ -230,13 +234,7 @@ impl<'t> Simulation<'t> {
         let ordered = self.topology.cutover == CutoverMode::Ordered;
         match action {
             Action::StopProcessor { step, group, .. } => {
-                let lives = &self.deployment.lives;
-                let at = self
-                    .resolved
-                    .retiring_of(step)
-                    .iter()
-                    .copied()
-                    .find(|&r| lives[r].group() == group);
+                let at = self.retiring_index(step, group);
                 self.deployment.apply_keeping_lives(action, effect, at);
                 if let Some(at) = at {
                     self.stopped.insert(at);
@@ -289,25 +287,19 @@ impl<'t> Simulation<'t> {
                 }
             }
             Action::HandOff { step, .. } => {
-                let at = of_step(self, step).and_then(|w| self.resolved.wanted[w].kept);
+                let at = self.kept_index(step);
                 self.deployment.apply_keeping_lives(action, effect, at);
                 self.resolved.new_of.remove(step);
                 wanted.extend(of_step(self, step));
                 retiring.extend(self.retiring_of_step(step));
             }
             Action::DrainProcessor { step, group, .. } => {
-                let lives = &self.deployment.lives;
-                let at = self
-                    .resolved
-                    .retiring_of(step)
-                    .iter()
-                    .copied()
-                    .find(|&r| lives[r].group() == group);
+                let at = self.retiring_index(step, group);
                 self.deployment.apply_keeping_lives(action, effect, at);
                 retiring.insert(group.clone());
             }
             Action::UpdateProcessor { step, .. } => {
-                let at = of_step(self, step).and_then(|w| self.resolved.wanted[w].kept);
+                let at = self.kept_index(step);
                 self.deployment.apply_keeping_lives(action, effect, at);
                 wanted.extend(of_step(self, step));
             }
