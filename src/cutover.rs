@@ -24,9 +24,10 @@
 //!   group has an offset there, which its instances commit from the hand-off group the
 //!   engine writes once the predecessor stopped (redone after a crash with the same offsets,
 //!   which an instance that took them already ignores).
-//! - A stopped life's committed offsets are read only after all its instances exited and its
-//!   group has no members, and saved in the same write that forgets the life: its step's next
-//!   life starts exactly there, whichever commit that life belongs to.
+//! - A stopped life's committed offsets are read only after all its instances exited or made
+//!   their final commit (a runtime that can tell: the local one) and its group has no
+//!   members, and saved in the same write that forgets the life: its step's next life starts
+//!   exactly there, whichever commit that life belongs to.
 //! - An action that cannot run yet (a drain not finished, a missing source topic, a failing
 //!   call) never holds up the actions that do not depend on it.
 //!
@@ -832,15 +833,21 @@ impl Engine<'_> {
             .stop(group)
             .map_err(|e: runtime::Error| NotYet::Failed(e.to_string()))?;
         let deadline = Instant::now() + self.config.group_empty_timeout;
+        // Instances that made their final commit may still be leaving (a replaced step's
+        // output waits on this): asked again soon at first.
+        let mut pause = Duration::from_millis(10);
         loop {
             match self.admin.members(group) {
                 Ok(None | Some(0)) => break,
                 Ok(Some(members)) if Instant::now() >= deadline => {
                     return Err(NotYet::Failed(format!(
-                        "its instances exited, but group {group} still has {members} members"
+                        "its instances stopped, but group {group} still has {members} members"
                     )));
                 }
-                Ok(Some(_)) => std::thread::sleep(self.config.poll),
+                Ok(Some(_)) => {
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(self.config.poll);
+                }
                 Err(error) => {
                     tracing::debug!(%error, group, "cannot describe the group; its instances exited");
                     break;
@@ -880,6 +887,12 @@ impl Engine<'_> {
             .map_err(|e| failed(&e))?
             .len() as u64;
         if held + started >= partitions {
+            // The hand-off group is read once before the predecessor stops: its client is
+            // then ready (coordinator found, connected), and the hand-off the successor's
+            // output waits for is one request.
+            self.admin
+                .committed(&handoff_group(group), inputs)
+                .map_err(|e| failed(&e))?;
             return Ok(());
         }
         Err(NotYet::Waiting(

@@ -27,7 +27,8 @@ const COMMIT: &str = "c0ffee";
 /// Records `processor-start|term|exit PID` in `$EVENTS` (the start once its SIGTERM trap is
 /// set). With `$ARGS` it writes its arguments there, with `$SECRET_OUT` the value of
 /// `$API_KEY`, with `$ENV_OUT` its whole environment. On SIGTERM it exits at once, after
-/// `$LINGER` seconds (finishing an in-flight record), or never (`$ON_TERM=ignore`). With
+/// `$LINGER` seconds (finishing an in-flight record), once the file `$RELEASE` exists, or
+/// never (`$ON_TERM=ignore`). With
 /// `$CHILD` it starts a child (as an exec transform would) and writes its pid there. With
 /// `$LOG_CHUNKS` it writes that many 32 KiB chunks to its log, waiting after each until the
 /// log at `$LOG` is no larger than `$LOG_MAX`, then writes `logged` to `$EVENTS`.
@@ -36,6 +37,7 @@ on_term() {
     echo "processor-term $$" >> "$EVENTS"
     [ "$ON_TERM" = ignore ] && return
     [ -n "$LINGER" ] && sleep "$LINGER"
+    [ -n "$RELEASE" ] && until [ -e "$RELEASE" ]; do sleep 0.02; done
     echo "processor-exit $$" >> "$EVENTS"
     exit 0
 }
@@ -369,6 +371,91 @@ fn an_http_server_is_stopped_only_after_its_processor_has_exited() {
         setup.events()
     );
     assert_eq!(process_state(processor), None, "the processor is reaped");
+}
+
+/// Serves the `/metrics` page a `plumber-processor` would at `addr`: the final commit is
+/// made once `made` says so.
+fn serve_metrics(addr: &str, made: impl Fn() -> bool + Send + 'static) {
+    use std::io::{Read as _, Write as _};
+    let listener = std::net::TcpListener::bind(addr).unwrap();
+    std::thread::spawn(move || {
+        for mut stream in listener.incoming().flatten() {
+            let mut request = [0u8; 1024];
+            let _ = stream.read(&mut request);
+            let page = format!("plumber_processor_final_commit_made {}\n", u8::from(made()));
+            let _ = write!(
+                stream,
+                "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{page}",
+                page.len()
+            );
+        }
+    });
+}
+
+/// A processor that made its final commit changes nothing in Kafka any more: the stop
+/// returns then, and the runtime still finishes its exit (reaped, its server stopped after
+/// it) whether it ends on its own or is killed meanwhile.
+#[test]
+fn a_stop_returns_once_the_final_commit_is_made_and_the_exit_is_finished_later() {
+    for killed in [false, true] {
+        let setup = Setup::new();
+        let runtime = setup.open(PATIENCE);
+        let (args, release) = (setup.dir.path().join("args"), setup.dir.path().join("go"));
+        let spec = setup.spec(
+            true,
+            &[
+                ("ARGS", &args.display().to_string()),
+                ("RELEASE", &release.display().to_string()),
+            ],
+        );
+        runtime.start(&spec).unwrap();
+        let processor = setup.wait_event("processor-start");
+        setup.wait_event("sidecar-start");
+        let arguments = fs::read_to_string(&args).unwrap();
+        let lines: Vec<&str> = arguments.lines().collect();
+        let at = lines.iter().position(|a| *a == "--metrics").unwrap();
+        let events = setup.events_path();
+        // The commit is made when the processor is asked to stop.
+        serve_metrics(lines[at + 1], move || {
+            fs::read_to_string(&events).is_ok_and(|e| e.contains("processor-term"))
+        });
+
+        runtime.stop(&spec.group).unwrap();
+        assert!(setup.position("processor-term", processor).is_some());
+        assert!(
+            running(processor) && setup.position("processor-exit", processor).is_none(),
+            "the stop returned while the processor still leaves its group: {:?}",
+            setup.events()
+        );
+        assert!(
+            setup.position("sidecar-term", 0).is_none(),
+            "its server is stopped only after it"
+        );
+        if killed {
+            nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(processor),
+                nix::sys::signal::Signal::SIGKILL,
+            )
+            .unwrap();
+        } else {
+            fs::write(&release, "").unwrap();
+        }
+        wait_until("the processor is reaped", PATIENCE, || {
+            process_state(processor).is_none()
+        });
+        setup.wait_event("sidecar-term");
+        if !killed {
+            assert!(
+                setup.position("processor-exit", processor) < setup.position("sidecar-term", 0),
+                "{:?}",
+                setup.events()
+            );
+        }
+        assert!(
+            runtime.processors().unwrap().is_empty(),
+            "nothing is restarted"
+        );
+    }
 }
 
 #[test]

@@ -29,8 +29,16 @@ use crate::config::Config;
 use crate::delivery::{Consumer, KAFKA_CALL_TIMEOUT};
 use crate::metrics::Metrics;
 
-/// How often the hand-off group is asked while partitions wait for it.
-const PROBE_EVERY: Duration = Duration::from_millis(100);
+/// How often the hand-off group is asked while partitions wait for it: the wait is part of
+/// the replaced step's output gap. One small request each time (its offsets of the held
+/// partitions).
+const PROBE_EVERY: Duration = Duration::from_millis(25);
+
+/// How often, while partitions wait, the group's own offsets and the whole hand-off are read
+/// too (and at once for newly assigned partitions): they show starts the probe of the held
+/// partitions does not (an instance of this group took the hand-off already; the held
+/// partitions were all added after it was written).
+const FULL_LOOK_EVERY: Duration = Duration::from_secs(1);
 
 /// One input partition.
 type Partition = (String, i32);
@@ -45,6 +53,8 @@ pub enum Error {
     },
     #[error("cannot commit the hand-off's offsets to the group before reading: {0}")]
     Commit(#[source] KafkaError),
+    #[error("cannot order the start after librdkafka's own (reading the assignment): {0}")]
+    Barrier(#[source] KafkaError),
     #[error("cannot start {topic}/{partition} where it was handed off: {source}")]
     Start {
         topic: String,
@@ -72,6 +82,8 @@ struct Waiting {
     /// The hand-off, once it names every input partition.
     offsets: Option<BTreeMap<Partition, i64>>,
     next_probe: Option<Instant>,
+    /// `None`: due at once.
+    next_full_look: Option<Instant>,
 }
 
 impl HandOff {
@@ -119,6 +131,7 @@ impl HandOff {
     ) -> Result<(), KafkaError> {
         consumer.pause(partitions)?;
         let mut waiting = self.waiting();
+        waiting.next_full_look = None;
         waiting.partitions.extend(
             partitions
                 .elements()
@@ -151,14 +164,21 @@ impl HandOff {
         if waiting.partitions.is_empty() {
             return Ok(());
         }
-        // Before the hand-off came, asked every PROBE_EVERY only.
+        let held: Vec<Partition> = waiting.partitions.iter().cloned().collect();
+        // Before the hand-off came: a probe every PROBE_EVERY, a full look when one names a
+        // held partition (the engine writes the hand-off whole) or when one is due.
         if waiting.offsets.is_none() {
-            if waiting.next_probe.is_some_and(|at| Instant::now() < at) {
+            let now = Instant::now();
+            if waiting.next_probe.is_some_and(|at| now < at) {
                 return Ok(());
             }
-            waiting.next_probe = Some(Instant::now() + PROBE_EVERY);
+            waiting.next_probe = Some(now + PROBE_EVERY);
+            if waiting.next_full_look.is_none_or(|at| now >= at) {
+                waiting.next_full_look = Some(now + FULL_LOOK_EVERY);
+            } else if !self.names_any(&held)? {
+                return Ok(());
+            }
         }
-        let held: Vec<Partition> = waiting.partitions.iter().cloned().collect();
         let committed = self.committed(consumer, &held)?;
         if waiting.offsets.is_none() && held.iter().any(|p| !committed.contains_key(p)) {
             waiting.offsets = self.read_handoff(consumer)?;
@@ -167,22 +187,26 @@ impl HandOff {
             }
         }
         let mut to_commit = TopicPartitionList::new();
-        let mut starts: Vec<(Partition, Offset)> = Vec::new();
+        // `None`: where the group's committed offset says, which is where librdkafka starts
+        // the partition by itself (its own query at the assignment finds that offset: a
+        // partition's previous owner commits before it lets go). A seek there could only race
+        // with that start, which would move the partition back to it after records were read.
+        let mut starts: Vec<(Partition, Option<Offset>)> = Vec::new();
         let mut newer = 0;
         for partition in &held {
             let start = match (committed.get(partition), &waiting.offsets) {
-                (Some(&offset), _) => Offset::Offset(offset),
+                (Some(_), _) => None,
                 (None, Some(handed)) => match handed.get(partition) {
                     Some(&offset) => {
                         let (topic, number) = partition;
                         to_commit
                             .add_partition_offset(topic, *number, Offset::Offset(offset))
                             .map_err(|source| start_error(partition, source))?;
-                        Offset::Offset(offset)
+                        Some(Offset::Offset(offset))
                     }
                     None => {
                         newer += 1;
-                        Offset::Beginning
+                        Some(Offset::Beginning)
                     }
                 },
                 // Neither yet: it waits.
@@ -199,11 +223,21 @@ impl HandOff {
                 .commit(&to_commit, CommitMode::Sync)
                 .map_err(Error::Commit)?;
         }
-        for ((topic, number), offset) in &starts {
+        // librdkafka applies the answer to its own query (sent at the assignment, which found
+        // no offset: the partition's start would be its beginning) on its main thread: one
+        // received before ours but applied after the seek below would move the partition
+        // back (seen under load). A call that thread serves in turn makes sure every answer
+        // received so far is applied first.
+        if starts.iter().any(|(_, start)| start.is_some()) {
+            consumer.assignment().map_err(Error::Barrier)?;
+        }
+        for ((topic, number), start) in &starts {
             let partition = (topic.clone(), *number);
-            consumer
-                .seek(topic, *number, *offset, KAFKA_CALL_TIMEOUT)
-                .map_err(|source| start_error(&partition, source))?;
+            if let Some(offset) = start {
+                consumer
+                    .seek(topic, *number, *offset, KAFKA_CALL_TIMEOUT)
+                    .map_err(|source| start_error(&partition, source))?;
+            }
             let mut one = TopicPartitionList::new();
             one.add_partition(topic, *number);
             consumer
@@ -220,6 +254,34 @@ impl HandOff {
         );
         self.show_held(&waiting);
         Ok(())
+    }
+
+    /// How long the loop may wait for records before the next probe is due; `None` when no
+    /// partition waits for the hand-off.
+    pub fn next_probe_in(&self) -> Option<Duration> {
+        let waiting = self.waiting();
+        if waiting.partitions.is_empty() || waiting.offsets.is_some() {
+            return None;
+        }
+        Some(waiting.next_probe.map_or(Duration::ZERO, |at| {
+            at.saturating_duration_since(Instant::now())
+        }))
+    }
+
+    /// Whether the hand-off group names one of `partitions`: then the hand-off is written.
+    fn names_any(&self, partitions: &[Partition]) -> Result<bool, Error> {
+        let mut list = TopicPartitionList::new();
+        for (topic, number) in partitions {
+            list.add_partition(topic, *number);
+        }
+        let named = self
+            .probe
+            .committed_offsets(list, KAFKA_CALL_TIMEOUT)
+            .map_err(|source| Error::Read {
+                group: self.group.clone(),
+                source,
+            })?;
+        Ok(!offsets_of(&named).is_empty())
     }
 
     /// The group's committed offsets of `partitions` that it has.

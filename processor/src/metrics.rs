@@ -77,6 +77,10 @@ pub struct Metrics {
     /// A warm start's partitions assigned and held unread until the hand-off names their
     /// start (`--handoff-group`).
     pub handoff_waiting: Gauge,
+    /// 1 once a stop's final commit is made with nothing left in flight: the process will
+    /// not read, send or commit again, and what remains (leaving the group, closing) changes
+    /// nothing in Kafka. The local runtime's stop returns then.
+    pub final_commit_made: Gauge,
     heartbeat: Arc<AtomicU64>,
     registry: Arc<Registry>,
 }
@@ -126,6 +130,7 @@ impl Metrics {
             table_loading: Gauge::default(),
             table_skipped: Counter::default(),
             handoff_waiting: Gauge::default(),
+            final_commit_made: Gauge::default(),
             heartbeat: Arc::new(AtomicU64::new(now_millis())),
             registry: Arc::new(Registry::default()),
         };
@@ -133,6 +138,11 @@ impl Metrics {
             "handoff_waiting_partitions",
             "A warm start's partitions held unread until the hand-off names their start",
             metrics.handoff_waiting.clone(),
+        );
+        registry.register(
+            "final_commit_made",
+            "Whether the stop's final commit is made with nothing in flight (1): the group's offsets will not move again",
+            metrics.final_commit_made.clone(),
         );
         registry.register(
             "records_consumed",

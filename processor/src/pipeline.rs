@@ -463,6 +463,11 @@ fn run_here(
     };
     if processed.is_ok() && finished.is_ok() {
         progress.final_commit_made();
+        // A delivery report still to come would move the commit on in the revocation
+        // callback: only with none pending are the group's offsets final now.
+        if books.tracker().in_flight() == 0 {
+            metrics.final_commit_made.set(1);
+        }
     }
     if !kafka::drop_within(consumer, until.max(Instant::now() + Duration::from_secs(1))) {
         tracing::warn!(
@@ -866,7 +871,12 @@ impl Pipeline<'_> {
             if let Some(handoff) = self.handoff {
                 handoff.start_held(consumer)?;
             }
-            let message = match consumer.poll(POLL) {
+            // Partitions waiting for their hand-off are asked about more often than POLL.
+            let wait = self
+                .handoff
+                .and_then(crate::handoff::HandOff::next_probe_in)
+                .map_or(POLL, |due| due.min(POLL));
+            let message = match consumer.poll(wait) {
                 None => {
                     self.housekeeping()?;
                     next_housekeeping = Instant::now() + HOUSEKEEPING_INTERVAL;

@@ -380,6 +380,75 @@ fn a_running_processor_commits_what_it_finished() {
     assert!(process.wait_exit(STOP_PROMISE).expect("exits").success());
 }
 
+/// What the local runtime's stop returns on: a stopping processor says on `/metrics` that its
+/// final commit is made, with the group's offsets final, before it has left its group and
+/// exited; nothing moves them after that.
+#[test]
+fn a_stop_shows_its_final_commit_before_the_exit_and_the_offsets_stay() {
+    let broker = Broker::start();
+    let (input, output) = (unique("final-in"), unique("final-out"));
+    broker.create_topic(&input, 3);
+    broker.create_topic(&output, 3);
+    broker.produce(&input, &numbered(0..300));
+    let address = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .to_string();
+    // Commits only when it stops.
+    let step = Step::new(&unique("final"), &input, &output).args(&[
+        "--jq",
+        ".",
+        "--delivery",
+        "at-least-once",
+        "--commit-interval-ms",
+        "600000",
+        "--metrics",
+        &address,
+    ]);
+    let made = || {
+        ureq::get(&format!("http://{address}/metrics"))
+            .call()
+            .and_then(|mut r| r.body_mut().read_to_string())
+            .ok()
+            .map(|page| {
+                page.lines()
+                    .any(|l| l == "plumber_processor_final_commit_made 1")
+            })
+    };
+    let mut process = start_assigned(&broker, &step);
+    wait_until("all 300 inputs are processed", PATIENCE, || {
+        broker.end_offsets(&output) == 300
+    });
+    assert_eq!(made(), Some(false), "not before the stop");
+    assert!(broker.committed(&step.group, &input, 3).is_empty());
+
+    process.signal(Signal::SIGTERM);
+    let mut seen = None;
+    wait_until(
+        "the final commit is shown, or the processor exits",
+        PATIENCE,
+        || {
+            if made() == Some(true) {
+                seen = Some(broker.committed(&step.group, &input, 3));
+            }
+            seen.is_some() || process.wait_exit(Duration::ZERO).is_some()
+        },
+    );
+    assert!(process.wait_exit(STOP_PROMISE).expect("exits").success());
+    let after_exit = broker.committed(&step.group, &input, 3);
+    assert_eq!(after_exit.values().sum::<i64>(), 300);
+    match seen {
+        Some(at_the_signal) => assert_eq!(at_the_signal, after_exit, "final when shown"),
+        // tansu takes about 0.2 s to let a member leave and close: the gauge is seen there.
+        // A real cluster may close faster than a scrape.
+        None => assert!(
+            std::env::var_os("PLUMBER_TEST_BOOTSTRAP").is_some(),
+            "the processor exited before its final commit was shown"
+        ),
+    }
+}
+
 /// Writes ids `partition * 1000 + i` for `i` in `range` to `topic`'s `partition`: on a
 /// partition filled from 0, id `p * 1000 + i` is at offset `i`.
 fn fill(broker: &Broker, topic: &str, partition: i32, range: std::ops::Range<u32>) {

@@ -18,7 +18,9 @@
 //! last record may still need the server) SIGTERM to its sidecar. Whatever outlives the stop
 //! timeout is killed with its whole process group (an `exec` transform's children too), and
 //! what is left in a group once its leader has exited is killed as well. Every child is
-//! reaped.
+//! reaped. A stop returns once each processor has exited or its `/metrics` says its final
+//! commit is made (its group's offsets do not move again: a replaced step's successor need
+//! not wait for it to leave its group and close); the supervisor finishes the rest.
 //!
 //! Logs go to `STATE_DIR/logs/<group>.<n>.log`; past [`LocalConfig::max_log_bytes`] a log is
 //! copied to `<group>.<n>.log.1` (replacing the previous one) and emptied.
@@ -139,6 +141,8 @@ struct Shared {
     processes: PathBuf,
     logs: PathBuf,
     managed: Mutex<BTreeMap<String, Managed>>,
+    /// Stopped instances whose processor has made its final commit, still exiting.
+    lingering: Mutex<Vec<Stopping>>,
     shutdown: AtomicBool,
     /// Set by [`LocalRuntime::stop_all`] with `managed` held: nothing starts afterwards (a
     /// worker still in an action when the daemon stops would leave its processor behind).
@@ -275,6 +279,11 @@ struct Stopping {
     signalled: Option<(Signal, Instant)>,
     /// Something had to be killed.
     killed: bool,
+    /// Where the processor serves `/metrics` while it stops.
+    metrics: Option<SocketAddr>,
+    /// The processor exited, or said after SIGTERM that its final commit is made: its
+    /// group's offsets will not move again (what is left is leaving the group and closing).
+    settled: bool,
 }
 
 impl Stopping {
@@ -285,7 +294,20 @@ impl Stopping {
                 .collect(),
             signalled: None,
             killed: false,
+            metrics: running.metrics,
+            settled: false,
         }
+    }
+
+    /// Whether the processor is settled ([`Stopping::settled`]); reads its page when it may
+    /// have become so.
+    fn is_settled(&mut self) -> bool {
+        if !self.settled
+            && let (Some(addr), Some((Signal::SIGTERM, _))) = (self.metrics, self.signalled)
+        {
+            self.settled = super::metrics::final_commit_made(addr);
+        }
+        self.settled
     }
 
     /// Moves the stop on without blocking; true once everything has exited and been reaped.
@@ -295,6 +317,8 @@ impl Stopping {
                 kill_leftovers(processes, current.pid());
                 self.procs.remove(0);
                 self.signalled = None;
+                // The processor goes first.
+                self.settled = true;
                 continue;
             }
             match self.signalled {
@@ -319,6 +343,7 @@ impl Stopping {
                     );
                     self.procs.remove(0);
                     self.signalled = None;
+                    self.settled = true;
                     continue;
                 }
                 Some(_) => {}
@@ -338,6 +363,29 @@ impl Stopping {
             }
             if done {
                 return stops.iter().any(|stop| stop.killed);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Stops everything in `stops` together, blocking until every processor is settled;
+    /// returns whether something had to be killed, and what is still to exit (processors
+    /// leaving their group, sidecars), which the supervisor finishes.
+    fn settle_all(
+        mut stops: Vec<Stopping>,
+        timeout: Duration,
+        processes: &Path,
+    ) -> (bool, Vec<Stopping>) {
+        let mut killed = false;
+        loop {
+            stops.retain_mut(|stop| {
+                let done = stop.advance(timeout, processes);
+                killed |= done && stop.killed;
+                !done
+            });
+            if stops.iter_mut().all(Stopping::is_settled) {
+                killed |= stops.iter().any(|stop| stop.killed);
+                return (killed, stops);
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -500,6 +548,7 @@ impl LocalRuntime {
             processes,
             logs,
             managed: Mutex::new(managed),
+            lingering: Mutex::default(),
             shutdown: AtomicBool::new(false),
             closed: AtomicBool::new(false),
         });
@@ -538,6 +587,13 @@ impl LocalRuntime {
                 });
             }
         });
+        // Nothing outlives the daemon unreaped.
+        let lingering = std::mem::take(&mut *self.shared.lingering());
+        Stopping::finish_all(
+            lingering,
+            self.shared.config.stop_timeout,
+            &self.shared.processes,
+        );
     }
 }
 
@@ -640,6 +696,12 @@ impl Shared {
         self.managed.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    fn lingering(&self) -> MutexGuard<'_, Vec<Stopping>> {
+        self.lingering
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
     fn supervise(&self) {
         while !self.shutdown.load(Ordering::SeqCst) {
             {
@@ -651,6 +713,8 @@ impl Shared {
                     }
                 }
             }
+            self.lingering()
+                .retain_mut(|stop| !stop.advance(self.config.stop_timeout, &self.processes));
             std::thread::sleep(Duration::from_millis(200));
         }
     }
@@ -871,7 +935,9 @@ impl Shared {
                     .chain(instance.running.take().map(Stopping::new))
             })
             .collect();
-        let killed = Stopping::finish_all(stops, self.config.stop_timeout, &self.processes);
+        let (killed, lingering) =
+            Stopping::settle_all(stops, self.config.stop_timeout, &self.processes);
+        self.lingering().extend(lingering);
         for instance in &m.instances {
             let _ = fs::remove_file(pid_file(&self.processes, &m.spec.group, instance.index));
         }

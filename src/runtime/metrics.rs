@@ -1,7 +1,9 @@
 //! What the engine reads of a processor's own `/metrics` page while it decides: how many
-//! partitions a warm start holds for its hand-off. (The daemon's rates read the same pages on
-//! their own schedule, `daemon::rates`.)
+//! partitions a warm start holds for its hand-off, and whether a stopping instance has made
+//! its final commit. (The daemon's rates read the same pages on their own schedule,
+//! `daemon::rates`.)
 
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use super::MetricsEndpoint;
@@ -9,8 +11,16 @@ use super::MetricsEndpoint;
 /// The gauge a warm start shows its held partitions in (`plumber-processor`'s metrics).
 pub const HANDOFF_WAITING: &str = "plumber_processor_handoff_waiting_partitions";
 
+/// The gauge a stopping processor sets to 1 once its final commit is made with nothing in
+/// flight: its group's offsets will not move again.
+pub const FINAL_COMMIT_MADE: &str = "plumber_processor_final_commit_made";
+
 /// How long one instance's page may take: the engine waits on it.
 const TIMEOUT: Duration = Duration::from_secs(1);
+
+/// How long a stopping instance's page may take: the stop looks again every few
+/// milliseconds, and falls back on the instance's exit.
+const STOPPING_TIMEOUT: Duration = Duration::from_millis(250);
 
 /// The most of a page read.
 const MAX_PAGE: u64 = 4 << 20;
@@ -48,21 +58,35 @@ pub fn held(endpoints: &[MetricsEndpoint]) -> u64 {
 
 /// What one instance's page says it holds; 0 when it cannot be read.
 fn held_by(agent: &ureq::Agent, endpoint: &MetricsEndpoint) -> u64 {
-    let url = format!("http://{}/metrics", endpoint.addr);
-    let page = agent.get(&url).call().and_then(|mut response| {
-        response
-            .body_mut()
-            .with_config()
-            .limit(MAX_PAGE)
-            .read_to_string()
-    });
-    match page {
+    match page(agent, endpoint.addr) {
         Ok(page) => gauge(&page, HANDOFF_WAITING).unwrap_or(0.0) as u64,
         Err(error) => {
             tracing::debug!(instance = %endpoint.instance, address = %endpoint.addr, %error, "cannot read a warm instance's /metrics");
             0
         }
     }
+}
+
+/// Whether the stopping instance serving `/metrics` at `addr` says its final commit is made;
+/// false when its page cannot be read (the stop then waits for the instance to exit).
+pub fn final_commit_made(addr: SocketAddr) -> bool {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .timeout_global(Some(STOPPING_TIMEOUT))
+        .max_redirects(0)
+        .build()
+        .into();
+    page(&agent, addr).is_ok_and(|page| gauge(&page, FINAL_COMMIT_MADE) == Some(1.0))
+}
+
+fn page(agent: &ureq::Agent, addr: SocketAddr) -> Result<String, ureq::Error> {
+    let url = format!("http://{addr}/metrics");
+    agent.get(&url).call().and_then(|mut response| {
+        response
+            .body_mut()
+            .with_config()
+            .limit(MAX_PAGE)
+            .read_to_string()
+    })
 }
 
 /// The value of the unlabelled metric `name` on a Prometheus text page.
@@ -122,6 +146,24 @@ mod tests {
             .map(|_| serving("plumber_processor_handoff_waiting_partitions 1\n"))
             .collect();
         assert_eq!(held(&endpoints), (AT_ONCE + 8) as u64);
+    }
+
+    #[test]
+    fn only_a_page_that_says_so_has_made_its_final_commit() {
+        let closed = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        assert!(final_commit_made(
+            serving("plumber_processor_final_commit_made 1\n").addr
+        ));
+        assert!(!final_commit_made(
+            serving("plumber_processor_final_commit_made 0\n").addr
+        ));
+        assert!(!final_commit_made(
+            serving("plumber_processor_records_consumed_total 7\n").addr
+        ));
+        assert!(!final_commit_made(closed));
     }
 
     #[test]

@@ -233,7 +233,11 @@ pub trait Runtime: Send + Sync {
     /// once it consumes.
     fn start(&self, spec: &ProcessorSpec) -> Result<()>;
     /// Stops every instance gracefully (SIGTERM: finish, flush, commit) and returns once all
-    /// have exited. Stopping a processor that does not run is not an error.
+    /// have exited or, where the runtime can tell (the processor's `/metrics` gauge
+    /// `plumber_processor_final_commit_made`), made their final commit with nothing in
+    /// flight: their group's offsets do not move again, and the runtime finishes the rest of
+    /// their stop (leaving the group, closing) on its own. Stopping a processor that does
+    /// not run is not an error.
     fn stop(&self, group: &str) -> Result<()>;
     /// Stops every instance gracefully and starts them again with the same spec.
     fn restart(&self, group: &str) -> Result<()>;
