@@ -31,8 +31,10 @@ use crate::metrics::Metrics;
 
 /// How often the hand-off group is asked while partitions wait for it: the wait is part of
 /// the replaced step's output gap. One small request each time (its offsets of the held
-/// partitions).
-const PROBE_EVERY: Duration = Duration::from_millis(25);
+/// partitions). Every 25 ms, twice in three full test runs a handed-off partition was read
+/// from its beginning after it had been read from the hand-off (librdkafka's own start of
+/// the partition applied after the seek, not understood yet): 100 ms, as before, until it is.
+const PROBE_EVERY: Duration = Duration::from_millis(100);
 
 /// How often, while partitions wait, the group's own offsets and the whole hand-off are read
 /// too (and at once for newly assigned partitions): they show starts the probe of the held

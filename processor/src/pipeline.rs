@@ -464,8 +464,12 @@ fn run_here(
     if processed.is_ok() && finished.is_ok() {
         progress.final_commit_made();
         // A delivery report still to come would move the commit on in the revocation
-        // callback: only with none pending are the group's offsets final now.
-        if books.tracker().in_flight() == 0 {
+        // callback, and a stateful step's state may still be written there (its write waits
+        // while anything is in flight): only without either is nothing moved after this.
+        if config.state.is_none()
+            && books.tracker().in_flight() == 0
+            && producer.in_flight_count() == 0
+        {
             metrics.final_commit_made.set(1);
         }
     }

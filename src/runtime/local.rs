@@ -387,7 +387,8 @@ impl Stopping {
                 killed |= stops.iter().any(|stop| stop.killed);
                 return (killed, stops);
             }
-            std::thread::sleep(Duration::from_millis(20));
+            // A replaced step's output waits on this look.
+            std::thread::sleep(Duration::from_millis(5));
         }
     }
 }
